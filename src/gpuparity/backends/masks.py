@@ -1,0 +1,73 @@
+"""Attention mask plumbing shared by the torch backends: turn (attn_mask, key_padding_mask,
+is_causal) into one SDPA mask, and find the query rows that have no key left to attend to."""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+
+def mask_kind(attn_mask, key_padding_mask, is_causal) -> str:
+    """The probe key for a call: which mask machinery a backend must get right."""
+    parts = []
+    if key_padding_mask is not None:
+        parts.append("key_padding")
+    if attn_mask is not None:
+        parts.append("bool_mask" if attn_mask.dtype == torch.bool else "float_mask")
+    if is_causal:
+        parts.append("causal")
+    return "+".join(parts) or "none"
+
+
+def allowed_mask(q_len: int, k_len: int, device, *, attn_mask=None, key_padding_mask=None,
+                 is_causal=False) -> Optional[torch.Tensor]:
+    """Bool mask broadcastable to (B, H, Sq, Sk), True = attend; None when nothing is masked."""
+    allowed = None
+    if is_causal:
+        allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril().view(1, 1, q_len, k_len)
+    if attn_mask is not None:
+        m = attn_mask if attn_mask.dtype == torch.bool else ~torch.isneginf(attn_mask)
+        while m.dim() < 4:
+            m = m.unsqueeze(0)
+        allowed = m if allowed is None else allowed & m
+    if key_padding_mask is not None:
+        keep = ~key_padding_mask.view(key_padding_mask.shape[0], 1, 1, k_len)
+        allowed = keep if allowed is None else allowed & keep
+    return allowed
+
+
+def sdpa_arguments(q, k, attn_mask=None, key_padding_mask=None, is_causal=False
+                   ) -> Tuple[Optional[torch.Tensor], bool, Optional[torch.Tensor]]:
+    """(mask for SDPA, is_causal for SDPA, empty rows (B|1, H|1, Sq, 1) or None).
+
+    Empty rows get key 0 unmasked in the returned mask so no backend ever sees an all -inf
+    row (the source of NaN forward and NaN gradients); callers zero those rows afterwards.
+    """
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    if attn_mask is None and key_padding_mask is None:
+        return None, bool(is_causal), None
+    allowed = allowed_mask(q_len, k_len, q.device, attn_mask=attn_mask,
+                           key_padding_mask=key_padding_mask, is_causal=is_causal)
+    empty = ~allowed.any(-1, keepdim=True)
+    has_empty = bool(empty.any())
+    if has_empty:
+        first_key = torch.zeros(1, 1, 1, k_len, dtype=torch.bool, device=q.device)
+        first_key[..., 0] = True
+        safe_allowed = allowed | (empty & first_key)
+    else:
+        safe_allowed = allowed
+        empty = None
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        # Additive mask in q's dtype (a mismatched mask dtype gave NaN on ROCm: SDPA-MASK-DTYPE-ROCM).
+        additive = attn_mask.to(q.dtype)
+        if has_empty:  # the key unmasked for an empty row must add 0, not -inf
+            additive = torch.where(safe_allowed & ~allowed, torch.zeros((), dtype=q.dtype, device=q.device), additive)
+        neg_inf = torch.full((), float("-inf"), dtype=q.dtype, device=q.device)
+        return torch.where(safe_allowed, additive, neg_inf), False, empty
+    return safe_allowed, False, empty
+
+
+def zero_empty_rows(out: torch.Tensor, empty: Optional[torch.Tensor]) -> torch.Tensor:
+    if empty is None:
+        return out
+    return out.masked_fill(empty, 0.0)

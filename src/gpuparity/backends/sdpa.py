@@ -1,0 +1,143 @@
+"""Attention through torch: each SDPA backend forced alone, and the plain
+matmul-softmax-matmul composition (the trusted baseline and the last resort of "auto").
+
+Every backend here follows gpuparity's contract: a query row with no key left returns zeros
+and zero gradients, whatever the SDPA backend itself would do with it.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import List
+
+import torch
+import torch.nn.functional as F
+
+from ..dispatch import Backend, BackendUnavailable, Problem, register
+from .masks import allowed_mask, sdpa_arguments, zero_empty_rows
+
+SDPA_BACKENDS = {
+    "sdpa_math": "MATH",
+    "sdpa_efficient": "EFFICIENT_ATTENTION",
+    "sdpa_flash": "FLASH_ATTENTION",
+    "sdpa_cudnn": "CUDNN_ATTENTION",
+}
+
+
+def _sdpa_kernel(name: str):
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:  # torch < 2.3
+        return contextlib.nullcontext()
+    member = getattr(SDPBackend, SDPA_BACKENDS[name], None)
+    if member is None:
+        raise BackendUnavailable(f"{name}: this torch build has no SDPBackend.{SDPA_BACKENDS[name]}")
+    return sdpa_kernel([member])
+
+
+def _expand_kv(q, k, v):
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if heads == kv_heads:
+        return k, v
+    group = heads // kv_heads
+    return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+
+
+def _make_sdpa(name: str):
+    def run(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None):
+        mask, causal, empty = sdpa_arguments(q, k, attn_mask, key_padding_mask, is_causal)
+        k_full, v_full = _expand_kv(q, k, v)
+        try:
+            with _sdpa_kernel(name):
+                out = F.scaled_dot_product_attention(q, k_full, v_full, attn_mask=mask, is_causal=causal,
+                                                     scale=scale)
+        except RuntimeError as exc:
+            if "No available kernel" in str(exc) or "no kernel" in str(exc).lower():
+                raise BackendUnavailable(f"{name}: torch found no kernel for this call ({str(exc).splitlines()[0][:160]})") from exc
+            raise
+        return zero_empty_rows(out, empty)
+    run.__name__ = name
+    return run
+
+
+def composition(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None):
+    """matmul-softmax-matmul in q's dtype with the softmax in fp32: the trusted baseline."""
+    head_dim = q.shape[-1]
+    k, v = _expand_kv(q, k, v)
+    scale = head_dim ** -0.5 if scale is None else scale
+    scores = torch.matmul(q, k.transpose(-2, -1)).float() * scale
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        scores = scores + attn_mask.float()
+    allowed = allowed_mask(q.shape[-2], k.shape[-2], q.device, attn_mask=attn_mask,
+                           key_padding_mask=key_padding_mask, is_causal=is_causal)
+    if allowed is not None or (attn_mask is not None and attn_mask.dtype != torch.bool):
+        allowed = (~torch.isneginf(scores)) if allowed is None else (allowed & ~torch.isneginf(scores))
+        empty = ~allowed.any(-1, keepdim=True)
+        scores = scores.masked_fill(~allowed, float("-inf")).masked_fill(empty, 0.0)
+        probs = torch.softmax(scores, dim=-1).masked_fill(empty, 0.0)
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs.to(q.dtype), v)
+
+
+def _cuda_only(problem: Problem) -> List[str]:
+    return []
+
+
+def _flash_supports(problem: Problem) -> List[str]:
+    reasons = []
+    if problem.feature("has_mask"):
+        reasons.append("sdpa_flash: no attn_mask / key_padding_mask support")
+    if problem.feature("head_dim", 64) > 256:
+        reasons.append(f"sdpa_flash: head_dim {problem.feature('head_dim')} > 256")
+    return reasons
+
+
+def _cudnn_supports(problem: Problem) -> List[str]:
+    reasons = []
+    if problem.feature("head_dim", 64) > 128 or problem.feature("head_dim", 64) % 8:
+        reasons.append(f"sdpa_cudnn: head_dim {problem.feature('head_dim')} unsupported (needs a multiple of 8, <= 128)")
+    return reasons
+
+
+def _efficient_supports(problem: Problem) -> List[str]:
+    if problem.device.type == "cuda" and problem.feature("head_dim", 64) > 256:
+        return [f"sdpa_efficient: head_dim {problem.feature('head_dim')} > 256"]
+    return []
+
+
+def _mask_grad(problem: Problem) -> List[str]:
+    return ["no gradient for a float attn_mask"] if problem.feature("mask_requires_grad") else []
+
+
+def _no_mask_grad(extra):
+    def supports(problem: Problem) -> List[str]:
+        return _mask_grad(problem) + extra(problem)
+    return supports
+
+
+def _gpu_only_availability(name):
+    def availability():
+        if not torch.cuda.is_available():
+            return f"{name}: needs a CUDA or ROCm GPU"
+        return None
+    return availability
+
+
+HALF = (torch.float16, torch.bfloat16)
+ALL = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+register(Backend("sdpa_math", "attention", _make_sdpa("sdpa_math"),
+                 "torch SDPA, math backend (what ROCm users fall back to)", dtypes=ALL))
+register(Backend("sdpa_efficient", "attention", _make_sdpa("sdpa_efficient"),
+                 "torch SDPA, memory-efficient backend", device_types=("cuda",), dtypes=(*HALF, torch.float32),
+                 availability=_gpu_only_availability("sdpa_efficient"), supports=_no_mask_grad(_efficient_supports)))
+register(Backend("sdpa_flash", "attention", _make_sdpa("sdpa_flash"),
+                 "torch SDPA, flash backend (no masks)", device_types=("cuda",), dtypes=HALF,
+                 availability=_gpu_only_availability("sdpa_flash"), supports=_no_mask_grad(_flash_supports)))
+register(Backend("sdpa_cudnn", "attention", _make_sdpa("sdpa_cudnn"),
+                 "torch SDPA, cuDNN backend (NVIDIA only)", device_types=("cuda",), dtypes=HALF,
+                 availability=lambda: (None if torch.cuda.is_available() and not torch.version.hip
+                                       else "sdpa_cudnn: needs an NVIDIA GPU"),
+                 supports=_no_mask_grad(_cudnn_supports)))
+register(Backend("composition", "attention", composition,
+                 "matmul-softmax-matmul, fp32 softmax (trusted baseline)", dtypes=ALL, fallback=True))

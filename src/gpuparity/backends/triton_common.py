@@ -1,0 +1,167 @@
+"""What every Triton kernel module shares: is Triton usable here, which vendor's tile configs
+apply, and the ahead-of-time compile check that proves a kernel configuration builds for a
+target GPU (AMD or NVIDIA) on a machine that has neither.
+
+Kernel modules expose `aot_specs() -> list[AotSpec]`: every configuration they ship.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+# Targets every shipped configuration must compile for (CI checks them on the CPU).
+AOT_TARGETS = ("hip:gfx942", "hip:gfx90a", "hip:gfx1100", "cuda:80", "cuda:90")
+# Shared memory / LDS per block the target can give (bytes).
+SHARED_MEMORY_LIMIT = {
+    "hip:gfx942": 64 * 1024, "hip:gfx90a": 64 * 1024, "hip:gfx1100": 64 * 1024,
+    "cuda:80": 163 * 1024, "cuda:90": 227 * 1024,
+}
+# Architectures Triton cannot compile for (seen failing: gfx1030, RDNA2, in Triton 3.9's
+# AMD pipeline). Backends route these to another backend with this reason.
+UNSUPPORTED_ARCHS = {
+    "gfx1010": "Triton has no RDNA1 (gfx101x) code generation",
+    "gfx1011": "Triton has no RDNA1 (gfx101x) code generation",
+    "gfx1012": "Triton has no RDNA1 (gfx101x) code generation",
+    "gfx1030": "Triton cannot compile for RDNA2 gfx1030 (its AMD pass pipeline fails)",
+    "gfx1031": "Triton cannot compile for RDNA2 (gfx103x)",
+    "gfx1032": "Triton cannot compile for RDNA2 (gfx103x)",
+    "gfx1034": "Triton cannot compile for RDNA2 (gfx103x)",
+    "gfx1035": "Triton cannot compile for RDNA2 (gfx103x)",
+    "gfx1036": "Triton cannot compile for RDNA2 (gfx103x)",
+}
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def triton_unavailable_reason(device_type: str = "cuda") -> Optional[str]:
+    """Why Triton kernels cannot run for tensors on `device_type`, or None if they can."""
+    try:
+        import triton  # noqa: F401
+    except Exception as exc:  # noqa: BLE001
+        return f"triton is not installed or not importable ({type(exc).__name__})"
+    if interpreting():
+        return None  # the interpreter runs on CPU tensors (and GPU tensors)
+    if device_type != "cuda":
+        return "triton: needs a CUDA or ROCm GPU (or TRITON_INTERPRET=1 for the interpreter)"
+    if not torch.cuda.is_available():
+        return "triton: no CUDA or ROCm GPU visible"
+    arch = device_arch()
+    if arch in UNSUPPORTED_ARCHS:
+        return f"triton: {UNSUPPORTED_ARCHS[arch]}"
+    if vendor() == "nvidia" and torch.cuda.get_device_capability()[0] < 7:
+        return "triton: GPU compute capability < 7.0 is too old for Triton"
+    return None
+
+
+def vendor() -> str:
+    if getattr(torch.version, "hip", None):
+        return "amd"
+    if getattr(torch.version, "cuda", None) and torch.cuda.is_available():
+        return "nvidia"
+    return "cpu"
+
+
+def device_arch(index: Optional[int] = None) -> str:
+    if not torch.cuda.is_available():
+        return "cpu"
+    props = torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device())
+    if vendor() == "amd":
+        return (getattr(props, "gcnArchName", "") or "").split(":")[0]
+    return f"sm_{props.major}{props.minor}"
+
+
+def target_key() -> str:
+    """The AOT_TARGETS-style key of the device at hand ("cuda:90", "hip:gfx942", "cpu")."""
+    arch = device_arch()
+    if arch.startswith("sm_"):
+        return f"cuda:{arch[3:]}"
+    if arch.startswith("gfx"):
+        return f"hip:{arch}"
+    return "cpu"
+
+
+@dataclasses.dataclass
+class AotSpec:
+    """One shipped kernel configuration to compile ahead of time.
+
+    signature: Triton's signature dict, e.g. {"X": "*bf16", "N": "i32", "BLOCK": "constexpr"}.
+    constexprs: values of the constexpr parameters.
+    targets: restrict to some of AOT_TARGETS (configs that only ship for one vendor).
+    """
+    name: str
+    kernel: Any
+    signature: Dict[str, str]
+    constexprs: Dict[str, Any]
+    num_warps: int = 4
+    num_stages: int = 2
+    targets: tuple = AOT_TARGETS
+
+
+@dataclasses.dataclass
+class AotResult:
+    name: str
+    target: str
+    ok: bool
+    shared_bytes: Optional[int] = None
+    limit_bytes: Optional[int] = None
+    error: str = ""
+
+
+def _gpu_target(key: str):
+    from triton.backends.compiler import GPUTarget
+    backend, arch = key.split(":")
+    if backend == "cuda":
+        return GPUTarget("cuda", int(arch), 32)
+    warp = 32 if arch.startswith("gfx1") else 64
+    return GPUTarget("hip", arch, warp)
+
+
+def compile_spec(spec: AotSpec, target: str) -> AotResult:
+    """Compile one configuration for one target with Triton's own compiler (no GPU needed)."""
+    import triton
+    from triton.compiler import ASTSource
+    limit = SHARED_MEMORY_LIMIT.get(target)
+    try:
+        source = ASTSource(fn=spec.kernel, signature=spec.signature, constexprs=spec.constexprs)
+        compiled = triton.compile(source, target=_gpu_target(target),
+                                  options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
+        shared = int(getattr(compiled.metadata, "shared", 0) or 0)
+    except Exception as exc:  # noqa: BLE001 - a compile error is the result
+        return AotResult(spec.name, target, False, limit_bytes=limit,
+                         error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else ''}")
+    if limit is not None and shared > limit:
+        return AotResult(spec.name, target, False, shared, limit,
+                         error=f"needs {shared} bytes of shared memory / LDS, the target has {limit}")
+    return AotResult(spec.name, target, True, shared, limit)
+
+
+def compile_all(specs: List[AotSpec], targets=None) -> List[AotResult]:
+    results = []
+    for spec in specs:
+        for target in (targets or spec.targets):
+            if target in spec.targets:
+                results.append(compile_spec(spec, target))
+    return results
+
+
+TORCH_TO_TRITON = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
+
+
+def cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def lazy_kernel(builder: Callable[[], Any]):
+    """Build a Triton kernel on first use, so modules import without triton installed."""
+    cache: Dict[str, Any] = {}
+
+    def get():
+        if "kernel" not in cache:
+            cache["kernel"] = builder()
+        return cache["kernel"]
+    return get

@@ -1,0 +1,1 @@
+"""Side-by-side benchmarks of backends (`gpuparity bench ...`)."""

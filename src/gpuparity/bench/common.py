@@ -1,0 +1,90 @@
+"""Timing, memory and result files shared by every benchmark. Times are medians of
+triton.testing.do_bench on a GPU (CUDA events), or of a wall clock on the CPU."""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import statistics
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+from .. import platform
+
+
+@dataclasses.dataclass
+class BenchRow:
+    bench: str                 # "attention", "norm", "rope"
+    shape: str                 # a label, e.g. "bert (32,12,512,64)"
+    backend: str
+    dtype: str
+    mode: str                  # "fwd" or "fwd+bwd"
+    params: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    time_ms: Optional[float] = None
+    tflops: Optional[float] = None
+    gbps: Optional[float] = None
+    peak_mem_bytes: Optional[int] = None
+    status: str = "ok"         # ok | skip | error
+    reason: str = ""
+
+
+def time_ms(fn: Callable[[], Any], *, warmup_ms: float = 25, rep_ms: float = 100) -> float:
+    """Median time of fn() in milliseconds."""
+    if torch.cuda.is_available():
+        import triton.testing
+        return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+    fn()
+    samples = []
+    deadline = time.perf_counter() + rep_ms / 1e3
+    while time.perf_counter() < deadline or len(samples) < 3:
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(samples)
+
+
+def peak_memory_bytes(fn: Callable[[], Any]) -> Optional[int]:
+    """Peak memory allocated during fn() beyond what was allocated before (GPU only)."""
+    if not torch.cuda.is_available():
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return int(torch.cuda.max_memory_allocated() - before)
+
+
+def measure_ceilings() -> Dict[str, float]:
+    """The two ceilings of METHOD.md, measured now: copy bandwidth and bf16 matmul rate."""
+    if not torch.cuda.is_available():
+        return {}
+    n = 1 << 28  # 512 MiB of bf16 each way
+    src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    copy_ms = time_ms(lambda: dst.copy_(src))
+    size = 8192
+    a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
+    mm_ms = time_ms(lambda: a @ b)
+    del src, dst, a, b
+    torch.cuda.empty_cache()
+    return {"copy_tbps": 2 * n * 2 / copy_ms / 1e9, "bf16_matmul_tflops": 2 * size ** 3 / mm_ms / 1e9}
+
+
+def metadata(command: str) -> Dict[str, Any]:
+    report = platform.current()
+    return {
+        "schema_version": 1,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+        "platform": report,
+        "machine": platform.summary_line(report),
+    }
+
+
+def write_json(path: str, rows: List[BenchRow], meta: Dict[str, Any]) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump({**meta, "rows": [dataclasses.asdict(r) for r in rows]}, handle, indent=1)

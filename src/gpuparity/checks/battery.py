@@ -1,0 +1,306 @@
+"""The battery: every case of every op on every backend, each in a crash-isolated worker
+process with a timeout; results stream to disk as they arrive.
+
+`run_battery(...)` is the one entry point (doctor, check, fleet and the probes use it).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+
+import torch
+
+from .. import dispatch
+from .execute import dtype_name, task_seed
+from .isolate import child_env, describe_exit, kill_tree, tail
+from .results import CheckResult, Comparison, ResultStream, Status
+from .specs import LEVELS, OPS, get_spec
+from .worker import MARKER
+
+DEFAULT_TIMEOUT_S = {"cpu": 60.0, "cuda": 180.0}  # the first Triton call compiles its kernels
+# Rough cost of one check, for the up-front estimate of --full.
+SECONDS_PER_CHECK = {"cpu": 0.25, "cuda": 0.08}
+WORKER_START_S = {"cpu": 3.0, "cuda": 8.0}
+
+
+@dataclasses.dataclass
+class Task:
+    id: int
+    op: str
+    backend: str
+    case: str
+    params: Dict[str, Any]
+    dtype: str
+    device: str
+    seed: int
+    impl: Optional[str] = None
+    mode: str = "check"
+
+    def result(self, status: Status, reason: str = "", **extra) -> CheckResult:
+        return CheckResult(op=self.op, backend=self.backend, case=self.case, dtype=self.dtype, device=self.device,
+                           status=status, seed=self.seed, reason=reason, params=self.params, **extra)
+
+
+@dataclasses.dataclass
+class BatteryRun:
+    results: List[CheckResult]
+    level: str
+    device: str
+    seed: int
+    duration_s: float
+    stream_path: Optional[str] = None
+
+    @property
+    def ok(self) -> bool:
+        return not any(r.status.bad for r in self.results)
+
+
+def normalize_device(device) -> torch.device:
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", 0)
+    return device
+
+
+def validate_device(device: torch.device) -> None:
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device: expected 'cpu' or 'cuda[:N]', got {str(device)!r}")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device: {device} was asked for, but torch sees no CUDA or ROCm GPU "
+                             f"(torch {torch.__version__}); use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"device: {device} was asked for, but only {torch.cuda.device_count()} GPU(s) are visible")
+
+
+def plan(ops: Optional[Sequence[str]] = None, level: str = "default", device="cpu",
+         dtypes: Optional[Sequence[str]] = None, backends: Optional[Sequence[str]] = None,
+         impl: Optional[str] = None, seed: int = 0, case_filter: Optional[Callable] = None):
+    """(tasks to run, results already decided: SKIP with a reason)."""
+    if level not in LEVELS:
+        raise ValueError(f"level: expected one of {list(LEVELS)}, got {level!r}")
+    device = normalize_device(device)
+    ops = list(ops or OPS)
+    tasks: List[Task] = []
+    decided: List[CheckResult] = []
+    next_id = 0
+    for op in ops:
+        spec = get_spec(op)
+        op_dtypes = spec.dtypes(device, level)
+        if dtypes:
+            wanted = [dtype_name(d) if isinstance(d, torch.dtype) else d for d in dtypes]
+            from .execute import dtype_from_name
+            op_dtypes = [dtype_from_name(d) for d in wanted]
+        if impl:
+            candidates = [(f"impl:{impl}", None)]
+        else:
+            available = dispatch.backends(op)
+            if backends:
+                names = {b.name for b in available}
+                unknown = [b for b in backends if b not in names]
+                available = [b for b in available if b.name in backends]
+                if unknown and len(ops) == 1:
+                    raise ValueError(f"backends: {unknown} not registered for {op}; have {sorted(names)}")
+            candidates = [(b.name, b) for b in available]
+        for case in spec.cases():
+            if not case.at(level) or (case_filter and not case_filter(op, case)):
+                continue
+            for dtype in op_dtypes:
+                seed_here = task_seed(seed, op, case.name, dtype_name(dtype))
+                for name, backend in candidates:
+                    task = Task(next_id, op, name, case.name, case.params, dtype_name(dtype), str(device),
+                                seed_here, impl=impl)
+                    next_id += 1
+                    if backend is not None:
+                        reasons = backend.reasons(spec.problem(case.params, dtype, device))
+                        if reasons:
+                            decided.append(task.result(Status.SKIP, "; ".join(reasons)))
+                            continue
+                    tasks.append(task)
+    return tasks, decided
+
+
+def estimate_seconds(n_tasks: int, device) -> float:
+    kind = normalize_device(device).type
+    return WORKER_START_S[kind] + n_tasks * SECONDS_PER_CHECK[kind]
+
+
+class WorkerPool:
+    """One worker subprocess at a time; restarted after a crash or a timeout."""
+
+    def __init__(self, env: Optional[Dict[str, str]] = None):
+        self.env = env
+        self.proc: Optional[subprocess.Popen] = None
+        self.lines: "queue.Queue[Optional[str]]" = queue.Queue()
+        self.stderr_file = None
+
+    def _start(self) -> None:
+        self.stderr_file = tempfile.TemporaryFile(mode="w+")
+        self.lines = queue.Queue()
+        self.proc = subprocess.Popen([sys.executable, "-m", "gpuparity.checks.worker"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.stderr_file, text=True,
+                                     env=child_env(self.env), start_new_session=True, bufsize=1)
+        reader = threading.Thread(target=self._read, args=(self.proc, self.lines), daemon=True)
+        reader.start()
+
+    @staticmethod
+    def _read(proc: subprocess.Popen, lines: "queue.Queue[Optional[str]]") -> None:
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)  # EOF: the worker died or exited
+
+    def _stderr_tail(self) -> str:
+        if self.stderr_file is None:
+            return ""
+        self.stderr_file.flush()
+        self.stderr_file.seek(0)
+        return tail(self.stderr_file.read())
+
+    def _stop(self) -> None:
+        if self.proc is not None:
+            kill_tree(self.proc)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        if self.stderr_file is not None:
+            self.stderr_file.close()
+        self.proc, self.stderr_file = None, None
+
+    def run(self, task: Task, timeout: float) -> Dict[str, Any]:
+        if self.proc is None or self.proc.poll() is not None:
+            self._stop()
+            self._start()
+        deadline = time.monotonic() + timeout
+        try:
+            self.proc.stdin.write(json.dumps(dataclasses.asdict(task)) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass  # the reader will see EOF
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                stderr = self._stderr_tail()
+                self._stop()
+                return {"status": "TIMEOUT", "reason": f"no answer within {timeout:g} s (hang?)", "stderr_tail": stderr}
+            try:
+                line = self.lines.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if line is None:
+                self.proc.wait(timeout=10)
+                code = self.proc.returncode
+                stderr = self._stderr_tail()
+                self._stop()
+                return {"status": "CRASH", "reason": f"the worker {describe_exit(code)} during this check",
+                        "stderr_tail": stderr}
+            if line.startswith(MARKER):
+                answer = json.loads(line[len(MARKER):])
+                if answer.get("id") == task.id:
+                    return answer
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self._stop()
+
+
+def _run_in_process(task: Task) -> Dict[str, Any]:
+    from .worker import handle
+    try:
+        return handle(dataclasses.asdict(task))
+    except Exception as exc:  # noqa: BLE001
+        return {"status": "ERROR", "reason": f"the check itself raised {type(exc).__name__}: {exc}"}
+
+
+def _to_result(task: Task, answer: Dict[str, Any], duration: float) -> CheckResult:
+    comparisons = [Comparison(**c) for c in answer.get("comparisons", [])]
+    return task.result(Status(answer["status"]), answer.get("reason", ""), comparisons=comparisons,
+                       duration_s=duration, stderr_tail=answer.get("stderr_tail", ""))
+
+
+def run_tasks(tasks: Iterable[Task], *, isolate: bool = True, timeout: Optional[float] = None,
+              env: Optional[Dict[str, str]] = None,
+              on_result: Optional[Callable[[CheckResult], None]] = None) -> List[CheckResult]:
+    results = []
+    pool = WorkerPool(env) if isolate else None
+    try:
+        for task in tasks:
+            limit = timeout or DEFAULT_TIMEOUT_S[torch.device(task.device).type]
+            started = time.monotonic()
+            answer = pool.run(task, limit) if pool else _run_in_process(task)
+            result = _to_result(task, answer, time.monotonic() - started)
+            if "time_ms" in answer:
+                result.params = {**result.params, "time_ms": answer["time_ms"]}
+            results.append(result)
+            if on_result:
+                on_result(result)
+    finally:
+        if pool:
+            pool.close()
+    return results
+
+
+def run_battery(ops: Optional[Sequence[str]] = None, level: str = "default", device="cpu",
+                dtypes: Optional[Sequence[str]] = None, backends: Optional[Sequence[str]] = None,
+                impl: Optional[str] = None, seed: int = 0, stream_path: Optional[str] = None,
+                progress: Optional[Callable[[int, int, CheckResult], None]] = None,
+                timeout: Optional[float] = None, isolate: bool = True,
+                case_filter: Optional[Callable] = None, env: Optional[Dict[str, str]] = None) -> BatteryRun:
+    """Run the battery; returns every result (SKIPs included) in plan order."""
+    device = normalize_device(device)
+    validate_device(device)
+    started = time.monotonic()
+    tasks, decided = plan(ops, level, device, dtypes, backends, impl, seed, case_filter)
+    total = len(tasks) + len(decided)
+    done = 0
+    results: List[CheckResult] = []
+    with ResultStream(stream_path) as stream:
+        def record(result: CheckResult) -> None:
+            nonlocal done
+            done += 1
+            stream.write(result)
+            results.append(result)
+            if progress:
+                progress(done, total, result)
+        for result in decided:
+            record(result)
+        run_tasks(tasks, isolate=isolate, timeout=timeout, env=env, on_result=record)
+    return BatteryRun(results, level, str(device), seed, time.monotonic() - started, stream_path)
+
+
+def verdicts_from_results(results: Iterable[CheckResult]) -> Dict[str, Dict[str, Any]]:
+    """Probe-cache verdicts ("op|backend|dtype|kind") from battery results: a backend passes a
+    kind when every case of that kind passed (SKIPs aside) and at least one ran."""
+    groups: Dict[str, List[CheckResult]] = {}
+    for result in results:
+        if result.backend.startswith("impl:"):
+            continue
+        spec = get_spec(result.op)
+        key = f"{result.op}|{result.backend}|{result.dtype}|{spec.kind(result.params)}"
+        groups.setdefault(key, []).append(result)
+    verdicts = {}
+    for key, members in groups.items():
+        ran = [r for r in members if r.status != Status.SKIP]
+        if not ran:
+            continue
+        bad = [r for r in ran if r.status.bad]
+        verdicts[key] = {
+            "passed": not bad,
+            "reason": (f"passed {len(ran)} checks" if not bad else
+                       f"failed {len(bad)}/{len(ran)} checks, e.g. {bad[0].case}: {bad[0].status.value} {bad[0].reason[:200]}"),
+            "checked_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+    return verdicts

@@ -1,0 +1,202 @@
+"""Run one battery case on one implementation, forward and backward, against the float64
+reference and the same-dtype baseline, under the tolerance policy. In-process: the worker
+(isolation) and the probes call this."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import statistics
+import time
+import traceback
+import zlib
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from ..dispatch import BackendUnavailable, get as get_backend
+from . import tolerance
+from .results import Comparison, Status
+from .specs import OpSpec, get_spec
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp64": "float64", "half": "float16",
+                 "float": "float32"}
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    key = DTYPE_ALIASES.get(name, name)
+    if key not in DTYPES:
+        raise ValueError(f"dtype: expected one of {sorted(DTYPES) + sorted(DTYPE_ALIASES)}, got {name!r}")
+    return DTYPES[key]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def task_seed(base_seed: int, op: str, case: str, dtype: str) -> int:
+    """A per-case seed that does not depend on which other cases run."""
+    return (base_seed * 1_000_003 + zlib.crc32(f"{op}/{case}/{dtype}".encode())) % (2 ** 31)
+
+
+class ImplError(Exception):
+    """A user implementation could not be loaded."""
+
+
+def load_impl(target: str) -> Callable:
+    """'pkg.module:fn' or 'path/to/file.py:fn'."""
+    module_part, _, attr = target.rpartition(":")
+    if not module_part or not attr:
+        raise ImplError(f"--impl: expected 'package.module:function' or 'file.py:function', got {target!r}")
+    try:
+        if module_part.endswith(".py") or os.sep in module_part:
+            path = os.path.abspath(module_part)
+            if not os.path.exists(path):
+                raise ImplError(f"--impl: file {path} does not exist")
+            spec = importlib.util.spec_from_file_location(f"gpuparity_impl_{zlib.crc32(path.encode())}", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_part)
+    except ImplError:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a broken user module is a result
+        raise ImplError(f"--impl: importing {module_part!r} failed: {type(exc).__name__}: {exc}") from exc
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ImplError(f"--impl: {module_part!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ImplError(f"--impl: {target!r} is a {type(obj).__name__}, not a callable")
+    return obj
+
+
+def resolve_fn(op: str, backend: str, impl: Optional[str]) -> Callable:
+    if impl:
+        return load_impl(impl)
+    return get_backend(op, backend).fn
+
+
+def _round_inputs(inputs: Dict[str, Any], spec: OpSpec, dtype: torch.dtype) -> Dict[str, Any]:
+    """Round floating inputs to the dtype under test, kept as float64 on the CPU."""
+    out = {}
+    for name, value in inputs.items():
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            value = value.to(dtype).to(torch.float64)
+        out[name] = value
+    return out
+
+
+def _forward_backward(spec: OpSpec, fn: Callable, inputs: Dict[str, Any], params: Dict[str, Any],
+                      grad_out: Optional[torch.Tensor], expect_dtype: torch.dtype, expect_device: torch.device,
+                      who: str) -> Tuple[Any, Dict[str, Optional[torch.Tensor]], List[str]]:
+    """(output, gradients by "grad_<name>", problems found with the output's type)."""
+    leaves = {}
+    for name in spec.grad_inputs:
+        value = inputs.get(name)
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            value = value.detach().clone().requires_grad_(True)
+            inputs = {**inputs, name: value}
+            leaves[name] = value
+    out = spec.call(fn, inputs, params)
+    problems = []
+    if not isinstance(out, torch.Tensor):
+        return out, {}, [f"{who} returned {type(out).__name__}, expected a torch.Tensor"]
+    if out.dtype != expect_dtype:
+        problems.append(f"{who} returned dtype {dtype_name(out.dtype)}, expected {dtype_name(expect_dtype)}")
+    if out.device.type != expect_device.type:
+        problems.append(f"{who} returned a tensor on {out.device}, expected {expect_device}")
+    grads: Dict[str, Optional[torch.Tensor]] = {}
+    if leaves and grad_out is not None and out.requires_grad and not problems:
+        out.backward(grad_out.to(out.device, out.dtype).reshape(out.shape))
+        grads = {f"grad_{name}": leaf.grad for name, leaf in leaves.items()}
+    elif leaves and grad_out is not None and not out.requires_grad and not problems:
+        problems.append(f"{who}: the output does not require grad (the autograd graph is broken)")
+    return out, grads, problems
+
+
+def run_case(op: str, fn: Callable, params: Dict[str, Any], dtype: torch.dtype, device: torch.device,
+             seed: int, baseline_fn: Optional[Callable] = None) -> Tuple[Status, List[Comparison], str]:
+    """One case: (status, comparisons, reason)."""
+    spec = get_spec(op)
+    gen = torch.Generator().manual_seed(seed)
+    raw = spec.make_inputs(params, gen)
+    rounded = _round_inputs(raw, spec, dtype)
+    ref_inputs = {**rounded, "orig_dtype": dtype}
+    cpu = torch.device("cpu")
+
+    ref_out, _, _ = _forward_backward(spec, spec.reference_fn, ref_inputs, params, None, torch.float64, cpu, "reference")
+    grad_gen = torch.Generator().manual_seed(seed + 1)
+    grad_out = torch.randn(ref_out.shape, generator=grad_gen, dtype=torch.float64).to(dtype).to(torch.float64)
+    if params.get("forward_only"):
+        grad_out = None
+    ref_out, ref_grads, _ = _forward_backward(spec, spec.reference_fn, ref_inputs, params, grad_out, torch.float64,
+                                              cpu, "reference")
+
+    try:
+        out, grads, problems = _forward_backward(spec, fn, spec.cast_inputs(rounded, dtype, device), params,
+                                                 grad_out, dtype, device, "the implementation")
+    except BackendUnavailable as exc:
+        return Status.SKIP, [], str(exc)
+    except Exception as exc:  # noqa: BLE001 - an implementation that raises is a result
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
+        return Status.ERROR, [], f"raised {type(exc).__name__}: {str(exc)[:400]}{where}"
+    if problems:
+        return Status.FAIL, [], "; ".join(problems)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+    base_out, base_grads = None, {}
+    if baseline_fn is not None:
+        try:
+            base_out, base_grads, _ = _forward_backward(spec, baseline_fn, spec.cast_inputs(rounded, dtype, device),
+                                                        params, grad_out, dtype, device, "baseline")
+        except Exception:  # noqa: BLE001 - without a baseline the floor alone decides
+            base_out, base_grads = None, {}
+
+    zero = spec.zero_masks(ref_inputs, params)
+    valid = spec.valid_masks(ref_inputs, params)
+    precision = spec.precision(dtype, device)
+    comparisons = [tolerance.compare("out", out, ref_out, base_out, dtype, valid.get("out"), zero.get("out"), precision)]
+    for name, ref_grad in ref_grads.items():
+        got = grads.get(name)
+        if got is None:
+            comparisons.append(Comparison(name, False, reason=f"{name}: no gradient (None) where the reference has one"))
+            continue
+        comparisons.append(tolerance.compare(name, got, ref_grad, base_grads.get(name), dtype, valid.get(name),
+                                             zero.get(name), precision))
+    failed = [c for c in comparisons if not c.passed]
+    status = Status.FAIL if failed else Status.PASS
+    reason = "; ".join(c.reason for c in failed)
+    if precision == "tf32" and not failed:
+        reason = "fp32 under TF32 (torch's TF32 switch is on for this op)"
+    return status, comparisons, reason
+
+
+def time_case(op: str, fn: Callable, params: Dict[str, Any], dtype: torch.dtype, device: torch.device,
+              repeats: int = 10) -> float:
+    """Median milliseconds of forward+backward on the op's timing case (for ranking backends)."""
+    spec = get_spec(op)
+    gen = torch.Generator().manual_seed(0)
+    inputs = spec.cast_inputs(spec.make_inputs(params, gen), dtype, device)
+    for name in spec.grad_inputs:
+        if isinstance(inputs.get(name), torch.Tensor) and inputs[name].is_floating_point():
+            inputs[name] = inputs[name].requires_grad_(True)
+
+    def step():
+        out = spec.call(fn, inputs, params)
+        out.backward(torch.ones_like(out))
+
+    step()
+    samples = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        samples.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(samples)

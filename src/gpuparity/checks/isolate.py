@@ -1,0 +1,128 @@
+"""Run a function in a fresh Python process, so that a segfault, abort, illegal memory access,
+HSA error or hang becomes a result (CRASH / TIMEOUT with the last lines of stderr) instead of
+the end of the caller.
+
+`call_isolated("pkg.module:function", kwargs, timeout)`: kwargs and the return value travel
+as JSON. The child prints its answer on one marked line of stdout, so anything else the
+function or its libraries print does not get in the way.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from typing import Any, Dict, Optional
+
+MARKER = "GPUPARITY-RESULT "
+STDERR_TAIL_LINES = 20
+
+
+@dataclasses.dataclass
+class Outcome:
+    status: str                 # "ok" | "error" | "crash" | "timeout"
+    value: Any = None
+    error: str = ""
+    stderr_tail: str = ""
+    returncode: Optional[int] = None
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def tail(text: str, lines: int = STDERR_TAIL_LINES) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def describe_exit(returncode: Optional[int]) -> str:
+    if returncode is None:
+        return "no exit status"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"killed by {name}"
+    return f"exited with status {returncode}"
+
+
+def child_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    # A crash should be quick and quiet, not a core dump.
+    env.setdefault("PYTHONFAULTHANDLER", "1")
+    if extra:
+        env.update(extra)
+    return env
+
+
+def resolve(target: str):
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"target: expected 'package.module:function', got {target!r}")
+    obj = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def call_isolated(target: str, kwargs: Optional[Dict[str, Any]] = None, timeout: float = 60.0,
+                  env: Optional[Dict[str, str]] = None) -> Outcome:
+    start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "gpuparity.checks.isolate", target],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=child_env(env), start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(json.dumps(kwargs or {}), timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        stdout, stderr = proc.communicate()
+        return Outcome("timeout", error=f"no answer within {timeout:g} s (hang?)", stderr_tail=tail(stderr),
+                       duration_s=time.monotonic() - start)
+    duration = time.monotonic() - start
+    answer = None
+    for line in stdout.splitlines():
+        if line.startswith(MARKER):
+            answer = json.loads(line[len(MARKER):])
+    if answer is None:
+        return Outcome("crash", error=f"the process {describe_exit(proc.returncode)} before answering",
+                       stderr_tail=tail(stderr), returncode=proc.returncode, duration_s=duration)
+    if answer.get("error"):
+        return Outcome("error", error=answer["error"], stderr_tail=tail(stderr), returncode=proc.returncode,
+                       duration_s=duration)
+    return Outcome("ok", value=answer.get("value"), stderr_tail=tail(stderr), returncode=proc.returncode,
+                   duration_s=duration)
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, OSError):
+        try:
+            proc.kill()
+        except OSError:
+            pass
+
+
+def _child_main(target: str) -> int:
+    kwargs = json.loads(sys.stdin.read() or "{}")
+    try:
+        value = resolve(target)(**kwargs)
+        line = json.dumps({"value": value})
+    except Exception as exc:  # noqa: BLE001 - the parent wants the error as data
+        line = json.dumps({"error": f"{type(exc).__name__}: {exc}",
+                           "traceback": traceback.format_exc(limit=8)})
+    sys.stdout.write("\n" + MARKER + line + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main(sys.argv[1]))

@@ -1,0 +1,66 @@
+"""Correctness probes for verified auto-selection: the op's quick battery cases (plus the
+default-level cases of the kind asked for) on every probed backend, then a timing of each
+backend that passed. On a GPU the probe runs in a worker process, so a backend that crashes
+the GPU cannot take the caller down with it."""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict
+
+import torch
+
+from .. import dispatch
+from .battery import Task, normalize_device, plan, run_tasks, verdicts_from_results
+from .execute import dtype_name
+from .results import Status
+from .specs import get_spec
+
+
+def _isolate(device: torch.device) -> bool:
+    mode = os.environ.get("GPUPARITY_PROBE", "auto")
+    if mode == "subprocess":
+        return True
+    if mode == "inprocess":
+        return False
+    return device.type == "cuda"
+
+
+def probe_op(op: str, dtype: torch.dtype, kind: str, device) -> Dict[str, Dict[str, Any]]:
+    """Verdicts keyed as dispatch.probe_key for every probed backend of `op` at `dtype`."""
+    device = normalize_device(device)
+    spec = get_spec(op)
+    probed = [b.name for b in dispatch.backends(op) if b.probed and not b.fallback]
+    if not probed:
+        return {}
+
+    def wanted(_op, case):
+        return case.level == "quick" or spec.kind(case.params) == kind
+
+    tasks, decided = plan([op], "default", device, [dtype_name(dtype)], probed, None, 0, wanted)
+    results = decided + run_tasks(tasks, isolate=_isolate(device))
+    verdicts = verdicts_from_results(results)
+    dname = dtype_name(dtype)
+    for backend in probed:
+        key = f"{op}|{backend}|{dname}|{kind}"
+        if key not in verdicts:  # no case of exactly this kind: all of the backend's probe cases decide
+            ran = [r for r in results if r.backend == backend and r.status != Status.SKIP]
+            bad = [r for r in ran if r.status.bad]
+            if ran:
+                verdicts[key] = {"passed": not bad, "reason": (
+                    f"passed {len(ran)} probe checks" if not bad else f"failed {len(bad)}/{len(ran)} probe checks")}
+            else:
+                skipped = [r for r in results if r.backend == backend]
+                verdicts[key] = {"passed": False, "reason": skipped[0].reason if skipped else "not probed"}
+    timing = spec.timing_params()
+    if timing is not None:
+        passed = sorted({k.split("|")[1] for k, v in verdicts.items() if v.get("passed")})
+        time_tasks = [Task(i, op, name, "timing", timing, dname, str(device), 0, mode="time")
+                      for i, name in enumerate(passed)]
+        for result in run_tasks(time_tasks, isolate=_isolate(device)):
+            time_ms = result.params.get("time_ms") if result.status == Status.PASS else None
+            for key, verdict in verdicts.items():
+                if key.split("|")[1] == result.backend:
+                    verdict["time_ms"] = time_ms
+                    if time_ms is None:
+                        verdict.update(passed=False, reason=f"timing run failed: {result.status.value} {result.reason[:200]}")
+    return verdicts

@@ -1,0 +1,143 @@
+"""The results model: one CheckResult per (op, backend, case, dtype), streamed as JSON lines."""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import os
+from typing import Any, Dict, Iterable, Iterator, List, Optional
+
+
+class Status(str, enum.Enum):
+    PASS = "PASS"
+    FAIL = "FAIL"        # ran and computed the wrong answer
+    ERROR = "ERROR"      # raised, returned the wrong type/shape, or could not be imported
+    CRASH = "CRASH"      # the worker process died (segfault, abort, illegal memory access)
+    TIMEOUT = "TIMEOUT"  # the worker did not answer in time (hang)
+    SKIP = "SKIP"        # cannot run here; the reason says why
+
+    @property
+    def bad(self) -> bool:
+        return self in (Status.FAIL, Status.ERROR, Status.CRASH, Status.TIMEOUT)
+
+
+# Worst first: the status of a group is the worst of its members.
+SEVERITY = [Status.CRASH, Status.TIMEOUT, Status.ERROR, Status.FAIL, Status.PASS, Status.SKIP]
+
+
+def worst(statuses: Iterable[Status]) -> Status:
+    statuses = list(statuses)
+    for status in SEVERITY:
+        if status in statuses:
+            return status
+    return Status.SKIP
+
+
+@dataclasses.dataclass
+class Comparison:
+    """One output or gradient against the float64 reference."""
+    name: str
+    passed: bool
+    err: Optional[float] = None          # relative L2 error over the meaningful elements
+    baseline_err: Optional[float] = None  # the same for the trusted baseline composition
+    allowed: Optional[float] = None       # max(2 * baseline_err, floor[dtype])
+    max_abs: Optional[float] = None
+    worst_index: Optional[List[int]] = None
+    reason: str = ""
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class CheckResult:
+    op: str
+    backend: str
+    case: str
+    dtype: str
+    device: str
+    status: Status
+    seed: Optional[int] = None
+    reason: str = ""
+    comparisons: List[Comparison] = dataclasses.field(default_factory=list)
+    params: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    duration_s: float = 0.0
+    stderr_tail: str = ""
+
+    @property
+    def worst_comparison(self) -> Optional[Comparison]:
+        failed = [c for c in self.comparisons if not c.passed]
+        pool = failed or self.comparisons
+        if not pool:
+            return None
+        return max(pool, key=lambda c: (c.err or 0.0) / (c.allowed or 1e-30) if c.err is not None else float("inf"))
+
+    def to_dict(self) -> Dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["status"] = self.status.value
+        worst_cmp = self.worst_comparison
+        data["err"] = worst_cmp.err if worst_cmp else None
+        data["baseline_err"] = worst_cmp.baseline_err if worst_cmp else None
+        data["allowed"] = worst_cmp.allowed if worst_cmp else None
+        data["worst_index"] = worst_cmp.worst_index if worst_cmp else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "CheckResult":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in fields}
+        kwargs["status"] = Status(kwargs["status"])
+        kwargs["comparisons"] = [Comparison(**c) for c in kwargs.get("comparisons", [])]
+        return cls(**kwargs)
+
+    @property
+    def key(self) -> str:
+        return f"{self.op}/{self.backend}/{self.case}/{self.dtype}"
+
+
+class ResultStream:
+    """Appends results to a JSON-lines file as they arrive, flushed and fsynced, so a killed
+    run loses nothing already measured."""
+
+    def __init__(self, path: Optional[str]):
+        self.path = path
+        self._handle = open(path, "a", encoding="utf-8") if path else None
+
+    def write(self, result: CheckResult) -> None:
+        if self._handle is None:
+            return
+        self._handle.write(json.dumps(result.to_dict()) + "\n")
+        self._handle.flush()
+        try:
+            os.fsync(self._handle.fileno())
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def read_stream(path: str) -> Iterator[CheckResult]:
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            line = line.strip()
+            if line:
+                try:
+                    yield CheckResult.from_dict(json.loads(line))
+                except (ValueError, KeyError, TypeError):
+                    continue  # a line cut short by a kill
+
+
+def tally(results: Iterable[CheckResult]) -> Dict[str, int]:
+    counts = {s.value: 0 for s in Status}
+    for result in results:
+        counts[result.status.value] += 1
+    return counts

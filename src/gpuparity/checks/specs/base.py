@@ -1,0 +1,97 @@
+"""What the battery needs to know about one op: its cases, how to make seeded inputs, how to
+call an implementation through the op's public signature, and which outputs must be zero."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from ...dispatch import Problem
+
+LEVELS = ("quick", "default", "full")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One battery case. `level` is the lowest level that runs it (quick < default < full)."""
+    name: str
+    params: Dict[str, Any]
+    level: str = "default"
+    kind: Optional[str] = None     # the probe kind it exercises (None: the op's default kind)
+
+    def at(self, level: str) -> bool:
+        return LEVELS.index(self.level) <= LEVELS.index(level)
+
+
+def randn(gen: torch.Generator, *shape, scale: float = 1.0) -> torch.Tensor:
+    """Seeded standard normal values on the CPU in float64 (rounded to the dtype later)."""
+    return torch.randn(*shape, generator=gen, dtype=torch.float64) * scale
+
+
+class OpSpec:
+    """Subclasses fill in the op. Inputs are made on the CPU from a seed so every machine
+    checks exactly the same numbers; floating inputs are rounded to the dtype under test and
+    the float64 reference sees those rounded values."""
+    op: str = ""
+    signature: str = ""                    # the public signature, for docs and --impl errors
+    grad_inputs: Tuple[str, ...] = ()     # inputs whose gradients are checked
+    reference_fn: Callable = None
+    baseline_backend: str = "composition"  # the trusted composition in the registry
+
+    def cases(self) -> List[Case]:
+        raise NotImplementedError
+
+    def dtypes(self, device: torch.device, level: str = "default") -> List[torch.dtype]:
+        """fp16 on the CPU only at --full: torch's CPU half kernels are emulated and not where
+        anyone trains (seen: CPU fp16 layer_norm weight grads ~5% off on offset rows)."""
+        if device.type == "cpu" and level != "full":
+            return [torch.float32, torch.bfloat16]
+        return [torch.float32, torch.bfloat16, torch.float16]
+
+    def make_inputs(self, params: Dict[str, Any], gen: torch.Generator) -> Dict[str, Any]:
+        """Float64 CPU tensors (and other arguments); the runner casts floating ones."""
+        raise NotImplementedError
+
+    def call(self, fn: Callable, inputs: Dict[str, Any], params: Dict[str, Any]):
+        """Call fn with the op's public signature, applying any view the case asks for."""
+        raise NotImplementedError
+
+    def zero_masks(self, inputs: Dict[str, Any], params: Dict[str, Any]) -> Dict[str, torch.Tensor]:
+        """Per output name ("out", "grad_<input>"): elements that must be exactly zero."""
+        return {}
+
+    def valid_masks(self, inputs: Dict[str, Any], params: Dict[str, Any]) -> Dict[str, torch.Tensor]:
+        return {}
+
+    def precision(self, dtype: torch.dtype, device: torch.device) -> Optional[str]:
+        return None
+
+    def problem(self, params: Dict[str, Any], dtype: torch.dtype, device: torch.device) -> Problem:
+        return Problem(self.op, device, dtype, self.kind(params))
+
+    def kind(self, params: Dict[str, Any]) -> str:
+        return "default"
+
+    def timing_params(self) -> Optional[Dict[str, Any]]:
+        """A representative mid-size case for ranking verified backends by speed."""
+        return None
+
+    def cast_inputs(self, inputs: Dict[str, Any], dtype: torch.dtype, device) -> Dict[str, Any]:
+        """Floating tensors -> dtype on device, except those named in `keep_float64`."""
+        out = {}
+        for name, value in inputs.items():
+            if isinstance(value, torch.Tensor):
+                if value.is_floating_point() and name not in self.keep_dtype:
+                    value = value.to(dtype)
+                value = value.to(device)
+            out[name] = value
+        return out
+
+    keep_dtype: Sequence[str] = ()
+
+
+def tf32_precision(dtype: torch.dtype, device: torch.device, allowed: bool) -> Optional[str]:
+    if dtype == torch.float32 and device.type == "cuda" and allowed:
+        return "tf32"
+    return None

@@ -1,0 +1,167 @@
+"""Battery cases for softmax, matmul, conv2d and cross-entropy: the ops whose vendor libraries
+(cuBLAS/hipBLASLt, cuDNN/MIOpen) most often disagree with the CPU."""
+from __future__ import annotations
+
+from typing import List
+
+import torch
+
+from ... import reference
+from .base import Case, OpSpec, randn, tf32_precision
+
+
+# --------------------------------------------------------------------------- softmax
+class SoftmaxSpec(OpSpec):
+    op = "softmax"
+    signature = "fn(x, dim=-1)"
+    grad_inputs = ("x",)
+    reference_fn = staticmethod(reference.softmax)
+    CASES = [
+        Case("rows_17", dict(shape=(4, 17), dim=-1, scale=1.0), "quick"),
+        Case("odd_781", dict(shape=(2, 781), dim=-1, scale=1.0), "quick"),
+        # x30 saturates the softmax: torch's fp16/bf16 backward (from the saved, rounded output)
+        # then loses the tiny gradient on every vendor alike, so x30 checks the forward only
+        # (overflow handling) and x8 checks the gradient.
+        Case("large_logits_x30_fwd", dict(shape=(3, 150), dim=-1, scale=30.0, forward_only=True), "quick"),
+        Case("large_logits_x8", dict(shape=(3, 150), dim=-1, scale=8.0), "quick"),
+        Case("partial_neg_inf", dict(shape=(4, 33), dim=-1, scale=1.0, neg_inf=True), "quick"),
+        Case("dim1_of_3d", dict(shape=(3, 50, 7), dim=1, scale=1.0)),
+        Case("width_1", dict(shape=(5, 1), dim=-1, scale=1.0)),
+        Case("width_4097", dict(shape=(2, 4097), dim=-1, scale=3.0)),
+        Case("transposed_view", dict(shape=(40, 9), dim=-1, scale=1.0, transposed=True)),
+        Case("width_32768", dict(shape=(2, 32768), dim=-1, scale=5.0), "full"),
+    ]
+
+    def cases(self):
+        return self.CASES
+
+    def make_inputs(self, p, gen):
+        x = randn(gen, *p["shape"], scale=p["scale"])
+        if p.get("neg_inf"):
+            x[:, ::3] = float("-inf")
+        if p.get("transposed"):
+            x = x.t().contiguous()
+        return {"x": x}
+
+    def call(self, fn, inputs, p):
+        x = inputs["x"].t() if p.get("transposed") else inputs["x"]
+        return fn(x, dim=p["dim"])
+
+    def timing_params(self):
+        return dict(shape=(4096, 1024), dim=-1, scale=1.0)
+
+
+# --------------------------------------------------------------------------- matmul
+class MatmulSpec(OpSpec):
+    op = "matmul"
+    signature = "fn(a, b)"
+    grad_inputs = ("a", "b")
+    reference_fn = staticmethod(reference.matmul)
+    CASES = [
+        Case("odd_17x33x9", dict(a=(17, 33), b=(33, 9)), "quick"),
+        Case("square_64", dict(a=(64, 128), b=(128, 64)), "quick"),
+        Case("batched", dict(a=(3, 17, 31), b=(3, 31, 5)), "quick"),
+        Case("transposed_b", dict(a=(20, 24), b=(24, 12), b_transposed=True)),
+        Case("k_1000", dict(a=(8, 1000), b=(1000, 8))),
+        Case("large_m_600000", dict(a=(600000, 4), b=(4, 4))),  # GEMM-GFX1201-LARGEM
+        Case("broadcast_batch", dict(a=(2, 3, 10, 16), b=(16, 6))),
+        Case("k_4097", dict(a=(64, 4097), b=(4097, 64)), "full"),
+    ]
+
+    def cases(self):
+        return self.CASES
+
+    def make_inputs(self, p, gen):
+        b_shape = tuple(p["b"])
+        b = randn(gen, *(b_shape[::-1] if p.get("b_transposed") else b_shape))
+        return {"a": randn(gen, *p["a"]), "b": b}
+
+    def call(self, fn, inputs, p):
+        b = inputs["b"].t() if p.get("b_transposed") else inputs["b"]
+        return fn(inputs["a"], b)
+
+    def precision(self, dtype, device):
+        return tf32_precision(dtype, device, torch.backends.cuda.matmul.allow_tf32)
+
+    def timing_params(self):
+        return dict(a=(1024, 1024), b=(1024, 1024))
+
+
+# --------------------------------------------------------------------------- conv2d
+class Conv2dSpec(OpSpec):
+    op = "conv2d"
+    signature = "fn(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1)"
+    grad_inputs = ("x", "weight", "bias")
+    reference_fn = staticmethod(reference.conv2d)
+    CASES = [
+        Case("k3_pad1", dict(x=(2, 3, 17, 17), w=(8, 3, 3, 3), stride=1, padding=1), "quick"),
+        Case("stride2_groups2", dict(x=(2, 4, 15, 13), w=(6, 2, 3, 3), stride=2, padding=1, groups=2), "quick"),
+        Case("dilation2", dict(x=(1, 3, 20, 20), w=(4, 3, 3, 3), dilation=2, padding=2)),
+        Case("pointwise_1x1", dict(x=(2, 16, 9, 9), w=(32, 16, 1, 1))),
+        Case("channels_last", dict(x=(2, 8, 12, 12), w=(8, 8, 3, 3), padding=1, channels_last=True)),
+        Case("depthwise", dict(x=(2, 8, 14, 14), w=(8, 1, 5, 5), padding=2, groups=8)),
+        Case("large_image", dict(x=(1, 3, 128, 128), w=(16, 3, 7, 7), stride=2, padding=3), "full"),
+    ]
+
+    def cases(self):
+        return self.CASES
+
+    def make_inputs(self, p, gen):
+        w_shape = p["w"]
+        fan_in = w_shape[1] * w_shape[2] * w_shape[3]
+        return {"x": randn(gen, *p["x"]), "weight": randn(gen, *w_shape, scale=fan_in ** -0.5),
+                "bias": randn(gen, w_shape[0], scale=0.1)}
+
+    def call(self, fn, inputs, p):
+        x = inputs["x"]
+        if p.get("channels_last"):
+            x = x.contiguous(memory_format=torch.channels_last)
+        return fn(x, inputs["weight"], inputs["bias"], p.get("stride", 1), p.get("padding", 0),
+                  p.get("dilation", 1), p.get("groups", 1))
+
+    def precision(self, dtype, device):
+        return tf32_precision(dtype, device, torch.backends.cudnn.allow_tf32)
+
+    def timing_params(self):
+        return dict(x=(32, 64, 56, 56), w=(64, 64, 3, 3), padding=1)
+
+
+# --------------------------------------------------------------------------- cross-entropy
+class CrossEntropySpec(OpSpec):
+    op = "cross_entropy"
+    signature = "fn(logits, target, *, ignore_index=-100, label_smoothing=0.0, reduction='mean')"
+    grad_inputs = ("logits",)
+    reference_fn = staticmethod(reference.cross_entropy)
+    CASES = [
+        Case("classes_10", dict(n=17, c=10), "quick"),
+        Case("ignore_index", dict(n=20, c=7, ignore=True), "quick"),
+        Case("label_smoothing", dict(n=12, c=33, smoothing=0.1), "quick"),
+        Case("large_logits_x30", dict(n=16, c=50, scale=30.0)),
+        Case("vocab_1000_sum", dict(n=8, c=1000, reduction="sum")),
+        Case("reduction_none", dict(n=9, c=5, reduction="none")),
+        Case("vocab_32000", dict(n=32, c=32000), "full"),
+    ]
+
+    def cases(self):
+        return self.CASES
+
+    def make_inputs(self, p, gen):
+        logits = randn(gen, p["n"], p["c"], scale=p.get("scale", 2.0))
+        target = torch.randint(0, p["c"], (p["n"],), generator=gen)
+        if p.get("ignore"):
+            target[::3] = -100
+        return {"logits": logits, "target": target}
+
+    def call(self, fn, inputs, p):
+        return fn(inputs["logits"], inputs["target"], ignore_index=-100,
+                  label_smoothing=p.get("smoothing", 0.0), reduction=p.get("reduction", "mean"))
+
+    def timing_params(self):
+        return dict(n=4096, c=32000)
+
+
+SOFTMAX_SPEC = SoftmaxSpec()
+MATMUL_SPEC = MatmulSpec()
+CONV2D_SPEC = Conv2dSpec()
+CROSS_ENTROPY_SPEC = CrossEntropySpec()
+

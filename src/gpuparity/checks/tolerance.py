@@ -1,0 +1,119 @@
+"""The tolerance policy (DESIGN.md), in one place.
+
+err = relative L2 error against the float64 reference over the meaningful elements.
+Pass when err <= max(2 * baseline_err, FLOOR[dtype]), where baseline_err is the error of a
+plain trusted composition of the op in the same dtype on the same device (FlashAttention's
+acceptance rule with a floor). NaN/Inf where the reference is finite always fails. Rows that
+must be empty (fully masked attention rows) are checked separately: exactly zero, never NaN.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from .results import Comparison
+
+# Floors: about 4x the relative L2 error of rounding a random tensor to the dtype
+# (unit roundoff / sqrt(3): fp32 3.4e-8, fp16 2.8e-4, bf16 2.3e-3; fp32 gets headroom for
+# reductions of thousands of terms), so a near-exact baseline does not make the bar impossible,
+# while a wrong formula (ignored mask, wrong scale, unbiased variance at small widths)
+# still lands far above it.
+FLOOR = {
+    torch.float64: 1e-10,
+    torch.float32: 1e-5,
+    torch.float16: 1e-3,
+    torch.bfloat16: 1e-2,
+    # fp32 inputs computed on TF32 matrix units (10-bit mantissa, like fp16) when torch's
+    # TF32 switches allow it: DESIGN.md says fp32 follows torch's TF32 setting.
+    "tf32": 2e-3,
+}
+BASELINE_FACTOR = 2.0
+
+
+def floor_for(dtype, precision: Optional[str] = None) -> float:
+    if precision is not None and precision in FLOOR:
+        return FLOOR[precision]
+    return FLOOR.get(dtype, 1e-5)
+
+
+def allowed_error(baseline_err: Optional[float], dtype: torch.dtype, precision: Optional[str] = None) -> float:
+    floor = floor_for(dtype, precision)
+    if baseline_err is None or not math.isfinite(baseline_err):
+        return floor
+    return max(BASELINE_FACTOR * baseline_err, floor)
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor, valid: Optional[torch.Tensor] = None) -> float:
+    """||out - ref|| / ||ref|| in float64 over the valid elements; 0/0 counts as 0."""
+    out = out.detach().to("cpu", torch.float64)
+    ref = ref.detach().to("cpu", torch.float64)
+    if valid is not None:
+        valid = valid.to("cpu").expand_as(ref)
+        out, ref = out[valid], ref[valid]
+    diff = torch.linalg.vector_norm(out - ref).item()
+    norm = torch.linalg.vector_norm(ref).item()
+    if norm == 0.0:
+        return diff
+    return diff / norm
+
+
+def compare(name: str, out, ref: torch.Tensor, baseline: Optional[torch.Tensor], dtype: torch.dtype,
+            valid: Optional[torch.Tensor] = None, must_be_zero: Optional[torch.Tensor] = None,
+            precision: Optional[str] = None) -> Comparison:
+    """Compare one output (or gradient) with the float64 reference under the policy.
+
+    valid: bool mask (broadcastable to ref) of the meaningful elements.
+    must_be_zero: bool mask of the elements that must be exactly 0 (fully masked rows).
+    precision: "tf32" when fp32 inputs may run on TF32 units (raises the floor accordingly).
+    """
+    if not isinstance(out, torch.Tensor):
+        return Comparison(name, False, reason=f"{name}: expected a tensor, got {type(out).__name__}")
+    if tuple(out.shape) != tuple(ref.shape):
+        return Comparison(name, False, reason=f"{name}: wrong shape {tuple(out.shape)}, expected {tuple(ref.shape)}")
+    out64 = out.detach().to("cpu", torch.float64)
+    ref64 = ref.detach().to("cpu", torch.float64)
+    if valid is None:
+        valid_full = torch.ones_like(ref64, dtype=torch.bool)
+    else:
+        valid_full = valid.to("cpu").expand_as(ref64).clone()
+    if must_be_zero is not None:
+        zero_full = must_be_zero.to("cpu").expand_as(ref64)
+        valid_full &= ~zero_full
+        bad_zero = zero_full & ~(out64 == 0)
+        if bad_zero.any():
+            idx = [int(i) for i in bad_zero.nonzero()[0].tolist()]
+            value = out64[tuple(idx)].item()
+            return Comparison(name, False, reason=(
+                f"{name}: a fully masked row must be exactly 0, got {value:g} at {idx} "
+                f"({int(bad_zero.sum())} such elements)"), worst_index=idx)
+
+    finite_ref = torch.isfinite(ref64)
+    nonfinite = valid_full & finite_ref & ~torch.isfinite(out64)
+    if nonfinite.any():
+        idx = [int(i) for i in nonfinite.nonzero()[0].tolist()]
+        return Comparison(name, False, reason=(
+            f"{name}: {int(nonfinite.sum())} NaN/Inf values where the reference is finite, first at {idx}"),
+            worst_index=idx)
+
+    err = relative_error(out64, ref64, valid_full)
+    baseline_err = None
+    if baseline is not None and isinstance(baseline, torch.Tensor) and tuple(baseline.shape) == tuple(ref.shape):
+        baseline_err = relative_error(baseline, ref64, valid_full)
+    allowed = allowed_error(baseline_err, dtype, precision)
+    diff = (out64 - ref64).abs().masked_fill(~valid_full, 0.0)
+    if diff.numel():
+        flat = int(torch.argmax(diff).item())
+        worst_index = [int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape)]
+        max_abs = float(diff.reshape(-1)[flat].item())
+    else:
+        worst_index, max_abs = [], 0.0
+    passed = err <= allowed
+    reason = "" if passed or not worst_index else (
+        f"{name}: relative error {err:.3g} > allowed {allowed:.3g} "
+        f"(baseline {baseline_err if baseline_err is None else format(baseline_err, '.3g')}); "
+        f"max abs error {max_abs:.3g} at {worst_index} "
+        f"(got {out64[tuple(worst_index)].item():.6g}, expected {ref64[tuple(worst_index)].item():.6g})")
+    return Comparison(name, passed, err=err, baseline_err=baseline_err, allowed=allowed,
+                      max_abs=max_abs, worst_index=worst_index, reason=reason)

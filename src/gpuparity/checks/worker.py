@@ -1,0 +1,60 @@
+"""The battery's worker process: reads tasks as JSON lines on stdin, answers each on one
+marked line of stdout. The parent (runner.py) restarts it after a crash or a hang."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+from typing import Any, Dict
+
+MARKER = "GPUPARITY-TASK "
+
+
+def handle(task: Dict[str, Any]) -> Dict[str, Any]:
+    import torch
+
+    from ..dispatch import get as get_backend
+    from .execute import ImplError, dtype_from_name, resolve_fn, run_case, time_case
+
+    started = time.monotonic()
+    answer: Dict[str, Any] = {"id": task["id"]}
+    device = torch.device(task["device"])
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dtype = dtype_from_name(task["dtype"])
+    try:
+        fn = resolve_fn(task["op"], task["backend"], task.get("impl"))
+    except ImplError as exc:
+        answer.update(status="ERROR", reason=str(exc), comparisons=[])
+        return answer
+    if task.get("mode") == "time":
+        answer.update(status="PASS", time_ms=time_case(task["op"], fn, task["params"], dtype, device))
+        return answer
+    baseline = get_backend(task["op"], "composition").fn
+    status, comparisons, reason = run_case(task["op"], fn, task["params"], dtype, device, task["seed"],
+                                           baseline_fn=baseline)
+    answer.update(status=status.value, reason=reason, comparisons=[c.to_dict() for c in comparisons],
+                  duration_s=time.monotonic() - started)
+    return answer
+
+
+def main() -> int:
+    for line in sys.stdin:
+        line = line.strip()
+        if not line:
+            continue
+        task = json.loads(line)
+        try:
+            answer = handle(task)
+        except Exception as exc:  # noqa: BLE001 - anything else is an ERROR of this task
+            answer = {"id": task.get("id"), "status": "ERROR",
+                      "reason": f"the check itself raised {type(exc).__name__}: {exc}",
+                      "traceback": traceback.format_exc(limit=6), "comparisons": []}
+        sys.stdout.write(MARKER + json.dumps(answer) + "\n")
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""Backend registry, support reasons in words, and verified auto-selection with a probe cache.
+
+Every backend declares what it supports and answers `reasons(problem) -> list[str]` (empty
+when it can serve). `backend="auto"` only ever uses a backend whose correctness probe passed
+on this machine, torch build, dtype and feature kind (e.g. the attention mask kind); among
+those the fastest measured wins, and the op's `fallback` backend (a plain composition, never
+probed) is the last resort. Probe verdicts are cached on disk keyed by the platform
+fingerprint. `gpuparity doctor` fills the cache.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """What a call needs, as far as choosing a backend goes."""
+    op: str
+    device: torch.device
+    dtype: torch.dtype
+    kind: str = "default"                 # the probe key beyond dtype: e.g. mask kind
+    features: Tuple[Tuple[str, Any], ...] = ()
+
+    def feature(self, name: str, default=None):
+        return dict(self.features).get(name, default)
+
+
+@dataclasses.dataclass
+class Backend:
+    name: str
+    op: str
+    fn: Callable                                  # the op's public signature, minus `backend`
+    description: str = ""
+    device_types: Tuple[str, ...] = ("cuda", "cpu")
+    dtypes: Tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+    availability: Optional[Callable[[], Optional[str]]] = None    # reason it is absent here, or None
+    supports: Optional[Callable[[Problem], List[str]]] = None     # reasons it cannot serve a call
+    fallback: bool = False                        # trusted plain composition: last resort, not probed
+    probed: bool = True                           # False for backends auto must never pick
+
+    def unavailable_reason(self) -> Optional[str]:
+        if self.availability is None:
+            return None
+        try:
+            return self.availability()
+        except Exception as exc:  # noqa: BLE001 - a broken import is a reason, not a crash
+            return f"{self.name}: availability check raised {type(exc).__name__}: {exc}"
+
+    def reasons(self, problem: Problem) -> List[str]:
+        reasons: List[str] = []
+        absent = self.unavailable_reason()
+        if absent:
+            return [absent]
+        if problem.device.type not in self.device_types:
+            reasons.append(f"{self.name}: no {problem.device.type} support (serves {', '.join(self.device_types)})")
+        if problem.dtype not in self.dtypes:
+            names = ", ".join(str(d).replace("torch.", "") for d in self.dtypes)
+            reasons.append(f"{self.name}: no {str(problem.dtype).replace('torch.', '')} kernel (has {names})")
+        if not reasons and self.supports is not None:
+            reasons.extend(self.supports(problem))
+        return reasons
+
+
+_REGISTRY: Dict[str, Dict[str, Backend]] = {}
+_LOCK = threading.Lock()
+
+
+def register(backend: Backend) -> Backend:
+    with _LOCK:
+        _REGISTRY.setdefault(backend.op, {})[backend.name] = backend
+    return backend
+
+
+def _load_builtin_backends() -> None:
+    # Importing the modules registers their backends; the list is the one place they are named.
+    from .backends import load_all
+    load_all()
+
+
+def backends(op: str) -> List[Backend]:
+    _load_builtin_backends()
+    return list(_REGISTRY.get(op, {}).values())
+
+
+def get(op: str, name: str) -> Backend:
+    _load_builtin_backends()
+    table = _REGISTRY.get(op, {})
+    if name not in table:
+        raise ValueError(f"backend: expected one of {sorted(table) + ['auto']} for {op}, got {name!r}")
+    return table[name]
+
+
+class BackendUnavailable(RuntimeError):
+    """A named backend cannot serve this call; the message lists why."""
+
+
+def resolve(problem: Problem, backend: str = "auto") -> Backend:
+    """The backend that serves `problem`: the named one (or an error with its reasons), or the
+    verified choice for "auto"."""
+    if backend != "auto":
+        chosen = get(problem.op, backend)
+        reasons = chosen.reasons(problem)
+        if reasons:
+            raise BackendUnavailable(f"backend={backend!r} cannot serve this {problem.op} call: " + "; ".join(reasons))
+        return chosen
+    return explain(problem)["chosen_backend"]
+
+
+def explain(problem: Problem) -> Dict[str, Any]:
+    """Why each backend was or was not chosen for `problem` under "auto".
+
+    Returns {"chosen": name, "chosen_backend": Backend, "candidates": [{name, status, reason, time_ms}]}.
+    """
+    rows = []
+    verified: List[Tuple[float, Backend]] = []
+    fallback: Optional[Backend] = None
+    for candidate in backends(problem.op):
+        reasons = candidate.reasons(problem)
+        if reasons:
+            rows.append({"name": candidate.name, "status": "unsupported", "reason": "; ".join(reasons)})
+            continue
+        if candidate.fallback:
+            fallback = fallback or candidate
+            rows.append({"name": candidate.name, "status": "fallback", "reason": "trusted composition, last resort"})
+            continue
+        if not candidate.probed:
+            rows.append({"name": candidate.name, "status": "never-auto", "reason": "only used when named"})
+            continue
+        verdict = probe_verdict(problem, candidate)
+        if verdict.get("passed"):
+            time_ms = float(verdict.get("time_ms") or float("inf"))
+            verified.append((time_ms, candidate))
+            rows.append({"name": candidate.name, "status": "verified", "reason": verdict.get("reason", ""),
+                         "time_ms": time_ms})
+        else:
+            rows.append({"name": candidate.name, "status": "failed-probe", "reason": verdict.get("reason", "")})
+    if verified:
+        verified.sort(key=lambda item: item[0])
+        chosen = verified[0][1]
+    elif fallback is not None:
+        chosen = fallback
+    else:
+        raise BackendUnavailable(f"no backend can serve this {problem.op} call: " +
+                                 "; ".join(f"{r['name']}: {r['reason']}" for r in rows))
+    return {"chosen": chosen.name, "chosen_backend": chosen, "candidates": rows}
+
+
+# --------------------------------------------------------------------------- probe cache
+def cache_dir() -> str:
+    base = os.environ.get("GPUPARITY_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "gpuparity")
+    return base
+
+
+def _cache_path(device: torch.device) -> str:
+    from . import platform
+    index = device.index if device.type == "cuda" and device.index is not None else (0 if device.type == "cuda" else None)
+    key = platform.fingerprint_key(platform.current(), index)
+    return os.path.join(cache_dir(), f"probes-{device.type}-{key}.json")
+
+
+_MEMORY_CACHE: Dict[str, Dict[str, Any]] = {}
+
+
+def probe_key(problem: Problem, backend: Backend) -> str:
+    return f"{problem.op}|{backend.name}|{str(problem.dtype).replace('torch.', '')}|{problem.kind}"
+
+
+def _load_cache(path: str) -> Dict[str, Any]:
+    if path in _MEMORY_CACHE:
+        return _MEMORY_CACHE[path]
+    data: Dict[str, Any] = {}
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle).get("verdicts", {})
+    except (OSError, ValueError):
+        data = {}
+    _MEMORY_CACHE[path] = data
+    return data
+
+
+def store_verdicts(device: torch.device, verdicts: Dict[str, Dict[str, Any]]) -> str:
+    """Merge probe verdicts into the on-disk cache for `device`; returns the cache path."""
+    path = _cache_path(device)
+    data = _load_cache(path)
+    data.update(verdicts)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    from . import platform
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump({"schema_version": 1, "fingerprint": platform.fingerprint_key(platform.current()),
+                   "verdicts": data}, handle, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+    return path
+
+
+def clear_cache() -> None:
+    _MEMORY_CACHE.clear()
+
+
+def probe_verdict(problem: Problem, backend: Backend) -> Dict[str, Any]:
+    """The cached verdict for (problem kind, backend), probing now if there is none."""
+    if os.environ.get("GPUPARITY_TRUST_UNPROBED") == "1":
+        return {"passed": True, "reason": "probe skipped (GPUPARITY_TRUST_UNPROBED=1)", "time_ms": None}
+    path = _cache_path(problem.device)
+    cache = _load_cache(path)
+    key = probe_key(problem, backend)
+    if key not in cache:
+        from .checks.probe import probe_op
+        verdicts = probe_op(problem.op, problem.dtype, problem.kind, problem.device)
+        store_verdicts(problem.device, verdicts)
+        cache = _load_cache(path)
+    return cache.get(key, {"passed": False, "reason": "no probe verdict recorded"})
