@@ -1,6 +1,35 @@
-"""gpuparity: the same answers, fast, on CUDA, ROCm and CPU; and where and why they differ."""
+"""gpuparity: the same answers, fast, on CUDA, ROCm and CPU; and where and why they differ.
+
+Ops: attention, rms_norm, layer_norm, apply_rotary (verified backend dispatch).
+Checks: check(op, impl=...), the battery behind `gpuparity doctor`.
+Devices: get_device() verifies a GPU in a separate process and falls back to the CPU.
+Modules: gpuparity.nn drop-ins and patch(model).
+"""
 from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+# Public name -> module that defines it; imported on first use so `import gpuparity` stays
+# light (and so a missing optional piece does not break the rest).
+_LAZY = {
+    "attention": "gpuparity.ops.attention",
+    "rms_norm": "gpuparity.ops.norms",
+    "layer_norm": "gpuparity.ops.norms",
+    "apply_rotary": "gpuparity.ops.rotary",
+    "check": "gpuparity.api",
+    "get_device": "gpuparity.device",
+    "patch": "gpuparity.nn.patch",
+    "safe_compile": "gpuparity.compile",
+}
+
+__all__ = ["__version__", *_LAZY, "nn", "trace", "profile"]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in ("nn", "trace", "profile", "known", "platform", "dispatch", "reference"):
+        return importlib.import_module(f"gpuparity.{name}")
+    raise AttributeError(f"module 'gpuparity' has no attribute {name!r}")

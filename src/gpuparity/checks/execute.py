@@ -90,7 +90,7 @@ def _round_inputs(inputs: Dict[str, Any], spec: OpSpec, dtype: torch.dtype) -> D
 
 def _forward_backward(spec: OpSpec, fn: Callable, inputs: Dict[str, Any], params: Dict[str, Any],
                       grad_out: Optional[torch.Tensor], expect_dtype: torch.dtype, expect_device: torch.device,
-                      who: str) -> Tuple[Any, Dict[str, Optional[torch.Tensor]], List[str]]:
+                      who: str, expect_shape=None) -> Tuple[Any, Dict[str, Optional[torch.Tensor]], List[str]]:
     """(output, gradients by "grad_<name>", problems found with the output's type)."""
     leaves = {}
     for name in spec.grad_inputs:
@@ -103,6 +103,8 @@ def _forward_backward(spec: OpSpec, fn: Callable, inputs: Dict[str, Any], params
     problems = []
     if not isinstance(out, torch.Tensor):
         return out, {}, [f"{who} returned {type(out).__name__}, expected a torch.Tensor"]
+    if expect_shape is not None and tuple(out.shape) != tuple(expect_shape):
+        problems.append(f"{who} returned the wrong shape {tuple(out.shape)}, expected {tuple(expect_shape)}")
     if out.dtype != expect_dtype:
         problems.append(f"{who} returned dtype {dtype_name(out.dtype)}, expected {dtype_name(expect_dtype)}")
     if out.device.type != expect_device.type:
@@ -136,7 +138,7 @@ def run_case(op: str, fn: Callable, params: Dict[str, Any], dtype: torch.dtype, 
 
     try:
         out, grads, problems = _forward_backward(spec, fn, spec.cast_inputs(rounded, dtype, device), params,
-                                                 grad_out, dtype, device, "the implementation")
+                                                 grad_out, dtype, device, "the implementation", ref_out.shape)
     except BackendUnavailable as exc:
         return Status.SKIP, [], str(exc)
     except Exception as exc:  # noqa: BLE001 - an implementation that raises is a result

@@ -146,8 +146,7 @@ class AttentionSpec(OpSpec):
         return tf32_precision(dtype, device, torch.backends.cuda.matmul.allow_tf32)
 
     def timing_params(self):
-        return _case("timing", B=8, H=4, Sq=512, D=64, mask="key_padding",
-                     lengths=[512, 480, 400, 512, 300, 256, 511, 128]).params
+        return _case("timing", B=4, H=4, Sq=256, D=64, mask="key_padding", lengths=[256, 200, 131, 64]).params
 
 
 SPEC = AttentionSpec()

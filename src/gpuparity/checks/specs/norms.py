@@ -20,10 +20,13 @@ def _case(name, level="default", **params) -> Case:
 CASES: List[Case] = [
     _case("rows_32", "quick"),
     # layer norm over 1 or 2 features is degenerate (output 0 or +-1, gradient ~0): width 3 there
-    _case("hidden_1", "quick", shape=(5, 1), only="rms_norm"),
+    # (width 1: y = x/sqrt(x^2+eps) = sign(x); its gradient is pure cancellation: forward only)
+    _case("hidden_1", "quick", shape=(5, 1), only="rms_norm", forward_only=True),
     _case("hidden_3", "quick", shape=(5, 3)),
     _case("odd_17", "quick", shape=(7, 17)),
-    _case("near_constant_rows", "quick", shape=(6, 150), offset=5.0, spread=1e-3),
+    # mean/spread 50: a variance from E[x^2] - E[x]^2 is off by ~eps*50^2 (caught in fp32),
+    # while any honest fp32 algorithm stays near eps*50, under the floor (no coin flips)
+    _case("near_constant_rows", "quick", shape=(6, 150), offset=5.0, spread=0.1),
     _case("strided_rows", "quick", shape=(6, 40), layout="row_stride"),
     _case("no_weight", "quick", shape=(3, 64), affine=False),
     _case("hidden_128_many_rows", shape=(96, 128)),
@@ -48,7 +51,7 @@ class _NormSpec(OpSpec):
         return [c for c in CASES if c.params.get("only") in (None, self.op)]
 
     def timing_params(self):
-        return _case("timing", shape=(4096, 1024)).params
+        return _case("timing", shape=(1024, 1024)).params
 
     def make_inputs(self, p, gen):
         shape = tuple(p["shape"])

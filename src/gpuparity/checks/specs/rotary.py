@@ -49,7 +49,7 @@ class RotarySpec(OpSpec):
         return ("varlen-" if p["varlen"] else "") + ("interleaved" if p["interleaved"] else "half")
 
     def timing_params(self):
-        return _case("timing", B=4, S=1024, H=8, D=128).params
+        return _case("timing", B=4, S=256, H=8, D=128).params
 
     def make_inputs(self, p, gen):
         H, D = p["H"], p["D"]

@@ -1,0 +1,58 @@
+"""`gpuparity check --op OP [--impl module:fn]`: one op's whole battery, on its backends or on
+a user's implementation."""
+from __future__ import annotations
+
+import json
+
+from .. import platform
+from ..api import check as run_check
+from ..checks.results import tally
+from ..checks.specs import OPS, get_spec
+from ..report.files import write_json
+from ..report.terminal import render_failures, render_results
+from ._common import add_device, add_json, battery_progress, console, split_list
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "check", help="one op's battery on its backends, or on your implementation (--impl)",
+        description="Runs every case of one op against float64, forward and backward, crash-isolated. "
+                    "--impl module:function (or path/to/file.py:function) checks your own implementation, "
+                    "which must have the op's public signature (see --signature).")
+    parser.add_argument("--op", required=True, choices=OPS)
+    parser.add_argument("--impl", help="your implementation: package.module:function or file.py:function")
+    parser.add_argument("--backend", help="comma-separated backends to check (default: all registered)")
+    parser.add_argument("--dtype", help="comma-separated dtypes (default: what the device supports)")
+    parser.add_argument("--level", choices=("quick", "default", "full"), default="default")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=None, help="seconds per check before it counts as a hang")
+    parser.add_argument("--signature", action="store_true", help="print the signature --impl must have and exit")
+    add_device(parser)
+    add_json(parser)
+    parser.set_defaults(handler=handle)
+
+
+def handle(args) -> int:
+    con = console()
+    spec = get_spec(args.op)
+    if args.signature:
+        con.print(f"{args.op}: {spec.signature}")
+        return 0
+    with battery_progress(con) as progress:
+        run = run_check(args.op, impl=args.impl, backends=split_list(args.backend), dtypes=split_list(args.dtype),
+                        level=args.level, device=args.device, seed=args.seed, progress=progress,
+                        timeout=args.timeout)
+    render_results(con, run.results, title=f"{args.op}: checks against float64")
+    render_failures(con, run.results)
+    counts = tally(run.results)
+    con.print(f"{counts['PASS']} pass, {counts['FAIL']} fail, {counts['ERROR']} error, {counts['CRASH']} crash, "
+              f"{counts['TIMEOUT']} timeout, {counts['SKIP']} skip in {run.duration_s:.1f} s on {run.device}")
+    if args.json:
+        data = {"schema_version": 1, "kind": "check", "op": args.op, "impl": args.impl,
+                "platform": platform.collect(), "level": args.level, "device": run.device, "seed": args.seed,
+                "tally": counts, "results": [r.to_dict() for r in run.results]}
+        if args.json == "-":
+            print(json.dumps(data, default=str))
+        else:
+            write_json(args.json, data)
+    return 0 if run.ok else 1

@@ -1,0 +1,81 @@
+"""`gpuparity doctor`: platform, known issues, the battery on every backend, recommendations."""
+from __future__ import annotations
+
+import os
+import tempfile
+
+from .. import platform
+from ..checks.results import read_stream, tally
+from ..doctor import DoctorOptions, estimate, run_doctor
+from ..report.files import write_json, write_text
+from ..report.html import render_doctor_html
+from ..report.terminal import render_doctor
+from ._common import add_device, add_json, battery_progress, console, split_list
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "doctor", help="the main job: platform report, known issues, every op and backend vs float64",
+        description="Checks every op on every backend of this machine against a float64 reference, forward and "
+                    "backward, each check in a crash-isolated worker. Exit code 0: all passed; 1: a check failed, "
+                    "crashed or hung, or a known issue was confirmed; 2: bad usage.")
+    level = parser.add_mutually_exclusive_group()
+    level.add_argument("--quick", dest="level", action="store_const", const="quick", help="the hostile core only (seconds)")
+    level.add_argument("--full", dest="level", action="store_const", const="full",
+                       help="every case incl. long sequences and extreme inputs (says how long up front)")
+    parser.set_defaults(level="default")
+    add_device(parser)
+    add_json(parser, "the whole report")
+    parser.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
+    parser.add_argument("--stream", metavar="FILE", help="append each result as a JSON line as it arrives "
+                                                           "(kept even if the run is killed)")
+    parser.add_argument("--ops", help="comma-separated ops (default: all)")
+    parser.add_argument("--dtype", help="comma-separated dtypes, e.g. bf16,fp32 (default: what the device supports)")
+    parser.add_argument("--backends", help="comma-separated backends (default: all registered)")
+    parser.add_argument("--seed", type=int, default=0, help="base seed of the random inputs (reported per check)")
+    parser.add_argument("--no-probes", action="store_true", help="evaluate known issues by rule only")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds per check before it counts as a hang")
+    parser.set_defaults(handler=handle)
+
+
+def handle(args) -> int:
+    con = console()
+    stream = args.stream or os.path.join(tempfile.mkdtemp(prefix="gpuparity-"), "results.jsonl")
+    options = DoctorOptions(level=args.level, device=args.device, ops=split_list(args.ops),
+                            dtypes=split_list(args.dtype), backends=split_list(args.backends), seed=args.seed,
+                            probes=not args.no_probes, stream_path=stream, timeout=args.timeout)
+    plan = estimate(options)
+    minutes = plan["seconds"] / 60
+    con.print(f"gpuparity doctor: {plan['checks']} checks ({plan['skipped']} cannot run here), "
+              f"about {plan['seconds']:.0f} s" + (f" (~{minutes:.0f} min)" if minutes >= 2 else "")
+              + f"; results stream to {stream}")
+    try:
+        with battery_progress(con, plan["checks"] + plan["skipped"]) as progress:
+            report = run_doctor(options, progress=progress)
+    except (ValueError, TypeError):
+        raise
+    except BaseException as exc:
+        # No data is lost: whatever was measured is in the stream; write what we have.
+        kept = list(read_stream(stream)) if os.path.exists(stream) else []
+        results = [r.to_dict() for r in kept]
+        partial = {"schema_version": 1, "kind": "doctor", "partial": True,
+                   "error": f"{type(exc).__name__}: {exc}", "platform": platform.collect(),
+                   "battery": {"results": results, "tally": tally(kept)}, "exit_code": 1}
+        if args.json and args.json != "-":
+            write_json(args.json, partial)
+        con.print(f"[bold red]doctor stopped: {type(exc).__name__}: {exc}[/]; {len(results)} results kept in {stream}")
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        return 1
+    render_doctor(con, report)
+    if args.json:
+        if args.json == "-":
+            import json
+            print(json.dumps(report, default=str))
+        else:
+            write_json(args.json, report)
+            con.print(f"[dim]wrote {args.json}[/]")
+    if args.html:
+        write_text(args.html, render_doctor_html(report))
+        con.print(f"[dim]wrote {args.html}[/]")
+    return report["exit_code"]

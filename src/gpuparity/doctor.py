@@ -1,0 +1,174 @@
+"""`gpuparity doctor`: the platform report, the known issues that apply (confirmed by probes),
+the battery on every backend, and a recommended configuration; one JSON-able report. The
+battery's verdicts also fill the probe cache that `backend="auto"` reads."""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from . import __version__, dispatch, platform
+from .checks.battery import (BatteryRun, Task, estimate_seconds, normalize_device, plan, run_battery, run_tasks,
+                             validate_device, verdicts_from_results)
+from .checks.results import CheckResult, Status, tally
+
+SCHEMA_VERSION = 1
+LEVEL_OF = {"quick": "quick", "default": "default", "full": "full"}
+# A known issue fails the doctor when its probe failed here ("confirmed") and it is a bug or a
+# configuration problem; confirmed by-design behaviour (TF32 defaults, the cuBLAS workspace
+# rule of deterministic mode) is reported, with its remedy, but is not a failure.
+FAILING_KNOWN_STATUSES = ("confirmed",)
+NON_FAILING_KNOWN_KINDS = ("behaviour",)
+
+
+@dataclasses.dataclass
+class DoctorOptions:
+    level: str = "default"
+    device: Optional[str] = None           # None: the first GPU if there is one, else cpu
+    ops: Optional[Sequence[str]] = None
+    dtypes: Optional[Sequence[str]] = None
+    backends: Optional[Sequence[str]] = None
+    seed: int = 0
+    probes: bool = True                    # run known-issue probes
+    stream_path: Optional[str] = None      # results as JSON lines, as they arrive
+    fill_cache: bool = True
+    timeout: Optional[float] = None
+
+
+def default_device() -> str:
+    import torch
+    return "cuda:0" if torch.cuda.is_available() else "cpu"
+
+
+def estimate(options: DoctorOptions) -> Dict[str, Any]:
+    """How long the battery will take, before it starts (the CLI says it up front)."""
+    device = normalize_device(options.device or default_device())
+    tasks, decided = plan(options.ops, options.level, device, options.dtypes, options.backends, None, options.seed)
+    return {"checks": len(tasks), "skipped": len(decided), "seconds": estimate_seconds(len(tasks), device)}
+
+
+def _known_issues(report: Dict[str, Any], device: str, probes: bool, sink: Dict[str, Any]) -> None:
+    try:
+        from . import known
+    except ImportError as exc:
+        sink["error"] = f"the known-issue base is not available: {exc}"
+        return
+    try:
+        results = known.evaluate(report, probes=probes, device=device)
+        sink["results"] = [r.to_dict() if hasattr(r, "to_dict") else dataclasses.asdict(r) for r in results]
+    except Exception as exc:  # noqa: BLE001 - the report is still written without them
+        sink["error"] = f"evaluating known issues failed: {type(exc).__name__}: {exc}"
+
+
+def _timings(results: List[CheckResult], device: str, timeout: Optional[float]) -> Dict[tuple, float]:
+    """Time every (op, backend, dtype) whose checks all passed, on the op's timing case."""
+    from .checks.specs import get_spec
+    passed: Dict[tuple, bool] = {}
+    for r in results:
+        if r.status == Status.SKIP or r.backend.startswith("impl:"):
+            continue
+        key = (r.op, r.backend, r.dtype)
+        passed[key] = passed.get(key, True) and r.status == Status.PASS
+    tasks = []
+    for i, ((op, backend, dtype), ok) in enumerate(sorted(passed.items())):
+        params = get_spec(op).timing_params()
+        if dispatch.get(op, backend).fallback:
+            continue  # compositions are the last resort of "auto", never ranked by speed
+        if ok and params is not None:
+            tasks.append(Task(i, op, backend, "timing", params, dtype, device, 0, mode="time"))
+    times = {}
+    for result in run_tasks(tasks, timeout=timeout):
+        if result.status == Status.PASS:
+            times[(result.op, result.backend, result.dtype)] = result.params.get("time_ms")
+    return times
+
+
+def recommendations(results: List[CheckResult], times: Dict[tuple, float]) -> List[Dict[str, Any]]:
+    """Per op and dtype: the fastest backend that passed everything, and the ones to avoid."""
+    by_op: Dict[tuple, Dict[str, List[CheckResult]]] = {}
+    for r in results:
+        if r.backend.startswith("impl:"):
+            continue
+        by_op.setdefault((r.op, r.dtype), {}).setdefault(r.backend, []).append(r)
+    out = []
+    for (op, dtype), backends in sorted(by_op.items()):
+        good, avoid = [], []
+        for name, members in backends.items():
+            ran = [m for m in members if m.status != Status.SKIP]
+            bad = [m for m in ran if m.status.bad]
+            if not ran:
+                continue
+            if bad:
+                kinds = sorted({m.status.value for m in bad})
+                avoid.append({"backend": name, "failed": len(bad), "of": len(ran), "statuses": kinds,
+                              "example": f"{bad[0].case}: {bad[0].reason[:160]}"})
+            else:
+                good.append({"backend": name, "checks": len(ran), "time_ms": times.get((op, name, dtype))})
+        good.sort(key=lambda g: (g["time_ms"] is None, g["time_ms"] or 0.0))
+        use = good[0]["backend"] if good else None
+        text = f"{op} ({dtype}): " + (f"use {use}" if use else "no backend passed every check")
+        if good and good[0]["time_ms"] is not None:
+            text += f" ({good[0]['time_ms']:.3g} ms on the timing case)"
+        if avoid:
+            text += "; avoid " + ", ".join(f"{a['backend']}: failed {a['failed']}/{a['of']} checks" for a in avoid)
+        out.append({"op": op, "dtype": dtype, "use": use, "verified": good, "avoid": avoid, "text": text})
+    return out
+
+
+def run_doctor(options: DoctorOptions, *, progress: Optional[Callable[[int, int, CheckResult], None]] = None,
+               on_phase: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+    """Everything `gpuparity doctor` reports, as one dict (schema_version 1)."""
+    started = time.monotonic()
+    device = str(normalize_device(options.device or default_device()))
+    validate_device(normalize_device(device))
+    phase = on_phase or (lambda name: None)
+    phase("platform")
+    report = platform.collect()
+    known_sink: Dict[str, Any] = {}
+    known_thread = threading.Thread(target=_known_issues, args=(report, device, options.probes, known_sink),
+                                     daemon=True)
+    known_thread.start()  # probes run in their own processes, alongside the battery
+    phase("battery")
+    run: BatteryRun = run_battery(options.ops, options.level, device, options.dtypes, options.backends,
+                                  None, options.seed, options.stream_path, progress, options.timeout)
+    phase("timing")
+    times = _timings(run.results, device, options.timeout) if options.fill_cache else {}
+    cache_path = None
+    if options.fill_cache:
+        verdicts = verdicts_from_results(run.results)
+        for key, verdict in verdicts.items():
+            op, backend, dtype, _kind = key.split("|")
+            verdict["time_ms"] = times.get((op, backend, dtype))
+        try:
+            import torch
+            cache_path = dispatch.store_verdicts(torch.device(device), verdicts)
+        except OSError as exc:
+            cache_path = f"not written: {exc}"
+    phase("known issues")
+    known_thread.join()
+    known_results = known_sink.get("results", [])
+    battery_bad = [r for r in run.results if r.status.bad]
+    known_bad = [k for k in known_results if k.get("status") in FAILING_KNOWN_STATUSES
+                 and k.get("kind") not in NON_FAILING_KNOWN_KINDS]
+    exit_code = 1 if battery_bad or known_bad else 0
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "doctor",
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpuparity_version": __version__,
+        "platform": report,
+        "machine": platform.summary_line(report),
+        "options": {"level": options.level, "device": device, "seed": options.seed,
+                    "ops": list(options.ops) if options.ops else None,
+                    "dtypes": list(options.dtypes) if options.dtypes else None},
+        "known_issues": known_results,
+        "known_issues_error": known_sink.get("error"),
+        "battery": {"results": [r.to_dict() for r in run.results], "tally": tally(run.results),
+                    "duration_s": run.duration_s},
+        "recommendations": recommendations(run.results, times),
+        "probe_cache": cache_path,
+        "duration_s": time.monotonic() - started,
+        "exit_code": exit_code,
+    }

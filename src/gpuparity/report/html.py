@@ -1,0 +1,72 @@
+"""A doctor report as one self-contained HTML file (no scripts, no network), readable offline."""
+from __future__ import annotations
+
+import html
+from typing import Any, Dict, List
+
+from ..checks.results import CheckResult
+from .terminal import summarize
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em;color:#222;max-width:1200px}
+h1{font-size:1.5em}h2{font-size:1.15em;margin-top:1.6em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;width:100%;font-size:.9em}td,th{border:1px solid #ddd;padding:4px 6px;text-align:left;vertical-align:top}
+th{background:#f4f4f4}.PASS{color:#18794e;font-weight:600}.FAIL,.ERROR{color:#c62828;font-weight:600}
+.CRASH,.TIMEOUT{color:#8e24aa;font-weight:600}.SKIP{color:#888}.ok{color:#18794e}.bad{color:#c62828}
+code{font-size:.9em}.small{color:#666;font-size:.85em}
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value))
+
+
+def _table(headers: List[str], rows: List[List[str]]) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def render_doctor_html(report: Dict[str, Any]) -> str:
+    platform = report["platform"]
+    results = [CheckResult.from_dict(r) for r in report["battery"]["results"]]
+    tally = report["battery"]["tally"]
+    verdict = "all checks passed" if report["exit_code"] == 0 else "problems found"
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>gpuparity doctor: {_e(report['machine'])}</title>",
+             f"<style>{CSS}</style></head><body>",
+             f"<h1>gpuparity doctor: <span class='{'ok' if report['exit_code'] == 0 else 'bad'}'>{verdict}</span></h1>",
+             f"<p>{_e(report['machine'])}<br><span class='small'>created {_e(report['created'])}, gpuparity "
+             f"{_e(report['gpuparity_version'])}, level {_e(report['options']['level'])}, device "
+             f"{_e(report['options']['device'])}, seed {_e(report['options']['seed'])}, "
+             f"{report['duration_s']:.1f} s</span></p>",
+             "<p>" + ", ".join(f"<span class='{k}'>{v} {k.lower()}</span>" for k, v in tally.items()) + "</p>"]
+    parts.append("<h2>Recommended configuration</h2><ul>" + "".join(
+        f"<li class='{'bad' if r['avoid'] or not r['use'] else 'ok'}'>{_e(r['text'])}</li>"
+        for r in report.get("recommendations", [])) + "</ul>")
+    known = [k for k in report.get("known_issues", []) if k.get("status") not in ("does not apply", "ruled out")]
+    parts.append("<h2>Known issues that apply or may apply here</h2>")
+    if report.get("known_issues_error"):
+        parts.append(f"<p class='bad'>{_e(report['known_issues_error'])}</p>")
+    parts.append(_table(["id", "status", "why", "remedy", "sources"], [
+        [_e(k.get("id")), _e(k.get("status")), _e("; ".join(k.get("why", []) or [])), _e(k.get("remedy")),
+         _e(", ".join(k.get("sources", []) or []))] for k in known]) if known else "<p>None.</p>")
+    parts.append("<h2>Checks against float64 (by op and backend)</h2>")
+    parts.append(_table(["op", "backend", "status", "pass", "fail", "crash/timeout", "skip", "why"], [
+        [_e(r["op"]), _e(r["backend"]), f"<span class='{r['status']}'>{r['status']}</span>", str(r["counts"]["PASS"]),
+         str(r["counts"]["FAIL"] + r["counts"]["ERROR"]), str(r["counts"]["CRASH"] + r["counts"]["TIMEOUT"]),
+         str(r["counts"]["SKIP"]), _e(r["reason"][:300])] for r in summarize(results)]))
+    bad = [r for r in results if r.status.bad]
+    parts.append(f"<h2>Failed checks ({len(bad)})</h2>")
+    parts.append(_table(["status", "check", "seed", "error / allowed", "reason", "stderr"], [
+        [f"<span class='{r.status.value}'>{r.status.value}</span>", _e(r.key), _e(r.seed),
+         _e(f"{r.worst_comparison.err:.3g} / {r.worst_comparison.allowed:.3g}" if r.worst_comparison and
+            r.worst_comparison.err is not None else "-"),
+         _e(r.reason[:600]), f"<pre>{_e(r.stderr_tail[-800:])}</pre>" if r.stderr_tail else ""] for r in bad])
+                 if bad else "<p>None.</p>")
+    parts.append("<h2>Platform</h2>")
+    flat = []
+    for key, value in platform.items():
+        flat.append([_e(key), f"<code>{_e(value)}</code>"])
+    parts.append(_table(["fact", "value"], flat))
+    parts.append("</body></html>")
+    return "\n".join(parts)

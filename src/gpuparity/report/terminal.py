@@ -1,0 +1,158 @@
+"""Terminal rendering (rich) of platform reports, battery results and doctor reports."""
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, List, Optional
+
+from rich.console import Console
+from rich.table import Table
+
+from ..checks.results import SEVERITY, CheckResult, Status, worst
+from ..platform import is_unknown
+
+STYLE = {"PASS": "green", "FAIL": "bold red", "ERROR": "red", "CRASH": "bold magenta", "TIMEOUT": "magenta",
+         "SKIP": "dim"}
+
+
+def _fmt(value: Any) -> str:
+    if is_unknown(value):
+        return f"unknown ({value['unknown']})"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+def render_platform(console: Console, report: Dict[str, Any]) -> None:
+    table = Table(title="Platform", show_header=False, title_justify="left")
+    table.add_column("fact", style="bold")
+    table.add_column("value")
+    torch_info = report.get("torch") if isinstance(report.get("torch"), dict) else {}
+    table.add_row("vendor", _fmt(report.get("vendor")))
+    table.add_row("torch", f"{_fmt(torch_info.get('version'))} (CUDA {_fmt(torch_info.get('cuda'))}, "
+                           f"HIP {_fmt(torch_info.get('hip'))})")
+    devices = report.get("devices")
+    if isinstance(devices, list):
+        for d in devices:
+            if is_unknown(d):
+                table.add_row("device", _fmt(d))
+                continue
+            mem = d.get("total_memory_bytes") or 0
+            table.add_row(f"device {d.get('index')}",
+                          f"{d.get('name')} [{d.get('arch')}], {mem / 2**30:.1f} GiB, {d.get('multiprocessors')} SM/CU, "
+                          f"{'APU' if d.get('is_apu') else 'discrete'}")
+        if not devices:
+            table.add_row("devices", "none (CPU only)")
+    else:
+        table.add_row("devices", _fmt(devices))
+    triton = report.get("triton") or {}
+    if isinstance(triton, dict):
+        can = triton.get("can_compile")
+        table.add_row("triton", f"{_fmt(triton.get('version'))}; "
+                                f"{'compiles for ' + str(triton.get('target')) if can else triton.get('reason', '')}")
+    libs = report.get("libraries")
+    if isinstance(libs, dict) and libs:
+        table.add_row("libraries", ", ".join(f"{k} {_fmt(v)}" for k, v in libs.items()))
+    numerics = report.get("numerics")
+    if isinstance(numerics, dict):
+        table.add_row("numerics", ", ".join(f"{k}={_fmt(v)}" for k, v in numerics.items() if k != "sdp_enabled"))
+    env = report.get("env")
+    if isinstance(env, dict):
+        table.add_row("environment", ", ".join(f"{k}={v}" for k, v in env.items()) or "none of the numerics variables set")
+    params = report.get("kernel_params")
+    if isinstance(params, dict) and (params.get("amdgpu") or params.get("iommu")):
+        table.add_row("kernel params", ", ".join(f"{k}={v}" for k, v in {**params.get("amdgpu", {}),
+                                                                          **params.get("iommu", {})}.items()))
+    kfd = report.get("kfd")
+    if isinstance(kfd, dict) and kfd.get("exists"):
+        table.add_row("/dev/kfd", "read/write" if kfd.get("readable_writable") else "NO ACCESS (add user to render/video)")
+    table.add_row("cpu", f"{_fmt(report.get('cpu_model'))} ({report.get('cpu_count')} cores)")
+    console.print(table)
+
+
+def summarize(results: Iterable[CheckResult]) -> List[Dict[str, Any]]:
+    """One row per (op, backend): counts per status and the first reason of the worst status."""
+    groups: Dict[tuple, List[CheckResult]] = {}
+    for r in results:
+        groups.setdefault((r.op, r.backend), []).append(r)
+    rows = []
+    for (op, backend), members in groups.items():
+        counts = {s.value: sum(1 for m in members if m.status == s) for s in Status}
+        status = worst(m.status for m in members if m.status != Status.SKIP) if any(
+            m.status != Status.SKIP for m in members) else Status.SKIP
+        example = next((m for m in members if m.status == status), members[0])
+        reason = example.reason if status != Status.PASS else ""
+        if status == Status.SKIP:
+            reason = example.reason
+        rows.append({"op": op, "backend": backend, "status": status.value, "counts": counts,
+                     "reason": reason, "example_case": f"{example.case}/{example.dtype}"})
+    return rows
+
+
+def render_results(console: Console, results: List[CheckResult], title: str = "Checks against float64") -> None:
+    table = Table(title=title, title_justify="left")
+    for column in ("op", "backend", "status", "pass", "fail", "crash/timeout", "skip", "why"):
+        table.add_column(column, overflow="fold")
+    for row in summarize(results):
+        c = row["counts"]
+        why = row["reason"]
+        if row["status"] not in ("PASS", "SKIP") and why:
+            why = f"{row['example_case']}: {why}"
+        table.add_row(row["op"], row["backend"], f"[{STYLE[row['status']]}]{row['status']}[/]", str(c["PASS"]),
+                      str(c["FAIL"] + c["ERROR"]), str(c["CRASH"] + c["TIMEOUT"]), str(c["SKIP"]), why[:220])
+    console.print(table)
+
+
+def render_failures(console: Console, results: List[CheckResult], limit: int = 15) -> None:
+    bad = [r for r in results if r.status.bad]
+    if not bad:
+        return
+    bad.sort(key=lambda r: SEVERITY.index(r.status))
+    console.print(f"[bold]Failed checks[/] ({len(bad)}; first {min(limit, len(bad))}; reproduce with the seed):")
+    for r in bad[:limit]:
+        console.print(f"  [{STYLE[r.status.value]}]{r.status.value}[/] {r.key} seed={r.seed}: {r.reason[:400]}")
+        if r.stderr_tail:
+            for line in r.stderr_tail.splitlines()[-4:]:
+                console.print(f"      [dim]{line[:200]}[/]")
+
+
+def render_known_issues(console: Console, known: List[Dict[str, Any]], error: Optional[str] = None) -> None:
+    if error:
+        console.print(f"[yellow]Known issues: {error}[/]")
+    try:
+        from .known_table import render_known_table
+    except ImportError:
+        render_known_table = None
+    relevant = [k for k in known if k.get("status") not in ("does not apply", "ruled out")]
+    if render_known_table is not None:
+        render_known_table(console, known, only_relevant=True)
+        return
+    for k in relevant:
+        console.print(f"  {k.get('status')}: {k.get('id')} - {k.get('title')}; remedy: {k.get('remedy')}")
+
+
+def render_recommendations(console: Console, recs: List[Dict[str, Any]]) -> None:
+    if not recs:
+        return
+    console.print("[bold]Recommended configuration[/]")
+    for rec in recs:
+        style = "red" if rec["avoid"] or not rec["use"] else "green"
+        console.print(f"  [{style}]{rec['text']}[/]")
+
+
+def render_doctor(console: Console, report: Dict[str, Any]) -> None:
+    render_platform(console, report["platform"])
+    render_known_issues(console, report.get("known_issues", []), report.get("known_issues_error"))
+    results = [CheckResult.from_dict(r) for r in report["battery"]["results"]]
+    render_results(console, results)
+    render_failures(console, results)
+    render_recommendations(console, report.get("recommendations", []))
+    t = report["battery"]["tally"]
+    verdict = "[bold green]all checks passed[/]" if report["exit_code"] == 0 else "[bold red]problems found[/]"
+    console.print(f"{verdict}: {t['PASS']} pass, {t['FAIL']} fail, {t['ERROR']} error, {t['CRASH']} crash, "
+                  f"{t['TIMEOUT']} timeout, {t['SKIP']} skip in {report['duration_s']:.1f} s on "
+                  f"{report['options']['device']} (level {report['options']['level']}, seed {report['options']['seed']})")
+    if report.get("probe_cache"):
+        console.print(f"[dim]probe cache for backend='auto': {report['probe_cache']}[/]")
