@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Optional
 SCHEMA_VERSION = 1
 
 # Environment variables that change numerics, stability or collectives.
-ENV_PREFIXES = ("HSA_", "HIP_", "ROCR_", "ROCM_", "HIPBLASLT_", "MIOPEN_", "NCCL_", "RCCL_",
+ENV_PREFIXES = ("HSA_", "HIP_", "ROCR_", "ROCM_", "ROCBLAS_", "HIPBLASLT_", "MIOPEN_", "NCCL_", "RCCL_",
                 "CUBLAS_", "CUBLASLT_", "CUDNN_", "CUDA_", "PYTORCH_", "TORCH_", "TRITON_",
                 "AMD_", "GPU_", "OMP_NUM_THREADS")
 # Variables whose values are secrets or noise rather than configuration.

@@ -1,0 +1,348 @@
+"""Match the known-issue base against a platform report, then confirm or rule out each entry
+that may apply with its probe, run crash-isolated in a fresh process."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import re
+from importlib import resources
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from .. import platform as platform_mod
+from ..checks.isolate import call_isolated, describe_exit
+from .rules import evaluate_rule, kernel_param_state, validate_rule
+
+DOES_NOT_APPLY = "does not apply"
+MAY_APPLY = "may apply"
+CONFIRMED = "confirmed"      # its probe failed here (or crashed, or hung)
+RULED_OUT = "ruled out"      # its probe passed here
+# Display order: what needs action first.
+STATUS_ORDER = (CONFIRMED, MAY_APPLY, RULED_OUT, DOES_NOT_APPLY)
+
+SCHEMA_VERSION = 1
+PROBE_MODULE = "gpuparity.known.probes"
+REQUIRED_FIELDS = ("id", "title", "symptom", "affects", "fixed_in", "rule", "probe", "remedy", "remedy_env",
+                   "sources", "unconfirmed")
+SCOPES = (MAY_APPLY, CONFIRMED)
+# bug: broken here when confirmed; config: setup or install; behaviour: by design or documented,
+# so a confirmed behaviour informs (e.g. TF32 in effect) without anything being broken.
+KINDS = ("bug", "config", "behaviour")
+
+Progress = Callable[[int, int, str], None]
+
+
+@dataclasses.dataclass
+class KnownIssueResult:
+    """One entry of the base as evaluated on one platform."""
+    id: str
+    title: str
+    status: str                       # one of STATUS_ORDER
+    why: List[str]                    # the facts and probe findings behind the status, in words
+    remedy: str
+    remedy_env: Dict[str, Optional[str]]
+    sources: List[str]
+    probe_outcome: Optional[Dict[str, Any]] = None
+    probe: Optional[str] = None
+    symptom: str = ""
+    affects: str = ""
+    fixed_in: str = ""
+    unconfirmed: bool = False
+    group: str = ""
+    remedy_env_scope: str = MAY_APPLY
+    kind: str = "bug"                 # one of KINDS
+
+    @property
+    def applies(self) -> bool:
+        """Confirmed here, or not ruled out by version, arch or probe."""
+        return self.status in (CONFIRMED, MAY_APPLY)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# --------------------------------------------------------------------------- loading
+_ISSUES: Optional[List[Dict[str, Any]]] = None
+
+
+def _probe_names() -> set:
+    from . import probes
+    return set(getattr(probes, "PROBES", ()))
+
+
+def validate_issue(issue: Any, probe_names: Optional[set] = None) -> None:
+    """Raise ValueError naming the entry and field when an entry of the base is malformed."""
+    if not isinstance(issue, dict):
+        raise ValueError(f"known issue: expected a JSON object, got {type(issue).__name__}")
+    where = f"known issue {issue.get('id', '?')!r}"
+    missing = [field for field in REQUIRED_FIELDS if field not in issue]
+    if missing:
+        raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")
+    validate_rule(issue["rule"], f"{where}: rule")
+    probe = issue["probe"]
+    if probe is not None and probe_names is not None and probe not in probe_names:
+        raise ValueError(f"{where}: probe {probe!r} is not a probe in {PROBE_MODULE}")
+    if not isinstance(issue["remedy_env"], dict):
+        raise ValueError(f"{where}: remedy_env must be an object of variable -> value (null = unset)")
+    if issue.get("remedy_env_scope", MAY_APPLY) not in SCOPES:
+        raise ValueError(f"{where}: remedy_env_scope must be one of {SCOPES}, got {issue.get('remedy_env_scope')!r}")
+    if issue.get("kind", "bug") not in KINDS:
+        raise ValueError(f"{where}: kind must be one of {KINDS}, got {issue.get('kind')!r}")
+    if not isinstance(issue["sources"], list):
+        raise ValueError(f"{where}: sources must be a list")
+
+
+def load_issues() -> List[Dict[str, Any]]:
+    """Every entry of the base (a fresh copy), validated."""
+    global _ISSUES
+    if _ISSUES is None:
+        text = resources.files("gpuparity.known").joinpath("issues.json").read_text(encoding="utf-8")
+        data = json.loads(text)
+        issues = data["issues"] if isinstance(data, dict) else data
+        names = _probe_names()
+        seen = set()
+        for issue in issues:
+            validate_issue(issue, names)
+            if issue["id"] in seen:
+                raise ValueError(f"known issue {issue['id']!r}: duplicate id")
+            seen.add(issue["id"])
+        _ISSUES = issues
+    return copy.deepcopy(_ISSUES)
+
+
+def load_platform(path: str) -> Dict[str, Any]:
+    """A saved `gpuparity env --json` report. ValueError (naming the file) when it is not one."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"--platform: no such file: {path}")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--platform: {path} is not valid JSON ({exc}); expected the output of "
+                         "`gpuparity env --json`") from None
+    if isinstance(data, dict) and "schema_version" not in data and isinstance(data.get("platform"), dict):
+        data = data["platform"]  # a report that embeds the platform, e.g. doctor --json
+    if not isinstance(data, dict) or "schema_version" not in data:
+        raise ValueError(f"--platform: {path} has no schema_version; expected the output of `gpuparity env --json`")
+    if data["schema_version"] != platform_mod.SCHEMA_VERSION:
+        raise ValueError(f"--platform: {path} has schema_version {data['schema_version']!r}; this gpuparity "
+                         f"reads schema_version {platform_mod.SCHEMA_VERSION}")
+    return data
+
+
+# --------------------------------------------------------------------------- evaluation
+def default_device(report: Dict[str, Any]) -> str:
+    if report.get("vendor") in ("amd", "nvidia") and report.get("cuda_available") is True:
+        return "cuda:0"
+    return "cpu"
+
+
+def _is_this_machine(report: Dict[str, Any]) -> bool:
+    here = platform_mod.current()
+    return (report is here or (report.get("hostname") == here.get("hostname")
+                               and platform_mod.fingerprint_key(report) == platform_mod.fingerprint_key(here)))
+
+
+def _gpu_only(issue: Dict[str, Any]) -> bool:
+    """Whether the probe says nothing on a CPU device: explicit in the entry, else implied by a
+    top-level vendor clause that excludes CPU builds (a CUDA bug cannot be ruled out on a CPU)."""
+    if "probe_needs_gpu" in issue:
+        return bool(issue["probe_needs_gpu"])
+    vendor = issue["rule"].get("vendor")
+    if vendor is None:
+        return False
+    vendors = [vendor] if isinstance(vendor, str) else list(vendor)
+    return "cpu" not in vendors
+
+
+def _kernel_param_notes(issue: Dict[str, Any], report: Dict[str, Any]) -> List[str]:
+    params = issue.get("remedy_kernel_params") or []
+    if not params:
+        return []
+    states = {param: kernel_param_state(report, param) for param in params}
+    if any(not isinstance(state, bool) for state in states.values()):
+        return ["the kernel command line could not be read, so it is unknown whether the remedy's kernel "
+                f"parameters ({' '.join(params)}) are set"]
+    present = [p for p, state in states.items() if state]
+    absent = [p for p, state in states.items() if not state]
+    if not absent:
+        return [f"the remedy's kernel parameters are already set here ({' '.join(present)})"]
+    if present:
+        return [f"kernel parameters: {' '.join(present)} already set; {' '.join(absent)} not set"]
+    return [f"the remedy's kernel parameters are not set here ({' '.join(absent)})"]
+
+
+def _rule_status(issue: Dict[str, Any], report: Dict[str, Any]) -> KnownIssueResult:
+    verdict = evaluate_rule(issue["rule"], report)
+    if verdict.applies:
+        status = MAY_APPLY
+        why = verdict.matched + [f"cannot tell: {text}" for text in verdict.unknown] + verdict.soft_missed
+        why += _kernel_param_notes(issue, report)
+    else:
+        status = DOES_NOT_APPLY
+        why = list(verdict.missed)
+    why = list(dict.fromkeys(why))  # clauses of one rule often share a sentence (the build)
+    return KnownIssueResult(
+        id=issue["id"], title=issue["title"], status=status, why=why, remedy=issue["remedy"],
+        remedy_env=dict(issue["remedy_env"]), sources=list(issue["sources"]), probe=issue["probe"],
+        symptom=issue["symptom"], affects=issue["affects"], fixed_in=issue["fixed_in"],
+        unconfirmed=bool(issue["unconfirmed"]), group=issue.get("group", ""),
+        remedy_env_scope=issue.get("remedy_env_scope", MAY_APPLY), kind=issue.get("kind", "bug"))
+
+
+_EVIDENCE = re.compile(r"(?i)error|fault|violation|illegal|abort|exception|denied|killed|timed? ?out")
+_NOISE = ("Fatal Python error", "Current thread", "Thread 0x", "Stack (most recent", "  File ", "Extension modules")
+
+
+def evidence_line(stderr_tail: str) -> str:
+    """The most telling line of a crashed probe's stderr: the first error-like line that is not
+    the interpreter's own crash banner or traceback, else the banner, else the last line."""
+    lines = [line.strip() for line in (stderr_tail or "").splitlines() if line.strip()]
+    for line in lines:
+        if _EVIDENCE.search(line) and not line.startswith(_NOISE):
+            return line[:300]
+    for line in lines:
+        if line.startswith("Fatal Python error"):
+            return line[:300]
+    return lines[-1][:300] if lines else ""
+
+
+def run_probe(issue: Dict[str, Any], device: str, timeout: float) -> Dict[str, Any]:
+    """Run the entry's probe in a fresh process; the outcome as a JSON-able dict with
+    "verdict": CONFIRMED / RULED_OUT / MAY_APPLY (inconclusive) and the evidence."""
+    target = f"{PROBE_MODULE}:{issue['probe']}"
+    limit = float(timeout) * float(issue.get("probe_timeout_factor", 1))
+    outcome = call_isolated(target, {"device": device}, timeout=limit)
+    record: Dict[str, Any] = {"target": target, "device": device, "status": outcome.status,
+                              "duration_s": round(outcome.duration_s, 3)}
+    if outcome.status in ("crash", "timeout"):
+        what = (f"the probe process {describe_exit(outcome.returncode)} before answering" if outcome.status == "crash"
+                else f"the probe gave no answer within {limit:g} s (a hang?)")
+        evidence = evidence_line(outcome.stderr_tail)
+        record.update(verdict=CONFIRMED, failed=True, stderr_tail=outcome.stderr_tail,
+                      detail=what + (f"; stderr: {evidence}" if evidence else ""))
+        return record
+    if outcome.status == "error":
+        record.update(verdict=MAY_APPLY, failed=None, stderr_tail=outcome.stderr_tail,
+                      detail=f"the probe raised {outcome.error}")
+        return record
+    value = outcome.value if isinstance(outcome.value, dict) else {}
+    failed = value.get("failed")
+    detail = str(value.get("detail", "")) or "the probe gave no detail"
+    measured = {k: v for k, v in value.items() if k not in ("failed", "detail")}
+    verdict = CONFIRMED if failed is True else RULED_OUT if failed is False else MAY_APPLY
+    record.update(verdict=verdict, failed=failed, detail=detail, measured=measured)
+    return record
+
+
+def evaluate(platform: Optional[Dict[str, Any]] = None, *, probes: bool = True, device: Optional[str] = None,
+             timeout: float = 60, progress: Optional[Progress] = None, ids: Optional[Sequence[str]] = None,
+             issues: Optional[List[Dict[str, Any]]] = None) -> List[KnownIssueResult]:
+    """Every entry of the base on this machine (platform=None) or on a saved platform report.
+
+    Rules decide "does not apply" / "may apply". With probes=True and the report being this
+    machine's, each entry that may apply and has a probe is confirmed or ruled out by running
+    the probe crash-isolated on `device` (default: the first GPU, else the CPU); a crash or
+    hang of the probe counts as confirmed. A saved report from another machine is judged by
+    its rules only. `ids` limits the evaluation to those entries; `timeout` is per probe;
+    `issues` replaces the base (for tests and experiments with new entries).
+    """
+    if platform is not None and not isinstance(platform, dict):
+        raise TypeError(f"platform: expected a platform report dict (gpuparity.platform.collect()), "
+                        f"got {type(platform).__name__}")
+    report = platform_mod.current() if platform is None else platform
+    entries = load_issues() if issues is None else issues
+    if issues is not None:
+        for issue in issues:
+            validate_issue(issue)
+    if ids is not None:
+        wanted = list(ids)
+        unknown_ids = sorted(set(wanted) - {issue["id"] for issue in entries})
+        if unknown_ids:
+            raise ValueError(f"ids: no known issue {', '.join(unknown_ids)}")
+        entries = [issue for issue in entries if issue["id"] in wanted]
+    if timeout is None or float(timeout) <= 0:
+        raise ValueError(f"timeout: expected seconds > 0, got {timeout!r}")
+
+    if device is not None:
+        _check_device(device)
+
+    results = [_rule_status(issue, report) for issue in entries]
+    run_probes = probes and (platform is None or _is_this_machine(report))
+    if not run_probes:
+        return results
+
+    device = device or default_device(report)
+    on_cpu = device.split(":")[0] == "cpu"
+    pending = [(issue, result) for issue, result in zip(entries, results)
+               if result.status == MAY_APPLY and issue["probe"]]
+    for done, (issue, result) in enumerate(pending):
+        if on_cpu and _gpu_only(issue):
+            result.why.append(f"probe {issue['probe']} not run: it needs a GPU device, and the device is {device}")
+            continue
+        if progress:
+            progress(done, len(pending), issue["id"])
+        outcome = run_probe(issue, device, timeout)
+        result.probe_outcome = outcome
+        result.status = outcome["verdict"]
+        prefix = {CONFIRMED: "probe failed here", RULED_OUT: "probe passed here"}.get(
+            outcome["verdict"], "probe inconclusive")
+        result.why.append(f"{prefix}: {outcome['detail']}")
+    if progress:
+        progress(len(pending), len(pending), "")
+    return results
+
+
+def _check_device(device: str) -> None:
+    import torch
+    if not isinstance(device, str):
+        raise TypeError(f"device: expected a string such as 'cuda:0' or 'cpu', got {type(device).__name__}")
+    try:
+        torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device: {device!r} is not a torch device ({exc}); expected e.g. 'cuda:0' or 'cpu'") from None
+
+
+def recommended_env(platform: Optional[Dict[str, Any]] = None,
+                    results: Optional[List[KnownIssueResult]] = None) -> Dict[str, Optional[str]]:
+    """Environment variables from the remedies of entries that apply here.
+
+    Merge rule: confirmed entries first, then those that may apply, each group in the order
+    of the base; the first value a variable gets wins. An entry whose remedy_env_scope is
+    "confirmed" contributes only when its probe confirmed it (its remedy costs speed or could
+    break a working setup, so a version match alone is not enough). A value of None means the
+    remedy unsets that variable. Without `results`, the platform (default: this machine) is
+    judged by its rules only.
+    """
+    if results is None:
+        results = evaluate(platform, probes=False)
+    env: Dict[str, Optional[str]] = {}
+    for status in (CONFIRMED, MAY_APPLY):
+        for result in results:
+            if result.status != status:
+                continue
+            if status == MAY_APPLY and result.remedy_env_scope == CONFIRMED:
+                continue
+            for name, value in result.remedy_env.items():
+                env.setdefault(name, value)
+    return env
+
+
+def sort_results(results: List[KnownIssueResult]) -> List[KnownIssueResult]:
+    """Grouped by status in STATUS_ORDER, keeping the base's order inside each group."""
+    rank = {status: index for index, status in enumerate(STATUS_ORDER)}
+    return sorted(results, key=lambda r: rank.get(r.status, len(rank)))
+
+
+def results_json(results: List[KnownIssueResult], report: Dict[str, Any], *, probes_ran: bool) -> Dict[str, Any]:
+    """The document `gpuparity known-issues --json` writes."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "fingerprint": platform_mod.fingerprint_key(report),
+        "platform": report,
+        "probes_ran": probes_ran,
+        "counts": {status: sum(1 for r in results if r.status == status) for status in STATUS_ORDER},
+        "recommended_env": recommended_env(report, results),
+        "results": [r.to_dict() for r in results],
+    }
