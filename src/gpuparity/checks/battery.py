@@ -64,7 +64,10 @@ class BatteryRun:
 
 
 def normalize_device(device) -> torch.device:
-    device = torch.device(device) if device is not None else torch.device("cpu")
+    try:
+        device = torch.device(device) if device is not None else torch.device("cpu")
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}") from exc
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", 0)
     return device
@@ -114,6 +117,8 @@ def plan(ops: Optional[Sequence[str]] = None, level: str = "default", device="cp
             if not case.at(level) or (case_filter and not case_filter(op, case)):
                 continue
             for dtype in op_dtypes:
+                if case.params.get("half_at_full") and dtype != torch.float32 and level != "full":
+                    continue
                 seed_here = task_seed(seed, op, case.name, dtype_name(dtype))
                 for name, backend in candidates:
                     task = Task(next_id, op, name, case.name, case.params, dtype_name(dtype), str(device),

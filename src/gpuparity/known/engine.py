@@ -28,7 +28,7 @@ REQUIRED_FIELDS = ("id", "title", "symptom", "affects", "fixed_in", "rule", "pro
 SCOPES = (MAY_APPLY, CONFIRMED)
 # bug: broken here when confirmed; config: setup or install; behaviour: by design or documented,
 # so a confirmed behaviour informs (e.g. TF32 in effect) without anything being broken.
-KINDS = ("bug", "config", "behaviour")
+KINDS = ("bug", "config", "behaviour", "limitation")
 
 Progress = Callable[[int, int, str], None]
 

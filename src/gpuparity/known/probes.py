@@ -456,6 +456,26 @@ def sdpa_flash_alone(device: str = "cuda") -> Dict[str, Any]:
 
 # --------------------------------------------------------------------------- norms, softmax, matmul, conv
 @probe
+def cpu_bf16_layer_norm_grad(device: str = "cpu") -> Dict[str, Any]:
+    """bf16 F.layer_norm backward on the CPU (whatever `device` is), rows with mean/std 50."""
+    from ..checks.tolerance import compare
+    gen = torch.Generator().manual_seed(0)
+    rows, width = 64, 256
+    x = (5.0 + 0.1 * torch.randn(rows, width, generator=gen, dtype=torch.float64)).bfloat16()
+    weight = (1 + 0.5 * torch.randn(width, generator=gen, dtype=torch.float64)).bfloat16()
+    grad_out = torch.randn(rows, width, generator=gen, dtype=torch.float64).bfloat16()
+    got = [t.clone().requires_grad_(True) for t in (x, weight)]
+    ref = [t.double().requires_grad_(True) for t in (x, weight)]
+    base = [t.float().requires_grad_(True) for t in (x, weight)]
+    F.layer_norm(got[0], (width,), got[1]).backward(grad_out)
+    F.layer_norm(ref[0], (width,), ref[1]).backward(grad_out.double())
+    F.layer_norm(base[0], (width,), base[1]).backward(grad_out.float())
+    comparisons = [compare("dweight", got[1].grad, ref[1].grad, base[1].grad.bfloat16(), torch.bfloat16),
+                   compare("dx", got[0].grad, ref[0].grad, base[0].grad.bfloat16(), torch.bfloat16)]
+    return summarize(comparisons, "CPU bf16 layer_norm(256) backward, rows mean/std 50")
+
+
+@probe
 def norm_weight_grads(device: str = "cuda") -> Dict[str, Any]:
     """LayerNorm(256) and RMSNorm(256): output, input, weight and bias gradients against float64."""
     from ..checks.tolerance import compare

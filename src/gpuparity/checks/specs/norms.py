@@ -26,7 +26,9 @@ CASES: List[Case] = [
     _case("odd_17", "quick", shape=(7, 17)),
     # mean/spread 50: a variance from E[x^2] - E[x]^2 is off by ~eps*50^2 (caught in fp32),
     # while any honest fp32 algorithm stays near eps*50, under the floor (no coin flips)
-    _case("near_constant_rows", "quick", shape=(6, 150), offset=5.0, spread=0.1),
+    # fp16/bf16 variants at --full only: torch 2.13's CPU bf16 layer_norm backward misses by
+    # 6-11% here (known issue TORCH-CPU-BF16-LN-GRAD), fp32 statistics by 0.3%
+    _case("near_constant_rows", "quick", shape=(6, 150), offset=5.0, spread=0.1, half_at_full=True),
     _case("strided_rows", "quick", shape=(6, 40), layout="row_stride"),
     _case("no_weight", "quick", shape=(3, 64), affine=False),
     _case("hidden_128_many_rows", shape=(96, 128)),

@@ -1,0 +1,44 @@
+"""The platform report never raises and says why when it cannot read a fact."""
+from __future__ import annotations
+
+import json
+
+import torch
+
+from gpuparity import platform
+
+
+def test_collect_is_json_and_has_schema_version():
+    report = platform.collect()
+    assert report["schema_version"] == platform.SCHEMA_VERSION
+    json.dumps(report)
+    assert report["vendor"] in ("cpu", "nvidia", "amd")
+    assert report["torch"]["version"] == torch.__version__
+    assert "float32_matmul_precision" in report["numerics"]
+
+
+def test_a_probe_that_raises_becomes_unknown_with_the_reason(monkeypatch):
+    def broken():
+        raise RuntimeError("HIP version could not be parsed")
+    monkeypatch.setattr(platform, "_torch_build", broken)
+    monkeypatch.setattr(platform, "_cpu_model", broken)
+    report = platform.collect()
+    assert platform.is_unknown(report["torch"]) and "HIP version" in report["torch"]["unknown"]
+    assert platform.is_unknown(report["cpu_model"])
+    platform.summary_line(report)  # still renders
+    platform.fingerprint_key(report)
+
+
+def test_env_vars_that_change_numerics_are_recorded(monkeypatch):
+    monkeypatch.setenv("HSA_OVERRIDE_GFX_VERSION", "11.0.0")
+    monkeypatch.setenv("NCCL_P2P_DISABLE", "1")
+    monkeypatch.setenv("UNRELATED_SECRET", "x")
+    report = platform.collect()
+    assert report["env"]["NCCL_P2P_DISABLE"] == "1" and "UNRELATED_SECRET" not in report["env"]
+    assert report["hsa_override"]["as_arch"] == "gfx1100"
+
+
+def test_versions():
+    assert platform.parse_version("2.5.1+rocm6.2") == (2, 5, 1)
+    assert platform.parse_version(None) == ()
+    assert platform.rocm_version({"torch": {"version": "2.5.1+rocm6.2", "hip": None}}) == (6, 2)
