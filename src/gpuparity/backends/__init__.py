@@ -13,6 +13,7 @@ MODULES = (
     "gpuparity.backends.triton_norms",
     "gpuparity.backends.triton_rotary",
     "gpuparity.backends.flex",
+    "gpuparity.backends.compiled",
 )
 
 _LOADED = False

@@ -1,0 +1,167 @@
+"""torch.compile of the plain norm and rotary compositions, registered as backend "compile" for
+rms_norm, layer_norm and rotary: the peer most users would reach for, and a dispatch option
+where torch.compile works here (it failed on ROCm in user story 1, so it is probed, not assumed).
+
+Whether torch.compile works is probed once per device type with a tiny function; the verdict is
+kept in memory and on disk next to the dispatcher's probe cache, keyed by the platform fingerprint.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+from ..dispatch import Backend, Problem, register
+from . import torch_ops
+from .. import reference
+
+_VERDICTS: Dict[str, Optional[str]] = {}
+_COMPILED: Dict[str, Callable] = {}
+_LOCK = threading.Lock()
+
+
+def _static_reason() -> Optional[str]:
+    if not hasattr(torch, "compile"):
+        return "compile: this torch has no torch.compile"
+    try:
+        import torch._dynamo as dynamo
+    except Exception as exc:  # noqa: BLE001
+        return f"compile: torch._dynamo does not import ({type(exc).__name__})"
+    supported = getattr(dynamo, "is_dynamo_supported", None)
+    if supported is not None:
+        try:
+            if not supported():
+                return f"compile: torch.compile does not support Python {sys.version.split()[0]} in this torch"
+        except Exception as exc:  # noqa: BLE001
+            return f"compile: dynamo support check raised {type(exc).__name__}"
+    return None
+
+
+def _verdict_path(device_type: str) -> Optional[str]:
+    try:
+        from .. import platform
+        from ..dispatch import cache_dir
+        key = platform.fingerprint_key(platform.current(), 0 if device_type == "cuda" else None)
+        return os.path.join(cache_dir(), f"compile-probe-{device_type}-{key}.json")
+    except Exception:  # noqa: BLE001 - no cache is fine; we probe again
+        return None
+
+
+def _probe_function(t):
+    return t * 2 + 1
+
+
+def _probe(device_type: str) -> Optional[str]:
+    if device_type == "cuda":
+        if not torch.cuda.is_available():
+            return "compile: no CUDA or ROCm GPU visible"
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            return "compile: TRITON_INTERPRET=1 is set, inductor's GPU kernels would not compile"
+    try:
+        compiled = torch.compile(_probe_function, fullgraph=True, dynamic=False)
+        sample = torch.arange(8, dtype=torch.float32, device=device_type)
+        out = compiled(sample)
+        if not torch.equal(out.cpu(), torch.arange(8, dtype=torch.float32) * 2 + 1):
+            return "compile: a probe function compiled but computed a wrong answer"
+    except Exception as exc:  # noqa: BLE001 - a failed compile is the verdict
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        return f"compile: torch.compile failed here ({type(exc).__name__}: {first})"
+    return None
+
+
+def compile_unavailable_reason(device_type: str) -> Optional[str]:
+    """Why torch.compile cannot serve tensors on `device_type` here, or None if it can."""
+    static = _static_reason()
+    if static:
+        return static
+    with _LOCK:
+        if device_type in _VERDICTS:
+            return _VERDICTS[device_type]
+        path = _verdict_path(device_type)
+        if path and os.path.exists(path):
+            try:
+                with open(path, encoding="utf-8") as handle:
+                    _VERDICTS[device_type] = json.load(handle)["reason"]
+                return _VERDICTS[device_type]
+            except (OSError, ValueError, KeyError):
+                pass
+        reason = _probe(device_type)
+        _VERDICTS[device_type] = reason
+        if path:
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "w", encoding="utf-8") as handle:
+                    json.dump({"schema_version": 1, "device_type": device_type, "reason": reason}, handle)
+            except OSError:
+                pass
+        return reason
+
+
+# ----------------------------------------------------------------------------- compositions
+def rotary_composition(x, cos, sin, *, interleaved=False, seqlen_offsets=0, cu_seqlens=None, max_seqlen=None):
+    """The eager rotary in x's dtype, with positions computed on the device (no host round
+    trips), so torch.compile can fuse it into one kernel."""
+    rotary_dim = 2 * cos.shape[-1]
+    offsets_tensor = isinstance(seqlen_offsets, torch.Tensor)
+    if cu_seqlens is None:
+        batch, seqlen = x.shape[0], x.shape[1]
+        if offsets_tensor:
+            pos = torch.arange(seqlen, device=x.device).unsqueeze(0) + seqlen_offsets.long().view(batch, 1)
+            c, s = cos[pos].unsqueeze(2), sin[pos].unsqueeze(2)          # (B, S, 1, rd/2)
+        else:
+            start = int(seqlen_offsets)
+            c = cos[start:start + seqlen].view(1, seqlen, 1, -1)
+            s = sin[start:start + seqlen].view(1, seqlen, 1, -1)
+    else:
+        rows = torch.arange(x.shape[0], device=x.device)
+        bounds = cu_seqlens.long()
+        # The full bounds, not bounds[1:]: inductor (torch 2.11, CUDA) fails to lower
+        # searchsorted over a sliced boundaries tensor ("NotImplementedError: SliceView").
+        sequence = torch.searchsorted(bounds, rows, right=True) - 1
+        pos = rows - bounds[sequence]
+        pos = pos + (seqlen_offsets.long()[sequence] if offsets_tensor else int(seqlen_offsets))
+        c, s = cos[pos].unsqueeze(1), sin[pos].unsqueeze(1)              # (total, 1, rd/2)
+    rotated = reference._rotate(x[..., :rotary_dim], c.to(x.dtype), s.to(x.dtype), interleaved)
+    if rotary_dim == x.shape[-1]:
+        return rotated
+    return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
+
+
+def _compiled(name: str, fn: Callable) -> Callable:
+    with _LOCK:
+        if name not in _COMPILED:
+            _COMPILED[name] = torch.compile(fn)
+        return _COMPILED[name]
+
+
+def compiled_rms_norm(x, normalized_shape, weight=None, eps=None):
+    return _compiled("rms_norm", torch_ops.rms_norm_composition)(x, tuple(normalized_shape), weight, eps)
+
+
+def compiled_layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    return _compiled("layer_norm", torch_ops.layer_norm_composition)(x, tuple(normalized_shape), weight, bias, eps)
+
+
+def compiled_apply_rotary(x, cos, sin, *, interleaved=False, seqlen_offsets=0, cu_seqlens=None, max_seqlen=None):
+    return _compiled("rotary", rotary_composition)(x, cos, sin, interleaved=interleaved,
+                                                   seqlen_offsets=seqlen_offsets, cu_seqlens=cu_seqlens,
+                                                   max_seqlen=max_seqlen)
+
+
+def _supports(problem: Problem) -> List[str]:
+    reason = compile_unavailable_reason(problem.device.type)
+    return [reason] if reason else []
+
+
+for _op, _fn, _what in (("rms_norm", compiled_rms_norm, "RMSNorm"),
+                        ("layer_norm", compiled_layer_norm, "LayerNorm"),
+                        ("rotary", compiled_apply_rotary, "rotary")):
+    register(Backend(
+        name="compile", op=_op, fn=_fn,
+        description=f"torch.compile of the plain {_what} composition (inductor)",
+        dtypes=(torch.float16, torch.bfloat16, torch.float32), availability=_static_reason, supports=_supports,
+        battery_level="full"))

@@ -1,0 +1,684 @@
+"""Fused RMSNorm and LayerNorm in Triton, forward and backward (dx, dweight, dbias): the kernels,
+their launchers, the autograd.Function, and the backends registered as "triton".
+
+Statistics are always fp32. Rows are read through their strides (up to two leading strides, so
+a sliced (B, S, H) view needs no copy), offsets are 64-bit, small hidden sizes pack many rows
+into one program, and hidden sizes past FUSED_MAX_N loop over the row in chunks. dweight and
+dbias are summed per program into an fp32 partial buffer and then reduced in a fixed order, so
+the backward is deterministic.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from .. import reference
+from ..dispatch import Backend, Problem, register
+from . import triton_common
+from .triton_common import AotSpec, cdiv, triton_unavailable_reason
+
+try:
+    import triton
+    import triton.language as tl
+except Exception:  # noqa: BLE001 - no triton: the backends say so through availability()
+    triton = None
+    tl = None
+
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+# ----------------------------------------------------------------------------- tile configs
+# Per hardware family: threads per warp (wavefront), the most warps a program may have, the
+# largest row kept whole in registers, and the chunk used when a row is longer than that.
+FAMILIES = {
+    "nvidia": {"warp": 32, "max_warps": 32, "fused_max_n": 16384, "loop_block": 4096,
+               "targets": ("cuda:80", "cuda:90")},
+    # CDNA (MI200/MI300): wave64, 64 KiB of LDS; 16 wavefronts = 1024 threads per workgroup.
+    "cdna": {"warp": 64, "max_warps": 16, "fused_max_n": 16384, "loop_block": 4096,
+             "targets": ("hip:gfx942", "hip:gfx90a")},
+    # RDNA3 (gfx1100): wave32.
+    "rdna": {"warp": 32, "max_warps": 32, "fused_max_n": 16384, "loop_block": 4096,
+             "targets": ("hip:gfx1100",)},
+}
+# Tiles, from a sweep on an H100 (benchmarks/tune_norms_rope.py; numbers in
+# docs/kernels-norms-rope.md). Forward: 4096-element tiles (rows x block_n), 16 elements per
+# thread. Backward: about 8192 elements in flight per SM (tile x programs per SM), 16 elements
+# per thread below 4096 columns and 8 from there (the five live tiles of LayerNorm's backward
+# spill at 16). Other vendors get the same element counts over their own warp width.
+FWD_TILE_ELEMS = 4096
+FWD_ELEMS_PER_THREAD = 16
+BWD_ELEMS_PER_SM = 8192
+# Persistent backward: programs per SM / CU when a config does not say (tests, overrides).
+BWD_PROGRAMS_PER_SM = 2
+
+
+@functools.lru_cache(maxsize=None)
+def family() -> str:
+    """The tile-config family of the GPU at hand ("nvidia" on the CPU interpreter)."""
+    if triton_common.vendor() == "amd":
+        return "rdna" if triton_common.device_arch().startswith("gfx1") else "cdna"
+    return "nvidia"
+
+
+@dataclasses.dataclass(frozen=True)
+class NormConfig:
+    block_n: int        # columns per tile (a power of two)
+    rows: int           # rows per tile
+    num_warps: int
+    looped: bool        # the row is longer than one tile: loop over chunks
+    programs_per_sm: int = 0   # backward: persistent programs per SM (0: BWD_PROGRAMS_PER_SM)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def _warps(elems: int, per_thread: int, spec) -> int:
+    warps = max(1, min(spec["max_warps"], elems // (spec["warp"] * per_thread)))
+    return 1 << (warps.bit_length() - 1)  # a power of two
+
+
+@functools.lru_cache(maxsize=1024)
+def norm_config(n: int, backward: bool = False, fam: Optional[str] = None) -> NormConfig:
+    spec = FAMILIES[fam or family()]
+    if n > spec["fused_max_n"]:
+        block = spec["loop_block"]
+        return NormConfig(block, 1, _warps(block, 8, spec), True, 2)
+    block = _next_pow2(n)
+    if not backward:
+        rows = max(1, FWD_TILE_ELEMS // block)
+        return NormConfig(block, rows, _warps(rows * block, FWD_ELEMS_PER_THREAD, spec), False)
+    if block >= 4096:
+        rows, per_thread = 1, 8
+    else:
+        rows, per_thread = max(1, (4096 if block >= 512 else 8192) // block), 16
+    tile = rows * block
+    return NormConfig(block, rows, _warps(tile, per_thread, spec), False, max(1, BWD_ELEMS_PER_SM // tile))
+
+
+_SM_COUNT: Dict[int, int] = {}
+
+
+def _program_count(device: torch.device, per_sm: int = 0) -> int:
+    """How many programs a persistent backward launches: a few per SM / CU."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index not in _SM_COUNT:
+            _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+        return (per_sm or BWD_PROGRAMS_PER_SM) * _SM_COUNT[index]
+    return 4  # the interpreter: few programs, each looping, keeps it fast
+
+
+# ----------------------------------------------------------------------------- kernels
+if triton is not None:
+
+    @triton.jit
+    def _row_offsets(rows, n_inner, stride_outer, stride_inner, TWO_LEVEL: tl.constexpr):
+        # rows are int64; a row's start is outer * stride_outer + inner * stride_inner.
+        if TWO_LEVEL:
+            return (rows // n_inner) * stride_outer + (rows % n_inner) * stride_inner
+        return rows * stride_inner
+
+    @triton.jit
+    def _norm_fwd_fused_kernel(
+        X, Y, W, B, RSTD,
+        n_rows, n_inner, stride_x_outer, stride_x_inner, N, eps,
+        IS_RMS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+        TWO_LEVEL: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+    ):
+        """ROWS whole rows per program, kept in registers: one read of x, one write of y.
+        RSTD holds n_rows rstd values, then (LayerNorm) n_rows shifted means."""
+        MEAN = RSTD + n_rows
+        pid = tl.program_id(0).to(tl.int64)
+        rows = pid * ROWS + tl.arange(0, ROWS)
+        cols = tl.arange(0, BLOCK_N)
+        row_ok = rows < n_rows
+        col_ok = cols < N
+        mask = row_ok[:, None] & col_ok[None, :]
+        x_start = _row_offsets(rows, n_inner, stride_x_outer, stride_x_inner, TWO_LEVEL)
+        x = tl.load(X + x_start[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if IS_RMS:
+            rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+            xhat = x * rstd[:, None]
+        else:
+            # Two passes over registers (mean, then squared deviations): exact for
+            # near-constant rows, where E[x^2] - E[x]^2 would cancel to noise. The mean is
+            # kept relative to the row's first element (stored as MEAN): x - x[0] is exact
+            # for near-constant rows, where an fp32 mean of ~1000 would be off by half an
+            # ulp (3e-5), a large error next to a spread of 1e-2.
+            shift = tl.load(X + x_start, mask=row_ok, other=0.0).to(tl.float32)
+            shifted = tl.where(mask, x - shift[:, None], 0.0)
+            mean = tl.sum(shifted, axis=1) / N
+            centered = tl.where(mask, shifted - mean[:, None], 0.0)
+            rstd = tl.rsqrt(tl.sum(centered * centered, axis=1) / N + eps)
+            xhat = centered * rstd[:, None]
+            tl.store(MEAN + rows, mean, mask=row_ok)
+        tl.store(RSTD + rows, rstd, mask=row_ok)
+        y = xhat
+        if HAS_WEIGHT:
+            y = y * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        if HAS_BIAS:
+            y = y + tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(Y + rows[:, None] * N + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _norm_fwd_looped_kernel(
+        X, Y, W, B, RSTD,
+        n_rows, n_inner, stride_x_outer, stride_x_inner, N, eps,
+        IS_RMS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+        TWO_LEVEL: tl.constexpr, BLOCK_N: tl.constexpr,
+    ):
+        """One long row per program, in chunks: a statistics pass, then a normalising pass."""
+        MEAN = RSTD + n_rows
+        row = tl.program_id(0).to(tl.int64)
+        x_start = _row_offsets(row, n_inner, stride_x_outer, stride_x_inner, TWO_LEVEL)
+        cols = tl.arange(0, BLOCK_N)
+        if IS_RMS:
+            sum_sq = tl.zeros([BLOCK_N], dtype=tl.float32)
+            for start in range(0, N, BLOCK_N):
+                offs = start + cols
+                x = tl.load(X + x_start + offs, mask=offs < N, other=0.0).to(tl.float32)
+                sum_sq += x * x
+            rstd = tl.rsqrt(tl.sum(sum_sq, axis=0) / N + eps)
+            mean = 0.0
+            shift = 0.0
+        else:
+            # Chan et al.'s merge of per-chunk (count, mean, M2), each chunk exact in registers:
+            # stable for near-constant rows and large means.
+            # Statistics of x - x[0] (see the fused kernel); MEAN stores the shifted mean.
+            shift = tl.load(X + x_start).to(tl.float32)
+            count = 0.0
+            mean = 0.0
+            m2 = 0.0
+            for start in range(0, N, BLOCK_N):
+                offs = start + cols
+                ok = offs < N
+                x = tl.where(ok, tl.load(X + x_start + offs, mask=ok, other=0.0).to(tl.float32) - shift, 0.0)
+                chunk_count = tl.minimum(N - start, BLOCK_N).to(tl.float32)
+                chunk_mean = tl.sum(x, axis=0) / chunk_count
+                dev = tl.where(ok, x - chunk_mean, 0.0)
+                chunk_m2 = tl.sum(dev * dev, axis=0)
+                total = count + chunk_count
+                delta = chunk_mean - mean
+                mean = mean + delta * (chunk_count / total)
+                m2 = m2 + chunk_m2 + delta * delta * (count * chunk_count / total)
+                count = total
+            rstd = tl.rsqrt(m2 / N + eps)
+            tl.store(MEAN + row, mean)
+        tl.store(RSTD + row, rstd)
+        for start in range(0, N, BLOCK_N):
+            offs = start + cols
+            ok = offs < N
+            x = tl.load(X + x_start + offs, mask=ok, other=0.0).to(tl.float32)
+            y = ((x - shift) - mean) * rstd
+            if HAS_WEIGHT:
+                y = y * tl.load(W + offs, mask=ok, other=0.0).to(tl.float32)
+            if HAS_BIAS:
+                y = y + tl.load(B + offs, mask=ok, other=0.0).to(tl.float32)
+            tl.store(Y + row * N + offs, y.to(Y.dtype.element_ty), mask=ok)
+
+    @triton.jit
+    def _norm_bwd_fused_kernel(
+        X, DY, W, RSTD, DX, PARTIAL,
+        n_rows, n_inner, stride_x_outer, stride_x_inner, stride_dy_outer, stride_dy_inner,
+        N, tiles_per_program, db_offset,
+        IS_RMS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+        TWO_LEVEL_X: tl.constexpr, TWO_LEVEL_DY: tl.constexpr,
+        BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+    ):
+        """A persistent program walks `tiles_per_program` consecutive row tiles, writing dx and
+        summing dweight/dbias in registers; its sums go to one row of the partial buffers (dweight's, then dbias's at db_offset)."""
+        MEAN = RSTD + n_rows
+        DW_PARTIAL = PARTIAL
+        DB_PARTIAL = PARTIAL + db_offset
+        pid = tl.program_id(0)
+        cols = tl.arange(0, BLOCK_N)
+        col_ok = cols < N
+        if HAS_WEIGHT:
+            w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+        dw_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+        db_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+        for step in range(0, tiles_per_program):
+            tile = pid.to(tl.int64) * tiles_per_program + step
+            rows = tile * ROWS + tl.arange(0, ROWS)
+            row_ok = rows < n_rows
+            mask = row_ok[:, None] & col_ok[None, :]
+            x_start = _row_offsets(rows, n_inner, stride_x_outer, stride_x_inner, TWO_LEVEL_X)
+            dy_start = _row_offsets(rows, n_inner, stride_dy_outer, stride_dy_inner, TWO_LEVEL_DY)
+            x = tl.load(X + x_start[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(DY + dy_start[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
+            if IS_RMS:
+                xhat = x * rstd[:, None]
+            else:
+                mean = tl.load(MEAN + rows, mask=row_ok, other=0.0)
+                shift = tl.load(X + x_start, mask=row_ok, other=0.0).to(tl.float32)
+                xhat = tl.where(mask, ((x - shift[:, None]) - mean[:, None]) * rstd[:, None], 0.0)
+            if HAS_WEIGHT:
+                g = dy * w[None, :]
+            else:
+                g = dy
+            # d/dx of xhat * rstd-scaling: dx = rstd * (g - mean(g) - xhat * mean(g * xhat));
+            # RMSNorm has no centering, so no mean(g) term.
+            c1 = tl.sum(xhat * g, axis=1) / N
+            if IS_RMS:
+                dx = (g - xhat * c1[:, None]) * rstd[:, None]
+            else:
+                c2 = tl.sum(g, axis=1) / N
+                dx = (g - c2[:, None] - xhat * c1[:, None]) * rstd[:, None]
+            tl.store(DX + rows[:, None] * N + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+            if HAS_WEIGHT:
+                dw_acc += dy * xhat
+            if HAS_BIAS:
+                db_acc += dy
+        if HAS_WEIGHT:
+            tl.store(DW_PARTIAL + pid * N + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
+        if HAS_BIAS:
+            tl.store(DB_PARTIAL + pid * N + cols, tl.sum(db_acc, axis=0), mask=col_ok)
+
+    @triton.jit
+    def _norm_bwd_row_stats_kernel(
+        X, DY, W, RSTD, C1, C2,
+        n_rows, n_inner, stride_x_outer, stride_x_inner, stride_dy_outer, stride_dy_inner, N,
+        IS_RMS: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+        TWO_LEVEL_X: tl.constexpr, TWO_LEVEL_DY: tl.constexpr, BLOCK_N: tl.constexpr,
+    ):
+        """Long rows, backward step 1: mean(g * xhat) and mean(g) of each row."""
+        MEAN = RSTD + n_rows
+        row = tl.program_id(0).to(tl.int64)
+        x_start = _row_offsets(row, n_inner, stride_x_outer, stride_x_inner, TWO_LEVEL_X)
+        dy_start = _row_offsets(row, n_inner, stride_dy_outer, stride_dy_inner, TWO_LEVEL_DY)
+        rstd = tl.load(RSTD + row)
+        if IS_RMS:
+            mean = 0.0
+            shift = 0.0
+        else:
+            mean = tl.load(MEAN + row)
+            shift = tl.load(X + x_start).to(tl.float32)
+        cols = tl.arange(0, BLOCK_N)
+        acc_gx = tl.zeros([BLOCK_N], dtype=tl.float32)
+        acc_g = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for start in range(0, N, BLOCK_N):
+            offs = start + cols
+            ok = offs < N
+            x = tl.load(X + x_start + offs, mask=ok, other=0.0).to(tl.float32)
+            g = tl.load(DY + dy_start + offs, mask=ok, other=0.0).to(tl.float32)
+            if HAS_WEIGHT:
+                g = g * tl.load(W + offs, mask=ok, other=0.0).to(tl.float32)
+            xhat = tl.where(ok, ((x - shift) - mean) * rstd, 0.0)
+            acc_gx += g * xhat
+            acc_g += g
+        tl.store(C1 + row, tl.sum(acc_gx, axis=0) / N)
+        if not IS_RMS:
+            tl.store(C2 + row, tl.sum(acc_g, axis=0) / N)
+
+    @triton.jit
+    def _norm_bwd_columns_kernel(
+        X, DY, W, RSTD, C1, C2, DX, PARTIAL,
+        n_rows, n_inner, stride_x_outer, stride_x_inner, stride_dy_outer, stride_dy_inner,
+        N, rows_per_program, db_offset,
+        IS_RMS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+        TWO_LEVEL_X: tl.constexpr, TWO_LEVEL_DY: tl.constexpr, BLOCK_N: tl.constexpr,
+    ):
+        """Long rows, backward step 2: a program owns one column chunk of a group of rows, so
+        its dweight/dbias partial sums stay in registers."""
+        MEAN = RSTD + n_rows
+        DW_PARTIAL = PARTIAL
+        DB_PARTIAL = PARTIAL + db_offset
+        pid_col = tl.program_id(0)
+        pid_group = tl.program_id(1)
+        offs = pid_col * BLOCK_N + tl.arange(0, BLOCK_N)
+        ok = offs < N
+        if HAS_WEIGHT:
+            w = tl.load(W + offs, mask=ok, other=0.0).to(tl.float32)
+        dw_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        db_acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        first = pid_group.to(tl.int64) * rows_per_program
+        last = tl.minimum(first + rows_per_program, n_rows)
+        for row in range(first, last):
+            x_start = _row_offsets(row, n_inner, stride_x_outer, stride_x_inner, TWO_LEVEL_X)
+            dy_start = _row_offsets(row, n_inner, stride_dy_outer, stride_dy_inner, TWO_LEVEL_DY)
+            x = tl.load(X + x_start + offs, mask=ok, other=0.0).to(tl.float32)
+            dy = tl.load(DY + dy_start + offs, mask=ok, other=0.0).to(tl.float32)
+            rstd = tl.load(RSTD + row)
+            c1 = tl.load(C1 + row)
+            if IS_RMS:
+                xhat = x * rstd
+            else:
+                mean = tl.load(MEAN + row)
+                shift = tl.load(X + x_start).to(tl.float32)
+                xhat = tl.where(ok, ((x - shift) - mean) * rstd, 0.0)
+            if HAS_WEIGHT:
+                g = dy * w
+            else:
+                g = dy
+            if IS_RMS:
+                dx = (g - xhat * c1) * rstd
+            else:
+                c2 = tl.load(C2 + row)
+                dx = (g - c2 - xhat * c1) * rstd
+            tl.store(DX + row * N + offs, dx.to(DX.dtype.element_ty), mask=ok)
+            if HAS_WEIGHT:
+                dw_acc += dy * xhat
+            if HAS_BIAS:
+                db_acc += dy
+        if HAS_WEIGHT:
+            tl.store(DW_PARTIAL + pid_group.to(tl.int64) * N + offs, dw_acc, mask=ok)
+        if HAS_BIAS:
+            tl.store(DB_PARTIAL + pid_group.to(tl.int64) * N + offs, db_acc, mask=ok)
+
+    @triton.jit
+    def _partial_sum_kernel(
+        PARTIAL, DW, DB, n_partials, N, db_offset,
+        HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    ):
+        """The second reduction: sum the per-program partial rows in a fixed order (so the
+        result is deterministic) and write dweight / dbias in their own dtypes."""
+        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < N
+        parts = tl.arange(0, BLOCK_P)
+        dw_acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+        db_acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+        for start in range(0, n_partials, BLOCK_P):
+            rows = start + parts
+            mask = (rows < n_partials)[:, None] & col_ok[None, :]
+            offsets = rows.to(tl.int64)[:, None] * N + cols[None, :]
+            if HAS_WEIGHT:
+                dw_acc += tl.load(PARTIAL + offsets, mask=mask, other=0.0)
+            if HAS_BIAS:
+                db_acc += tl.load(PARTIAL + db_offset + offsets, mask=mask, other=0.0)
+        if HAS_WEIGHT:
+            tl.store(DW + cols, tl.sum(dw_acc, axis=0).to(DW.dtype.element_ty), mask=col_ok)
+        if HAS_BIAS:
+            tl.store(DB + cols, tl.sum(db_acc, axis=0).to(DB.dtype.element_ty), mask=col_ok)
+
+
+# ----------------------------------------------------------------------------- row layout
+@dataclasses.dataclass
+class RowLayout:
+    """How to find row r of a tensor: r = outer * n_inner + inner, at outer * stride_outer +
+    inner * stride_inner elements, the row's N elements contiguous."""
+    tensor: torch.Tensor
+    n_rows: int
+    n_inner: int
+    stride_outer: int
+    stride_inner: int
+
+    @property
+    def two_level(self) -> bool:
+        return self.n_inner != self.n_rows
+
+
+def row_layout(t: torch.Tensor, norm_ndim: int, n: Optional[int] = None) -> RowLayout:
+    """Read the rows of `t` (the last `norm_ndim` dims normalised) through at most two leading
+    strides; copy only when that cannot describe it. `n`: the row length, if known."""
+    if n and t.is_contiguous():  # the common case, kept cheap: this runs on every call
+        rows = t.numel() // n
+        return RowLayout(t, rows, rows, 0, n)
+    shape, strides = list(t.shape), list(t.stride())
+    norm_shape, norm_strides = shape[len(shape) - norm_ndim:], strides[len(strides) - norm_ndim:]
+    n = 1
+    for size in norm_shape:
+        n *= size
+    expected, contiguous_rows = 1, True
+    for size, stride in zip(reversed(norm_shape), reversed(norm_strides)):
+        if size != 1 and stride != expected:
+            contiguous_rows = False
+        expected *= size
+    lead = [(size, stride) for size, stride in zip(shape[:len(shape) - norm_ndim],
+                                                   strides[:len(strides) - norm_ndim]) if size != 1]
+    # Merge leading dims, innermost first, while they are evenly spaced.
+    groups: List[List[int]] = []  # [size, stride]
+    for size, stride in reversed(lead):
+        if groups and stride == groups[-1][0] * groups[-1][1]:
+            groups[-1][0] *= size
+        else:
+            groups.append([size, stride])
+    n_rows = 1
+    for size, _ in lead:
+        n_rows *= size
+    if not contiguous_rows or len(groups) > 2:
+        t = t.contiguous()
+        return RowLayout(t, n_rows, n_rows, 0, n)
+    if not groups:
+        return RowLayout(t, n_rows, n_rows, 0, n)
+    if len(groups) == 1:
+        return RowLayout(t, n_rows, n_rows, 0, groups[0][1])
+    inner, outer = groups
+    return RowLayout(t, n_rows, inner[0], outer[1], inner[1])
+
+
+# ----------------------------------------------------------------------------- launchers
+def _hidden(x: torch.Tensor, norm_ndim: int) -> int:
+    n = 1
+    for size in x.shape[x.dim() - norm_ndim:]:
+        n *= size
+    return n
+
+
+def norm_forward(x: torch.Tensor, norm_ndim: int, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+                 eps: float, is_rms: bool, config: Optional[NormConfig] = None):
+    """y (x's shape and dtype, contiguous) and stats: fp32 [rstd per row | (LayerNorm) mean of
+    x - x[row, 0] per row], what the backward reads."""
+    n = _hidden(x, norm_ndim)
+    layout = row_layout(x, norm_ndim, n)
+    n_rows = layout.n_rows
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    # One allocation for both statistics: every call here costs host time at small sizes.
+    stats = torch.empty(n_rows if is_rms else 2 * n_rows, dtype=torch.float32, device=x.device)
+    if n_rows == 0 or n == 0:
+        return y, stats
+    cfg = config or norm_config(n, False)
+    w = weight if weight is not None else stats  # a placeholder pointer, never read
+    b = bias if bias is not None else stats
+    common = dict(IS_RMS=is_rms, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+                  TWO_LEVEL=layout.two_level, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+    args = (layout.tensor, y, w, b, stats, n_rows, layout.n_inner, layout.stride_outer,
+            layout.stride_inner, n, float(eps))
+    if cfg.looped:
+        _norm_fwd_looped_kernel[(n_rows,)](*args, **common)
+    else:
+        _norm_fwd_fused_kernel[(cdiv(n_rows, cfg.rows),)](*args, ROWS=cfg.rows, **common)
+    return y, stats
+
+
+def norm_backward(dy: torch.Tensor, x: torch.Tensor, norm_ndim: int, weight: Optional[torch.Tensor],
+                  bias_dtype: Optional[torch.dtype], stats: torch.Tensor, is_rms: bool,
+                  config: Optional[NormConfig] = None):
+    """dx (x's shape and dtype), dweight (weight's shape and dtype, or None) and dbias (of
+    `bias_dtype`, or None when there is no bias)."""
+    n = _hidden(x, norm_ndim)
+    x_layout = row_layout(x, norm_ndim, n)
+    dy_layout = row_layout(dy, norm_ndim, n)
+    n_rows = x_layout.n_rows
+    if x_layout.two_level and dy_layout.two_level and x_layout.n_inner != dy_layout.n_inner:
+        # Both need two levels but split the rows differently: one shared split is needed.
+        dy_layout = row_layout(dy.contiguous(), norm_ndim, n)
+    # A one-level layout ignores n_inner (row r sits at r * stride_inner).
+    n_inner = x_layout.n_inner if x_layout.two_level else dy_layout.n_inner
+    two_x, two_dy = x_layout.two_level, dy_layout.two_level
+    has_weight, has_bias = weight is not None, bias_dtype is not None
+    norm_shape = x.shape[x.dim() - norm_ndim:]
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    # dweight is cheap next to dx: it is computed whenever there is a weight (one kernel variant).
+    dw = torch.empty(norm_shape, dtype=weight.dtype, device=x.device) if has_weight else None
+    db = torch.empty(norm_shape, dtype=bias_dtype, device=x.device) if has_bias else None
+    if n_rows == 0 or n == 0:
+        for grad in (dw, db):
+            if grad is not None:
+                grad.zero_()
+        return dx, dw, db
+    cfg = config or norm_config(n, True)
+    w = weight if has_weight else stats
+    flags = dict(IS_RMS=is_rms, HAS_WEIGHT=has_weight, HAS_BIAS=has_bias, TWO_LEVEL_X=two_x, TWO_LEVEL_DY=two_dy,
+                 BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+    if not cfg.looped:
+        n_tiles = cdiv(n_rows, cfg.rows)
+        programs = min(n_tiles, _program_count(x.device, cfg.programs_per_sm))
+        tiles_per_program = cdiv(n_tiles, programs)
+        programs = cdiv(n_tiles, tiles_per_program)
+        partial, db_offset = _partials(programs, n, has_weight, has_bias, x.device)
+        _norm_bwd_fused_kernel[(programs,)](
+            x_layout.tensor, dy_layout.tensor, w, stats, dx, partial,
+            n_rows, n_inner, x_layout.stride_outer, x_layout.stride_inner,
+            dy_layout.stride_outer, dy_layout.stride_inner, n, tiles_per_program, db_offset,
+            ROWS=cfg.rows, **flags)
+    else:
+        row_stats = torch.empty(n_rows if is_rms else 2 * n_rows, dtype=torch.float32, device=x.device)
+        c1, c2 = row_stats, row_stats[n_rows:] if not is_rms else row_stats
+        stats_flags = {k: v for k, v in flags.items() if k != "HAS_BIAS"}
+        _norm_bwd_row_stats_kernel[(n_rows,)](
+            x_layout.tensor, dy_layout.tensor, w, stats, c1, c2,
+            n_rows, n_inner, x_layout.stride_outer, x_layout.stride_inner,
+            dy_layout.stride_outer, dy_layout.stride_inner, n, **stats_flags)
+        column_blocks = cdiv(n, cfg.block_n)
+        groups = max(1, min(n_rows, cdiv(_program_count(x.device, cfg.programs_per_sm), column_blocks)))
+        rows_per_program = cdiv(n_rows, groups)
+        groups = cdiv(n_rows, rows_per_program)
+        partial, db_offset = _partials(groups, n, has_weight, has_bias, x.device)
+        programs = groups
+        _norm_bwd_columns_kernel[(column_blocks, groups)](
+            x_layout.tensor, dy_layout.tensor, w, stats, c1, c2, dx, partial,
+            n_rows, n_inner, x_layout.stride_outer, x_layout.stride_inner,
+            dy_layout.stride_outer, dy_layout.stride_inner, n, rows_per_program, db_offset, **flags)
+    if has_weight or has_bias:
+        # The second reduction, over the per-program partial sums in a fixed order: deterministic.
+        _partial_sum_kernel[(cdiv(n, SUM_BLOCK_N),)](
+            partial, dw if has_weight else partial, db if has_bias else partial, programs, n, db_offset,
+            HAS_WEIGHT=has_weight, HAS_BIAS=has_bias, BLOCK_P=SUM_BLOCK_P, BLOCK_N=SUM_BLOCK_N, num_warps=4)
+    return dx, dw, db
+
+
+SUM_BLOCK_P, SUM_BLOCK_N = 16, 128
+
+
+def _partials(programs: int, n: int, has_weight: bool, has_bias: bool, device) -> Tuple[torch.Tensor, int]:
+    """One fp32 buffer for the dweight and dbias partial rows; dbias's start at the offset."""
+    count = int(has_weight) + int(has_bias)
+    partial = torch.empty(max(count, 1) * programs * n if count else 1, dtype=torch.float32, device=device)
+    return partial, (programs * n if has_weight else 0)
+
+
+# ----------------------------------------------------------------------------- autograd
+def _normalized_ndim(normalized_shape) -> int:
+    return 1 if isinstance(normalized_shape, int) else len(tuple(normalized_shape))
+
+
+def _run(x, weight, bias, norm_ndim, eps, is_rms):
+    if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (x, weight, bias)):
+        return norm_forward(x, norm_ndim, weight, bias, eps, is_rms)[0]  # no autograd node to build
+    return _NormApply.apply(x, weight, bias, norm_ndim, eps, is_rms)
+
+
+class _NormApply(torch.autograd.Function):
+    """y = norm(x) * weight + bias with Triton forward and backward."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, norm_ndim, eps, is_rms):
+        y, stats = norm_forward(x, norm_ndim, weight, bias, eps, is_rms)
+        ctx.save_for_backward(x, weight, stats)
+        ctx.norm_ndim, ctx.is_rms = norm_ndim, is_rms
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, stats = ctx.saved_tensors
+        dx, dw, db = norm_backward(dy, x, ctx.norm_ndim, weight, ctx.bias_dtype, stats, ctx.is_rms)
+        needs = ctx.needs_input_grad
+        return (dx if needs[0] else None), (dw if needs[1] else None), (db if needs[2] else None), None, None, None
+
+
+# ----------------------------------------------------------------------------- backends
+def triton_rms_norm(x, normalized_shape, weight=None, eps=None):
+    # eps=None: what F.rms_norm's kernels use (the op-math dtype's eps), not finfo(x.dtype).
+    eps = reference.default_rms_eps(x.dtype) if eps is None else eps
+    return _run(x, weight, None, _normalized_ndim(normalized_shape), eps, True)
+
+
+def triton_layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    return _run(x, weight, bias, _normalized_ndim(normalized_shape), eps, False)
+
+
+def _supports(problem: Problem) -> List[str]:
+    reason = triton_unavailable_reason(problem.device.type)
+    return [reason] if reason else []
+
+
+def _availability() -> Optional[str]:
+    if triton is None:
+        return "triton: the triton package is not importable here"
+    return triton_unavailable_reason("cuda")
+
+
+for _op, _fn, _what in (("rms_norm", triton_rms_norm, "RMSNorm"), ("layer_norm", triton_layer_norm, "LayerNorm")):
+    register(Backend(
+        name="triton", op=_op, fn=_fn,
+        description=f"gpuparity's fused Triton {_what} (fp32 statistics, forward and backward)",
+        dtypes=KERNEL_DTYPES, availability=_availability, supports=_supports))
+
+
+# ----------------------------------------------------------------------------- AOT
+# Representative cases: a packed small row (many rows per program), the largest fused row (most
+# warps and registers; RMSNorm and LayerNorm differ in code there) and one looped long row.
+# Hidden sizes in between share these tiles' warp counts and per-thread work.
+AOT_CASES = (("ln", 128), ("rms", 16384), ("ln", 16384), ("ln", 65536))
+
+
+def aot_specs() -> List[AotSpec]:
+    """Every shipped configuration family, bf16, with weight (and bias for LayerNorm)."""
+    if triton is None:
+        return []
+    specs: List[AotSpec] = []
+    for fam, spec in FAMILIES.items():
+        for name, n in AOT_CASES:
+            is_rms = name == "rms"
+            flags = {"IS_RMS": is_rms, "HAS_WEIGHT": True, "HAS_BIAS": not is_rms}
+            for backward in (False, True):
+                cfg = norm_config(n, backward=backward, fam=fam)
+                specs.extend(_aot_for(fam, name, n, cfg, backward, flags, spec["targets"]))
+        sum_const = {"HAS_WEIGHT": True, "HAS_BIAS": True, "BLOCK_P": SUM_BLOCK_P, "BLOCK_N": SUM_BLOCK_N}
+        sum_sig = {"PARTIAL": "*fp32", "DW": "*bf16", "DB": "*bf16", "n_partials": "i32", "N": "i32",
+                   "db_offset": "i32", **{k: "constexpr" for k in sum_const}}
+        specs.append(AotSpec(f"{fam}:partial-sum", _partial_sum_kernel, sum_sig, sum_const, num_warps=4,
+                             targets=spec["targets"]))
+    return specs
+
+
+def _aot_for(fam, name, n, cfg, backward, flags, targets) -> List[AotSpec]:
+    ptr, f32 = "*bf16", "*fp32"
+    tag = f"{fam}:{name}-{'bwd' if backward else 'fwd'}-n{n}"
+    if not backward:
+        sig = {"X": ptr, "Y": ptr, "W": ptr, "B": ptr, "RSTD": f32, "n_rows": "i64",
+               "n_inner": "i64", "stride_x_outer": "i64", "stride_x_inner": "i64", "N": "i32", "eps": "fp32"}
+        const = dict(flags, TWO_LEVEL=True, BLOCK_N=cfg.block_n)
+        if cfg.looped:
+            kernel = _norm_fwd_looped_kernel
+        else:
+            kernel, const["ROWS"] = _norm_fwd_fused_kernel, cfg.rows
+        sig.update({k: "constexpr" for k in const})
+        return [AotSpec(tag, kernel, sig, const, num_warps=cfg.num_warps, targets=targets)]
+    strides = {"stride_x_outer": "i64", "stride_x_inner": "i64", "stride_dy_outer": "i64", "stride_dy_inner": "i64"}
+    if not cfg.looped:
+        sig = {"X": ptr, "DY": ptr, "W": ptr, "RSTD": f32, "DX": ptr, "PARTIAL": f32,
+               "n_rows": "i64", "n_inner": "i64", **strides, "N": "i32", "tiles_per_program": "i32",
+               "db_offset": "i32"}
+        const = dict(flags, TWO_LEVEL_X=True, TWO_LEVEL_DY=True, BLOCK_N=cfg.block_n, ROWS=cfg.rows)
+        sig.update({k: "constexpr" for k in const})
+        return [AotSpec(tag, _norm_bwd_fused_kernel, sig, const, num_warps=cfg.num_warps, targets=targets)]
+    stats_sig = {"X": ptr, "DY": ptr, "W": ptr, "RSTD": f32, "C1": f32, "C2": f32,
+                 "n_rows": "i64", "n_inner": "i64", **strides, "N": "i32"}
+    stats_const = {"IS_RMS": flags["IS_RMS"], "HAS_WEIGHT": True, "TWO_LEVEL_X": True, "TWO_LEVEL_DY": True,
+                   "BLOCK_N": cfg.block_n}
+    stats_sig.update({k: "constexpr" for k in stats_const})
+    col_sig = {"X": ptr, "DY": ptr, "W": ptr, "RSTD": f32, "C1": f32, "C2": f32, "DX": ptr,
+               "PARTIAL": f32, "n_rows": "i64", "n_inner": "i64", **strides,
+               "N": "i32", "rows_per_program": "i32", "db_offset": "i32"}
+    col_const = dict(flags, TWO_LEVEL_X=True, TWO_LEVEL_DY=True, BLOCK_N=cfg.block_n)
+    col_sig.update({k: "constexpr" for k in col_const})
+    return [AotSpec(tag + "-stats", _norm_bwd_row_stats_kernel, stats_sig, stats_const,
+                    num_warps=cfg.num_warps, targets=targets),
+            AotSpec(tag + "-columns", _norm_bwd_columns_kernel, col_sig, col_const,
+                    num_warps=cfg.num_warps, targets=targets)]

@@ -1,0 +1,288 @@
+"""Rotary position embeddings in Triton (flash-attn's contract): half-split and interleaved
+layouts, partial rotary_dim, int or per-batch offsets, packed varlen, in place or not; the
+kernel, its launcher, the autograd.Function and the backend registered as "triton".
+
+Every tensor is read through its own batch, sequence and head strides (64-bit offsets), so a
+batched input cannot be mis-strided the way a hand-computed `t*d/2` batch stride once was.
+The backward is the same kernel rotating by -theta.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import List, Optional, Union
+
+import torch
+
+from ..dispatch import Backend, Problem, register
+from . import triton_common
+from .triton_common import AotSpec, cdiv, triton_unavailable_reason
+
+try:
+    import triton
+    import triton.language as tl
+except Exception:  # noqa: BLE001 - no triton: the backend says so through availability()
+    triton = None
+    tl = None
+
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+# Per hardware family: threads per warp and elements per program. A program covers
+# BLOCK_M positions x BLOCK_H heads x the rotary dims, and reuses one cos/sin tile for them.
+# 4096-element tiles at 8 elements per thread came out best in an H100 sweep
+# (benchmarks/tune_norms_rope.py) on both anchor shapes.
+FAMILIES = {
+    "nvidia": {"warp": 32, "tile_elems": 4096, "max_warps": 16, "targets": ("cuda:80", "cuda:90")},
+    "cdna": {"warp": 64, "tile_elems": 4096, "max_warps": 16, "targets": ("hip:gfx942", "hip:gfx90a")},
+    "rdna": {"warp": 32, "tile_elems": 4096, "max_warps": 16, "targets": ("hip:gfx1100",)},
+}
+ELEMS_PER_THREAD = 8
+MAX_BLOCK_H = 8
+
+
+@functools.lru_cache(maxsize=None)
+def family() -> str:
+    if triton_common.vendor() == "amd":
+        return "rdna" if triton_common.device_arch().startswith("gfx1") else "cdna"
+    return "nvidia"
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+@dataclasses.dataclass(frozen=True)
+class RotaryConfig:
+    block_m: int        # positions per program
+    block_h: int        # heads per program
+    block_r: int        # rotary_dim / 2, rounded up to a power of two
+    block_p: int        # pass-through chunk (features past rotary_dim)
+    num_warps: int
+
+
+@functools.lru_cache(maxsize=1024)
+def rotary_config(heads: int, rotary_half: int, pass_dim: int, fam: Optional[str] = None,
+                  max_seqlen: Optional[int] = None) -> RotaryConfig:
+    spec = FAMILIES[fam or family()]
+    block_r = _next_pow2(max(rotary_half, 1))
+    block_h = min(_next_pow2(heads), MAX_BLOCK_H)
+    block_m = max(1, spec["tile_elems"] // (block_h * 2 * block_r))
+    if max_seqlen is not None:
+        block_m = min(block_m, _next_pow2(max(max_seqlen, 1)))
+    block_p = min(_next_pow2(max(pass_dim, 1)), 2 * block_r)
+    elems = block_m * block_h * 2 * block_r
+    warps = max(1, min(spec["max_warps"], elems // (spec["warp"] * ELEMS_PER_THREAD)))
+    warps = 1 << (warps.bit_length() - 1)
+    return RotaryConfig(block_m, block_h, block_r, block_p, warps)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _rotary_kernel(
+        OUT, X, COS, SIN, CU_SEQLENS, SEQLEN_OFFSETS,
+        seqlen, nheads, rotary_half, pass_dim, seqlen_ro, offset_value,
+        stride_out_b, stride_out_s, stride_out_h,
+        stride_x_b, stride_x_s, stride_x_h,
+        stride_cos_s, stride_sin_s,
+        IS_VARLEN: tl.constexpr, OFFSETS_TENSOR: tl.constexpr, INTERLEAVED: tl.constexpr,
+        CONJUGATE: tl.constexpr, COPY_PASS: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+    ):
+        pid_m = tl.program_id(0)
+        pid_b = tl.program_id(1)
+        pid_h = tl.program_id(2)
+        if IS_VARLEN:
+            # Packed (total, H, D): sequence b is rows cu_seqlens[b] .. cu_seqlens[b+1].
+            seq_start = tl.load(CU_SEQLENS + pid_b).to(tl.int64)
+            seq_len = (tl.load(CU_SEQLENS + pid_b + 1) - seq_start).to(tl.int32)
+            x_base = X + seq_start * stride_x_s
+            out_base = OUT + seq_start * stride_out_s
+        else:
+            seq_len = seqlen
+            x_base = X + pid_b.to(tl.int64) * stride_x_b
+            out_base = OUT + pid_b.to(tl.int64) * stride_out_b
+        if pid_m * BLOCK_M < seq_len:
+            if OFFSETS_TENSOR:
+                offset = tl.load(SEQLEN_OFFSETS + pid_b).to(tl.int32)
+            else:
+                offset = offset_value
+            rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            rh = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+            rk = tl.arange(0, BLOCK_R)
+            m_ok = rm < seq_len
+            pos = (rm + offset).to(tl.int64)
+            # Positions past the cos/sin table were rejected by validation; the mask only
+            # keeps the tail of a block in bounds.
+            cs_mask = (m_ok & (pos < seqlen_ro))[:, None] & (rk < rotary_half)[None, :]
+            cos = tl.load(COS + pos[:, None] * stride_cos_s + rk[None, :], mask=cs_mask, other=1.0).to(tl.float32)
+            sin = tl.load(SIN + pos[:, None] * stride_sin_s + rk[None, :], mask=cs_mask, other=0.0).to(tl.float32)
+            if CONJUGATE:
+                sin = -sin
+            cos = cos[:, None, :]
+            sin = sin[:, None, :]
+            rm64 = rm.to(tl.int64)
+            rh64 = rh.to(tl.int64)
+            x_rows = x_base + rm64[:, None, None] * stride_x_s + rh64[None, :, None] * stride_x_h
+            out_rows = out_base + rm64[:, None, None] * stride_out_s + rh64[None, :, None] * stride_out_h
+            mh_ok = m_ok[:, None, None] & (rh < nheads)[None, :, None]
+            if INTERLEAVED:
+                # GPT-J layout: pairs (2i, 2i+1). Load the whole rotary span once and split pairs
+                # in registers rather than issuing two stride-2 loads.
+                rk2 = tl.arange(0, 2 * BLOCK_R)
+                mask2 = mh_ok & (rk2 < 2 * rotary_half)[None, None, :]
+                x = tl.load(x_rows + rk2[None, None, :], mask=mask2, other=0.0).to(tl.float32)
+                x0, x1 = tl.split(tl.reshape(x, (BLOCK_M, BLOCK_H, BLOCK_R, 2)))
+                out0 = x0 * cos - x1 * sin
+                out1 = x0 * sin + x1 * cos
+                out = tl.reshape(tl.join(out0, out1), (BLOCK_M, BLOCK_H, 2 * BLOCK_R))
+                tl.store(out_rows + rk2[None, None, :], out.to(OUT.dtype.element_ty), mask=mask2)
+            else:
+                # NeoX / Llama layout: the first half rotates against the second.
+                mask = mh_ok & (rk < rotary_half)[None, None, :]
+                x0 = tl.load(x_rows + rk[None, None, :], mask=mask, other=0.0).to(tl.float32)
+                x1 = tl.load(x_rows + rotary_half + rk[None, None, :], mask=mask, other=0.0).to(tl.float32)
+                out0 = x0 * cos - x1 * sin
+                out1 = x0 * sin + x1 * cos
+                tl.store(out_rows + rk[None, None, :], out0.to(OUT.dtype.element_ty), mask=mask)
+                tl.store(out_rows + rotary_half + rk[None, None, :], out1.to(OUT.dtype.element_ty), mask=mask)
+            if COPY_PASS:
+                # Features past rotary_dim pass through unchanged (not needed in place).
+                rp = tl.arange(0, BLOCK_P)
+                for start in range(0, pass_dim, BLOCK_P):
+                    cols = 2 * rotary_half + start + rp
+                    pmask = mh_ok & ((start + rp) < pass_dim)[None, None, :]
+                    keep = tl.load(x_rows + cols[None, None, :], mask=pmask, other=0.0)
+                    tl.store(out_rows + cols[None, None, :], keep, mask=pmask)
+
+
+def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def rotary_launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool,
+                  seqlen_offsets: Union[int, torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+                  max_seqlen: Optional[int], inplace: bool, conjugate: bool,
+                  config: Optional[RotaryConfig] = None) -> torch.Tensor:
+    """Rotate x (B, S, H, D) or packed (total, H, D); returns out (x itself when inplace)."""
+    x = _last_dim_contiguous(x) if not inplace else x
+    if inplace and x.stride(-1) != 1:
+        raise ValueError("x: inplace rotary needs the last dimension contiguous, got strides "
+                         f"{tuple(x.stride())}")
+    cos, sin = _last_dim_contiguous(cos), _last_dim_contiguous(sin)
+    rotary_half = cos.shape[-1]
+    head_dim = x.shape[-1]
+    pass_dim = head_dim - 2 * rotary_half
+    out = x if inplace else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if cu_seqlens is None:
+        batch, seqlen, nheads = x.shape[0], x.shape[1], x.shape[2]
+        x_strides = (x.stride(0), x.stride(1), x.stride(2))
+        out_strides = (out.stride(0), out.stride(1), out.stride(2))
+        grid_m_len = seqlen
+    else:
+        batch, nheads = cu_seqlens.shape[0] - 1, x.shape[1]
+        seqlen = 0
+        x_strides = (0, x.stride(0), x.stride(1))
+        out_strides = (0, out.stride(0), out.stride(1))
+        grid_m_len = int(max_seqlen)
+    if x.numel() == 0 or batch == 0 or grid_m_len == 0:
+        return out
+    offsets_tensor = isinstance(seqlen_offsets, torch.Tensor)
+    cfg = config or rotary_config(nheads, rotary_half, pass_dim, max_seqlen=grid_m_len)
+    grid = (cdiv(grid_m_len, cfg.block_m), batch, cdiv(nheads, cfg.block_h))
+    placeholder = cos  # a pointer argument the kernel never reads
+    _rotary_kernel[grid](
+        out, x, cos, sin,
+        cu_seqlens if cu_seqlens is not None else placeholder,
+        seqlen_offsets if offsets_tensor else placeholder,
+        seqlen, nheads, rotary_half, pass_dim, cos.shape[0], 0 if offsets_tensor else int(seqlen_offsets),
+        *out_strides, *x_strides, cos.stride(0), sin.stride(0),
+        IS_VARLEN=cu_seqlens is not None, OFFSETS_TENSOR=offsets_tensor, INTERLEAVED=bool(interleaved),
+        CONJUGATE=bool(conjugate), COPY_PASS=(pass_dim > 0 and not inplace),
+        BLOCK_M=cfg.block_m, BLOCK_H=cfg.block_h, BLOCK_R=cfg.block_r, BLOCK_P=cfg.block_p,
+        num_warps=cfg.num_warps)
+    return out
+
+
+class _RotaryApply(torch.autograd.Function):
+    """out = rotate(x, theta); dx = rotate(dout, -theta). cos/sin get no gradient."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin, interleaved, seqlen_offsets, cu_seqlens, max_seqlen, inplace):
+        out = rotary_launch(x, cos, sin, interleaved=interleaved, seqlen_offsets=seqlen_offsets,
+                            cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, inplace=inplace, conjugate=False)
+        offsets_tensor = isinstance(seqlen_offsets, torch.Tensor)
+        ctx.save_for_backward(cos, sin, cu_seqlens, seqlen_offsets if offsets_tensor else None)
+        ctx.interleaved, ctx.max_seqlen, ctx.offset_value = interleaved, max_seqlen, (
+            0 if offsets_tensor else int(seqlen_offsets))
+        if inplace:
+            ctx.mark_dirty(x)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        cos, sin, cu_seqlens, offsets = ctx.saved_tensors
+        dx = rotary_launch(dout, cos, sin, interleaved=ctx.interleaved,
+                           seqlen_offsets=offsets if offsets is not None else ctx.offset_value,
+                           cu_seqlens=cu_seqlens, max_seqlen=ctx.max_seqlen, inplace=False, conjugate=True)
+        return dx, None, None, None, None, None, None, None
+
+
+def triton_apply_rotary(x, cos, sin, *, interleaved=False, seqlen_offsets=0, cu_seqlens=None, max_seqlen=None,
+                        inplace=False):
+    if cu_seqlens is not None and max_seqlen is None:
+        max_seqlen = int((cu_seqlens[1:] - cu_seqlens[:-1]).max().item()) if cu_seqlens.numel() > 1 else 0
+    if not (torch.is_grad_enabled() and x.requires_grad):  # no autograd node to build
+        return rotary_launch(x, cos, sin, interleaved=bool(interleaved), seqlen_offsets=seqlen_offsets,
+                             cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, inplace=bool(inplace), conjugate=False)
+    return _RotaryApply.apply(x, cos, sin, bool(interleaved), seqlen_offsets, cu_seqlens, max_seqlen, bool(inplace))
+
+
+triton_apply_rotary.supports_inplace = True
+
+
+def _supports(problem: Problem) -> List[str]:
+    reason = triton_unavailable_reason(problem.device.type)
+    return [reason] if reason else []
+
+
+def _availability() -> Optional[str]:
+    if triton is None:
+        return "triton: the triton package is not importable here"
+    return triton_unavailable_reason("cuda")
+
+
+register(Backend(
+    name="triton", op="rotary", fn=triton_apply_rotary,
+    description="gpuparity's Triton rotary (half-split / interleaved / varlen, fp32 math, forward and backward)",
+    dtypes=KERNEL_DTYPES, availability=_availability, supports=_supports))
+
+
+# ----------------------------------------------------------------------------- AOT
+# (heads, rotary_dim / 2, pass-through dims, interleaved, varlen): the two anchor shapes' tiles
+# and a partial rotary with its pass-through copy, across both layouts and the varlen path.
+AOT_CASES = ((32, 64, 0, False, False), (4, 16, 0, True, True), (8, 32, 64, True, False))
+
+
+def aot_specs() -> List[AotSpec]:
+    if triton is None:
+        return []
+    specs = []
+    for fam, spec in FAMILIES.items():
+        for heads, half, pass_dim, interleaved, varlen in AOT_CASES:
+            cfg = rotary_config(heads, half, pass_dim, fam=fam)
+            const = {"IS_VARLEN": varlen, "OFFSETS_TENSOR": varlen, "INTERLEAVED": interleaved,
+                     "CONJUGATE": False, "COPY_PASS": pass_dim > 0, "BLOCK_M": cfg.block_m,
+                     "BLOCK_H": cfg.block_h, "BLOCK_R": cfg.block_r, "BLOCK_P": cfg.block_p}
+            sig = {"OUT": "*bf16", "X": "*bf16", "COS": "*fp32", "SIN": "*fp32", "CU_SEQLENS": "*i32",
+                   "SEQLEN_OFFSETS": "*i32", "seqlen": "i32", "nheads": "i32", "rotary_half": "i32",
+                   "pass_dim": "i32", "seqlen_ro": "i32", "offset_value": "i32",
+                   "stride_out_b": "i64", "stride_out_s": "i64", "stride_out_h": "i64",
+                   "stride_x_b": "i64", "stride_x_s": "i64", "stride_x_h": "i64",
+                   "stride_cos_s": "i64", "stride_sin_s": "i64"}
+            sig.update({k: "constexpr" for k in const})
+            name = (f"{fam}:rotary-{'interleaved' if interleaved else 'half'}{'-varlen' if varlen else ''}"
+                    f"-h{heads}-r{2 * half}-p{pass_dim}")
+            specs.append(AotSpec(name, _rotary_kernel, sig, const, num_warps=cfg.num_warps,
+                                 targets=spec["targets"]))
+    return specs

@@ -1,0 +1,155 @@
+"""`gpuparity bench rope`: rotary embeddings applied to q and k, gpuparity's Triton kernel against
+the eager composition, torch.compile and Liger-Kernel (when installed), in the half-split,
+interleaved and packed varlen layouts; effective GB/s and % of the measured copy bandwidth.
+
+Shapes are (B, H, T, D) as in ANCHORS.md; q and k are laid out (B, T, H, D) as the contract
+takes them. Bytes counted: forward reads and writes q and k; forward+backward adds reading
+dq, dk and writing their gradients. The cos/sin tables are too small to count.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from . import common
+from .common import BenchRow
+from .norm import (DTYPES, add_common_arguments, command_line, finish, fresh_compile, parse_list, pick_device,
+                   summarise, timed, versions)
+
+DEFAULT_SHAPES = "8x32x4096x128,64x4x1024x32"
+ROPE_BACKENDS = ("triton", "eager", "compile", "liger")
+LAYOUTS = ("half", "interleaved", "varlen")
+
+
+def parse_rope_shape(text: str) -> Tuple[int, int, int, int]:
+    try:
+        batch, heads, seqlen, head_dim = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"--shapes: expected BxHxTxD (e.g. 8x32x4096x128), got {text!r}") from None
+    if min(batch, heads, seqlen, head_dim) < 1 or head_dim % 2:
+        raise ValueError(f"--shapes: expected positive sizes and an even D, got {text!r}")
+    return batch, heads, seqlen, head_dim
+
+
+def _liger_rope():
+    try:
+        from liger_kernel.ops.rope import LigerRopeFunction
+    except Exception as exc:  # noqa: BLE001
+        return None, f"Liger-Kernel is not importable here ({type(exc).__name__})"
+
+    def run(q, k, cos, sin, layout):
+        # Liger takes (B, H, T, D) and full-width cos/sin (T, D), half-split only.
+        if layout != "half":
+            raise NotImplementedError("Liger-Kernel's rope has only the half-split layout")
+        full_cos, full_sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
+        return LigerRopeFunction.apply(q.transpose(1, 2), k.transpose(1, 2), full_cos, full_sin)
+    return run, ""
+
+
+def rope_peers(device: torch.device) -> Dict[str, Tuple[Optional[Callable], str]]:
+    """backend -> (fn(x, cos, sin, **rotary kwargs) or None, reason when None)."""
+    from ..backends import compiled, torch_ops, triton_rotary
+    peers: Dict[str, Tuple[Optional[Callable], str]] = {}
+    reason = triton_rotary._availability() or triton_rotary.triton_unavailable_reason(device.type)
+    peers["triton"] = (None, reason) if reason else (triton_rotary.triton_apply_rotary, "")
+    peers["eager"] = (torch_ops.rotary_composition, "")
+    reason = compiled.compile_unavailable_reason(device.type)
+    peers["compile"] = (None, reason) if reason else (compiled.compiled_apply_rotary, "")
+    return peers
+
+
+def run_rope_bench(shapes: Sequence[Tuple[int, int, int, int]], layouts: Sequence[str], dtype: torch.dtype,
+                   backends: Sequence[str], modes: Sequence[str], device: torch.device,
+                   rep_ms: float = 100.0) -> List[BenchRow]:
+    rows: List[BenchRow] = []
+    dtype_name = str(dtype).replace("torch.", "")
+    elem = torch.empty(0, dtype=dtype).element_size()
+    peers = rope_peers(device)
+    liger, liger_reason = _liger_rope()
+    for batch, heads, seqlen, head_dim in shapes:
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        shape = (batch, seqlen, heads, head_dim)
+        q = torch.randn(shape, generator=gen).to(device, dtype)
+        k = torch.randn(shape, generator=gen).to(device, dtype)
+        dq = torch.randn(shape, generator=gen).to(device, dtype)
+        dk = torch.randn(shape, generator=gen).to(device, dtype)
+        inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        angles = torch.outer(torch.arange(seqlen, dtype=torch.float32), inv_freq)
+        cos, sin = angles.cos().to(device), angles.sin().to(device)
+        for layout in layouts:
+            label = f"{layout} ({batch},{heads},{seqlen},{head_dim})"
+            kwargs: Dict[str, object] = {"interleaved": layout == "interleaved"}
+            if layout == "varlen":
+                kwargs["cu_seqlens"] = torch.arange(0, batch + 1, device=device, dtype=torch.int32) * seqlen
+                kwargs["max_seqlen"] = seqlen
+                view = (batch * seqlen, heads, head_dim)
+            else:
+                view = shape
+            qv, kv, dqv, dkv = (t.reshape(view) for t in (q, k, dq, dk))
+            for backend in backends:
+                if backend == "liger":
+                    fn, reason = (None, liger_reason) if liger is None else (None, "")
+                else:
+                    fn, reason = peers.get(backend, (None, f"unknown backend {backend!r}"))
+                    if backend == "compile" and fn is not None:
+                        fresh_compile()
+                for mode in modes:
+                    row = BenchRow("rope", label, backend, dtype_name, mode,
+                                   params={"layout": layout, "B": batch, "H": heads, "T": seqlen, "D": head_dim})
+                    rows.append(row)
+                    if backend == "liger" and liger is not None:
+                        def pair(x1, x2, run=liger, layout=layout):
+                            return run(x1, x2, cos, sin, layout)
+                    elif fn is None:
+                        row.status, row.reason = "skip", reason
+                        continue
+                    else:
+                        def pair(x1, x2, run=fn, kw=kwargs):
+                            return run(x1, cos, sin, **kw), run(x2, cos, sin, **kw)
+                    try:
+                        if mode == "fwd":
+                            with torch.no_grad():
+                                row.time_ms = timed(lambda: pair(qv, kv), rep_ms)
+                            moved = 4 * q.numel() * elem
+                        else:
+                            qg, kg = qv.detach().requires_grad_(), kv.detach().requires_grad_()
+
+                            row.time_ms = timed(_rope_step(pair, qg, kg, dqv, dkv), rep_ms)
+                            moved = 8 * q.numel() * elem
+                        row.gbps = moved / row.time_ms / 1e6
+                    except Exception as exc:  # noqa: BLE001
+                        row.status = "error"
+                        row.reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        del q, k, dq, dk
+    return rows
+
+
+def _rope_step(pair, qg, kg, dq, dk):
+    def step():
+        qg.grad = None
+        kg.grad = None
+        out_q, out_k = pair(qg, kg)
+        torch.autograd.backward((out_q, out_k), (dq, dk))
+    return step
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--layouts", default=",".join(LAYOUTS), help="half, interleaved, varlen (default all)")
+    add_common_arguments(parser, DEFAULT_SHAPES, ROPE_BACKENDS)
+
+
+def run_cli(args) -> int:
+    shapes = [parse_rope_shape(s) for s in parse_list(args.shapes, what="--shapes")]
+    layouts = parse_list(args.layouts, LAYOUTS, "--layouts")
+    backends = parse_list(args.backends, ROPE_BACKENDS, "--backends")
+    modes = parse_list(args.modes, ("fwd", "fwd+bwd"), "--modes")
+    device = pick_device(args.device)
+    meta = common.metadata(command_line("rope", args, ("layouts",)))
+    meta["versions"] = versions()
+    meta["ceilings"] = {} if args.no_ceilings or device.type != "cuda" else common.measure_ceilings()
+    rows = run_rope_bench(shapes, layouts, DTYPES[args.dtype], backends, modes, device, args.rep_ms)
+    meta["summary"] = summarise(rows)
+    return finish(args, rows, meta, backends, f"RoPE on q and k, {args.dtype}, {device.type}")

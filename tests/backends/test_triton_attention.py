@@ -1,0 +1,364 @@
+"""The fused Triton attention kernels against the float64 referee: every mask kind, dtypes,
+odd head dims, GQA, Sq != Sk, causal with padding, fully masked rows, strided inputs, forward
+and backward. On a CPU-only machine they run under TRITON_INTERPRET=1 on small shapes; with
+GPUPARITY_TEST_DEVICE=cuda they run compiled on the GPU at realistic sizes."""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+
+DEVICE = os.environ.get("GPUPARITY_TEST_DEVICE", "cpu")
+ON_GPU = DEVICE == "cuda"
+if not ON_GPU:
+    # Triton's interpreter only works when the variable is set before triton is first
+    # imported (its own @jit library functions are built at import): set it here, first.
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+
+pytest.importorskip("triton")
+
+from gpuparity import reference  # noqa: E402
+from gpuparity.backends import sdpa, triton_attention  # noqa: E402
+from gpuparity.checks.tolerance import compare  # noqa: E402
+
+if ON_GPU and not torch.cuda.is_available():
+    pytest.skip("GPUPARITY_TEST_DEVICE=cuda but no GPU is visible", allow_module_level=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def interpreter_is_live():
+    """Fail loudly (not with a cryptic Triton error) when triton was imported before
+    TRITON_INTERPRET=1 was set, e.g. by a test module collected earlier."""
+    if not ON_GPU:
+        import triton.language.standard as standard
+        if "Interpreted" not in type(standard.zeros).__name__:
+            pytest.fail("triton was imported before TRITON_INTERPRET=1 was set; set it in tests/conftest.py "
+                        "before anything imports triton (the interpreter needs it at import time)")
+    yield
+
+
+def size(cpu: int, gpu: int) -> int:
+    return gpu if ON_GPU else cpu
+
+
+def make_inputs(batch, heads, kv_heads, q_len, k_len, head_dim, dtype, *, seed=0, logit_scale=1.0, layout="bhsd"):
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(h, s):
+        if layout == "bshd":  # a (B, S, H, D) tensor viewed as (B, H, S, D): strided, not copied
+            t = torch.randn(batch, s, h, head_dim, generator=gen).to(DEVICE, dtype).transpose(1, 2)
+        else:
+            t = torch.randn(batch, h, s, head_dim, generator=gen).to(DEVICE, dtype)
+        return t
+
+    q = rand(heads, q_len) * logit_scale
+    k = rand(kv_heads, k_len)
+    v = rand(kv_heads, k_len)
+    return [t.detach().requires_grad_() for t in (q, k, v)]
+
+
+def padding_mask(batch, k_len, lengths):
+    mask = torch.ones(batch, k_len, dtype=torch.bool)
+    for b, length in enumerate(lengths):
+        mask[b, :length] = False
+    return mask.to(DEVICE)
+
+
+def check(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None, seed=0,
+          backward=True):
+    """Run triton, the same-dtype baseline and the float64 reference; assert under the policy."""
+    dtype = q.dtype
+    out = triton_attention.triton_attention(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                                            is_causal=is_causal, scale=scale)
+    assert out.shape == q.shape and out.dtype == dtype and out.device == q.device
+    gen = torch.Generator().manual_seed(seed + 1)
+    dout = torch.randn(out.shape, generator=gen).to(DEVICE, dtype)
+
+    base_inputs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    base_out = sdpa.composition(*base_inputs, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                                is_causal=is_causal, scale=scale)
+    ref_inputs = [t.detach().to("cpu", torch.float64).requires_grad_() for t in (q, k, v)]
+    ref_mask = attn_mask
+    if attn_mask is not None:
+        ref_mask = attn_mask.to("cpu") if attn_mask.dtype == torch.bool else attn_mask.to("cpu", torch.float64)
+    ref_kpm = key_padding_mask.to("cpu") if key_padding_mask is not None else None
+    ref_out = reference.attention(*ref_inputs, attn_mask=ref_mask, key_padding_mask=ref_kpm,
+                                  is_causal=is_causal, scale=scale)
+
+    batch, heads, q_len, _ = q.shape
+    masks = dict(attn_mask=ref_mask, key_padding_mask=ref_kpm, is_causal=is_causal)
+    empty = reference.empty_query_rows(q_len, k.shape[2], batch, heads, **masks)
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        # a float mask's -inf entries mask too
+        allowed = reference.attention_allowed(q_len, k.shape[2], batch, **masks)
+        empty = (~allowed.any(-1, keepdim=True)).expand(batch, heads, q_len, 1)
+    results = [compare("out", out, ref_out, base_out, dtype, valid=~empty, must_be_zero=empty)]
+    assert torch.isfinite(out).all(), "non-finite output"
+    if backward:
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        base_grads = torch.autograd.grad(base_out, base_inputs, dout)
+        ref_grads = torch.autograd.grad(ref_out, ref_inputs, dout.to("cpu", torch.float64))
+        results.append(compare("dq", grads[0], ref_grads[0], base_grads[0], dtype, must_be_zero=empty))
+        unused = None
+        if key_padding_mask is not None:
+            unused = ref_kpm.view(batch, 1, -1, 1)
+        results.append(compare("dk", grads[1], ref_grads[1], base_grads[1], dtype, must_be_zero=unused))
+        results.append(compare("dv", grads[2], ref_grads[2], base_grads[2], dtype, must_be_zero=unused))
+    failed = [r.reason for r in results if not r.passed]
+    assert not failed, "\n".join(failed)
+    return out
+
+
+# --------------------------------------------------------------------------- dtypes, head dims, shapes
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_dtypes_key_padding(dtype):
+    batch, k_len = 3, size(50, 1000)
+    q, k, v = make_inputs(batch, 2, 2, size(37, 777), k_len, 64, dtype, seed=1)
+    check(q, k, v, key_padding_mask=padding_mask(batch, k_len, [k_len, k_len // 3, 1]))
+
+
+@pytest.mark.parametrize("head_dim", [16, 40, 80, 96, 160, 256])
+def test_head_dims_not_powers_of_two(head_dim):
+    q, k, v = make_inputs(2, 2, 2, size(19, 300), size(23, 515), head_dim, torch.float16, seed=head_dim)
+    check(q, k, v, is_causal=True)
+
+
+@pytest.mark.parametrize("q_len,k_len", [(1, 1), (1, 17), (17, 1), (33, 70), (70, 33)])
+def test_sequence_lengths_differ(q_len, k_len):
+    if ON_GPU:
+        q_len, k_len = q_len * 61, k_len * 59
+    q, k, v = make_inputs(2, 2, 2, q_len, k_len, 32, torch.float32, seed=q_len + k_len)
+    check(q, k, v)
+    check(q, k, v, is_causal=True)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="long sequences are for the GPU run (the interpreter is slow)")
+@pytest.mark.parametrize("q_len,k_len,head_dim", [(4097, 4097, 64), (150, 8192, 128), (1000, 1, 32)])
+def test_long_sequences_gpu(q_len, k_len, head_dim):
+    q, k, v = make_inputs(1, 2, 1, q_len, k_len, head_dim, torch.bfloat16, seed=7)
+    check(q, k, v, key_padding_mask=padding_mask(1, k_len, [k_len - k_len // 4]), is_causal=True)
+
+
+# --------------------------------------------------------------------------- GQA, strides
+@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (4, 1)])
+def test_gqa_and_mqa_without_repeating_kv(heads, kv_heads):
+    batch, k_len = 2, size(45, 600)
+    q, k, v = make_inputs(batch, heads, kv_heads, size(30, 500), k_len, 32, torch.bfloat16, seed=heads + kv_heads)
+    check(q, k, v, key_padding_mask=padding_mask(batch, k_len, [k_len - 7, 20]), is_causal=True)
+
+
+def test_strided_bshd_views_are_read_in_place():
+    batch, k_len = 2, size(40, 700)
+    q, k, v = make_inputs(batch, 3, 3, size(29, 650), k_len, 48, torch.float16, seed=3, layout="bshd")
+    assert not q.is_contiguous()
+    out = check(q, k, v, key_padding_mask=padding_mask(batch, k_len, [k_len, 9]))
+    # the output keeps q's (B, S, H, D) memory layout: transposing back is free
+    assert out.transpose(1, 2).is_contiguous()
+
+
+def test_sliced_packed_qkv():
+    """q, k, v as slices of one packed (B, S, 3, H, D) projection: non-dense strides."""
+    batch, seq, heads, head_dim = 2, size(26, 333), 2, 32
+    packed = torch.randn(batch, seq, 3, heads, head_dim).to(DEVICE, torch.float32)
+    q, k, v = (packed[:, :, i].transpose(1, 2).detach().requires_grad_() for i in range(3))
+    check(q, k, v, is_causal=True)
+
+
+# --------------------------------------------------------------------------- masks
+def test_key_padding_with_causal_and_empty_rows():
+    """Causal + left padding leaves the first query rows of item 1 with no key: exact zeros,
+    zero gradients. Item 2 is all padding."""
+    batch, seq = 3, size(40, 513)
+    q, k, v = make_inputs(batch, 2, 2, seq, seq, 32, torch.float16, seed=11)
+    kpm = torch.zeros(batch, seq, dtype=torch.bool)
+    kpm[1, : seq // 3] = True      # leading padding: rows < seq/3 see nothing under causal
+    kpm[2, :] = True
+    check(q, k, v, key_padding_mask=kpm.to(DEVICE), is_causal=True)
+
+
+@pytest.mark.parametrize("mask_shape", ["q,k", "b,1,1,k", "1,h,q,1", "b,h,q,k", "h,1,k"])
+def test_bool_attn_mask_any_broadcastable_shape(mask_shape):
+    batch, heads, q_len, k_len = 2, 2, size(21, 300), size(37, 400)
+    dims = {"b": batch, "h": heads, "q": q_len, "k": k_len, "1": 1}
+    shape = [dims[c] for c in mask_shape.split(",")]
+    gen = torch.Generator().manual_seed(len(mask_shape))
+    mask = (torch.rand(shape, generator=gen) > 0.3).to(DEVICE)
+    q, k, v = make_inputs(batch, heads, heads, q_len, k_len, 32, torch.float32, seed=5)
+    check(q, k, v, attn_mask=mask)
+
+
+def test_bool_mask_broadcast_is_not_expanded_in_memory():
+    """A (1, 1, Sq, Sk) mask expanded to (B, H, Sq, Sk) has zero strides: read in place."""
+    batch, heads, seq = 2, 2, size(24, 256)
+    base = torch.ones(seq, seq, dtype=torch.bool).tril().to(DEVICE)
+    mask = base.expand(batch, heads, seq, seq)
+    assert mask.stride()[:2] == (0, 0)
+    q, k, v = make_inputs(batch, heads, heads, seq, seq, 16, torch.float32, seed=6)
+    check(q, k, v, attn_mask=mask)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_additive_mask_with_inf_rows_and_padding(dtype):
+    batch, heads, q_len, k_len = 2, 2, size(20, 400), size(30, 500)
+    gen = torch.Generator().manual_seed(3)
+    bias = torch.randn(batch, 1, q_len, k_len, generator=gen) * 2
+    bias[:, :, ::4, ::2] = float("-inf")
+    bias[0, 0, 3, :] = float("-inf")           # a fully masked row through the float mask
+    q, k, v = make_inputs(batch, heads, heads, q_len, k_len, 40, dtype, seed=8)
+    check(q, k, v, attn_mask=bias.to(DEVICE, dtype), key_padding_mask=padding_mask(batch, k_len, [k_len, 13]))
+
+
+def test_every_mask_at_once_with_gqa_and_scale():
+    batch, heads, kv_heads, q_len, k_len = 2, 4, 2, size(33, 700), size(41, 900)
+    gen = torch.Generator().manual_seed(4)
+    allowed = (torch.rand(1, heads, q_len, k_len, generator=gen) > 0.2).to(DEVICE)
+    q, k, v = make_inputs(batch, heads, kv_heads, q_len, k_len, 80, torch.float16, seed=9)
+    check(q, k, v, attn_mask=allowed, key_padding_mask=padding_mask(batch, k_len, [k_len - 5, 17]),
+          is_causal=True, scale=0.3)
+
+
+def test_large_logits_and_one_valid_key():
+    batch, seq = 2, size(24, 300)
+    q, k, v = make_inputs(batch, 2, 2, seq, seq, 32, torch.bfloat16, seed=12, logit_scale=30.0)
+    check(q, k, v, key_padding_mask=padding_mask(batch, seq, [1, seq]))
+
+
+def test_per_batch_lengths_equal_key_padding():
+    batch, seq = 3, size(45, 600)
+    q, k, v = make_inputs(batch, 2, 2, seq, seq, 32, torch.float32, seed=13)
+    lengths = torch.tensor([seq, seq // 2, 0])
+    by_lengths = triton_attention.triton_attention(q, k, v, key_lengths=lengths.to(DEVICE), is_causal=True)
+    by_mask = triton_attention.triton_attention(
+        q, k, v, key_padding_mask=padding_mask(batch, seq, lengths.tolist()), is_causal=True)
+    # the same answer (compiled variants may round differently: not bitwise)
+    torch.testing.assert_close(by_lengths, by_mask)
+    assert (by_lengths[2] == 0).all() and (by_mask[2] == 0).all()
+
+
+def test_padding_with_holes_and_leading_padding():
+    """Key padding that is not a suffix (holes, left padding) is read key by key."""
+    batch, seq = 3, size(50, 700)
+    q, k, v = make_inputs(batch, 2, 2, seq, seq, 32, torch.bfloat16, seed=21)
+    kpm = torch.zeros(batch, seq, dtype=torch.bool)
+    kpm[0, ::3] = True                  # holes
+    kpm[1, : seq // 2] = True           # left padding
+    kpm[2, seq // 4: seq // 2] = True   # a gap in the middle
+    check(q, k, v, key_padding_mask=kpm.to(DEVICE))
+    check(q, k, v, key_padding_mask=kpm.to(DEVICE), is_causal=True)
+
+
+def test_float_mask_that_requires_grad_is_refused():
+    q, k, v = make_inputs(1, 1, 1, 8, 8, 16, torch.float32)
+    bias = torch.zeros(8, 8, device=DEVICE, requires_grad=True)
+    with pytest.raises(ValueError, match="attn_mask.*requires grad"):
+        triton_attention.triton_attention(q, k, v, attn_mask=bias)
+
+
+# --------------------------------------------------------------------------- determinism, dropout
+def test_backward_is_bitwise_deterministic():
+    batch, heads, kv_heads, seq = 2, 4, 1, size(40, 1024)
+    q, k, v = make_inputs(batch, heads, kv_heads, seq, seq, 64, torch.bfloat16, seed=14)
+    kpm = padding_mask(batch, seq, [seq, seq // 2])
+    dout = torch.randn(q.shape).to(DEVICE, q.dtype)
+    runs = []
+    for _ in range(2):
+        out = triton_attention.triton_attention(q, k, v, key_padding_mask=kpm)
+        runs.append(torch.autograd.grad(out, (q, k, v), dout))
+    for first, second in zip(*runs):
+        assert torch.equal(first, second)
+    assert triton_attention.deterministic()
+
+
+def test_dropout_is_repeatable_and_its_gradient_is_right():
+    batch, heads, seq, head_dim = 1, 2, size(20, 128), 32
+    q, k, v = make_inputs(batch, heads, heads, seq, seq, head_dim, torch.float32, seed=15)
+    kpm = padding_mask(batch, seq, [seq - 3])
+
+    def run(q_, k_, v_):
+        return triton_attention.triton_attention(q_, k_, v_, key_padding_mask=kpm, dropout_p=0.3, seed=1234)
+
+    out = run(q, k, v)
+    torch.testing.assert_close(out, run(q, k, v), rtol=0, atol=0)
+    plain = triton_attention.triton_attention(q, k, v, key_padding_mask=kpm)
+    assert not torch.allclose(out, plain)
+    # gradient against central differences along a random direction (fixed seed: f is smooth)
+    dout = torch.randn(out.shape).to(DEVICE)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    eps = 1e-2
+    for index, grad in enumerate(grads):
+        direction = torch.randn(grad.shape).to(DEVICE)
+        plus = [t.detach().clone() for t in (q, k, v)]
+        minus = [t.detach().clone() for t in (q, k, v)]
+        plus[index] += eps * direction
+        minus[index] -= eps * direction
+        numeric = ((run(*plus) - run(*minus)) * dout).sum().item() / (2 * eps)
+        analytic = (grad * direction).sum().item()
+        assert math.isclose(numeric, analytic, rel_tol=2e-2, abs_tol=1e-3), (index, numeric, analytic)
+
+
+def test_dropout_drops_the_requested_fraction():
+    """With v = identity the output rows are the (dropped, rescaled) probabilities."""
+    seq = size(32, 128)
+    q = torch.randn(1, 1, seq, seq).to(DEVICE)
+    k = torch.randn(1, 1, seq, seq).to(DEVICE)
+    v = torch.eye(seq).view(1, 1, seq, seq).to(DEVICE)
+    probs = triton_attention.triton_attention(q, k, v)
+    dropped = triton_attention.triton_attention(q, k, v, dropout_p=0.25, seed=7)
+    kept = dropped != 0
+    fraction = 1.0 - kept.float().mean().item()
+    assert abs(fraction - 0.25) < 0.06
+    torch.testing.assert_close(dropped[kept], probs[kept] / 0.75, rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- configs, backend
+def test_tile_configs_cover_every_head_dim_and_dtype():
+    for fam in triton_attention.CONFIGS:
+        for kernel in ("fwd", "dkdv", "dq"):
+            for head_dim in (1, 16, 40, 64, 80, 96, 128, 160, 256):
+                for dtype in (torch.float16, torch.float32):
+                    table = triton_attention.CONFIGS[fam][kernel]
+                    bucket = triton_attention._bucket(head_dim)
+                    elem = 4 if dtype == torch.float32 else 2
+                    keys = [(b, elem) for b in triton_attention.BUCKETS if b >= bucket and (b, elem) in table]
+                    assert keys, (fam, kernel, head_dim, dtype)
+                    cfg = table[keys[0]]
+                    assert cfg.block_m >= 16 and cfg.block_n >= 16, (fam, kernel, head_dim)
+
+
+def test_aot_specs_name_every_shipped_config():
+    specs = triton_attention.aot_specs()
+    names = {s.name for s in specs}
+    assert len(names) == len(specs)
+    for fam, targets in triton_attention.FAMILY_TARGETS.items():
+        for kernel, table in triton_attention.CONFIGS[fam].items():
+            for (bucket, elem), cfg in table.items():
+                tag = (f"attention.{kernel}.{fam}.", f".{'bf16' if elem == 2 else 'fp32'}.m{cfg.block_m}n{cfg.block_n}"
+                       f"w{cfg.num_warps}s{cfg.num_stages}")
+                matching = [s for s in specs if s.name.startswith(tag[0]) and tag[1] in s.name]
+                assert matching and all(s.targets == targets for s in matching), (fam, kernel, bucket, elem)
+
+
+def test_config_overrides_from_json(tmp_path):
+    path = tmp_path / "configs.json"
+    saved = dict(triton_attention.CONFIGS["nvidia"]["fwd"])
+    path.write_text('{"nvidia": {"fwd": {"64,2": [32, 16, 2, 1]}}}')
+    try:
+        triton_attention.load_overrides(str(path))
+        assert triton_attention.CONFIGS["nvidia"]["fwd"][(64, 2)] == triton_attention.TileConfig(32, 16, 2, 1)
+    finally:
+        triton_attention.CONFIGS["nvidia"]["fwd"].clear()
+        triton_attention.CONFIGS["nvidia"]["fwd"].update(saved)
+
+
+def test_registered_backend_reasons():
+    from gpuparity import dispatch
+    backend = dispatch.get("attention", "triton")
+    problem = dispatch.Problem("attention", torch.device(DEVICE), torch.float32, "float_mask",
+                               (("head_dim", 512), ("mask_requires_grad", True)))
+    reasons = " ".join(backend.reasons(problem))
+    assert "head_dim 512" in reasons and "requires grad" in reasons
+    fp64 = dispatch.Problem("attention", torch.device(DEVICE), torch.float64)
+    assert "float64" in " ".join(backend.reasons(fp64))

@@ -1,0 +1,235 @@
+"""The fused Triton RMSNorm / LayerNorm kernels against the float64 referee: out, dx, dweight and
+dbias; odd and long hidden sizes, all three dtypes, strided rows, near-constant rows,
+deterministic weight gradients. On a CPU-only machine they run under TRITON_INTERPRET=1 on
+small shapes; with GPUPARITY_TEST_DEVICE=cuda they run compiled on the GPU at real sizes."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+DEVICE = os.environ.get("GPUPARITY_TEST_DEVICE", "cpu")
+ON_GPU = DEVICE == "cuda"
+if not ON_GPU:
+    # The interpreter must be chosen before triton is first imported.
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+
+pytest.importorskip("triton")
+
+from gpuparity import reference  # noqa: E402
+from gpuparity.backends import torch_ops, triton_norms  # noqa: E402
+from gpuparity.checks.tolerance import compare  # noqa: E402
+
+if ON_GPU and not torch.cuda.is_available():
+    pytest.skip("GPUPARITY_TEST_DEVICE=cuda but no GPU is visible", allow_module_level=True)
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# (rows, hidden): odd sizes, one packed-rows size, and one past FUSED_MAX_N (the looped kernels).
+CPU_SHAPES = [(3, 1), (5, 17), (7, 150), (3, 1000), (33, 128), (2, 16500)]
+GPU_SHAPES = [(8192, 128), (4097, 768), (1024, 5120), (512, 8192), (16, 100000)]
+SHAPES = GPU_SHAPES if ON_GPU else CPU_SHAPES
+
+
+@pytest.fixture(scope="module", autouse=True)
+def interpreter_is_live():
+    if not ON_GPU:
+        import triton.language.standard as standard
+        if "Interpreted" not in type(standard.zeros).__name__:
+            pytest.fail("triton was imported before TRITON_INTERPRET=1 was set; set it before anything "
+                        "imports triton (tests/conftest.py)")
+    yield
+
+
+def _leaf(t):
+    return None if t is None else t.detach().requires_grad_()
+
+
+def run_norm(fn, x, weight, bias, dy):
+    """out and the gradients (dx, dweight, dbias) of fn(x, weight, bias)."""
+    leaves = [_leaf(x), _leaf(weight), _leaf(bias)]
+    out = fn(*leaves)
+    wanted = [t for t in leaves if t is not None]
+    grads = iter(torch.autograd.grad(out, wanted, dy.to(out.dtype)))
+    return [out] + [next(grads) if t is not None else None for t in leaves]
+
+
+def check_norm(op, x, weight, bias, eps, dy=None, seed=0):
+    """Triton vs the float64 referee, with the eager composition in the same dtype as baseline."""
+    shape = x.shape[-1:]
+    if dy is None:
+        gen = torch.Generator().manual_seed(seed + 1)
+        dy = torch.randn(x.shape, generator=gen).to(x.device, x.dtype)
+    if op == "rms":
+        ours = lambda a, w, b: triton_norms.triton_rms_norm(a, shape, w, eps)  # noqa: E731
+        base = lambda a, w, b: torch_ops.rms_norm_composition(a, shape, w, eps)  # noqa: E731
+        ref = lambda a, w, b: reference.rms_norm(a, shape, w, eps)  # noqa: E731
+    else:
+        ours = lambda a, w, b: triton_norms.triton_layer_norm(a, shape, w, b, eps)  # noqa: E731
+        base = lambda a, w, b: torch_ops.layer_norm_composition(a, shape, w, b, eps)  # noqa: E731
+        ref = lambda a, w, b: reference.layer_norm(a, shape, w, b, eps)  # noqa: E731
+    up = lambda t: None if t is None else t.detach().to("cpu", torch.float64)  # noqa: E731
+    got = run_norm(ours, x, weight, bias, dy)
+    baseline = run_norm(base, x, weight, bias, dy)
+    expected = run_norm(ref, up(x), up(weight), up(bias), up(dy))
+    for name, g, b, e in zip(("out", "dx", "dweight", "dbias"), got, baseline, expected):
+        if e is None:
+            continue
+        assert g.dtype == (x.dtype if name in ("out", "dx") else (weight if name == "dweight" else bias).dtype)
+        result = compare(name, g, e, b, x.dtype)
+        assert result.passed, f"{op} {tuple(x.shape)} {x.dtype}: {result.reason}"
+    return got
+
+
+def make(rows, hidden, dtype, seed=0, affine=True):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, hidden, generator=gen).to(DEVICE, dtype)
+    weight = (1 + 0.5 * torch.randn(hidden, generator=gen)).to(DEVICE, dtype) if affine else None
+    bias = (0.5 * torch.randn(hidden, generator=gen)).to(DEVICE, dtype) if affine else None
+    return x, weight, bias
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("rows,hidden", SHAPES)
+@pytest.mark.parametrize("op", ["rms", "ln"])
+def test_matches_float64(op, rows, hidden, dtype):
+    x, weight, bias = make(rows, hidden, dtype, seed=rows + hidden)
+    check_norm(op, x, weight, bias if op == "ln" else None, 1e-6 if op == "rms" else 1e-5)
+
+
+@pytest.mark.parametrize("op", ["rms", "ln"])
+def test_without_weight_or_bias(op):
+    x, _, _ = make(9, 150, torch.float32)
+    check_norm(op, x, None, None, 1e-5)
+
+
+def test_layer_norm_weight_without_bias_and_bias_without_weight():
+    x, weight, bias = make(9, 70, torch.float32)
+    check_norm("ln", x, weight, None, 1e-5)
+    check_norm("ln", x, None, bias, 1e-5)
+
+
+@pytest.mark.parametrize("op", ["rms", "ln"])
+def test_strided_rows_are_read_in_place(op):
+    """A row stride larger than the hidden size, a sliced sequence (two leading strides) and a
+    transposed (S, B, H) view all give the right answer."""
+    hidden = 48 if not ON_GPU else 4096
+    gen = torch.Generator().manual_seed(3)
+    buffer = torch.randn(10, hidden + 16, generator=gen).to(DEVICE)
+    padded_rows = buffer[:, :hidden]
+    assert padded_rows.stride(0) == hidden + 16
+    layout = triton_norms.row_layout(padded_rows, 1)
+    assert layout.tensor.data_ptr() == padded_rows.data_ptr(), "a padded row stride must not be copied"
+    weight = torch.randn(hidden, generator=gen).to(DEVICE)
+    bias = torch.randn(hidden, generator=gen).to(DEVICE) if op == "ln" else None
+    check_norm(op, padded_rows, weight, bias, 1e-5)
+
+    full = torch.randn(3, 11, hidden, generator=gen).to(DEVICE)
+    sliced = full[:, 2:9]                          # (B, S, H) with S sliced: two leading strides
+    layout = triton_norms.row_layout(sliced, 1)
+    assert layout.two_level and layout.tensor.data_ptr() == sliced.data_ptr()
+    check_norm(op, sliced, weight, bias, 1e-5)
+
+    transposed = full.transpose(0, 1)              # (S, B, H) view of a (B, S, H) tensor
+    check_norm(op, transposed, weight, bias, 1e-5)
+
+    # Strided upstream gradients: every other element (copied), and sliced rows (read in place).
+    dy_full = torch.randn(3, 11, 2 * hidden, generator=gen).to(DEVICE)
+    check_norm(op, sliced, weight, bias, 1e-5, dy=dy_full[:, 2:9, ::2])
+    check_norm(op, sliced, weight, bias, 1e-5, dy=dy_full[:, 2:9, :hidden])
+
+
+def test_row_layout_reads_three_strides_by_copying():
+    t = torch.randn(4, 5, 6, 8)[:, 1:4, 2:5]       # three uneven leading dims: one copy
+    layout = triton_norms.row_layout(t, 1)
+    assert layout.tensor.is_contiguous() and layout.n_rows == 4 * 3 * 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("hidden", [64, 2000, 16500])
+def test_layer_norm_near_constant_rows(dtype, hidden):
+    """Rows with a large mean and a tiny spread: E[x^2] - E[x]^2 would cancel to noise."""
+    gen = torch.Generator().manual_seed(7)
+    base = 1000.0 if dtype == torch.float32 else 64.0
+    spread = 1e-2 if dtype == torch.float32 else 0.5
+    x = (base + spread * torch.randn(4, hidden, generator=gen)).to(DEVICE, dtype)
+    weight = torch.randn(hidden, generator=gen).to(DEVICE, dtype)
+    bias = torch.randn(hidden, generator=gen).to(DEVICE, dtype)
+    check_norm("ln", x, weight, bias, 1e-5)
+
+
+@pytest.mark.parametrize("op", ["rms", "ln"])
+def test_weight_gradient_is_deterministic(op):
+    rows = 200 if not ON_GPU else 50000
+    x, weight, bias = make(rows, 96, torch.float32, seed=11)
+    bias = bias if op == "ln" else None
+    dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    fn = triton_norms.triton_rms_norm if op == "rms" else triton_norms.triton_layer_norm
+    runs = []
+    for _ in range(2):
+        leaves = [_leaf(x), _leaf(weight)] + ([_leaf(bias)] if bias is not None else [])
+        out = fn(leaves[0], (96,), *leaves[1:]) if op == "ln" else fn(leaves[0], (96,), leaves[1], 1e-6)
+        runs.append(torch.autograd.grad(out, leaves, dy))
+    for first, second in zip(*runs):
+        assert torch.equal(first, second)
+
+
+def test_multi_dim_normalized_shape():
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(4, 3, 5, 6, generator=gen).to(DEVICE)
+    weight = torch.randn(5, 6, generator=gen).to(DEVICE)
+    out = triton_norms.triton_layer_norm(x, (5, 6), weight, None, 1e-5)
+    expected = reference.layer_norm(x.double().cpu(), (5, 6), weight.double().cpu(), None, 1e-5)
+    assert compare("out", out, expected, None, torch.float32).passed
+    out = triton_norms.triton_rms_norm(x, (5, 6), weight, None)
+    expected = reference.rms_norm(x.double().cpu(), (5, 6), weight.double().cpu(), torch.finfo(torch.float32).eps)
+    assert compare("out", out, expected, None, torch.float32).passed
+
+
+def test_empty_input():
+    x = torch.randn(0, 32).to(DEVICE).requires_grad_()
+    weight = torch.randn(32).to(DEVICE).requires_grad_()
+    out = triton_norms.triton_rms_norm(x, (32,), weight)
+    assert out.shape == (0, 32)
+    out.sum().backward()
+    assert torch.equal(weight.grad, torch.zeros_like(weight))
+
+
+def test_configs_cover_every_family():
+    for fam in triton_norms.FAMILIES:
+        for n in (1, 128, 1000, 4096, 16384, 16385, 100000):
+            for backward in (False, True):
+                cfg = triton_norms.norm_config(n, backward, fam)
+                assert cfg.num_warps <= triton_norms.FAMILIES[fam]["max_warps"]
+                assert cfg.looped == (n > triton_norms.FAMILIES[fam]["fused_max_n"])
+                assert cfg.looped or cfg.block_n >= n
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs more than 2^31 elements (8 GiB of bf16 x, y, dy, dx) on a GPU")
+@pytest.mark.parametrize("op", ["rms", "ln"])
+def test_more_than_2_31_elements(op):
+    hidden = 4096
+    rows = (1 << 31) // hidden + 64
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    x = torch.randn(rows, hidden, device=DEVICE, dtype=torch.bfloat16, generator=gen)
+    weight = torch.randn(hidden, device=DEVICE, dtype=torch.bfloat16, generator=gen).requires_grad_()
+    xg = x.requires_grad_()
+    fn = (lambda a: triton_norms.triton_rms_norm(a, (hidden,), weight, 1e-6)) if op == "rms" else \
+        (lambda a: triton_norms.triton_layer_norm(a, (hidden,), weight, None, 1e-5))
+    out = fn(xg)
+    dy = torch.ones_like(out)
+    (dx,) = torch.autograd.grad(out, [xg], dy)
+    tail = slice(rows - 64, rows)                  # every element here sits past 2^31
+    x_tail = x[tail].detach().double().cpu()
+    w64 = weight.detach().double().cpu()
+    expected = reference.rms_norm(x_tail, (hidden,), w64, 1e-6) if op == "rms" else \
+        reference.layer_norm(x_tail, (hidden,), w64, None, 1e-5)
+    result = compare("out", out[tail], expected, None, torch.bfloat16)
+    assert result.passed, result.reason
+    x_leaf = x_tail.clone().requires_grad_()
+    ref_out = reference.rms_norm(x_leaf, (hidden,), w64, 1e-6) if op == "rms" else \
+        reference.layer_norm(x_leaf, (hidden,), w64, None, 1e-5)
+    (ref_dx,) = torch.autograd.grad(ref_out, [x_leaf], torch.ones_like(ref_out))
+    result = compare("dx", dx[tail], ref_dx, None, torch.bfloat16)
+    assert result.passed, result.reason

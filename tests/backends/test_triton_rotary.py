@@ -1,0 +1,179 @@
+"""The Triton rotary kernel against the float64 referee, forward and backward: half-split and
+interleaved layouts, partial rotary_dim, int and per-batch offsets, packed varlen, in place,
+strided inputs, all three dtypes. B > 1 with different offsets in every layout is where a
+real port got the batch stride wrong, so every batched case is also checked one sequence at
+a time. CPU: TRITON_INTERPRET=1 on small shapes; GPUPARITY_TEST_DEVICE=cuda: real sizes."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+DEVICE = os.environ.get("GPUPARITY_TEST_DEVICE", "cpu")
+ON_GPU = DEVICE == "cuda"
+if not ON_GPU:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+
+pytest.importorskip("triton")
+
+from gpuparity import reference  # noqa: E402
+from gpuparity.backends import torch_ops, triton_rotary  # noqa: E402
+from gpuparity.checks.tolerance import compare  # noqa: E402
+
+if ON_GPU and not torch.cuda.is_available():
+    pytest.skip("GPUPARITY_TEST_DEVICE=cuda but no GPU is visible", allow_module_level=True)
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+DTYPE_IDS = ["float32", "float16", "bfloat16"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def interpreter_is_live():
+    if not ON_GPU:
+        import triton.language.standard as standard
+        if "Interpreted" not in type(standard.zeros).__name__:
+            pytest.fail("triton was imported before TRITON_INTERPRET=1 was set; set it before anything "
+                        "imports triton (tests/conftest.py)")
+    yield
+
+
+def tables(length, rotary_dim, seed=0, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    angles = torch.rand(length, rotary_dim // 2, generator=gen, dtype=torch.float64) * 6.3
+    return angles.cos().to(DEVICE, dtype), angles.sin().to(DEVICE, dtype)
+
+
+def run_rotary(fn, x, cos, sin, dy, **kwargs):
+    leaf = x.detach().requires_grad_()
+    out = fn(leaf, cos, sin, **kwargs)
+    (dx,) = torch.autograd.grad(out, [leaf], dy.to(out.dtype))
+    return out, dx
+
+
+def check_rotary(x, cos, sin, seed=0, **kwargs):
+    gen = torch.Generator().manual_seed(seed + 1)
+    dy = torch.randn(x.shape, generator=gen).to(x.device, x.dtype)
+    got = run_rotary(triton_rotary.triton_apply_rotary, x, cos, sin, dy, **kwargs)
+    # The eager composition computes in x's dtype: the trusted baseline of the policy.
+    base = run_rotary(torch_ops.rotary_composition, x, cos.to(x.dtype), sin.to(x.dtype), dy, **kwargs)
+    up = lambda t: t.detach().to("cpu", torch.float64)  # noqa: E731
+    ref_kwargs = dict(kwargs)
+    for key in ("seqlen_offsets", "cu_seqlens"):
+        if isinstance(ref_kwargs.get(key), torch.Tensor):
+            ref_kwargs[key] = ref_kwargs[key].cpu()
+    expected = run_rotary(reference.apply_rotary, up(x), up(cos), up(sin), up(dy), **ref_kwargs)
+    for name, g, b, e in zip(("out", "dx"), got, base, expected):
+        assert g.dtype == x.dtype and g.shape == x.shape
+        result = compare(name, g, e, b, x.dtype)
+        assert result.passed, f"{tuple(x.shape)} {x.dtype} {kwargs}: {result.reason}"
+    return got
+
+
+def per_sequence_agrees(x, cos, sin, out, *, interleaved, seqlen_offsets, cu_seqlens=None):
+    """Each sequence rotated alone equals its slice of the batched result (the batch stride)."""
+    batch = x.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+    for b in range(batch):
+        offset = int(seqlen_offsets[b]) if isinstance(seqlen_offsets, torch.Tensor) else int(seqlen_offsets)
+        if cu_seqlens is None:
+            alone = triton_rotary.triton_apply_rotary(x[b:b + 1], cos, sin, interleaved=interleaved,
+                                                      seqlen_offsets=offset)
+            assert torch.equal(alone[0], out[b]), f"sequence {b} differs when batched"
+        else:
+            start, end = int(cu_seqlens[b]), int(cu_seqlens[b + 1])
+            if end == start:
+                continue
+            alone = triton_rotary.triton_apply_rotary(x[start:end].unsqueeze(0), cos, sin, interleaved=interleaved,
+                                                      seqlen_offsets=offset)
+            assert torch.equal(alone[0], out[start:end]), f"packed sequence {b} differs"
+
+
+def _sizes():
+    # (B, S, H, D, rotary_dim)
+    if ON_GPU:
+        return [(8, 1024, 32, 128, 128), (64, 256, 4, 32, 32), (3, 1000, 12, 80, 40), (2, 333, 5, 96, 64)]
+    return [(2, 7, 3, 16, 16), (3, 9, 2, 20, 12), (1, 17, 1, 6, 2), (2, 5, 3, 34, 34)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+@pytest.mark.parametrize("size", _sizes(), ids=lambda s: "x".join(map(str, s)))
+def test_batched_with_per_batch_offsets(size, interleaved, dtype):
+    batch, seqlen, heads, head_dim, rotary_dim = size
+    gen = torch.Generator().manual_seed(sum(size))
+    x = torch.randn(batch, seqlen, heads, head_dim, generator=gen).to(DEVICE, dtype)
+    offsets = torch.arange(batch, dtype=torch.int32).mul(3).add(1).to(DEVICE)  # every sequence differs
+    cos, sin = tables(seqlen + int(offsets.max()) + 2, rotary_dim)
+    out, _ = check_rotary(x, cos, sin, interleaved=interleaved, seqlen_offsets=offsets)
+    per_sequence_agrees(x, cos, sin, out, interleaved=interleaved, seqlen_offsets=offsets)
+    if rotary_dim < head_dim:
+        assert torch.equal(out[..., rotary_dim:], x[..., rotary_dim:]), "features past rotary_dim must pass through"
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+def test_int_offset(interleaved):
+    x = torch.randn(2, 6, 3, 16).to(DEVICE)
+    cos, sin = tables(20, 16)
+    check_rotary(x, cos, sin, interleaved=interleaved, seqlen_offsets=5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+@pytest.mark.parametrize("offsets", ["int", "tensor"])
+def test_packed_varlen(offsets, interleaved, dtype):
+    lengths = [5, 0, 9, 1] if not ON_GPU else [1000, 0, 4096, 1, 777]
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32).to(DEVICE)
+    heads, head_dim, rotary_dim = (3, 24, 16) if not ON_GPU else (8, 128, 64)
+    x = torch.randn(int(cu[-1]), heads, head_dim, generator=torch.Generator().manual_seed(4)).to(DEVICE, dtype)
+    seqlen_offsets = 2 if offsets == "int" else torch.tensor([0, 4, 7, 1, 3][:len(lengths)], device=DEVICE)
+    cos, sin = tables(max(lengths) + 10, rotary_dim)
+    out, _ = check_rotary(x, cos, sin, interleaved=interleaved, seqlen_offsets=seqlen_offsets, cu_seqlens=cu,
+                          max_seqlen=max(lengths))
+    per_sequence_agrees(x, cos, sin, out, interleaved=interleaved, seqlen_offsets=seqlen_offsets, cu_seqlens=cu)
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+def test_inplace_forward_and_backward(interleaved):
+    x = torch.randn(2, 5, 3, 20, generator=torch.Generator().manual_seed(8)).to(DEVICE)
+    cos, sin = tables(12, 12)
+    offsets = torch.tensor([1, 4], device=DEVICE)
+    expected = triton_rotary.triton_apply_rotary(x, cos, sin, interleaved=interleaved, seqlen_offsets=offsets)
+    source = x.clone().requires_grad_()
+    work = source * 1.0                           # a non-leaf we may overwrite
+    pointer = work.data_ptr()
+    out = triton_rotary.triton_apply_rotary(work, cos, sin, interleaved=interleaved, seqlen_offsets=offsets,
+                                            inplace=True)
+    assert out.data_ptr() == pointer and torch.equal(out, expected)
+    dy = torch.randn(out.shape, generator=torch.Generator().manual_seed(9)).to(DEVICE)
+    (dx,) = torch.autograd.grad(out, [source], dy)
+    leaf = x.clone().requires_grad_()
+    (dx_expected,) = torch.autograd.grad(
+        triton_rotary.triton_apply_rotary(leaf, cos, sin, interleaved=interleaved, seqlen_offsets=offsets), [leaf], dy)
+    assert torch.equal(dx, dx_expected)
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+def test_strided_q_from_packed_qkv(interleaved):
+    """q and k as views of one (B, S, 3, H, D) projection: read through their strides."""
+    qkv = torch.randn(2, 6, 3, 4, 32, generator=torch.Generator().manual_seed(6)).to(DEVICE, torch.bfloat16)
+    q, k = qkv[:, :, 0], qkv[:, :, 1]
+    assert not q.is_contiguous()
+    cos, sin = tables(10, 32)
+    offsets = torch.tensor([0, 3], device=DEVICE)
+    out, _ = check_rotary(q, cos, sin, interleaved=interleaved, seqlen_offsets=offsets)
+    per_sequence_agrees(q, cos, sin, out, interleaved=interleaved, seqlen_offsets=offsets)
+    check_rotary(k.transpose(0, 1).contiguous().transpose(0, 1), cos, sin, interleaved=interleaved)
+
+
+def test_half_precision_tables():
+    x = torch.randn(2, 5, 2, 16).to(DEVICE, torch.float16)
+    cos, sin = tables(8, 16, dtype=torch.float16)
+    check_rotary(x, cos, sin, seqlen_offsets=2)
+
+
+def test_configs_cover_every_family():
+    for fam in triton_rotary.FAMILIES:
+        for heads, half, pass_dim in ((1, 1, 0), (32, 64, 0), (5, 20, 40), (64, 128, 0)):
+            cfg = triton_rotary.rotary_config(heads, half, pass_dim, fam=fam)
+            assert cfg.block_r >= half and cfg.block_h <= triton_rotary.MAX_BLOCK_H and 1 <= cfg.num_warps <= 16
