@@ -43,6 +43,9 @@ class Backend:
     supports: Optional[Callable[[Problem], List[str]]] = None     # reasons it cannot serve a call
     fallback: bool = False                        # trusted plain composition: last resort, not probed
     probed: bool = True                           # False for backends auto must never pick
+    # The lowest battery level that runs this backend: "full" for backends that compile per
+    # shape (minutes over a whole battery); below it they are SKIP with that reason.
+    battery_level: str = "quick"
 
     def unavailable_reason(self) -> Optional[str]:
         if self.availability is None:

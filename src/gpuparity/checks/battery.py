@@ -124,6 +124,10 @@ def plan(ops: Optional[Sequence[str]] = None, level: str = "default", device="cp
                     task = Task(next_id, op, name, case.name, case.params, dtype_name(dtype), str(device),
                                 seed_here, impl=impl)
                     next_id += 1
+                    if backend is not None and LEVELS.index(backend.battery_level) > LEVELS.index(level):
+                        decided.append(task.result(Status.SKIP, f"{name}: compiles per shape, so the battery "
+                                                                f"checks it at --{backend.battery_level} (probed on first use)"))
+                        continue
                     if backend is not None:
                         reasons = backend.reasons(spec.problem(case.params, dtype, device))
                         if reasons:

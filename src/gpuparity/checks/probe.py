@@ -34,9 +34,10 @@ def probe_op(op: str, dtype: torch.dtype, kind: str, device) -> Dict[str, Dict[s
         return {}
 
     def wanted(_op, case):
-        return case.level == "quick" or spec.kind(case.params) == kind
+        return case.level == "quick" or (case.level == "default" and spec.kind(case.params) == kind)
 
-    tasks, decided = plan([op], "default", device, [dtype_name(dtype)], probed, None, 0, wanted)
+    # level "full" so that every backend is probed, including those the battery defers to --full
+    tasks, decided = plan([op], "full", device, [dtype_name(dtype)], probed, None, 0, wanted)
     results = decided + run_tasks(tasks, isolate=_isolate(device))
     verdicts = verdicts_from_results(results)
     dname = dtype_name(dtype)
