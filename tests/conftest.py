@@ -9,6 +9,10 @@ import pytest
 os.environ.setdefault("GPUPARITY_CACHE_DIR", tempfile.mkdtemp(prefix="gpuparity-test-cache-"))
 # GPU runs of the suite (on a lent machine): GPUPARITY_TEST_DEVICE=cuda
 TEST_DEVICE = os.environ.get("GPUPARITY_TEST_DEVICE", "cpu")
+# Without a GPU, Triton kernels run in its interpreter; the variable must be set before triton
+# is first imported (the AOT compile test clears it in its own process).
+if TEST_DEVICE == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture

@@ -80,7 +80,7 @@ def _timings(results: List[CheckResult], device: str, timeout: Optional[float]) 
         if ok and params is not None:
             tasks.append(Task(i, op, backend, "timing", params, dtype, device, 0, mode="time"))
     times = {}
-    for result in run_tasks(tasks, timeout=timeout):
+    for result in run_tasks(tasks, timeout=timeout, workers=1):  # timings alone on the GPU
         if result.status == Status.PASS:
             times[(result.op, result.backend, result.dtype)] = result.params.get("time_ms")
     return times

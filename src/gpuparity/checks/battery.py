@@ -240,26 +240,66 @@ def _to_result(task: Task, answer: Dict[str, Any], duration: float) -> CheckResu
                        duration_s=duration, stderr_tail=answer.get("stderr_tail", ""))
 
 
+def default_workers(device_type: str) -> int:
+    """Worker processes run side by side on a GPU machine: the first run of a Triton backend
+    is dominated by CPU-bound JIT compiles (seconds per specialization). GPUPARITY_WORKERS
+    overrides; the CPU uses one (its cores are the compute)."""
+    configured = os.environ.get("GPUPARITY_WORKERS")
+    if configured:
+        return max(1, int(configured))
+    if device_type != "cuda":
+        return 1
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
+
+
 def run_tasks(tasks: Iterable[Task], *, isolate: bool = True, timeout: Optional[float] = None,
               env: Optional[Dict[str, str]] = None,
-              on_result: Optional[Callable[[CheckResult], None]] = None) -> List[CheckResult]:
-    results = []
-    pool = WorkerPool(env) if isolate else None
-    try:
-        for task in tasks:
-            limit = timeout or DEFAULT_TIMEOUT_S[torch.device(task.device).type]
-            started = time.monotonic()
-            answer = pool.run(task, limit) if pool else _run_in_process(task)
-            result = _to_result(task, answer, time.monotonic() - started)
-            if "time_ms" in answer:
-                result.params = {**result.params, "time_ms": answer["time_ms"]}
-            results.append(result)
-            if on_result:
-                on_result(result)
-    finally:
-        if pool:
-            pool.close()
-    return results
+              on_result: Optional[Callable[[CheckResult], None]] = None,
+              workers: Optional[int] = None) -> List[CheckResult]:
+    """Run tasks in crash-isolated workers (or in-process); results in task order."""
+    tasks = list(tasks)
+    if not tasks:
+        return []
+    if workers is None:
+        workers = default_workers(torch.device(tasks[0].device).type)
+    workers = max(1, min(workers, len(tasks))) if isolate else 1
+    pending: "queue.Queue[Task]" = queue.Queue()
+    for task in tasks:
+        pending.put(task)
+    done: Dict[int, CheckResult] = {}
+    lock = threading.Lock()
+
+    def drain() -> None:
+        pool = WorkerPool(env) if isolate else None
+        try:
+            while True:
+                try:
+                    task = pending.get_nowait()
+                except queue.Empty:
+                    return
+                limit = timeout or DEFAULT_TIMEOUT_S[torch.device(task.device).type]
+                started = time.monotonic()
+                answer = pool.run(task, limit) if pool else _run_in_process(task)
+                result = _to_result(task, answer, time.monotonic() - started)
+                if "time_ms" in answer:
+                    result.params = {**result.params, "time_ms": answer["time_ms"]}
+                with lock:
+                    done[task.id] = result
+                    if on_result:
+                        on_result(result)
+        finally:
+            if pool:
+                pool.close()
+
+    if workers == 1:
+        drain()
+    else:
+        threads = [threading.Thread(target=drain, daemon=True) for _ in range(workers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    return [done[task.id] for task in tasks]
 
 
 def run_battery(ops: Optional[Sequence[str]] = None, level: str = "default", device="cpu",

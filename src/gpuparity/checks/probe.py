@@ -57,7 +57,7 @@ def probe_op(op: str, dtype: torch.dtype, kind: str, device) -> Dict[str, Dict[s
         passed = sorted({k.split("|")[1] for k, v in verdicts.items() if v.get("passed")})
         time_tasks = [Task(i, op, name, "timing", timing, dname, str(device), 0, mode="time")
                       for i, name in enumerate(passed)]
-        for result in run_tasks(time_tasks, isolate=_isolate(device)):
+        for result in run_tasks(time_tasks, isolate=_isolate(device), workers=1):
             time_ms = result.params.get("time_ms") if result.status == Status.PASS else None
             for key, verdict in verdicts.items():
                 if key.split("|")[1] == result.backend:
