@@ -6,6 +6,11 @@
 # even if a step hangs; a step's exit status is kept in $OUT/<step>.rc.
 set -uo pipefail
 : "${OUT:?set OUT to the output folder}"
+# The device returns at most 8 files: every step writes into $WORK, packed into $OUT/fleet_profile.tar.gz
+# at the end; $OUT also gets summary.txt and steps.txt.
+FINAL_OUT=$OUT
+WORK=$(mktemp -d)
+OUT=$WORK
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 # NVLink multicast stays off on these shared machines (see the device notes).
@@ -76,3 +81,5 @@ if ker:
     for k in ker.get("top", [])[:10]:
         print("  %5.1f%%  %8.3f ms/step  %s" % (100 * k["share"], k["time_per_step_us"] / 1e3, k["name"][:90]))
 PYEOF
+cp "$WORK/summary.txt" "$WORK/steps.txt" "$FINAL_OUT/" 2>/dev/null
+tar -czf "$FINAL_OUT/fleet_profile.tar.gz" -C "$WORK" .

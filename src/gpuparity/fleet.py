@@ -276,13 +276,17 @@ def _elapsed_s(fn: Callable[[], Any], iters: int, device) -> float:
     """Seconds per call of fn, timed with CUDA events on a GPU, a wall clock on the CPU."""
     import torch
     if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3 / iters
+        # The events must be recorded on the stream that runs fn: the probe process's current
+        # device is cuda:0 unless set, and events on another GPU's stream time nothing.
+        with torch.cuda.device(device):
+            stream = torch.cuda.current_stream(device)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(stream)
+            for _ in range(iters):
+                fn()
+            end.record(stream)
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3 / iters
     begin = time.perf_counter()
     for _ in range(iters):
         fn()
@@ -342,7 +346,10 @@ def probe_copy(device: str = "cpu", nbytes: Optional[int] = None, iters: Optiona
 
 def run_probes(device: str = "cpu") -> Dict[str, Any]:
     """Both probes; the entry point of the crash-isolated probe process on a GPU."""
+    import torch
     out: Dict[str, Any] = {}
+    if torch.device(device).type == "cuda":
+        torch.cuda.set_device(torch.device(device))  # this process may start on cuda:0
     for name, fn in (("matmul", probe_matmul), ("copy", probe_copy)):
         try:
             value = fn(device)
