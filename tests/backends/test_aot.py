@@ -96,3 +96,32 @@ def test_every_kernel_configuration_compiles_for_every_target():
 
 if __name__ == "__main__":
     main()
+
+
+def test_specialization_key_separates_what_triton_specializes_on():
+    """The direct-launch cache must never reuse a kernel compiled for another specialization:
+    pointer alignment, ints equal to 1 or divisible by 16, 32- vs 64-bit ints and dtypes all
+    change the key; the same properties give the same key."""
+    import torch
+    from gpuparity.backends.triton_common import specialization_key
+    base = torch.zeros(64, dtype=torch.float16)
+    same = torch.ones(64, dtype=torch.float16)
+    assert specialization_key((base, 32, 3, 0.5)) == specialization_key((same, 48, 5, 0.25))
+    assert specialization_key((base,)) != specialization_key((base[1:],))          # 2-byte offset: unaligned
+    assert specialization_key((base,)) != specialization_key((base.float(),))      # dtype
+    assert specialization_key((16,)) != specialization_key((17,))                  # divisible by 16
+    assert specialization_key((1,)) != specialization_key((3,))                    # equal to 1
+    assert specialization_key((2 ** 31 + 16,)) != specialization_key((16,))        # needs 64 bits
+    assert specialization_key((True,)) != specialization_key((1,))
+
+
+def test_hook_chains_without_functions_allow_direct_launches():
+    from gpuparity.backends.triton_common import _hook_active
+
+    class Chain:
+        def __init__(self, calls):
+            self.calls = calls
+    assert not _hook_active(None)
+    assert not _hook_active(Chain([]))
+    assert _hook_active(Chain([print]))
+    assert _hook_active(print)

@@ -21,7 +21,7 @@ import torch
 
 from ..dispatch import Backend, Problem, register
 from . import triton_common
-from .triton_common import AotSpec, cdiv, lazy_kernel
+from .triton_common import AotSpec, cdiv, launch, lazy_kernel
 
 _IMPORT_ERROR = ""
 try:  # module-level names so Triton (compiler and interpreter) sees `tl` in the kernels' globals
@@ -710,10 +710,6 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "tf32" if allow else "ieee"
 
 
-def _strides4(t: torch.Tensor) -> Tuple[int, int, int, int]:
-    return tuple(t.stride())  # type: ignore[return-value]
-
-
 _DUMMIES: Dict[torch.device, torch.Tensor] = {}
 
 
@@ -759,12 +755,12 @@ def attention_forward(q, k, v, masks: MaskArgs, is_causal: bool, scale: float, d
     kpm = masks.kpm if masks.kpm is not None else _dummy(q.device)
     bounds = masks.bounds if masks.bounds is not None else _dummy(q.device)
     grid = (cdiv(q_len, cfg.block_m), batch * heads)
-    kernels()["fwd"][grid](
+    launch(kernels()["fwd"], grid, (
         q, k, v, out, lse, mask, kpm, bounds,
         scale * LOG2E, float(dropout_p), int(seed),
-        *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(out),
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         *masks.mask_strides, *masks.kpm_strides,
-        heads, heads // kv_heads, q_len, k_len,
+        heads, heads // kv_heads, q_len, k_len),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         SCAN=min(1024, max(16, triton_next_pow2(k_len))),
         **_common_constexprs(head_dim, masks, is_causal, dropout_p, q.dtype))
@@ -786,22 +782,22 @@ def attention_backward(dout, q, k, v, out, lse, masks: MaskArgs, is_causal: bool
     delta = torch.empty(batch, heads, q_len, dtype=torch.float32, device=q.device)
     # dq first: it also computes delta = rowsum(out * dout), which the dk/dv kernel reads
     cfg = tile_config("dq", q.device, head_dim, q.dtype)
-    kernels()["dq"][(cdiv(q_len, cfg.block_m), batch * heads)](
+    launch(kernels()["dq"], (cdiv(q_len, cfg.block_m), batch * heads), (
         q, k, v, out, dout, lse, delta, dq, mask, kpm, bounds,
         scale * LOG2E, scale, float(dropout_p), int(seed),
-        *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(out), *_strides4(dout), *_strides4(dq),
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(), *dout.stride(), *dq.stride(),
         *masks.mask_strides, *masks.kpm_strides,
-        heads, heads // kv_heads, q_len, k_len,
+        heads, heads // kv_heads, q_len, k_len),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **constexprs)
 
     cfg = tile_config("dkdv", q.device, head_dim, q.dtype)
-    kernels()["dkdv"][(cdiv(k_len, cfg.block_n), batch * kv_heads)](
+    launch(kernels()["dkdv"], (cdiv(k_len, cfg.block_n), batch * kv_heads), (
         q, k, v, dout, lse, delta, dk, dv, mask, kpm, bounds,
         scale * LOG2E, scale, float(dropout_p), int(seed),
-        *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(dout), *_strides4(dk), *_strides4(dv),
+        *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(),
         *masks.mask_strides, *masks.kpm_strides,
-        heads, kv_heads, heads // kv_heads, q_len, k_len,
+        heads, kv_heads, heads // kv_heads, q_len, k_len),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **constexprs)
     return dq, dk, dv

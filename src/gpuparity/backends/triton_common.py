@@ -165,3 +165,95 @@ def lazy_kernel(builder: Callable[[], Any]):
             cache["kernel"] = builder()
         return cache["kernel"]
     return get
+
+
+# --------------------------------------------------------------------------- launching
+# Triton's `kernel[grid](...)` re-derives the kernel's specialization from every argument on
+# every call (types, 16-byte alignment of pointers, ints equal to 1 or divisible by 16), builds
+# a cache key from it and the options, then calls the compiled kernel's launcher. For kernels
+# with ~50 arguments that costs tens of microseconds of host time per launch, which dominates
+# short attention and norm calls. `launch` keeps, per kernel, the compiled kernel for each
+# specialization key it has seen (a key at least as fine as Triton's own) and calls the same
+# launcher Triton would call. The first call with a new key goes through Triton as usual.
+# GPUPARITY_FAST_LAUNCH=0 turns this off; it is off under the interpreter and whenever a launch
+# hook (a profiler such as proton) is installed, so hooks see every launch.
+_LAUNCH_CACHE: Dict[tuple, Any] = {}
+_FAST_LAUNCH: Dict[str, Any] = {}
+
+
+def _int_key(value: int) -> tuple:
+    return (value == 1, value % 16 == 0, -2 ** 31 <= value < 2 ** 31)
+
+
+def specialization_key(args) -> tuple:
+    """What Triton specializes a launch on, per runtime argument (conservatively finer)."""
+    key = []
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            key.append((arg.dtype, arg.data_ptr() % 16 == 0))
+        elif isinstance(arg, bool):
+            key.append(("b", arg))
+        elif isinstance(arg, int):
+            key.append(_int_key(arg))
+        elif isinstance(arg, float):
+            key.append("f")
+        else:
+            key.append((type(arg).__name__, arg))
+    return tuple(key)
+
+
+def _fast_launch_state() -> Optional[Any]:
+    """Triton's knobs module when direct launches are allowed, else None."""
+    if "knobs" not in _FAST_LAUNCH:
+        knobs = None
+        if os.environ.get("GPUPARITY_FAST_LAUNCH", "1") != "0" and not interpreting():
+            try:
+                from triton import knobs as triton_knobs
+                triton_knobs.runtime.launch_enter_hook  # noqa: B018 - the attribute this path relies on
+                knobs = triton_knobs
+            except Exception as exc:  # noqa: BLE001 - an older or newer Triton: always use its own path
+                _FAST_LAUNCH["why_off"] = f"triton.knobs: {type(exc).__name__}: {exc}"
+                knobs = None
+        _FAST_LAUNCH["knobs"] = knobs
+    knobs = _FAST_LAUNCH["knobs"]
+    if knobs is None or _hook_active(knobs.runtime.launch_enter_hook) or _hook_active(knobs.runtime.launch_exit_hook):
+        return None
+    return knobs
+
+
+def _hook_active(hook) -> bool:
+    """A launch hook that would do something: a function, or a HookChain (Triton >= 3.5, where
+    the hooks are chains that are never None) with functions in it."""
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return bool(calls) if isinstance(calls, list) else True
+
+
+def launch(kernel, grid, args, *, num_warps: int, num_stages: Optional[int] = None, **constexprs) -> None:
+    """`kernel[grid](*args, num_warps=..., num_stages=..., **constexprs)`, with the per-call
+    specialization work done once per distinct key (see above). `args` are the runtime
+    arguments in order; the constexprs must be the kernel's trailing parameters."""
+    grid = tuple(grid) + (1,) * (3 - len(grid))
+    options = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
+    if _fast_launch_state() is None:
+        kernel[grid](*args, **options, **constexprs)
+        return
+    device = torch.cuda.current_device()
+    key = (id(kernel), device, num_warps, num_stages, tuple(constexprs.items()), specialization_key(args))
+    entry = _LAUNCH_CACHE.get(key)
+    if entry is not None:
+        compiled, tail = entry
+        compiled.run(grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(device), compiled.function,
+                     compiled.packed_metadata, None, None, None, *args, *tail)
+        return
+    compiled = kernel[grid](*args, **options, **constexprs)
+    try:
+        names = list(kernel.arg_names)[len(args):]
+        tail = tuple(constexprs[name] for name in names)
+        compiled.function, compiled.packed_metadata, compiled.run  # noqa: B018 - fail here, not mid-launch
+    except Exception as exc:  # noqa: BLE001 - unexpected Triton internals: keep using kernel[grid]
+        _FAST_LAUNCH["knobs"] = None
+        _FAST_LAUNCH["why_off"] = f"{type(exc).__name__}: {exc}"
+        return
+    _LAUNCH_CACHE[key] = (compiled, tail)

@@ -18,7 +18,7 @@ import torch
 from .. import reference
 from ..dispatch import Backend, Problem, register
 from . import triton_common
-from .triton_common import AotSpec, cdiv, triton_unavailable_reason
+from .triton_common import AotSpec, cdiv, launch, triton_unavailable_reason
 
 try:
     import triton
@@ -478,9 +478,9 @@ def norm_forward(x: torch.Tensor, norm_ndim: int, weight: Optional[torch.Tensor]
     args = (layout.tensor, y, w, b, stats, n_rows, layout.n_inner, layout.stride_outer,
             layout.stride_inner, n, float(eps))
     if cfg.looped:
-        _norm_fwd_looped_kernel[(n_rows,)](*args, **common)
+        launch(_norm_fwd_looped_kernel, (n_rows,), args, **common)
     else:
-        _norm_fwd_fused_kernel[(cdiv(n_rows, cfg.rows),)](*args, ROWS=cfg.rows, **common)
+        launch(_norm_fwd_fused_kernel, (cdiv(n_rows, cfg.rows),), args, ROWS=cfg.rows, **common)
     return y, stats
 
 
@@ -520,33 +520,33 @@ def norm_backward(dy: torch.Tensor, x: torch.Tensor, norm_ndim: int, weight: Opt
         tiles_per_program = cdiv(n_tiles, programs)
         programs = cdiv(n_tiles, tiles_per_program)
         partial, db_offset = _partials(programs, n, has_weight, has_bias, x.device)
-        _norm_bwd_fused_kernel[(programs,)](
+        launch(_norm_bwd_fused_kernel, (programs,), (
             x_layout.tensor, dy_layout.tensor, w, stats, dx, partial,
             n_rows, n_inner, x_layout.stride_outer, x_layout.stride_inner,
-            dy_layout.stride_outer, dy_layout.stride_inner, n, tiles_per_program, db_offset,
+            dy_layout.stride_outer, dy_layout.stride_inner, n, tiles_per_program, db_offset),
             ROWS=cfg.rows, **flags)
     else:
         row_stats = torch.empty(n_rows if is_rms else 2 * n_rows, dtype=torch.float32, device=x.device)
         c1, c2 = row_stats, row_stats[n_rows:] if not is_rms else row_stats
         stats_flags = {k: v for k, v in flags.items() if k != "HAS_BIAS"}
-        _norm_bwd_row_stats_kernel[(n_rows,)](
+        launch(_norm_bwd_row_stats_kernel, (n_rows,), (
             x_layout.tensor, dy_layout.tensor, w, stats, c1, c2,
             n_rows, n_inner, x_layout.stride_outer, x_layout.stride_inner,
-            dy_layout.stride_outer, dy_layout.stride_inner, n, **stats_flags)
+            dy_layout.stride_outer, dy_layout.stride_inner, n), **stats_flags)
         column_blocks = cdiv(n, cfg.block_n)
         groups = max(1, min(n_rows, cdiv(_program_count(x.device, cfg.programs_per_sm), column_blocks)))
         rows_per_program = cdiv(n_rows, groups)
         groups = cdiv(n_rows, rows_per_program)
         partial, db_offset = _partials(groups, n, has_weight, has_bias, x.device)
         programs = groups
-        _norm_bwd_columns_kernel[(column_blocks, groups)](
+        launch(_norm_bwd_columns_kernel, (column_blocks, groups), (
             x_layout.tensor, dy_layout.tensor, w, stats, c1, c2, dx, partial,
             n_rows, n_inner, x_layout.stride_outer, x_layout.stride_inner,
-            dy_layout.stride_outer, dy_layout.stride_inner, n, rows_per_program, db_offset, **flags)
+            dy_layout.stride_outer, dy_layout.stride_inner, n, rows_per_program, db_offset), **flags)
     if has_weight or has_bias:
         # The second reduction, over the per-program partial sums in a fixed order: deterministic.
-        _partial_sum_kernel[(cdiv(n, SUM_BLOCK_N),)](
-            partial, dw if has_weight else partial, db if has_bias else partial, programs, n, db_offset,
+        launch(_partial_sum_kernel, (cdiv(n, SUM_BLOCK_N),), (
+            partial, dw if has_weight else partial, db if has_bias else partial, programs, n, db_offset),
             HAS_WEIGHT=has_weight, HAS_BIAS=has_bias, BLOCK_P=SUM_BLOCK_P, BLOCK_N=SUM_BLOCK_N, num_warps=4)
     return dx, dw, db
 

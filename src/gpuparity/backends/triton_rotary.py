@@ -16,7 +16,7 @@ import torch
 
 from ..dispatch import Backend, Problem, register
 from . import triton_common
-from .triton_common import AotSpec, cdiv, triton_unavailable_reason
+from .triton_common import AotSpec, cdiv, launch, triton_unavailable_reason
 
 try:
     import triton
@@ -191,12 +191,12 @@ def rotary_launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, inte
     cfg = config or rotary_config(nheads, rotary_half, pass_dim, max_seqlen=grid_m_len)
     grid = (cdiv(grid_m_len, cfg.block_m), batch, cdiv(nheads, cfg.block_h))
     placeholder = cos  # a pointer argument the kernel never reads
-    _rotary_kernel[grid](
+    launch(_rotary_kernel, grid, (
         out, x, cos, sin,
         cu_seqlens if cu_seqlens is not None else placeholder,
         seqlen_offsets if offsets_tensor else placeholder,
         seqlen, nheads, rotary_half, pass_dim, cos.shape[0], 0 if offsets_tensor else int(seqlen_offsets),
-        *out_strides, *x_strides, cos.stride(0), sin.stride(0),
+        *out_strides, *x_strides, cos.stride(0), sin.stride(0)),
         IS_VARLEN=cu_seqlens is not None, OFFSETS_TENSOR=offsets_tensor, INTERLEAVED=bool(interleaved),
         CONJUGATE=bool(conjugate), COPY_PASS=(pass_dim > 0 and not inplace),
         BLOCK_M=cfg.block_m, BLOCK_H=cfg.block_h, BLOCK_R=cfg.block_r, BLOCK_P=cfg.block_p,

@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fwd-only", action="store_true", help="time the forward only")
     parser.add_argument("--no-error", action="store_true", help="skip the float64 error column")
     parser.add_argument("--json", dest="json_path", default=None, help="write the rows and the platform here")
-    parser.add_argument("--markdown", dest="markdown_path", default=None, help="write a markdown table here")
+    parser.add_argument("--markdown", "--md", dest="markdown_path", default=None, help="write a markdown table here")
     parser.add_argument("--plot", dest="plot_path", default=None, help="write a bar chart (PNG) here")
     parser.add_argument("--device", default=None, help="device (default: cuda if available, else cpu)")
     parser.add_argument("--seed", type=int, default=0)
