@@ -44,8 +44,10 @@ def default_device() -> str:
 
 
 def estimate(options: DoctorOptions) -> Dict[str, Any]:
-    """How long the battery will take, before it starts (the CLI says it up front)."""
+    """How long the battery will take, before it starts (the CLI says it up front). Bad options
+    (a device that is not there, an unknown op, dtype or backend) raise here, before any estimate."""
     device = normalize_device(options.device or default_device())
+    validate_device(device)
     tasks, decided = plan(options.ops, options.level, device, options.dtypes, options.backends, None, options.seed)
     return {"checks": len(tasks), "skipped": len(decided), "seconds": estimate_seconds(len(tasks), device)}
 

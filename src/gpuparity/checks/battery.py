@@ -43,10 +43,13 @@ class Task:
     seed: int
     impl: Optional[str] = None
     mode: str = "check"
+    base_seed: Optional[int] = None  # the run's --seed, from which `seed` is derived
+    level: Optional[str] = None
 
     def result(self, status: Status, reason: str = "", **extra) -> CheckResult:
         return CheckResult(op=self.op, backend=self.backend, case=self.case, dtype=self.dtype, device=self.device,
-                           status=status, seed=self.seed, reason=reason, params=self.params, **extra)
+                           status=status, seed=self.seed, reason=reason, params=self.params,
+                           base_seed=self.base_seed, level=self.level, **extra)
 
 
 @dataclasses.dataclass
@@ -92,6 +95,8 @@ def plan(ops: Optional[Sequence[str]] = None, level: str = "default", device="cp
         raise ValueError(f"level: expected one of {list(LEVELS)}, got {level!r}")
     device = normalize_device(device)
     ops = list(ops or OPS)
+    if backends and not impl:
+        check_backend_names(ops, backends)
     tasks: List[Task] = []
     decided: List[CheckResult] = []
     next_id = 0
@@ -107,11 +112,7 @@ def plan(ops: Optional[Sequence[str]] = None, level: str = "default", device="cp
         else:
             available = dispatch.backends(op)
             if backends:
-                names = {b.name for b in available}
-                unknown = [b for b in backends if b not in names]
                 available = [b for b in available if b.name in backends]
-                if unknown and len(ops) == 1:
-                    raise ValueError(f"backends: {unknown} not registered for {op}; have {sorted(names)}")
             candidates = [(b.name, b) for b in available]
         for case in spec.cases():
             if not case.at(level) or (case_filter and not case_filter(op, case)):
@@ -122,7 +123,7 @@ def plan(ops: Optional[Sequence[str]] = None, level: str = "default", device="cp
                 seed_here = task_seed(seed, op, case.name, dtype_name(dtype))
                 for name, backend in candidates:
                     task = Task(next_id, op, name, case.name, case.params, dtype_name(dtype), str(device),
-                                seed_here, impl=impl)
+                                seed_here, impl=impl, base_seed=seed, level=level)
                     next_id += 1
                     if backend is not None and LEVELS.index(backend.battery_level) > LEVELS.index(level):
                         decided.append(task.result(Status.SKIP, f"{name}: compiles per shape, so the battery "
@@ -135,6 +136,15 @@ def plan(ops: Optional[Sequence[str]] = None, level: str = "default", device="cp
                             continue
                     tasks.append(task)
     return tasks, decided
+
+
+def check_backend_names(ops: Sequence[str], backends: Sequence[str]) -> None:
+    """A backend name that none of `ops` has is a typo, not a filter that matches nothing."""
+    have = sorted({b.name for op in ops for b in dispatch.backends(op)})
+    unknown = [b for b in backends if b not in have]
+    if unknown:
+        raise ValueError(f"backends: got {', '.join(unknown)}, which no selected op ({', '.join(ops)}) has; "
+                         f"expected names from {', '.join(have)}")
 
 
 def estimate_seconds(n_tasks: int, device) -> float:
@@ -348,8 +358,25 @@ def verdicts_from_results(results: Iterable[CheckResult]) -> Dict[str, Dict[str,
         bad = [r for r in ran if r.status.bad]
         verdicts[key] = {
             "passed": not bad,
+            "checks": len(ran),
+            "failed": len(bad),
             "reason": (f"passed {len(ran)} checks" if not bad else
                        f"failed {len(bad)}/{len(ran)} checks, e.g. {bad[0].case}: {bad[0].status.value} {bad[0].reason[:200]}"),
             "checked_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
     return verdicts
+
+
+def verdict_status(verdict: Dict[str, Any]) -> str:
+    """"passed", "failed" (checks ran and some did not pass, or the timing run failed) or
+    "unsupported" (no check ran: the backend cannot serve that kind here, and the verdict's
+    reason is the SKIP's). The probe records an unsupported backend as passed=False with only
+    the SKIP reason, so a verdict is a failure only with evidence that checks ran."""
+    if verdict.get("passed"):
+        return "passed"
+    if verdict.get("unsupported"):
+        return "unsupported"
+    reason = str(verdict.get("reason", ""))
+    if verdict.get("checks") or reason.startswith(("failed ", "timing run failed")):
+        return "failed"
+    return "unsupported"

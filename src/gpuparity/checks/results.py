@@ -63,6 +63,10 @@ class CheckResult:
     params: Dict[str, Any] = dataclasses.field(default_factory=dict)
     duration_s: float = 0.0
     stderr_tail: str = ""
+    # `seed` is derived per check from the run's base seed (execute.task_seed); `--seed` takes the
+    # base, so a rerun of this one check needs base_seed and a level whose plan has the case.
+    base_seed: Optional[int] = None
+    level: Optional[str] = None
 
     @property
     def worst_comparison(self) -> Optional[Comparison]:

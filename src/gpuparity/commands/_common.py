@@ -3,15 +3,34 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import sys
-from typing import Iterator, Optional
+from typing import Any, Dict, Iterator, Optional
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 
 def console(stderr: bool = False) -> Console:
-    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 160)
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=None if stream.isatty() else 160)
+
+
+def human_console(args) -> Console:
+    """The console for tables, progress and notes: stderr when `--json -` owns stdout, so that
+    stdout is exactly one JSON document."""
+    return console(stderr=getattr(args, "json", None) == "-")
+
+
+def emit_json(con: Console, target: str, data: Dict[str, Any]) -> None:
+    """`--json FILE` writes the file (and says so); `--json -` prints the document on stdout."""
+    if target == "-":
+        sys.stdout.write(json.dumps(data, default=str) + "\n")
+        sys.stdout.flush()
+        return
+    from ..report.files import write_json
+    write_json(target, data)
+    con.print(f"[dim]wrote {target}[/]")
 
 
 def add_device(parser: argparse.ArgumentParser) -> None:

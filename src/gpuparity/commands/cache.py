@@ -8,7 +8,12 @@ import os
 from rich.table import Table
 
 from .. import dispatch
+from ..checks.battery import verdict_status
 from ._common import console
+
+# An unsupported backend (no check could run: wrong vendor, no GPU, a kind it does not serve)
+# is not a failed probe; only a probe that ran checks and saw them fail is.
+VERDICT_STYLE = {"passed": "[green]passed[/]", "failed": "[red]failed[/]", "unsupported": "[dim]unsupported[/]"}
 
 
 def register(subparsers) -> None:
@@ -39,7 +44,10 @@ def handle(args) -> int:
         for key, verdict in sorted(data.get("verdicts", {}).items()):
             op, backend, dtype, kind = key.split("|")
             time_ms = verdict.get("time_ms")
-            table.add_row(op, backend, dtype, kind, "[green]passed[/]" if verdict.get("passed") else "[red]failed[/]",
-                          f"{time_ms:.3g}" if isinstance(time_ms, (int, float)) else "-", verdict.get("reason", "")[:160])
+            status = verdict_status(verdict)
+            reason = verdict.get("reason", "")[:160]
+            table.add_row(op, backend, dtype, kind, VERDICT_STYLE[status],
+                          f"{time_ms:.3g}" if isinstance(time_ms, (int, float)) else "-",
+                          f"unsupported: {reason}" if status == "unsupported" else reason)
         con.print(table)
     return 0

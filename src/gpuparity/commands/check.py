@@ -2,15 +2,12 @@
 a user's implementation."""
 from __future__ import annotations
 
-import json
-
 from .. import platform
 from ..api import check as run_check
 from ..checks.results import tally
 from ..checks.specs import OPS, get_spec
-from ..report.files import write_json
 from ..report.terminal import render_failures, render_results
-from ._common import add_device, add_json, battery_progress, console, split_list
+from ._common import add_device, add_json, battery_progress, emit_json, human_console, split_list
 
 
 def register(subparsers) -> None:
@@ -18,13 +15,17 @@ def register(subparsers) -> None:
         "check", help="one op's battery on its backends, or on your implementation (--impl)",
         description="Runs every case of one op against float64, forward and backward, crash-isolated. "
                     "--impl module:function (or path/to/file.py:function) checks your own implementation, "
-                    "which must have the op's public signature (see --signature).")
+                    "which must have the op's public signature (see --signature). A failed check is "
+                    "listed with the command that reruns exactly it (--case, --seed, --level).")
     parser.add_argument("--op", required=True, choices=OPS)
     parser.add_argument("--impl", help="your implementation: package.module:function or file.py:function")
     parser.add_argument("--backend", help="comma-separated backends to check (default: all registered)")
     parser.add_argument("--dtype", help="comma-separated dtypes (default: what the device supports)")
+    parser.add_argument("--case", help="comma-separated case names to run (default: every case of the level)")
     parser.add_argument("--level", choices=("quick", "default", "full"), default="default")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="base seed of the random inputs (each check derives its own from it, the op, "
+                             "case and dtype)")
     parser.add_argument("--timeout", type=float, default=None, help="seconds per check before it counts as a hang")
     parser.add_argument("--signature", action="store_true", help="print the signature --impl must have and exit")
     add_device(parser)
@@ -33,7 +34,7 @@ def register(subparsers) -> None:
 
 
 def handle(args) -> int:
-    con = console()
+    con = human_console(args)
     spec = get_spec(args.op)
     if args.signature:
         con.print(f"{args.op}: {spec.signature}")
@@ -41,7 +42,7 @@ def handle(args) -> int:
     with battery_progress(con) as progress:
         run = run_check(args.op, impl=args.impl, backends=split_list(args.backend), dtypes=split_list(args.dtype),
                         level=args.level, device=args.device, seed=args.seed, progress=progress,
-                        timeout=args.timeout)
+                        timeout=args.timeout, cases=split_list(args.case))
     render_results(con, run.results, title=f"{args.op}: checks against float64")
     render_failures(con, run.results)
     counts = tally(run.results)
@@ -51,8 +52,5 @@ def handle(args) -> int:
         data = {"schema_version": 1, "kind": "check", "op": args.op, "impl": args.impl,
                 "platform": platform.collect(), "level": args.level, "device": run.device, "seed": args.seed,
                 "tally": counts, "results": [r.to_dict() for r in run.results]}
-        if args.json == "-":
-            print(json.dumps(data, default=str))
-        else:
-            write_json(args.json, data)
+        emit_json(con, args.json, data)
     return 0 if run.ok else 1

@@ -7,10 +7,10 @@ import tempfile
 from .. import platform
 from ..checks.results import read_stream, tally
 from ..doctor import DoctorOptions, estimate, run_doctor
-from ..report.files import write_json, write_text
+from ..report.files import write_text
 from ..report.html import render_doctor_html
 from ..report.terminal import render_doctor
-from ._common import add_device, add_json, battery_progress, console, split_list
+from ._common import add_device, add_json, battery_progress, emit_json, human_console, split_list
 
 
 def register(subparsers) -> None:
@@ -31,7 +31,9 @@ def register(subparsers) -> None:
                                                            "(kept even if the run is killed)")
     parser.add_argument("--ops", help="comma-separated ops (default: all)")
     parser.add_argument("--dtype", help="comma-separated dtypes, e.g. bf16,fp32 (default: what the device supports)")
-    parser.add_argument("--backends", help="comma-separated backends (default: all registered)")
+    # --backend is the name `check` uses; --backends stays for existing scripts
+    parser.add_argument("--backends", "--backend", dest="backends",
+                        help="comma-separated backends (default: all registered)")
     parser.add_argument("--seed", type=int, default=0, help="base seed of the random inputs (reported per check)")
     parser.add_argument("--no-probes", action="store_true", help="evaluate known issues by rule only")
     parser.add_argument("--timeout", type=float, default=None, help="seconds per check before it counts as a hang")
@@ -39,7 +41,7 @@ def register(subparsers) -> None:
 
 
 def handle(args) -> int:
-    con = console()
+    con = human_console(args)
     stream = args.stream or os.path.join(tempfile.mkdtemp(prefix="gpuparity-"), "results.jsonl")
     options = DoctorOptions(level=args.level, device=args.device, ops=split_list(args.ops),
                             dtypes=split_list(args.dtype), backends=split_list(args.backends), seed=args.seed,
@@ -61,20 +63,15 @@ def handle(args) -> int:
         partial = {"schema_version": 1, "kind": "doctor", "partial": True,
                    "error": f"{type(exc).__name__}: {exc}", "platform": platform.collect(),
                    "battery": {"results": results, "tally": tally(kept)}, "exit_code": 1}
-        if args.json and args.json != "-":
-            write_json(args.json, partial)
+        if args.json:
+            emit_json(con, args.json, partial)
         con.print(f"[bold red]doctor stopped: {type(exc).__name__}: {exc}[/]; {len(results)} results kept in {stream}")
         if isinstance(exc, KeyboardInterrupt):
             raise
         return 1
     render_doctor(con, report)
     if args.json:
-        if args.json == "-":
-            import json
-            print(json.dumps(report, default=str))
-        else:
-            write_json(args.json, report)
-            con.print(f"[dim]wrote {args.json}[/]")
+        emit_json(con, args.json, report)
     if args.html:
         write_text(args.html, render_doctor_html(report))
         con.print(f"[dim]wrote {args.html}[/]")

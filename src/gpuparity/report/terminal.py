@@ -1,9 +1,11 @@
 """Terminal rendering (rich) of platform reports, battery results and doctor reports."""
 from __future__ import annotations
 
+import shlex
 from typing import Any, Dict, Iterable, List, Optional
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ..checks.results import SEVERITY, CheckResult, Status, worst
@@ -105,14 +107,33 @@ def render_results(console: Console, results: List[CheckResult], title: str = "C
     console.print(table)
 
 
+def rerun_command(result: CheckResult) -> Optional[str]:
+    """The `gpuparity check` command that reruns exactly this check with the same inputs, or None
+    for a record without the run's base seed and level (written before they were recorded)."""
+    if result.base_seed is None or result.level is None:
+        return None
+    if result.backend.startswith("impl:"):
+        target = ["--impl", result.backend[len("impl:"):]]
+    else:
+        target = ["--backend", result.backend]
+    argv = ["gpuparity", "check", "--op", result.op, *target, "--dtype", result.dtype, "--case", result.case,
+            "--seed", str(result.base_seed), "--level", result.level, "--device", result.device]
+    return " ".join(shlex.quote(arg) for arg in argv)
+
+
 def render_failures(console: Console, results: List[CheckResult], limit: int = 15) -> None:
     bad = [r for r in results if r.status.bad]
     if not bad:
         return
     bad.sort(key=lambda r: SEVERITY.index(r.status))
-    console.print(f"[bold]Failed checks[/] ({len(bad)}; first {min(limit, len(bad))}; reproduce with the seed):")
+    console.print(f"[bold]Failed checks[/] ({len(bad)}; first {min(limit, len(bad))}; "
+                  f"each with the command that reruns it):")
     for r in bad[:limit]:
         console.print(f"  [{STYLE[r.status.value]}]{r.status.value}[/] {r.key} seed={r.seed}: {r.reason[:400]}")
+        command = rerun_command(r)
+        if command:
+            # never wrapped, so it can be copied whole
+            console.print(f"      [dim]rerun:[/] {escape(command)}", soft_wrap=True)
         if r.stderr_tail:
             for line in r.stderr_tail.splitlines()[-4:]:
                 console.print(f"      [dim]{line[:200]}[/]")
