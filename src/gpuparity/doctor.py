@@ -136,6 +136,8 @@ def run_doctor(options: DoctorOptions, *, progress: Optional[Callable[[int, int,
     phase("battery")
     run: BatteryRun = run_battery(options.ops, options.level, device, options.dtypes, options.backends,
                                   None, options.seed, options.stream_path, progress, options.timeout)
+    phase("known issues")
+    known_thread.join()  # the probes use the GPU too: the timings below run alone
     phase("timing")
     times = _timings(run.results, device, options.timeout) if options.fill_cache else {}
     cache_path = None
@@ -149,8 +151,6 @@ def run_doctor(options: DoctorOptions, *, progress: Optional[Callable[[int, int,
             cache_path = dispatch.store_verdicts(torch.device(device), verdicts)
         except OSError as exc:
             cache_path = f"not written: {exc}"
-    phase("known issues")
-    known_thread.join()
     known_results = known_sink.get("results", [])
     battery_bad = [r for r in run.results if r.status.bad]
     known_bad = [k for k in known_results if k.get("status") in FAILING_KNOWN_STATUSES
