@@ -21,11 +21,18 @@ def fast_but_wrong(x, dim=-1):
     return torch.softmax(x * 1.1, dim=dim)
 
 
-def test_auto_never_picks_a_backend_that_failed_its_probe(fresh_cache):
+def test_auto_never_picks_a_backend_that_failed_its_probe(fresh_cache, caplog):
     dispatch.register(Backend("fast_but_wrong", "softmax", fast_but_wrong, "planted"))
     try:
         problem = Problem("softmax", torch.device("cpu"), torch.float32)
-        explanation = dispatch.explain(problem)
+        with caplog.at_level("INFO", logger="gpuparity"):
+            explanation = dispatch.explain(problem)
+        # the slow first probe is announced (the library logs, never prints), once
+        announced = [r for r in caplog.records if "first softmax call" in r.getMessage()]
+        assert len(announced) == 1 and announced[0].levelname == "WARNING"
+        caplog.clear()
+        dispatch.explain(problem)
+        assert not [r for r in caplog.records if "first softmax call" in r.getMessage()]
         rows = {row["name"]: row for row in explanation["candidates"]}
         assert rows["fast_but_wrong"]["status"] == "failed-probe"
         assert "failed" in rows["fast_but_wrong"]["reason"]

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import threading
+import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
+
+LOG = logging.getLogger("gpuparity")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,7 +220,16 @@ def probe_verdict(problem: Problem, backend: Backend) -> Dict[str, Any]:
     key = probe_key(problem, backend)
     if key not in cache:
         from .checks.probe import probe_op
+        dtype = str(problem.dtype).replace("torch.", "")
+        # A first call can take a minute on a GPU (Triton compiles, crash-isolated checks):
+        # say so through logging (shown on stderr by default), since the library never prints.
+        LOG.warning("gpuparity: first %s call with %s, %s on %s here: checking its backends against float64 "
+                    "before backend='auto' uses them (once; cached in %s; `gpuparity doctor` fills the cache "
+                    "ahead of time)", problem.op, dtype, problem.kind, problem.device, path)
+        started = time.monotonic()
         verdicts = probe_op(problem.op, problem.dtype, problem.kind, problem.device)
         store_verdicts(problem.device, verdicts)
+        LOG.info("gpuparity: probed %s (%s, %s) in %.1f s", problem.op, dtype, problem.kind,
+                 time.monotonic() - started)
         cache = _load_cache(path)
     return cache.get(key, {"passed": False, "reason": "no probe verdict recorded"})
