@@ -2,7 +2,7 @@
 # Fleet health check with NCCL on a 2-GPU machine (2x H200) and memory / kernel profiles of the
 # aam workload. Run from the repository root on the GPU machine; everything goes under $OUT.
 #   kind: nvidia-h200-x2     command: bash benchmarks/scripts/gpu_fleet_profile.sh
-# Each step has its own time limit (sum 280 s), so the whole script ends inside 5 minutes
+# Each step has its own time limit (sum 400 s), so the whole script ends inside 7 minutes
 # even if a step hangs; a step's exit status is kept in $OUT/<step>.rc.
 set -uo pipefail
 : "${OUT:?set OUT to the output folder}"
@@ -38,11 +38,13 @@ $PY -c 'import torch, triton; print("torch", torch.__version__, "triton", triton
 step fleet 60 $PY -m torch.distributed.run --standalone --nproc-per-node 2 -m gpuparity fleet \
     --no-battery --timeout 30 --all-sizes --json "$OUT/fleet.json"
 
-# (b) memory and kernel profiles of the aam workload (user story 1's model), 20 steps.
-step aam_memory 60 $PY -m gpuparity profile memory --json "$OUT/aam_memory.json" -- \
-    python -m gpuparity workload run aam --steps 20 --no-isolate --out "$OUT/aam_run_memory.json"
-step aam_kernels 60 $PY -m gpuparity profile kernels --steps 10 --warmup 5 --top 25 --json "$OUT/aam_kernels.json" -- \
-    python -m gpuparity workload run aam --steps 20 --no-isolate --out "$OUT/aam_run_kernels.json"
+# (b) memory and kernel profiles of the aam workload (user story 1's model), 20 steps, with the
+# triton attention backend named (backend "auto" would first probe every backend on this fresh
+# machine, which is the doctor's job, not the profile's).
+step aam_memory 120 $PY -m gpuparity profile memory --json "$OUT/aam_memory.json" -- \
+    python -m gpuparity workload run aam --attn triton --steps 20 --no-isolate --out "$OUT/aam_run_memory.json"
+step aam_kernels 120 $PY -m gpuparity profile kernels --steps 10 --warmup 5 --top 25 --json "$OUT/aam_kernels.json" -- \
+    python -m gpuparity workload run aam --attn triton --steps 20 --no-isolate --out "$OUT/aam_run_kernels.json"
 
 # ... then the fleet check with the quick battery on every rank (last: it takes longest; a battery
 # that overruns its 60 s is reported as TIMEOUT on that rank, not a stuck script).
