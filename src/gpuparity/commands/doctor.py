@@ -32,7 +32,7 @@ def register(subparsers) -> None:
     parser.add_argument("--ops", help="comma-separated ops (default: all)")
     parser.add_argument("--dtype", help="comma-separated dtypes, e.g. bf16,fp32 (default: what the device supports)")
     # --backend is the name `check` uses; --backends stays for existing scripts
-    parser.add_argument("--backends", "--backend", dest="backends",
+    parser.add_argument("--backend", "--backends", dest="backends",
                         help="comma-separated backends (default: all registered)")
     parser.add_argument("--seed", type=int, default=0, help="base seed of the random inputs (reported per check)")
     parser.add_argument("--no-probes", action="store_true", help="evaluate known issues by rule only")
