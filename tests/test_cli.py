@@ -37,6 +37,10 @@ def test_doctor_quick_on_cpu_writes_complete_reports(tmp_path):
     html = page.read_text()
     assert "<html" in html and "script" not in html.lower() and "all checks passed" in html
     assert "Recommended configuration" in proc.stdout
+    # where the time went, per phase, in the report and on the terminal
+    assert list(data["phases_s"]) == ["platform", "battery", "known issues (after the battery)", "timing"]
+    assert all(seconds >= 0 for seconds in data["phases_s"].values())
+    assert "time: platform" in proc.stdout
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -50,6 +50,9 @@ class Backend:
     # The lowest battery level that runs this backend: "full" for backends that compile per
     # shape (minutes over a whole battery); below it they are SKIP with that reason.
     battery_level: str = "quick"
+    # Compiles kernels on first use of each specialization (Triton): the battery starts these
+    # checks first, so their compiles overlap the rest instead of forming a tail.
+    jit: bool = False
 
     def unavailable_reason(self) -> Optional[str]:
         if self.availability is None:

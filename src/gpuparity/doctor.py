@@ -10,8 +10,8 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from . import __version__, dispatch, platform
-from .checks.battery import (BatteryRun, Task, estimate_seconds, normalize_device, plan, run_battery, run_tasks,
-                             validate_device, verdicts_from_results)
+from .checks.battery import (BatteryRun, WorkerPool, estimate_seconds, normalize_device, plan, run_battery,
+                             run_tasks, timing_tasks, validate_device, verdicts_from_results)
 from .checks.results import CheckResult, Status, tally
 
 SCHEMA_VERSION = 1
@@ -65,24 +65,19 @@ def _known_issues(report: Dict[str, Any], device: str, probes: bool, sink: Dict[
         sink["error"] = f"evaluating known issues failed: {type(exc).__name__}: {exc}"
 
 
-def _timings(results: List[CheckResult], device: str, timeout: Optional[float]) -> Dict[tuple, float]:
-    """Time every (op, backend, dtype) whose checks all passed, on the op's timing case."""
-    from .checks.specs import get_spec
+def _timings(results: List[CheckResult], device: str, timeout: Optional[float],
+             pool: Optional[WorkerPool] = None) -> Dict[tuple, float]:
+    """Time every (op, backend, dtype) whose checks all passed, on the op's timing case, where
+    there is more than one such backend to rank."""
     passed: Dict[tuple, bool] = {}
     for r in results:
         if r.status == Status.SKIP or r.backend.startswith("impl:"):
             continue
         key = (r.op, r.backend, r.dtype)
         passed[key] = passed.get(key, True) and r.status == Status.PASS
-    tasks = []
-    for i, ((op, backend, dtype), ok) in enumerate(sorted(passed.items())):
-        params = get_spec(op).timing_params()
-        if dispatch.get(op, backend).fallback:
-            continue  # compositions are the last resort of "auto", never ranked by speed
-        if ok and params is not None:
-            tasks.append(Task(i, op, backend, "timing", params, dtype, device, 0, mode="time"))
+    tasks = timing_tasks([key for key, ok in passed.items() if ok], device)
     times = {}
-    for result in run_tasks(tasks, timeout=timeout, workers=1):  # timings alone on the GPU
+    for result in run_tasks(tasks, timeout=timeout, workers=1, pool=pool):  # timings alone on the GPU
         if result.status == Status.PASS:
             times[(result.op, result.backend, result.dtype)] = result.params.get("time_ms")
     return times
@@ -126,20 +121,38 @@ def run_doctor(options: DoctorOptions, *, progress: Optional[Callable[[int, int,
     started = time.monotonic()
     device = str(normalize_device(options.device or default_device()))
     validate_device(normalize_device(device))
-    phase = on_phase or (lambda name: None)
+    phases: Dict[str, float] = {}  # wall seconds of each phase, in the report
+    clock = [time.monotonic()]
+
+    def phase(name: str, finished: Optional[str] = None) -> None:
+        now = time.monotonic()
+        if finished:
+            phases[finished] = round(now - clock[0], 2)
+        clock[0] = now
+        if on_phase:
+            on_phase(name)
+
     phase("platform")
     report = platform.collect()
     known_sink: Dict[str, Any] = {}
     known_thread = threading.Thread(target=_known_issues, args=(report, device, options.probes, known_sink),
                                      daemon=True)
     known_thread.start()  # probes run in their own processes, alongside the battery
-    phase("battery")
+    # the timing worker imports torch while the battery runs
+    timing_pool = WorkerPool().start() if options.fill_cache else None
+    phase("battery", finished="platform")
     run: BatteryRun = run_battery(options.ops, options.level, device, options.dtypes, options.backends,
-                                  None, options.seed, options.stream_path, progress, options.timeout)
-    phase("known issues")
+                                  None, options.seed, options.stream_path, progress, options.timeout,
+                                  warm_timings=options.fill_cache)
+    phase("known issues", finished="battery")
     known_thread.join()  # the probes use the GPU too: the timings below run alone
-    phase("timing")
-    times = _timings(run.results, device, options.timeout) if options.fill_cache else {}
+    phase("timing", finished="known issues (after the battery)")
+    try:
+        times = _timings(run.results, device, options.timeout, timing_pool) if options.fill_cache else {}
+    finally:
+        if timing_pool is not None:
+            timing_pool.close()
+    phase("done", finished="timing")
     cache_path = None
     if options.fill_cache:
         verdicts = verdicts_from_results(run.results)
@@ -173,5 +186,6 @@ def run_doctor(options: DoctorOptions, *, progress: Optional[Callable[[int, int,
         "recommendations": recommendations(run.results, times),
         "probe_cache": cache_path,
         "duration_s": time.monotonic() - started,
+        "phases_s": phases,
         "exit_code": exit_code,
     }

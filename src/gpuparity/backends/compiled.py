@@ -164,4 +164,4 @@ for _op, _fn, _what in (("rms_norm", compiled_rms_norm, "RMSNorm"),
         name="compile", op=_op, fn=_fn,
         description=f"torch.compile of the plain {_what} composition (inductor)",
         dtypes=(torch.float16, torch.bfloat16, torch.float32), availability=_static_reason, supports=_supports,
-        battery_level="full"))
+        battery_level="full", jit=True))

@@ -158,4 +158,4 @@ def _supports(problem: Problem) -> List[str]:
 register(Backend("flex", "attention", flex,
                  "torch FlexAttention compiled by torch.compile, block mask skips masked blocks",
                  device_types=("cuda",), dtypes=(torch.float16, torch.bfloat16, torch.float32),
-                 availability=_availability, supports=_supports, battery_level="full"))
+                 availability=_availability, supports=_supports, battery_level="full", jit=True))

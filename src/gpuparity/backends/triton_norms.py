@@ -617,7 +617,7 @@ for _op, _fn, _what in (("rms_norm", triton_rms_norm, "RMSNorm"), ("layer_norm",
     register(Backend(
         name="triton", op=_op, fn=_fn,
         description=f"gpuparity's fused Triton {_what} (fp32 statistics, forward and backward)",
-        dtypes=KERNEL_DTYPES, availability=_availability, supports=_supports))
+        dtypes=KERNEL_DTYPES, availability=_availability, supports=_supports, jit=True))
 
 
 # ----------------------------------------------------------------------------- AOT

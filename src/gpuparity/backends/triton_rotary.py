@@ -255,7 +255,7 @@ def _availability() -> Optional[str]:
 register(Backend(
     name="triton", op="rotary", fn=triton_apply_rotary,
     description="gpuparity's Triton rotary (half-split / interleaved / varlen, fp32 math, forward and backward)",
-    dtypes=KERNEL_DTYPES, availability=_availability, supports=_supports))
+    dtypes=KERNEL_DTYPES, availability=_availability, supports=_supports, jit=True))
 
 
 # ----------------------------------------------------------------------------- AOT

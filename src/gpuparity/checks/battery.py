@@ -166,6 +166,13 @@ class WorkerPool:
         self.lines: "queue.Queue[Optional[str]]" = queue.Queue()
         self.stderr_file = None
 
+    def start(self) -> "WorkerPool":
+        """Start the worker now (it imports torch while the caller does other work)."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._stop()
+            self._start()
+        return self
+
     def _start(self) -> None:
         self.stderr_file = tempfile.TemporaryFile(mode="w+")
         self.lines = queue.Queue()
@@ -200,9 +207,7 @@ class WorkerPool:
         self.proc, self.stderr_file = None, None
 
     def run(self, task: Task, timeout: float) -> Dict[str, Any]:
-        if self.proc is None or self.proc.poll() is not None:
-            self._stop()
-            self._start()
+        self.start()
         deadline = time.monotonic() + timeout
         try:
             self.proc.stdin.write(json.dumps(dataclasses.asdict(task)) + "\n")
@@ -279,11 +284,55 @@ def _cores() -> int:
         return os.cpu_count() or 2
 
 
+_DTYPE_ORDER = {"float32": 0, "bfloat16": 1, "float16": 2}
+
+
+def _is_jit(task: Task) -> bool:
+    if task.impl:
+        return False
+    try:
+        return dispatch.get(task.op, task.backend).jit
+    except ValueError:
+        return False
+
+
+def _queue_order(task: Task) -> tuple:
+    """Longest first, so that no long check starts last: checks of backends that compile on
+    first use (Triton) lead, their compiles overlapping everything else; then attention (the
+    largest references), then by dtype (fp32 kernels compile slowest); plan order breaks ties."""
+    return (not _is_jit(task), task.mode != "warm", task.op != "attention", _DTYPE_ORDER.get(task.dtype, 3),
+            task.id)
+
+
+def timing_tasks(keys: Iterable[tuple], device: str, mode: str = "time", first_id: int = 0,
+                 only: Optional[Callable[[Task], bool]] = None) -> List[Task]:
+    """One task per (op, backend, dtype) worth timing on the op's timing case: mode "time"
+    measures it; mode "warm" only runs it once (compiling what the timing will need).
+    Timings only rank candidates, so fallback compositions (never ranked) are left out, and
+    so is an (op, dtype) with a single candidate left (nothing to rank). `only` filters the
+    tasks after that."""
+    candidates: Dict[tuple, List[str]] = {}
+    for op, backend, dtype in sorted(set(keys)):
+        if get_spec(op).timing_params() is not None and not dispatch.get(op, backend).fallback:
+            candidates.setdefault((op, dtype), []).append(backend)
+    tasks = []
+    for (op, dtype), backends in candidates.items():
+        if len(backends) < 2:
+            continue
+        for backend in backends:
+            task = Task(first_id + len(tasks), op, backend, "timing", get_spec(op).timing_params(), dtype, device, 0,
+                        mode=mode)
+            if only is None or only(task):
+                tasks.append(task)
+    return tasks
+
+
 def run_tasks(tasks: Iterable[Task], *, isolate: bool = True, timeout: Optional[float] = None,
               env: Optional[Dict[str, str]] = None,
               on_result: Optional[Callable[[CheckResult], None]] = None,
-              workers: Optional[int] = None) -> List[CheckResult]:
-    """Run tasks in crash-isolated workers (or in-process); results in task order."""
+              workers: Optional[int] = None, pool: Optional["WorkerPool"] = None) -> List[CheckResult]:
+    """Run tasks in crash-isolated workers (or in-process); results in task order. `pool`: an
+    already started worker to use (with workers=1), e.g. one that imported torch meanwhile."""
     tasks = list(tasks)
     if not tasks:
         return []
@@ -296,13 +345,15 @@ def run_tasks(tasks: Iterable[Task], *, isolate: bool = True, timeout: Optional[
         # H100 machine: checks several times slower). Share the cores instead.
         env = {**(env or {}), "OMP_NUM_THREADS": str(max(1, _cores() // workers))}
     pending: "queue.Queue[Task]" = queue.Queue()
-    for task in tasks:
+    for task in sorted(tasks, key=_queue_order):
         pending.put(task)
     done: Dict[int, CheckResult] = {}
     lock = threading.Lock()
 
+    given = pool
+
     def drain() -> None:
-        pool = WorkerPool(env) if isolate else None
+        pool = (given if given is not None and workers == 1 else WorkerPool(env)) if isolate else None
         try:
             while True:
                 try:
@@ -317,7 +368,7 @@ def run_tasks(tasks: Iterable[Task], *, isolate: bool = True, timeout: Optional[
                     result.params = {**result.params, "time_ms": answer["time_ms"]}
                 with lock:
                     done[task.id] = result
-                    if on_result:
+                    if on_result and task.mode != "warm":
                         on_result(result)
         finally:
             if pool:
@@ -339,12 +390,18 @@ def run_battery(ops: Optional[Sequence[str]] = None, level: str = "default", dev
                 impl: Optional[str] = None, seed: int = 0, stream_path: Optional[str] = None,
                 progress: Optional[Callable[[int, int, CheckResult], None]] = None,
                 timeout: Optional[float] = None, isolate: bool = True,
-                case_filter: Optional[Callable] = None, env: Optional[Dict[str, str]] = None) -> BatteryRun:
-    """Run the battery; returns every result (SKIPs included) in plan order."""
+                case_filter: Optional[Callable] = None, env: Optional[Dict[str, str]] = None,
+                warm_timings: bool = False) -> BatteryRun:
+    """Run the battery; returns every result (SKIPs included) in the order they finished.
+    warm_timings: also run each compiling backend's timing case once, alongside the checks,
+    so that the timings that follow (doctor) find their kernels compiled."""
     device = normalize_device(device)
     validate_device(device)
     started = time.monotonic()
     tasks, decided = plan(ops, level, device, dtypes, backends, impl, seed, case_filter)
+    if warm_timings:
+        keys = [(t.op, t.backend, t.dtype) for t in tasks if not t.impl]
+        tasks = tasks + timing_tasks(keys, str(device), mode="warm", first_id=len(tasks) + len(decided), only=_is_jit)
     total = len(tasks) + len(decided)
     done = 0
     results: List[CheckResult] = []

@@ -179,7 +179,8 @@ def run_case(op: str, fn: Callable, params: Dict[str, Any], dtype: torch.dtype, 
 
 def time_case(op: str, fn: Callable, params: Dict[str, Any], dtype: torch.dtype, device: torch.device,
               repeats: int = 10) -> float:
-    """Median milliseconds of forward+backward on the op's timing case (for ranking backends)."""
+    """Median milliseconds of forward+backward on the op's timing case (for ranking backends);
+    repeats=0 runs it once (compiling what it needs) and returns 0."""
     spec = get_spec(op)
     gen = torch.Generator().manual_seed(0)
     inputs = spec.cast_inputs(spec.make_inputs(params, gen), dtype, device)
@@ -201,4 +202,4 @@ def time_case(op: str, fn: Callable, params: Dict[str, Any], dtype: torch.dtype,
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples)
+    return statistics.median(samples) if samples else 0.0

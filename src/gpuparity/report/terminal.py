@@ -175,5 +175,8 @@ def render_doctor(console: Console, report: Dict[str, Any]) -> None:
     console.print(f"{verdict}: {t['PASS']} pass, {t['FAIL']} fail, {t['ERROR']} error, {t['CRASH']} crash, "
                   f"{t['TIMEOUT']} timeout, {t['SKIP']} skip in {report['duration_s']:.1f} s on "
                   f"{report['options']['device']} (level {report['options']['level']}, seed {report['options']['seed']})")
+    if report.get("phases_s"):
+        console.print("[dim]time: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in report["phases_s"].items())
+                      + "[/]")
     if report.get("probe_cache"):
         console.print(f"[dim]probe cache for backend='auto': {report['probe_cache']}[/]")
