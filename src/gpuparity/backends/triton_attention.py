@@ -39,6 +39,13 @@ MAX_HEAD_DIM = 256
 
 
 # --------------------------------------------------------------------------- kernels
+# Runtime ints that Triton would otherwise specialize on (== 1, divisible by 16): each
+# distinct pattern is a separate compile of seconds. Lengths, head counts and the dropout seed
+# only bound loops and masks, so specializing on them buys nothing; strides stay specialized
+# (16-byte alignment of rows is what lets loads vectorize), as does group_size (1 folds away).
+_NO_SPECIALIZE = ("seed", "num_heads", "num_kv_heads", "q_len", "k_len")
+
+
 def _build_kernels():
     @triton.jit
     def _scan_padding(kpm_base, stride_pn, k_len, SCAN: tl.constexpr):
@@ -157,7 +164,7 @@ def _build_kernels():
             m_i = m_new
         return acc, l_i, m_i
 
-    @triton.jit
+    @triton.jit(do_not_specialize=_NO_SPECIALIZE)
     def _attn_fwd_kernel(
         Q, K, V, Out, LSE, Mask, KPM, Bounds,
         qk_scale, dropout_p, seed,
@@ -293,7 +300,7 @@ def _build_kernels():
             dk = _mma(ds_t.to(q_t.dtype), tl.trans(q_t), dk, DOT_PRECISION)
         return dk, dv
 
-    @triton.jit
+    @triton.jit(do_not_specialize=_NO_SPECIALIZE)
     def _attn_bwd_dkdv_kernel(
         Q, K, V, DO, LSE, Delta, DK, DV, Mask, KPM, Bounds,
         qk_scale, sm_scale, dropout_p, seed,
@@ -421,7 +428,7 @@ def _build_kernels():
             dq = _mma(ds.to(k_t.dtype), tl.trans(k_t), dq, DOT_PRECISION)
         return dq
 
-    @triton.jit
+    @triton.jit(do_not_specialize=_NO_SPECIALIZE)
     def _attn_bwd_dq_kernel(
         Q, K, V, Out, DO, LSE, Delta, DQ, Mask, KPM, Bounds,
         qk_scale, sm_scale, dropout_p, seed,
@@ -588,6 +595,11 @@ def padded_head_dim(head_dim: int) -> int:
     return max(16, triton_next_pow2(head_dim))
 
 
+# The forward's key-padding scan chunk (a constexpr): one size for every length, so lengths
+# never cause a compile of their own; the scan loops over longer padding masks.
+SCAN_BLOCK = 1024
+
+
 def triton_next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
@@ -699,7 +711,11 @@ def prepare_masks(q: torch.Tensor, k: torch.Tensor, attn_mask=None, key_padding_
 
 
 def dot_precision(dtype: torch.dtype) -> str:
-    """fp32 follows torch's TF32 switch (on NVIDIA; AMD's Triton has no portable tf32 dot)."""
+    """fp32 follows torch's TF32 switch (on NVIDIA; AMD's Triton has no portable tf32 dot).
+    With TF32 off, NVIDIA GPUs get fp32-accurate dots from the tensor cores ("tf32x3": each
+    operand split into a TF32 high and low part, three products) instead of CUDA-core FMAs:
+    the battery holds it to the fp32 bar, it runs several times faster and compiles in a
+    fraction of the time. GPUPARITY_FP32_DOT=ieee asks for the FMA path."""
     if triton_common.interpreting():
         return "upcast" if dtype == torch.bfloat16 else "ieee"
     if dtype != torch.float32:
@@ -707,7 +723,28 @@ def dot_precision(dtype: torch.dtype) -> str:
     if triton_common.vendor() != "nvidia":
         return "ieee"
     allow = torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest"
-    return "tf32" if allow else "ieee"
+    return "tf32" if allow else strict_fp32_dot()
+
+
+_STRICT_DOT: List[str] = []
+
+
+def strict_fp32_dot() -> str:
+    """The NVIDIA fp32 dot used when TF32 is off: "tf32x3" where this Triton has it, else
+    "ieee"; GPUPARITY_FP32_DOT=ieee|tf32x3 chooses."""
+    if not _STRICT_DOT:
+        wanted = os.environ.get("GPUPARITY_FP32_DOT", "tf32x3")
+        if wanted not in ("ieee", "tf32x3"):
+            raise ValueError(f"GPUPARITY_FP32_DOT: expected ieee or tf32x3, got {wanted!r}")
+        if wanted == "tf32x3":
+            try:
+                from triton.backends.nvidia.compiler import CUDAOptions
+                if "tf32x3" not in CUDAOptions.allowed_dot_input_precisions:
+                    wanted = "ieee"
+            except Exception:  # noqa: BLE001 - no NVIDIA backend in this Triton: FMA dots
+                wanted = "ieee"
+        _STRICT_DOT.append(wanted)
+    return _STRICT_DOT[0]
 
 
 _DUMMIES: Dict[torch.device, torch.Tensor] = {}
@@ -762,7 +799,7 @@ def attention_forward(q, k, v, masks: MaskArgs, is_causal: bool, scale: float, d
         *masks.mask_strides, *masks.kpm_strides,
         heads, heads // kv_heads, q_len, k_len),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        SCAN=min(1024, max(16, triton_next_pow2(k_len))),
+        SCAN=SCAN_BLOCK,
         **_common_constexprs(head_dim, masks, is_causal, dropout_p, q.dtype))
     return out, lse
 
@@ -874,11 +911,14 @@ def _signature(kernel, dtype: str, mask_type: str) -> Dict[str, str]:
 def _aot_spec(fam, targets, kernel_name, head_dim, elem, cfg, dropout=False) -> AotSpec:
     dtype = "bf16" if elem == 2 else "fp32"
     kernel = kernels()[kernel_name]
+    # fp32 on NVIDIA ships tensor-core dots (dot_precision: "tf32x3", or "tf32" with TF32 on,
+    # the same instructions); AMD's Triton has FMA dots only
+    precision = "tf32x3" if elem == 4 and fam.startswith("nvidia") else "ieee"
     constexprs = dict(HEAD_DIM=head_dim, D_PAD=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                       IS_CAUSAL=True, MASK_KIND=MASK_ADDITIVE, HAS_KPM=True, HAS_BOUNDS=True,
-                      DROPOUT=dropout, DOT_PRECISION="ieee")
+                      DROPOUT=dropout, DOT_PRECISION=precision)
     if kernel_name == "fwd":
-        constexprs["SCAN"] = 1024
+        constexprs["SCAN"] = SCAN_BLOCK
     return AotSpec(
         name=f"attention.{kernel_name}.{fam}.d{head_dim}.{dtype}.m{cfg.block_m}n{cfg.block_n}"
              f"w{cfg.num_warps}s{cfg.num_stages}" + (".dropout" if dropout else ""),
@@ -941,4 +981,4 @@ def _backend_fn(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=Fal
 register(Backend("triton", "attention", _backend_fn,
                  "gpuparity's fused Triton kernel (forward and backward, masks read in tiles)",
                  device_types=("cuda", "cpu"), dtypes=(torch.float16, torch.bfloat16, torch.float32),
-                 availability=_availability, supports=_supports))
+                 availability=_availability, supports=_supports, jit=True))
