@@ -1,25 +1,40 @@
 #!/bin/bash
-# Host-overhead diagnosis and the kernel benchmarks (attention short shapes, norms, RoPE) on a
-# lent GPU. Each step has its own limit; outputs are packed so that at most 8 files come back.
-#   OUT=out/k bash benchmarks/scripts/gpu_kernels_bench.sh        (kind: nvidia-h100-x1)
+# The kernel benchmarks on a lent GPU: attention (short shapes by default), norms and RoPE,
+# each also timed with the step captured in a CUDA graph (the kernels without per-call host
+# overhead); optionally gpuparity doctor cold and warm first (DOCTOR_FIRST=1: a fresh
+# machine's first run), and the host-overhead diagnosis (DIAG=1). Each step has its own
+# limit; the benchmark outputs are packed after every step, so a run cut short still returns
+# what it measured (the device returns at most 8 files).
+#   OUT=out/k [DOCTOR_FIRST=1] [DIAG=1] bash benchmarks/scripts/gpu_kernels_bench.sh   (kind: nvidia-h100-x1)
 # ATT_SHAPES picks the attention shapes (default: the host-bound short ones).
 set -uo pipefail
 : "${OUT:?set OUT to the output folder}"
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 GPUPARITY_CACHE_DIR=/tmp/gp-cache
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+if [ "${DOCTOR_FIRST:-0}" = 1 ]; then
+  OUT="$OUT" SKIP_TW=1 bash benchmarks/scripts/gpu_doctor.sh > /dev/null 2>&1
+  gzip -f "$OUT/doctor.json" 2>/dev/null; rm -f "$OUT/doctor.html"
+  grep -h "exit code\|time:" "$OUT/doctor.txt" "$OUT/doctor_warm.txt"
+fi
+export GPUPARITY_CACHE_DIR=/tmp/gp-cache
 W=$(mktemp -d)
 step() {  # step NAME LIMIT_S COMMAND...
     local name=$1 limit=$2; shift 2
     local started=$SECONDS
     timeout -k 10 "$limit" "$@" > "$W/$name.log" 2>&1
     echo "== $name: exit $? after $((SECONDS - started)) s: $*" | tee -a "$OUT/steps.txt"
+    tar -czf "$OUT/kernels_bench.tar.gz" -C "$W" .
 }
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader;
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'cudnn', torch.backends.cudnn.version(), 'triton', triton.__version__)"; } > "$OUT/versions.txt" 2>&1
-step diag 150 python3 benchmarks/diag_launch.py
-cp "$W/diag.log" "$OUT/diag.txt"
-step att 200 python3 -m gpuparity bench attention --shapes "${ATT_SHAPES:-aam-nuc,aam-asv,bert}" --pad 0,0.25 \
-    --backends math,efficient,cudnn,flex,triton --json "$W/att.json" --markdown "$W/att.md" --plot "$W/att.png"
-step norm 120 python3 -m gpuparity bench norm --json "$W/norm.json" --md "$W/norm.md" --plot "$W/norm.png"
-step rope 90 python3 -m gpuparity bench rope --json "$W/rope.json" --md "$W/rope.md" --plot "$W/rope.png"
-tar -czf "$OUT/kernels_bench.tar.gz" -C "$W" .
-cat "$OUT/diag.txt"; cat "$W"/att.md "$W"/norm.md "$W"/rope.md 2>/dev/null | grep -v "^$" | head -150
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'cudnn', torch.backends.cudnn.version(), 'triton', triton.__version__)"; } >> "$OUT/versions.txt" 2>&1
+if [ "${DIAG:-0}" = 1 ]; then
+  step diag 150 python3 benchmarks/diag_launch.py
+  cp "$W/diag.log" "$OUT/diag.txt"
+fi
+step att "${ATT_LIMIT:-220}" python3 -m gpuparity bench attention --shapes "${ATT_SHAPES:-aam-nuc,aam-asv,bert}" --pad 0,0.25 \
+    --backends math,efficient,cudnn,flex,triton --graph --json "$W/att.json" --markdown "$W/att.md" --plot "$W/att.png"
+step norm "${NORM_LIMIT:-150}" python3 -m gpuparity bench norm --modes fwd,fwd+bwd,fwd+bwd:graph \
+    --json "$W/norm.json" --md "$W/norm.md" --plot "$W/norm.png"
+step rope "${ROPE_LIMIT:-100}" python3 -m gpuparity bench rope --modes fwd,fwd+bwd,fwd+bwd:graph \
+    --json "$W/rope.json" --md "$W/rope.md" --plot "$W/rope.png"
+cat "$W"/att.md "$W"/norm.md "$W"/rope.md 2>/dev/null | grep -v "^$" | head -150

@@ -15,7 +15,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .common import BenchRow, measure_ceilings, metadata, peak_memory_bytes, time_ms, write_json
+from .common import GRAPH, BenchRow, graphed, measure_ceilings, metadata, peak_memory_bytes, time_ms, write_json
 
 # name -> (B, H, S, D), from ../shared/ANCHORS.md
 SHAPES: Dict[str, Tuple[int, int, int, int]] = {
@@ -44,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backends", default=",".join(BACKENDS),
                         help="comma-separated subset of %s" % ", ".join(BACKENDS))
     parser.add_argument("--fwd-only", action="store_true", help="time the forward only")
+    parser.add_argument("--graph", action="store_true",
+                        help="also time forward+backward captured in a CUDA graph (the kernels without "
+                             "per-call host overhead, as under torch.cuda.graphs)")
     parser.add_argument("--no-error", action="store_true", help="skip the float64 error column")
     parser.add_argument("--json", dest="json_path", default=None, help="write the rows and the platform here")
     parser.add_argument("--markdown", "--md", dest="markdown_path", default=None, help="write a markdown table here")
@@ -199,12 +202,16 @@ def flops(dims: Tuple[int, int, int, int], mode: str) -> float:
     return forward if mode == "fwd" else 3.5 * forward
 
 
-def bench_case(name: str, case: Case, dtype_name: str, *, fwd_only=False, with_error=True) -> List[BenchRow]:
+GRAPH_MODE = "fwd+bwd" + GRAPH
+
+
+def bench_case(name: str, case: Case, dtype_name: str, *, fwd_only=False, with_error=True,
+               graph=False) -> List[BenchRow]:
     params = {"shape": list(case.dims), "pad": case.pad}
     if name in NOTES:
         params["note"] = NOTES[name]
     base = dict(bench="attention", shape=case.label, backend=name, dtype=dtype_name)
-    modes = ("fwd",) if fwd_only else ("fwd", "fwd+bwd")
+    modes = ("fwd",) if fwd_only else ("fwd", "fwd+bwd") + ((GRAPH_MODE,) if graph else ())
     try:
         run = runner(name, case)
         q, k, v = (t.detach().requires_grad_() for t in (case.q, case.k, case.v))
@@ -228,11 +235,16 @@ def bench_case(name: str, case: Case, dtype_name: str, *, fwd_only=False, with_e
                 out = run(q, k, v)
                 torch.autograd.grad(out, (q, k, v), case.dout)
         try:
-            elapsed = time_ms(step)
-            peak = peak_memory_bytes(step)
+            if mode == GRAPH_MODE:
+                elapsed, peak = time_ms(graphed(step)), None
+            else:
+                elapsed = time_ms(step)
+                peak = peak_memory_bytes(step)
         except Exception as exc:  # noqa: BLE001
-            rows.append(BenchRow(**base, mode=mode, params=dict(params), status="error",
-                                 reason=f"{type(exc).__name__}: {str(exc)[:200]}"))
+            # a peer that cannot be captured in a graph is a gap in that column, not a failure
+            rows.append(BenchRow(**base, mode=mode, params=dict(params), status="skip" if mode == GRAPH_MODE else "error",
+                                 reason=("cannot be captured in a CUDA graph: " if mode == GRAPH_MODE else "")
+                                 + f"{type(exc).__name__}: {str(exc)[:200]}"))
             continue
         rows.append(BenchRow(**base, mode=mode, params=dict(params), time_ms=elapsed,
                              tflops=flops(case.dims, mode) / elapsed / 1e9, peak_mem_bytes=peak))
@@ -249,7 +261,7 @@ def add_speedups(rows: List[BenchRow]) -> None:
 
 
 def run_bench(shapes, pads, backends, dtype_name: str, device: str, *, fwd_only=False, with_error=True,
-              seed=0, progress: Optional[Callable[[str], None]] = None) -> List[BenchRow]:
+              seed=0, progress: Optional[Callable[[str], None]] = None, graph: bool = False) -> List[BenchRow]:
     dtype = DTYPES[dtype_name]
     rows: List[BenchRow] = []
     if "flex" in backends:
@@ -266,7 +278,8 @@ def run_bench(shapes, pads, backends, dtype_name: str, device: str, *, fwd_only=
             for name in backends:
                 if progress:
                     progress(f"{label} pad {pad} {name}")
-                new_rows = bench_case(name, case, dtype_name, fwd_only=fwd_only, with_error=with_error)
+                new_rows = bench_case(name, case, dtype_name, fwd_only=fwd_only, with_error=with_error,
+                                      graph=graph and device == "cuda")
                 rows.extend(new_rows)
                 if progress:
                     progress("  " + "  ".join(f"{r.mode} {_fmt(r.time_ms)} ms" if r.status == "ok" else
@@ -303,6 +316,13 @@ def target_summary(rows: List[BenchRow]) -> List[Dict[str, object]]:
         dense = table.get((shape, 0.0, "triton", mode))
         if pad and dense is not None:
             entry["pad_vs_dense_time"] = row.time_ms / dense.time_ms
+        ours_graph = table.get((shape, pad, "triton", GRAPH_MODE))
+        peers_graph = [table.get((shape, pad, p, GRAPH_MODE)) for p in PEERS]
+        peers_graph = [p for p in peers_graph if p is not None]
+        if ours_graph is not None and peers_graph:
+            best_graph = min(peers_graph, key=lambda p: p.time_ms)
+            entry["best_peer_graph"] = best_graph.backend
+            entry["vs_best_peer_graph"] = best_graph.time_ms / ours_graph.time_ms
         checks.append(entry)
     return checks
 
@@ -325,30 +345,35 @@ def markdown(rows: List[BenchRow], meta: Dict[str, object]) -> str:
     lines += ["", "Times in ms (median of triton.testing.do_bench), forward / forward+backward; TFLOP/s "
               "dense-equivalent for forward+backward; peak = extra memory of forward+backward; "
               "rel err = forward vs float64 (first batch item).", "",
-              "| shape (B,H,S,D) | pad | backend | fwd ms | fwd+bwd ms | TFLOP/s f+b | peak MB | x math f+b | rel err |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "| shape (B,H,S,D) | pad | backend | fwd ms | fwd+bwd ms | f+b in a CUDA graph ms | TFLOP/s f+b | "
+              "peak MB | x math f+b | rel err |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for (shape, pad, backend), modes in by_key.items():
-        fwd, both = modes.get("fwd"), modes.get("fwd+bwd")
+        fwd, both, graph = modes.get("fwd"), modes.get("fwd+bwd"), modes.get(GRAPH_MODE)
         any_row = fwd or both
         if any_row.status != "ok":
-            lines.append(f"| {shape} | {pad} | {backend} | {any_row.status}: {any_row.reason[:80]} | | | | | |")
+            lines.append(f"| {shape} | {pad} | {backend} | {any_row.status}: {any_row.reason[:80]} | | | | | | |")
             continue
         peak = both.peak_mem_bytes if both and both.peak_mem_bytes is not None else None
-        lines.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
-            shape, pad, backend, _fmt(fwd.time_ms if fwd else None), _fmt(both.time_ms if both else None),
+        graph_cell = "-" if graph is None else (_fmt(graph.time_ms) if graph.status == "ok" else graph.status)
+        lines.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
+            shape, pad, backend, _fmt(fwd.time_ms if fwd else None), _fmt(both.time_ms if both else None), graph_cell,
             _fmt(both.tflops if both else None, "{:.0f}"), _fmt(peak / 2 ** 20 if peak is not None else None, "{:.0f}"),
             _fmt(both.params.get("speedup_vs_math") if both else None, "{:.1f}"),
             _fmt(any_row.params.get("rel_err"), "{:.1e}")))
     summary = target_summary(rows)
     if summary:
         lines += ["", "## Targets (triton, forward+backward)", "",
-                  "| shape | pad | vs best peer (>= 1) | vs math (>= 10) | memory vs cuDNN (<= 1.25) | pad/dense time (<= 0.8, llm) |",
-                  "|---|---|---|---|---|---|"]
+                  "| shape | pad | vs best peer (>= 1) | same, in CUDA graphs | vs math (>= 10) | memory vs cuDNN (<= 1.25) "
+                  "| pad/dense time (<= 0.8, llm) |",
+                  "|---|---|---|---|---|---|---|"]
         for entry in summary:
             peer = entry.get("vs_best_peer")
-            lines.append("| {} | {} | {} | {} | {} | {} |".format(
+            peer_graph = entry.get("vs_best_peer_graph")
+            lines.append("| {} | {} | {} | {} | {} | {} | {} |".format(
                 entry["shape"], entry["pad"],
                 f"{peer:.2f}x ({entry['best_peer']})" if peer is not None else "-",
+                f"{peer_graph:.2f}x ({entry['best_peer_graph']})" if peer_graph is not None else "-",
                 _fmt(entry.get("vs_math"), "{:.1f}x"), _fmt(entry.get("mem_vs_cudnn"), "{:.2f}"),
                 _fmt(entry.get("pad_vs_dense_time"), "{:.2f}")))
     for name, note in NOTES.items():
@@ -393,20 +418,23 @@ def _render_terminal(rows: List[BenchRow]) -> None:
     from rich.console import Console
     from rich.table import Table
     table = Table(title="gpuparity bench attention")
-    for column in ("shape", "pad", "backend", "fwd ms", "fwd+bwd ms", "TFLOP/s", "peak MB", "x math", "rel err"):
+    for column in ("shape", "pad", "backend", "fwd ms", "fwd+bwd ms", "graph f+b ms", "TFLOP/s", "peak MB", "x math",
+                   "rel err"):
         table.add_column(column, justify="left" if column in ("shape", "backend") else "right")
     by_key: Dict[Tuple, Dict[str, BenchRow]] = {}
     for r in rows:
         by_key.setdefault((r.shape, r.params.get("pad"), r.backend), {})[r.mode] = r
     for (shape, pad, backend), modes in by_key.items():
-        fwd, both = modes.get("fwd"), modes.get("fwd+bwd")
+        fwd, both, graph = modes.get("fwd"), modes.get("fwd+bwd"), modes.get(GRAPH_MODE)
         any_row = fwd or both
         if any_row.status != "ok":
             table.add_row(shape, str(pad), backend, f"[yellow]{any_row.status}[/]: {any_row.reason[:60]}")
             continue
         main = both or fwd
         peak = main.peak_mem_bytes
+        graph_cell = "-" if graph is None else (_fmt(graph.time_ms) if graph.status == "ok" else graph.status)
         table.add_row(shape, str(pad), backend, _fmt(fwd.time_ms if fwd else None), _fmt(both.time_ms if both else None),
+                      graph_cell,
                       _fmt(main.tflops, "{:.0f}"), _fmt(peak / 2 ** 20 if peak is not None else None, "{:.0f}"),
                       _fmt(main.params.get("speedup_vs_math"), "{:.1f}"), _fmt(any_row.params.get("rel_err"), "{:.1e}"))
     console = Console(width=max(140, Console().width))
@@ -426,14 +454,14 @@ def run_cli(args) -> int:
         return 2
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     command = (f"gpuparity bench attention --shapes '{args.shapes}' --dtype {args.dtype} --pad {args.pad} "
-               f"--backends {args.backends}" + (" --fwd-only" if args.fwd_only else "")
+               f"--backends {args.backends}" + (" --fwd-only" if args.fwd_only else "") + (" --graph" if args.graph else "")
                + "".join(f" --{flag} {value}" for flag, value in (("json", args.json_path), ("markdown", args.markdown_path),
                                                                 ("plot", args.plot_path)) if value))
     from rich.console import Console
     console = Console(stderr=True)
     rows = run_bench(shapes, pads, backends, args.dtype, device, fwd_only=args.fwd_only,
                      with_error=not args.no_error, seed=args.seed,
-                     progress=lambda text: console.log(text))
+                     progress=lambda text: console.log(text), graph=args.graph)
     meta = metadata(command)
     meta["ceilings"] = measure_ceilings()
     meta["targets"] = target_summary(rows)

@@ -45,6 +45,42 @@ def time_ms(fn: Callable[[], Any], *, warmup_ms: float = 25, rep_ms: float = 100
     return statistics.median(samples)
 
 
+GRAPH = ":graph"
+
+
+def split_mode(mode: str):
+    """("fwd+bwd", True) for "fwd+bwd:graph": the mode, and whether it runs as a CUDA graph."""
+    return (mode[:-len(GRAPH)], True) if mode.endswith(GRAPH) else (mode, False)
+
+
+def graphed(step: Callable[[], Any]) -> Callable[[], None]:
+    """`step` captured once in a CUDA graph; the returned function replays it. This times the
+    kernels without the per-call host work (Python, autograd, launches), as a training loop
+    under torch.cuda.graphs or torch.compile(mode="reduce-overhead") runs them. Raises when
+    there is no GPU or `step` cannot be captured."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("CUDA graphs need a GPU")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up (compiles, allocator) off the capture
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
+
+
+def record_failure(row: "BenchRow", exc: Exception, graph: bool = False) -> None:
+    """A peer that raised is an "error" row with the reason; one that only cannot be captured in a
+    CUDA graph is a "skip" (a gap in that column, not a failure of the run)."""
+    text = str(exc).strip()
+    row.status = "skip" if graph else "error"
+    row.reason = ("cannot be captured in a CUDA graph: " if graph else "") + \
+        f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else ''}"
+
+
 def peak_memory_bytes(fn: Callable[[], Any]) -> Optional[int]:
     """Peak memory allocated during fn() beyond what was allocated before (GPU only)."""
     if not torch.cuda.is_available():

@@ -45,7 +45,13 @@ def pick_device(name: Optional[str]) -> torch.device:
     return device
 
 
-def timed(fn: Callable[[], object], rep_ms: float) -> float:
+MODES = ("fwd", "fwd+bwd", "fwd" + common.GRAPH, "fwd+bwd" + common.GRAPH)
+
+
+def timed(fn: Callable[[], object], rep_ms: float, graph: bool = False) -> float:
+    """Median ms of fn(); graph=True captures fn in a CUDA graph and times its replays."""
+    if graph:
+        fn = common.graphed(fn)
     fn()  # compile / autotune / first-launch work stays out of the timing
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -66,7 +72,10 @@ def add_common_arguments(parser: argparse.ArgumentParser, default_shapes: str, b
     parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="input dtype (default bf16)")
     parser.add_argument("--backends", default=",".join(backends),
                         help=f"comma-separated subset of {','.join(backends)}")
-    parser.add_argument("--modes", default="fwd,fwd+bwd", help="fwd, fwd+bwd or both (default both)")
+    parser.add_argument("--modes", default="fwd,fwd+bwd",
+                        help="comma-separated fwd, fwd+bwd, fwd:graph, fwd+bwd:graph (default fwd,fwd+bwd); "
+                             "':graph' times the same step captured in a CUDA graph: the kernels without "
+                             "per-call host overhead")
     parser.add_argument("--device", default=None, help="cuda (default when a GPU is visible) or cpu")
     parser.add_argument("--rep-ms", type=float, default=100.0, help="timing budget per measurement, ms")
     parser.add_argument("--json", dest="json_path", default=None, help="write rows + metadata as JSON")
@@ -317,21 +326,25 @@ def run_norm_bench(ops: Sequence[str], shapes: Sequence[Tuple[int, int]], dtype:
                     if fn is None:
                         row.status, row.reason = "skip", reason
                         continue
+                    base, graph = common.split_mode(mode)
+                    if graph and device.type != "cuda":
+                        row.status, row.reason = "skip", "CUDA graphs need a GPU"
+                        continue
                     try:
-                        if mode == "fwd":
+                        if base == "fwd":
                             with torch.no_grad():
-                                row.time_ms = timed(lambda: fn(x, weight, bias, eps), rep_ms)
+                                row.time_ms = timed(lambda: fn(x, weight, bias, eps), rep_ms, graph)
                             moved = 2 * x.numel() * elem
                         else:
                             xg = x.detach().requires_grad_()
                             wg = weight.detach().requires_grad_()
                             bg = bias.detach().requires_grad_() if bias is not None else None
                             leaves = [t for t in (xg, wg, bg) if t is not None]
-                            row.time_ms = timed(fwd_bwd_step(lambda: fn(xg, wg, bg, eps), dy, leaves), rep_ms)
+                            row.time_ms = timed(fwd_bwd_step(lambda: fn(xg, wg, bg, eps), dy, leaves), rep_ms, graph)
                             moved = 5 * x.numel() * elem
                         row.gbps = moved / row.time_ms / 1e6
                     except Exception as exc:  # noqa: BLE001 - one failing peer is a row, not the end
-                        row.status, row.reason = "error", f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                        common.record_failure(row, exc, graph)
             del x, dy
     return rows
 
@@ -345,7 +358,7 @@ def run_cli(args) -> int:
     ops = parse_list(args.ops, ("rms", "ln"), "--ops")
     shapes = [parse_norm_shape(s) for s in parse_list(args.shapes, what="--shapes")]
     backends = parse_list(args.backends, NORM_BACKENDS, "--backends")
-    modes = parse_list(args.modes, ("fwd", "fwd+bwd"), "--modes")
+    modes = parse_list(args.modes, MODES, "--modes")
     device = pick_device(args.device)
     meta = common.metadata(command_line("norm", args, ("ops",)))
     meta["versions"] = versions()

@@ -16,8 +16,8 @@ import torch
 
 from . import common
 from .common import BenchRow
-from .norm import (DTYPES, add_common_arguments, command_line, finish, fresh_compile, parse_list, pick_device,
-                   summarise, timed, versions)
+from .norm import (DTYPES, MODES, add_common_arguments, command_line, finish, fresh_compile, parse_list,
+                   pick_device, summarise, timed, versions)
 
 DEFAULT_SHAPES = "8x32x4096x128,64x4x1024x32"
 ROPE_BACKENDS = ("triton", "eager", "compile", "liger")
@@ -109,20 +109,22 @@ def run_rope_bench(shapes: Sequence[Tuple[int, int, int, int]], layouts: Sequenc
                     else:
                         def pair(x1, x2, run=fn, kw=kwargs):
                             return run(x1, cos, sin, **kw), run(x2, cos, sin, **kw)
+                    base, graph = common.split_mode(mode)
+                    if graph and device.type != "cuda":
+                        row.status, row.reason = "skip", "CUDA graphs need a GPU"
+                        continue
                     try:
-                        if mode == "fwd":
+                        if base == "fwd":
                             with torch.no_grad():
-                                row.time_ms = timed(lambda: pair(qv, kv), rep_ms)
+                                row.time_ms = timed(lambda: pair(qv, kv), rep_ms, graph)
                             moved = 4 * q.numel() * elem
                         else:
                             qg, kg = qv.detach().requires_grad_(), kv.detach().requires_grad_()
-
-                            row.time_ms = timed(_rope_step(pair, qg, kg, dqv, dkv), rep_ms)
+                            row.time_ms = timed(_rope_step(pair, qg, kg, dqv, dkv), rep_ms, graph)
                             moved = 8 * q.numel() * elem
                         row.gbps = moved / row.time_ms / 1e6
-                    except Exception as exc:  # noqa: BLE001
-                        row.status = "error"
-                        row.reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                    except Exception as exc:  # noqa: BLE001 - one failing peer is a row, not the end
+                        common.record_failure(row, exc, graph)
         del q, k, dq, dk
     return rows
 
@@ -145,7 +147,7 @@ def run_cli(args) -> int:
     shapes = [parse_rope_shape(s) for s in parse_list(args.shapes, what="--shapes")]
     layouts = parse_list(args.layouts, LAYOUTS, "--layouts")
     backends = parse_list(args.backends, ROPE_BACKENDS, "--backends")
-    modes = parse_list(args.modes, ("fwd", "fwd+bwd"), "--modes")
+    modes = parse_list(args.modes, MODES, "--modes")
     device = pick_device(args.device)
     meta = common.metadata(command_line("rope", args, ("layouts",)))
     meta["versions"] = versions()
