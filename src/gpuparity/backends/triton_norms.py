@@ -69,6 +69,7 @@ class NormConfig:
     num_warps: int
     looped: bool        # the row is longer than one tile: loop over chunks
     programs_per_sm: int = 0   # backward: persistent programs per SM (0: BWD_PROGRAMS_PER_SM)
+    num_stages: Optional[int] = None  # software-pipelining depth of the row loops (None: Triton's default)
 
 
 def _next_pow2(n: int) -> int:
@@ -513,7 +514,7 @@ def norm_backward(dy: torch.Tensor, x: torch.Tensor, norm_ndim: int, weight: Opt
     cfg = config or norm_config(n, True)
     w = weight if has_weight else stats
     flags = dict(IS_RMS=is_rms, HAS_WEIGHT=has_weight, HAS_BIAS=has_bias, TWO_LEVEL_X=two_x, TWO_LEVEL_DY=two_dy,
-                 BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
+                 BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if not cfg.looped:
         n_tiles = cdiv(n_rows, cfg.rows)
         programs = min(n_tiles, _program_count(x.device, cfg.programs_per_sm))
