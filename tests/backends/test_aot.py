@@ -112,6 +112,9 @@ def test_specialization_key_separates_what_triton_specializes_on():
     assert specialization_key((16,)) != specialization_key((17,))                  # divisible by 16
     assert specialization_key((1,)) != specialization_key((3,))                    # equal to 1
     assert specialization_key((2 ** 31 + 16,)) != specialization_key((16,))        # needs 64 bits
+    assert specialization_key((2 ** 31 + 16,)) != specialization_key((2 ** 31 + 1,))  # 64-bit, divisible or not
+    assert specialization_key((2 ** 63 - 1,)) != specialization_key((2 ** 63,))    # i64 vs u64
+    assert specialization_key((-2 ** 31 - 16,)) != specialization_key((-2 ** 31 - 15,))
     assert specialization_key((True,)) != specialization_key((1,))
 
 

@@ -182,15 +182,19 @@ _FAST_LAUNCH: Dict[str, Any] = {}
 
 
 _INT32 = 2 ** 31
+_UINT64_FROM = 2 ** 63
 _Tensor = torch.Tensor
 
 
 def specialization_key(args) -> tuple:
     """What Triton specializes a launch on, per runtime argument (conservatively finer): a
-    tensor's dtype and 16-byte alignment; an int's class (64-bit: 3, == 1: 1, divisible by
-    16: 2, else 0). One flat comprehension: this runs on every launch (~50 arguments), so it
-    is written for speed (half the time of a loop calling a helper per argument)."""
-    return tuple([(3 if not -_INT32 <= a < _INT32 else (1 if a == 1 else (2 if not a & 15 else 0)))
+    tensor's dtype and 16-byte alignment; an int's class: in int32 range 1 (== 1), 2
+    (divisible by 16) or 0; past it i64 (3, 4) or u64 (>= 2**63: 5, 6), each split by
+    divisibility by 16 as Triton splits it. One flat comprehension: this runs on every launch
+    (~50 arguments), so it is written for speed (half the time of a loop calling a helper per
+    argument)."""
+    return tuple([((1 if a == 1 else (2 if not a & 15 else 0)) if -_INT32 <= a < _INT32 else
+                   (5 if a >= _UINT64_FROM else 3) + (0 if a & 15 else 1))
                   if type(a) is int else
                   ((a.dtype, not a.data_ptr() & 15) if isinstance(a, _Tensor) else
                    ("f" if type(a) is float else (type(a).__name__, a)))
