@@ -138,16 +138,18 @@ def run_doctor(options: DoctorOptions, *, progress: Optional[Callable[[int, int,
     known_thread = threading.Thread(target=_known_issues, args=(report, device, options.probes, known_sink),
                                      daemon=True)
     known_thread.start()  # probes run in their own processes, alongside the battery
+    on_gpu = normalize_device(device).type == "cuda"
     # the timing worker imports torch while the battery runs
     timing_pool = WorkerPool().start() if options.fill_cache else None
-    phase("battery", finished="platform")
-    run: BatteryRun = run_battery(options.ops, options.level, device, options.dtypes, options.backends,
-                                  None, options.seed, options.stream_path, progress, options.timeout,
-                                  warm_timings=options.fill_cache)
-    phase("known issues", finished="battery")
-    known_thread.join()  # the probes use the GPU too: the timings below run alone
-    phase("timing", finished="known issues (after the battery)")
     try:
+        phase("battery", finished="platform")
+        # timing warm-ups compile kernels alongside the checks; on the CPU there is nothing to compile
+        run: BatteryRun = run_battery(options.ops, options.level, device, options.dtypes, options.backends,
+                                      None, options.seed, options.stream_path, progress, options.timeout,
+                                      warm_timings=options.fill_cache and on_gpu)
+        phase("known issues", finished="battery")
+        known_thread.join()  # the probes use the GPU too: the timings below run alone
+        phase("timing", finished="known issues (after the battery)")
         times = _timings(run.results, device, options.timeout, timing_pool) if options.fill_cache else {}
     finally:
         if timing_pool is not None:
@@ -176,7 +178,7 @@ def run_doctor(options: DoctorOptions, *, progress: Optional[Callable[[int, int,
         "gpuparity_version": __version__,
         "platform": report,
         "machine": platform.summary_line(report),
-        "options": {"level": options.level, "device": device, "seed": options.seed,
+        "options": {"level": options.level, "device": device, "seed": options.seed, "timeout": options.timeout,
                     "ops": list(options.ops) if options.ops else None,
                     "dtypes": list(options.dtypes) if options.dtypes else None},
         "known_issues": known_results,

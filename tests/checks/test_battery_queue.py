@@ -51,3 +51,37 @@ def test_warm_tasks_run_but_report_nothing():
     results = run_tasks([check] + warm, isolate=False, on_result=seen.append)
     assert [r.case for r in seen] == ["classes"]          # the callback never sees the warm-up
     assert results[1].status.value == "PASS"               # but it ran (and would have compiled)
+
+
+def test_progress_counts_checks_only_when_warm_ups_ride_along(monkeypatch):
+    # rms_norm's torch backend standing in for a compiling one, so a warm-up is queued on the CPU
+    monkeypatch.setattr(battery, "_is_jit", lambda task: task.backend == "torch")
+    seen = []
+    run = battery.run_battery(["rms_norm"], "quick", "cpu", dtypes=["float32"], backends=["torch", "triton"],
+                              isolate=False, warm_timings=True, progress=lambda done, total, r: seen.append((done, total)))
+    assert seen[-1][0] == seen[-1][1] == len(run.results)
+    assert all(r.case != "timing" for r in run.results)
+
+
+def test_doctor_closes_its_timing_worker_when_the_battery_raises(monkeypatch):
+    from gpuparity import doctor
+    closed = []
+
+    class Pool(battery.WorkerPool):
+        def close(self):
+            closed.append(True)
+            super().close()
+
+    monkeypatch.setattr(doctor, "WorkerPool", Pool)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("battery broke")
+
+    monkeypatch.setattr(doctor, "run_battery", broken)
+    try:
+        doctor.run_doctor(doctor.DoctorOptions(ops=["softmax"], probes=False, device="cpu"))
+    except RuntimeError as exc:
+        assert "battery broke" in str(exc)
+    else:
+        raise AssertionError("run_doctor should have raised")
+    assert closed == [True]

@@ -299,9 +299,10 @@ def _is_jit(task: Task) -> bool:
 
 
 def _queue_order(task: Task) -> tuple:
-    """Longest first, so that no long check starts last: checks of backends that compile on
-    first use (Triton) lead, their compiles overlapping everything else; then attention (the
-    largest references), then by dtype (fp32 kernels compile slowest); plan order breaks ties."""
+    """Longest first, so that no long check starts last: tasks of backends that compile on
+    first use (Triton) lead, timing warm-ups first among them, their compiles overlapping
+    everything else; then attention (the largest references), then by dtype (fp32 kernels
+    compile slowest); plan order breaks ties."""
     return (not _is_jit(task), task.mode != "warm", task.op != "attention", _DTYPE_ORDER.get(task.dtype, 3),
             task.id)
 
@@ -334,7 +335,9 @@ def run_tasks(tasks: Iterable[Task], *, isolate: bool = True, timeout: Optional[
               on_result: Optional[Callable[[CheckResult], None]] = None,
               workers: Optional[int] = None, pool: Optional["WorkerPool"] = None) -> List[CheckResult]:
     """Run tasks in crash-isolated workers (or in-process); results in task order. `pool`: an
-    already started worker to use (with workers=1), e.g. one that imported torch meanwhile."""
+    already started worker to use when workers == 1 (ignored otherwise), e.g. one that imported
+    torch meanwhile; it is closed when the tasks are done. Tasks of mode "warm" run but are
+    not passed to `on_result`."""
     tasks = list(tasks)
     if not tasks:
         return []
@@ -401,10 +404,10 @@ def run_battery(ops: Optional[Sequence[str]] = None, level: str = "default", dev
     validate_device(device)
     started = time.monotonic()
     tasks, decided = plan(ops, level, device, dtypes, backends, impl, seed, case_filter)
+    total = len(tasks) + len(decided)  # what progress counts: warm-ups report nothing
     if warm_timings:
         keys = [(t.op, t.backend, t.dtype) for t in tasks if not t.impl]
         tasks = tasks + timing_tasks(keys, str(device), mode="warm", first_id=len(tasks) + len(decided), only=_is_jit)
-    total = len(tasks) + len(decided)
     done = 0
     results: List[CheckResult] = []
     with ResultStream(stream_path) as stream:

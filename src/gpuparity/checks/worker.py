@@ -41,11 +41,10 @@ def handle(task: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def main() -> int:
-    # The imports every task needs, before the first task arrives: a worker started ahead of
-    # its tasks (the doctor's timing worker) is ready when they come.
-    import torch  # noqa: F401
-
-    from .. import dispatch  # noqa: F401
+    # Import torch and every backend module (Triton's among them) before the first task
+    # arrives: a worker started ahead of its tasks (the doctor's timing worker) is ready then.
+    from .. import dispatch
+    dispatch.backends("attention")
     for line in sys.stdin:
         line = line.strip()
         if not line:
