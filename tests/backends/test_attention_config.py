@@ -2,6 +2,11 @@
 which runtime ints Triton specializes on."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -35,15 +40,31 @@ def test_strict_fp32_dot_rejects_unknown_values(monkeypatch, fresh_choice):
         ta.strict_fp32_dot()
 
 
-def test_sixteen_bit_inputs_ignore_the_fp32_choice():
-    assert ta.dot_precision(torch.bfloat16) in ("ieee", "upcast")
+def test_fp32_dot_follows_torchs_tf32_switch_on_nvidia(monkeypatch, fresh_choice):
+    monkeypatch.delenv("GPUPARITY_FP32_DOT", raising=False)
+    monkeypatch.setattr(ta.triton_common, "interpreting", lambda: False)
+    monkeypatch.setattr(ta.triton_common, "vendor", lambda: "nvidia")
+    assert torch.backends.cuda.matmul.allow_tf32 is False  # torch's default
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "highest")
+    assert ta.dot_precision(torch.float32) == ta.strict_fp32_dot()
+    assert ta.dot_precision(torch.bfloat16) == "ieee"            # 16-bit inputs: the flag is ignored
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "high")
+    assert ta.dot_precision(torch.float32) == "tf32"
+    monkeypatch.setattr(ta.triton_common, "vendor", lambda: "amd")
+    assert ta.dot_precision(torch.float32) == "ieee"             # AMD's Triton: FMA dots only
 
 
 def test_lengths_and_seed_are_not_specialized_but_strides_are():
-    for kernel in ta.kernels().values():
-        params = {p.name: p for p in getattr(kernel, "params", [])}
-        if not params:  # the interpreter's wrapper keeps no parameter table
-            continue
-        for name in ("q_len", "k_len", "seed", "num_heads"):
-            assert params[name].do_not_specialize, name
-        assert not params["stride_qm"].do_not_specialize
+    # The kernels as Triton compiles them: in a process without the interpreter (the test run
+    # sets TRITON_INTERPRET=1, whose kernel objects keep no parameter table).
+    code = ("import json; from gpuparity.backends import triton_attention as ta; "
+            "print(json.dumps({n: {p.name: p.do_not_specialize for p in k.params} for n, k in ta.kernels().items()}))")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    params = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(params) == {"fwd", "dq", "dkdv"}
+    for name, table in params.items():
+        for arg in ("q_len", "k_len", "seed", "num_heads"):
+            assert table[arg] is True, (name, arg)
+        assert table["stride_qm"] is False and table["group_size"] is False

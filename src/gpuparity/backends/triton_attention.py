@@ -911,8 +911,9 @@ def _signature(kernel, dtype: str, mask_type: str) -> Dict[str, str]:
 def _aot_spec(fam, targets, kernel_name, head_dim, elem, cfg, dropout=False) -> AotSpec:
     dtype = "bf16" if elem == 2 else "fp32"
     kernel = kernels()[kernel_name]
-    # fp32 on NVIDIA ships tensor-core dots (dot_precision: "tf32x3", or "tf32" with TF32 on,
-    # the same instructions); AMD's Triton has FMA dots only
+    # fp32 on NVIDIA ships split-TF32 tensor-core dots ("tf32x3", dot_precision's choice with
+    # TF32 off); with TF32 on it is "tf32": the same tiles and operands in shared memory, one
+    # product instead of three. AMD's Triton has FMA dots only.
     precision = "tf32x3" if elem == 4 and fam.startswith("nvidia") else "ieee"
     constexprs = dict(HEAD_DIM=head_dim, D_PAD=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                       IS_CAUSAL=True, MASK_KIND=MASK_ADDITIVE, HAS_KPM=True, HAS_BOUNDS=True,

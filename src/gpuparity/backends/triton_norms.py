@@ -69,7 +69,7 @@ class NormConfig:
     num_warps: int
     looped: bool        # the row is longer than one tile: loop over chunks
     programs_per_sm: int = 0   # backward: persistent programs per SM (0: BWD_PROGRAMS_PER_SM)
-    num_stages: Optional[int] = None  # software-pipelining depth of the row loops (None: Triton's default)
+    num_stages: Optional[int] = None  # backward: pipelining depth of its row loops (None: Triton's default)
 
 
 def _next_pow2(n: int) -> int:

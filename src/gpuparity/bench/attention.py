@@ -279,7 +279,7 @@ def run_bench(shapes, pads, backends, dtype_name: str, device: str, *, fwd_only=
                 if progress:
                     progress(f"{label} pad {pad} {name}")
                 new_rows = bench_case(name, case, dtype_name, fwd_only=fwd_only, with_error=with_error,
-                                      graph=graph and device == "cuda")
+                                      graph=graph and torch.device(device).type == "cuda")
                 rows.extend(new_rows)
                 if progress:
                     progress("  " + "  ".join(f"{r.mode} {_fmt(r.time_ms)} ms" if r.status == "ok" else
