@@ -58,6 +58,9 @@ def test_doctor_json_dash_puts_only_json_on_stdout_and_the_rest_on_stderr():
     (["doctor", "--device", "cuda:x"], ["device", "'cuda:x'"]),
     (["check", "--op", "softmax", "--case", "rows_17,no_such_case"], ["no_such_case", "rows_17, odd_781"]),
     (["check", "--op", "softmax", "--case", "width_32768", "--level", "quick"], ["width_32768", "--level full"]),
+    # a case that exists at this level but runs in 16-bit dtypes only at --full: not a run of nothing
+    (["check", "--op", "layer_norm", "--case", "near_constant_rows", "--dtype", "bf16", "--device", "cpu"],
+     ["near_constant_rows", "selects no check", "--level full"]),
 ])
 def test_bad_input_exits_2_before_anything_runs(args, needles, capsys):
     assert main(args) == 2
@@ -93,6 +96,8 @@ def test_rerun_command_names_the_backend_or_the_impl_and_needs_the_base_seed():
                          base_seed=5, level="default")
     assert rerun_command(result) == ("gpuparity check --op attention --backend sdpa_math --dtype bfloat16 "
                                      "--case causal --seed 5 --level default --device cuda:1")
+    # a run with a short --timeout: the rerun keeps it, or a hang there would pass here
+    assert rerun_command(result, timeout=2.5).endswith("--device cuda:1 --timeout 2.5")
     result.backend = "impl:my dir/kern.py:attn"
     assert "--impl 'my dir/kern.py:attn'" in rerun_command(result)
     result.base_seed = None  # a record from before the base seed was kept

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
 
-from .checks.battery import DEFAULT_TIMEOUT_S, BatteryRun, normalize_device, run_battery, validate_device
+from .checks.battery import DEFAULT_TIMEOUT_S, BatteryRun, normalize_device, plan, run_battery, validate_device
 from .checks.specs import LEVELS, get_spec
 
 
@@ -29,6 +29,12 @@ def check(op: str, impl: Optional[str] = None, *, backends: Optional[Sequence[st
         problem = _impl_load_error_isolated(impl, timeout or DEFAULT_TIMEOUT_S[device.type])
         if problem:
             raise ValueError(f"{problem}; needs a function with {op}'s signature {spec.signature}")
+    if case_filter is not None:
+        tasks, decided = plan([op], level, device, dtypes, backends, impl, seed, case_filter)
+        if not tasks and not decided:
+            raise ValueError(f"case: {', '.join(cases)} of {op} selects no check at level {level}"
+                             + (f" in {', '.join(dtypes)}" if dtypes else "")
+                             + "; some cases run in 16-bit dtypes only at --level full")
     return run_battery([op], level, device, dtypes, backends, impl, seed, stream_path, progress, timeout,
                        case_filter=case_filter)
 

@@ -44,7 +44,7 @@ def handle(args) -> int:
                         level=args.level, device=args.device, seed=args.seed, progress=progress,
                         timeout=args.timeout, cases=split_list(args.case))
     render_results(con, run.results, title=f"{args.op}: checks against float64")
-    render_failures(con, run.results)
+    render_failures(con, run.results, timeout=args.timeout)
     counts = tally(run.results)
     con.print(f"{counts['PASS']} pass, {counts['FAIL']} fail, {counts['ERROR']} error, {counts['CRASH']} crash, "
               f"{counts['TIMEOUT']} timeout, {counts['SKIP']} skip in {run.duration_s:.1f} s on {run.device}")

@@ -107,9 +107,10 @@ def render_results(console: Console, results: List[CheckResult], title: str = "C
     console.print(table)
 
 
-def rerun_command(result: CheckResult) -> Optional[str]:
-    """The `gpuparity check` command that reruns exactly this check with the same inputs, or None
-    for a record without the run's base seed and level (written before they were recorded)."""
+def rerun_command(result: CheckResult, timeout: Optional[float] = None) -> Optional[str]:
+    """The `gpuparity check` command that reruns exactly this check with the same inputs (and the
+    run's --timeout, when it had one), or None for a record without the run's base seed and
+    level (written before they were recorded)."""
     if result.base_seed is None or result.level is None:
         return None
     if result.backend.startswith("impl:"):
@@ -118,10 +119,13 @@ def rerun_command(result: CheckResult) -> Optional[str]:
         target = ["--backend", result.backend]
     argv = ["gpuparity", "check", "--op", result.op, *target, "--dtype", result.dtype, "--case", result.case,
             "--seed", str(result.base_seed), "--level", result.level, "--device", result.device]
+    if timeout is not None:
+        argv += ["--timeout", f"{timeout:g}"]
     return " ".join(shlex.quote(arg) for arg in argv)
 
 
-def render_failures(console: Console, results: List[CheckResult], limit: int = 15) -> None:
+def render_failures(console: Console, results: List[CheckResult], limit: int = 15,
+                    timeout: Optional[float] = None) -> None:
     bad = [r for r in results if r.status.bad]
     if not bad:
         return
@@ -130,7 +134,7 @@ def render_failures(console: Console, results: List[CheckResult], limit: int = 1
                   f"each with the command that reruns it):")
     for r in bad[:limit]:
         console.print(f"  [{STYLE[r.status.value]}]{r.status.value}[/] {r.key} seed={r.seed}: {r.reason[:400]}")
-        command = rerun_command(r)
+        command = rerun_command(r, timeout)
         if command:
             # never wrapped, so it can be copied whole
             console.print(f"      [dim]rerun:[/] {escape(command)}", soft_wrap=True)
@@ -168,7 +172,7 @@ def render_doctor(console: Console, report: Dict[str, Any]) -> None:
     render_known_issues(console, report.get("known_issues", []), report.get("known_issues_error"))
     results = [CheckResult.from_dict(r) for r in report["battery"]["results"]]
     render_results(console, results)
-    render_failures(console, results)
+    render_failures(console, results, timeout=report["options"].get("timeout"))
     render_recommendations(console, report.get("recommendations", []))
     t = report["battery"]["tally"]
     verdict = "[bold green]all checks passed[/]" if report["exit_code"] == 0 else "[bold red]problems found[/]"
