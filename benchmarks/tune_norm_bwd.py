@@ -26,6 +26,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
     parser.add_argument("--shapes", default="16384x4096,65536x1024")
+    parser.add_argument("--shipped-only", action="store_true",
+                        help="time only the shipped config (A/B runs of two versions of the kernels)")
     args = parser.parse_args()
     rows_out = []
     for text in args.shapes.split(","):
@@ -46,6 +48,10 @@ def main() -> None:
             rows_out.append(shipped_row)
             block = shipped.block_n
             results = []
+            if args.shipped_only:
+                print(f"{op} {n_rows}x{hidden} bwd: shipped {shipped_row['gbps']:.0f} GB/s ({t * 1000:.1f} us)",
+                      flush=True)
+                continue
             for rows in sorted({max(1, 2048 // block), max(1, 4096 // block), max(1, 8192 // block)}):
                 for warps in (4, 8, 16, 32):
                     if rows * block // (32 * warps) < 2:

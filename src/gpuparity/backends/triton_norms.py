@@ -123,6 +123,10 @@ if triton is not None:
         return rows * stride_inner
 
     @triton.jit
+    def _add_pair(a0, b0, a1, b1):
+        return a0 + a1, b0 + b1
+
+    @triton.jit
     def _norm_fwd_fused_kernel(
         X, Y, W, B, RSTD,
         n_rows, n_inner, stride_x_outer, stride_x_inner, N, eps,
@@ -262,12 +266,15 @@ if triton is not None:
             else:
                 g = dy
             # d/dx of xhat * rstd-scaling: dx = rstd * (g - mean(g) - xhat * mean(g * xhat));
-            # RMSNorm has no centering, so no mean(g) term.
-            c1 = tl.sum(xhat * g, axis=1) / N
+            # RMSNorm has no centering, so no mean(g) term. LayerNorm's two row sums go through
+            # one reduction (one exchange between warps instead of two).
             if IS_RMS:
+                c1 = tl.sum(xhat * g, axis=1) / N
                 dx = (g - xhat * c1[:, None]) * rstd[:, None]
             else:
-                c2 = tl.sum(g, axis=1) / N
+                sum_gx, sum_g = tl.reduce((xhat * g, g), 1, _add_pair)
+                c1 = sum_gx / N
+                c2 = sum_g / N
                 dx = (g - c2[:, None] - xhat * c1[:, None]) * rstd[:, None]
             tl.store(DX + rows[:, None] * N + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
             if HAS_WEIGHT:

@@ -267,11 +267,11 @@ def run_bench(shapes, pads, backends, dtype_name: str, device: str, *, fwd_only=
     if "flex" in backends:
         # one compiled flex_attention per shape and grad mode: more than dynamo's default
         # recompile limit (8) for the whole suite; past it flex silently runs uncompiled
-        import torch._dynamo
+        from torch._dynamo import config as dynamo_config  # (`import torch._dynamo` would make torch local)
         for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
                      "accumulated_recompile_limit"):
-            if hasattr(torch._dynamo.config, name):
-                setattr(torch._dynamo.config, name, max(256, getattr(torch._dynamo.config, name)))
+            if hasattr(dynamo_config, name):
+                setattr(dynamo_config, name, max(256, getattr(dynamo_config, name)))
     for label, dims in shapes:
         for pad in pads:
             case = make_case(label, dims, pad, dtype, device, seed)
