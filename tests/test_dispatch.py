@@ -57,3 +57,38 @@ def test_fallback_when_nothing_verified(fresh_cache, monkeypatch):
     problem = Problem("softmax", torch.device("cpu"), torch.float32)
     monkeypatch.setattr(dispatch, "probe_verdict", lambda p, b: {"passed": False, "reason": "planted"})
     assert dispatch.explain(problem)["chosen"] == "composition"
+
+
+def test_fp32_verdicts_under_tf32_are_keyed_apart():
+    """A verdict made with TF32 off must not serve a process that turned it on (its fp32
+    kernels then run differently), nor the other way round."""
+    import torch
+
+    from gpuparity.dispatch import verdict_dtype
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    before = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert verdict_dtype("attention", torch.float32, cuda) == "float32"
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert verdict_dtype("attention", torch.float32, cuda) == "float32+tf32"
+        assert verdict_dtype("matmul", torch.float32, cuda) == "float32+tf32"
+        assert verdict_dtype("attention", torch.bfloat16, cuda) == "bfloat16"    # 16-bit: no TF32
+        assert verdict_dtype("rms_norm", torch.float32, cuda) == "float32"        # no matmul inside
+        assert verdict_dtype("attention", torch.float32, cpu) == "float32"        # no TF32 on CPUs
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def test_child_processes_get_the_callers_fp32_switches():
+    import torch
+
+    from gpuparity.checks.isolate import TF32_ENV, apply_fp32_switches, child_env, fp32_switches
+    saved = fp32_switches()
+    try:
+        apply_fp32_switches("matmul_tf32=1,cudnn_tf32=0")
+        assert torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+        assert child_env()[TF32_ENV] == fp32_switches() == "matmul_tf32=1,cudnn_tf32=0"
+    finally:
+        apply_fp32_switches(saved)
+    assert fp32_switches() == saved

@@ -178,8 +178,20 @@ def _cache_path(device: torch.device) -> str:
 _MEMORY_CACHE: Dict[str, Dict[str, Any]] = {}
 
 
+def verdict_dtype(op: str, dtype: torch.dtype, device: torch.device) -> str:
+    """The dtype part of a verdict key: "float32+tf32" when this op's fp32 runs on TF32 units
+    here under torch's current switches (a verdict made with TF32 off does not speak for TF32
+    on, nor the other way), else the dtype's name."""
+    name = str(dtype).replace("torch.", "")
+    if dtype == torch.float32:
+        from .checks.specs import get_spec
+        if get_spec(op).precision(dtype, torch.device(device)) == "tf32":
+            name += "+tf32"
+    return name
+
+
 def probe_key(problem: Problem, backend: Backend) -> str:
-    return f"{problem.op}|{backend.name}|{str(problem.dtype).replace('torch.', '')}|{problem.kind}"
+    return f"{problem.op}|{backend.name}|{verdict_dtype(problem.op, problem.dtype, problem.device)}|{problem.kind}"
 
 
 def _load_cache(path: str) -> Dict[str, Any]:

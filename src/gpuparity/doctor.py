@@ -160,7 +160,7 @@ def run_doctor(options: DoctorOptions, *, progress: Optional[Callable[[int, int,
         verdicts = verdicts_from_results(run.results)
         for key, verdict in verdicts.items():
             op, backend, dtype, _kind = key.split("|")
-            verdict["time_ms"] = times.get((op, backend, dtype))
+            verdict["time_ms"] = times.get((op, backend, dtype.split("+")[0]))  # "float32+tf32": timed as float32
         try:
             import torch
             cache_path = dispatch.store_verdicts(torch.device(device), verdicts)

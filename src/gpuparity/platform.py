@@ -162,9 +162,11 @@ def _libraries(vendor: str) -> Dict[str, Any]:
 
 def _numerics() -> Dict[str, Any]:
     import torch
+
+    from .numerics import cudnn_tf32, matmul_tf32
     return {
-        "matmul_allow_tf32": _safe(lambda: bool(torch.backends.cuda.matmul.allow_tf32)),
-        "cudnn_allow_tf32": _safe(lambda: bool(torch.backends.cudnn.allow_tf32)),
+        "matmul_allow_tf32": _safe(matmul_tf32),
+        "cudnn_allow_tf32": _safe(cudnn_tf32),
         "float32_matmul_precision": _safe(torch.get_float32_matmul_precision),
         "deterministic_algorithms": _safe(torch.are_deterministic_algorithms_enabled),
         "cudnn_deterministic": _safe(lambda: bool(torch.backends.cudnn.deterministic)),

@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from ..dispatch import Backend, Problem, register
+from ..numerics import matmul_tf32
 from . import triton_common
 from .triton_common import AotSpec, cdiv, launch, lazy_kernel
 
@@ -722,8 +723,7 @@ def dot_precision(dtype: torch.dtype) -> str:
         return "ieee"  # ignored for 16-bit inputs
     if triton_common.vendor() != "nvidia":
         return "ieee"
-    allow = torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest"
-    return "tf32" if allow else strict_fp32_dot()
+    return "tf32" if matmul_tf32() else strict_fp32_dot()
 
 
 _STRICT_DOT: List[str] = []

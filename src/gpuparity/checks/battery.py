@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 import torch
 
 from .. import dispatch
-from .execute import dtype_name, task_seed
+from .execute import dtype_from_name, dtype_name, task_seed
 from .isolate import child_env, describe_exit, kill_tree, tail
 from .results import CheckResult, Comparison, ResultStream, Status
 from .specs import LEVELS, OPS, get_spec
@@ -432,7 +432,9 @@ def verdicts_from_results(results: Iterable[CheckResult]) -> Dict[str, Dict[str,
         if result.backend.startswith("impl:"):
             continue
         spec = get_spec(result.op)
-        key = f"{result.op}|{result.backend}|{result.dtype}|{spec.kind(result.params)}"
+        # the checks ran with this process's fp32 switches (child_env carries them to workers)
+        dtype = dispatch.verdict_dtype(result.op, dtype_from_name(result.dtype), torch.device(result.device))
+        key = f"{result.op}|{result.backend}|{dtype}|{spec.kind(result.params)}"
         groups.setdefault(key, []).append(result)
     verdicts = {}
     for key, members in groups.items():

@@ -53,8 +53,33 @@ def describe_exit(returncode: Optional[int]) -> str:
     return f"exited with status {returncode}"
 
 
+TF32_ENV = "GPUPARITY_FP32_SWITCHES"
+
+
+def fp32_switches() -> str:
+    """This process's fp32 numerics switches (may matmuls and cuDNN use TF32) as one string: what
+    a child process must apply to compute as this one does."""
+    from ..numerics import cudnn_tf32, matmul_tf32
+    return f"matmul_tf32={int(matmul_tf32())},cudnn_tf32={int(cudnn_tf32())}"
+
+
+def apply_fp32_switches(text: Optional[str]) -> None:
+    """Set what fp32_switches() described (in a child process); unknown parts are ignored."""
+    if not text:
+        return
+    import torch
+    values = dict(part.split("=", 1) for part in text.split(",") if "=" in part)
+    if "matmul_tf32" in values:
+        torch.backends.cuda.matmul.allow_tf32 = values["matmul_tf32"] == "1"
+    if "cudnn_tf32" in values:
+        torch.backends.cudnn.allow_tf32 = values["cudnn_tf32"] == "1"
+
+
 def child_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     env = dict(os.environ)
+    # Checks run in child processes must see fp32 as the caller does: a script that turned TF32
+    # on gets its fp32 backends verified with TF32 on.
+    env.setdefault(TF32_ENV, fp32_switches())
     env.setdefault("PYTHONUNBUFFERED", "1")
     # A crash should be quick and quiet, not a core dump.
     env.setdefault("PYTHONFAULTHANDLER", "1")

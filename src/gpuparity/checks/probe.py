@@ -41,8 +41,9 @@ def probe_op(op: str, dtype: torch.dtype, kind: str, device) -> Dict[str, Dict[s
     results = decided + run_tasks(tasks, isolate=_isolate(device))
     verdicts = verdicts_from_results(results)
     dname = dtype_name(dtype)
+    vname = dispatch.verdict_dtype(op, dtype, device)
     for backend in probed:
-        key = f"{op}|{backend}|{dname}|{kind}"
+        key = f"{op}|{backend}|{vname}|{kind}"
         if key not in verdicts:  # no case of exactly this kind: all of the backend's probe cases decide
             ran = [r for r in results if r.backend == backend and r.status != Status.SKIP]
             bad = [r for r in ran if r.status.bad]

@@ -43,7 +43,11 @@ def handle(task: Dict[str, Any]) -> Dict[str, Any]:
 def main() -> int:
     # Import torch and every backend module (Triton's among them) before the first task
     # arrives: a worker started ahead of its tasks (the doctor's timing worker) is ready then.
+    import os
+
     from .. import dispatch
+    from .isolate import TF32_ENV, apply_fp32_switches
+    apply_fp32_switches(os.environ.get(TF32_ENV))  # fp32 as the parent computes it
     dispatch.backends("attention")
     for line in sys.stdin:
         line = line.strip()

@@ -9,6 +9,7 @@ import torch
 from ... import reference
 from ...backends.masks import mask_kind
 from ...dispatch import Problem
+from ...numerics import matmul_tf32
 from .base import Case, OpSpec, randn, tf32_precision
 
 
@@ -143,7 +144,7 @@ class AttentionSpec(OpSpec):
         return masks
 
     def precision(self, dtype, device):
-        return tf32_precision(dtype, device, torch.backends.cuda.matmul.allow_tf32)
+        return tf32_precision(dtype, device, matmul_tf32())
 
     def timing_params(self):
         return _case("timing", B=4, H=4, Sq=256, D=64, mask="key_padding", lengths=[256, 200, 131, 64]).params

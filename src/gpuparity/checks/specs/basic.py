@@ -7,6 +7,7 @@ from typing import List
 import torch
 
 from ... import reference
+from ...numerics import cudnn_tf32, matmul_tf32
 from .base import Case, OpSpec, randn, tf32_precision
 
 
@@ -81,7 +82,7 @@ class MatmulSpec(OpSpec):
         return fn(inputs["a"], b)
 
     def precision(self, dtype, device):
-        return tf32_precision(dtype, device, torch.backends.cuda.matmul.allow_tf32)
+        return tf32_precision(dtype, device, matmul_tf32())
 
     def timing_params(self):
         return dict(a=(512, 512), b=(512, 512))
@@ -120,7 +121,7 @@ class Conv2dSpec(OpSpec):
                   p.get("dilation", 1), p.get("groups", 1))
 
     def precision(self, dtype, device):
-        return tf32_precision(dtype, device, torch.backends.cudnn.allow_tf32)
+        return tf32_precision(dtype, device, cudnn_tf32())
 
     def timing_params(self):
         return dict(x=(8, 32, 28, 28), w=(32, 32, 3, 3), padding=1)
