@@ -518,6 +518,12 @@ class TileConfig:
     block_n: int
     num_warps: int
     num_stages: int
+    # A dense attn_mask adds a mask tile to every pipeline stage: configs whose stages would
+    # then overflow shared memory name the stage count to use with one (None: num_stages).
+    masked_stages: Optional[int] = None
+
+    def stages(self, dense_mask: bool) -> int:
+        return self.masked_stages if dense_mask and self.masked_stages is not None else self.num_stages
 
 
 # Per vendor family, kernel, head-dim bucket (the padded head dim; a bucket a family lacks
@@ -528,7 +534,11 @@ class TileConfig:
 _SM90 = {
     "fwd": {
         (32, 2): TileConfig(64, 64, 4, 3),
-        (64, 2): TileConfig(64, 64, 4, 3), (128, 2): TileConfig(64, 64, 4, 3), (256, 2): TileConfig(64, 32, 4, 2),
+        # (128, 2): 128x64 with 8 warps, from a third-session sweep on llm-8k (H200, same sm_90 as
+        # the H100): 1.80 ms vs 2.70 for the 64x64 / 4-warp tile the first sweep had chosen;
+        # with a dense mask 3 stages need 256 KiB (Triton 3.6), so 2 there
+        (64, 2): TileConfig(64, 64, 4, 3), (128, 2): TileConfig(128, 64, 8, 3, masked_stages=2),
+        (256, 2): TileConfig(64, 32, 4, 2),
         (64, 4): TileConfig(64, 32, 4, 2), (128, 4): TileConfig(64, 32, 4, 2), (256, 4): TileConfig(32, 32, 4, 1),
     },
     "dkdv": {
@@ -543,7 +553,7 @@ _SM90 = {
     },
 }
 _SM80 = {
-    "fwd": dict(_SM90["fwd"]),
+    "fwd": {**_SM90["fwd"], (128, 2): TileConfig(64, 64, 4, 3)},  # the 128x64 tile is unmeasured on an A100
     "dkdv": {**_SM90["dkdv"], (128, 2): TileConfig(32, 64, 4, 3)},
     "dq": dict(_SM90["dq"]),
 }
@@ -798,8 +808,8 @@ def attention_forward(q, k, v, masks: MaskArgs, is_causal: bool, scale: float, d
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         *masks.mask_strides, *masks.kpm_strides,
         heads, heads // kv_heads, q_len, k_len),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        SCAN=SCAN_BLOCK,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+        num_stages=cfg.stages(masks.kind != MASK_NONE), SCAN=SCAN_BLOCK,
         **_common_constexprs(head_dim, masks, is_causal, dropout_p, q.dtype))
     return out, lse
 
@@ -825,7 +835,8 @@ def attention_backward(dout, q, k, v, out, lse, masks: MaskArgs, is_causal: bool
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), *dout.stride(), *dq.stride(),
         *masks.mask_strides, *masks.kpm_strides,
         heads, heads // kv_heads, q_len, k_len),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+        num_stages=cfg.stages(masks.kind != MASK_NONE),
         **constexprs)
 
     cfg = tile_config("dkdv", q.device, head_dim, q.dtype)
@@ -835,7 +846,8 @@ def attention_backward(dout, q, k, v, out, lse, masks: MaskArgs, is_causal: bool
         *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(),
         *masks.mask_strides, *masks.kpm_strides,
         heads, kv_heads, heads // kv_heads, q_len, k_len),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+        num_stages=cfg.stages(masks.kind != MASK_NONE),
         **constexprs)
     return dq, dk, dv
 
@@ -908,7 +920,7 @@ def _signature(kernel, dtype: str, mask_type: str) -> Dict[str, str]:
     return signature
 
 
-def _aot_spec(fam, targets, kernel_name, head_dim, elem, cfg, dropout=False) -> AotSpec:
+def _aot_spec(fam, targets, kernel_name, head_dim, elem, cfg, dropout=False, dense_mask=True) -> AotSpec:
     dtype = "bf16" if elem == 2 else "fp32"
     kernel = kernels()[kernel_name]
     # fp32 on NVIDIA ships split-TF32 tensor-core dots ("tf32x3", dot_precision's choice with
@@ -916,21 +928,23 @@ def _aot_spec(fam, targets, kernel_name, head_dim, elem, cfg, dropout=False) -> 
     # product instead of three. AMD's Triton has FMA dots only.
     precision = "tf32x3" if elem == 4 and fam.startswith("nvidia") else "ieee"
     constexprs = dict(HEAD_DIM=head_dim, D_PAD=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                      IS_CAUSAL=True, MASK_KIND=MASK_ADDITIVE, HAS_KPM=True, HAS_BOUNDS=True,
-                      DROPOUT=dropout, DOT_PRECISION=precision)
+                      IS_CAUSAL=True, MASK_KIND=MASK_ADDITIVE if dense_mask else MASK_NONE, HAS_KPM=True,
+                      HAS_BOUNDS=True, DROPOUT=dropout, DOT_PRECISION=precision)
     if kernel_name == "fwd":
         constexprs["SCAN"] = SCAN_BLOCK
     return AotSpec(
         name=f"attention.{kernel_name}.{fam}.d{head_dim}.{dtype}.m{cfg.block_m}n{cfg.block_n}"
-             f"w{cfg.num_warps}s{cfg.num_stages}" + (".dropout" if dropout else ""),
+             f"w{cfg.num_warps}s{cfg.stages(dense_mask)}" + (".dropout" if dropout else "")
+             + ("" if dense_mask else ".nomask"),
         kernel=kernel, signature=_signature(kernel, dtype, "*fp32"), constexprs=constexprs,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, targets=targets)
+        num_warps=cfg.num_warps, num_stages=cfg.stages(dense_mask), targets=targets)
 
 
 def aot_specs() -> List[AotSpec]:
     """Every shipped tile configuration, compiled at the largest head dim that uses it, with
     the mask flags that cost the most shared memory (additive mask tiles, key padding with
-    its two-way loop, causal). Dropout adds registers, not shared memory: it is compiled
+    its two-way loop, causal), and, for a config with fewer stages under a dense mask, also
+    without one at its full depth. Dropout adds registers, not shared memory: it is compiled
     once per family and kernel (at the 64 bf16 config) to prove it builds."""
     specs: List[AotSpec] = []
     for fam, targets in FAMILY_TARGETS.items():
@@ -940,6 +954,8 @@ def aot_specs() -> List[AotSpec]:
                 largest[(elem, cfg)] = max(bucket, largest.get((elem, cfg), 0))
             for (elem, cfg), head_dim in largest.items():
                 specs.append(_aot_spec(fam, targets, kernel_name, head_dim, elem, cfg))
+                if cfg.masked_stages is not None:  # its deeper pipeline, used without a dense mask
+                    specs.append(_aot_spec(fam, targets, kernel_name, head_dim, elem, cfg, dense_mask=False))
             specs.append(_aot_spec(fam, targets, kernel_name, 64, 2, CONFIGS[fam][kernel_name][(64, 2)],
                                    dropout=True))
     return specs
