@@ -28,9 +28,10 @@ from .worker import MARKER
 DEFAULT_TIMEOUT_S = {"cpu": 60.0, "cuda": 180.0}  # the first Triton call compiles its kernels
 # Rough cost of one check, for the up-front estimate of --full.
 # The up-front estimate: on a 16-core H100 machine the default level's 663 checks took 40 s in
-# all on a fresh machine (Triton compiling every kernel), 25 s with its cache warm.
-SECONDS_PER_CHECK = {"cpu": 0.25, "cuda": 0.05}
-WORKER_START_S = {"cpu": 3.0, "cuda": 6.0}
+# all on a fresh machine (Triton compiling every kernel), 25 s with its cache warm; on a 2-core
+# CPU its 342 checks took 11-36 s (36 s with another job on the cores).
+SECONDS_PER_CHECK = {"cpu": 0.1, "cuda": 0.05}
+WORKER_START_S = {"cpu": 2.0, "cuda": 6.0}
 
 
 @dataclasses.dataclass
