@@ -42,3 +42,30 @@ def test_versions():
     assert platform.parse_version("2.5.1+rocm6.2") == (2, 5, 1)
     assert platform.parse_version(None) == ()
     assert platform.rocm_version({"torch": {"version": "2.5.1+rocm6.2", "hip": None}}) == (6, 2)
+
+
+def test_driver_versions_from_the_files_drivers_expose(tmp_path):
+    from gpuparity import platform as plat
+    proprietary = tmp_path / "nvidia-proprietary"
+    proprietary.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.183.01  Sun May 12 19:39:15 UTC 2024\n")
+    open_module = tmp_path / "nvidia-open"
+    open_module.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build\n")
+    amd = tmp_path / "amdgpu"
+    amd.write_text("6.8.5\n")
+    assert plat._driver({"nvidia": str(proprietary)}) == {"nvidia": "535.183.01"}
+    assert plat._driver({"nvidia": str(open_module), "amdgpu": str(amd)}) == {"nvidia": "580.159.04", "amdgpu": "6.8.5"}
+    assert plat.is_unknown(plat._driver({"nvidia": str(tmp_path / "absent")}))
+    garbled = tmp_path / "garbled"
+    garbled.write_text("something else\n")
+    assert plat.is_unknown(plat._driver({"nvidia": str(garbled)})["nvidia"])
+
+
+def test_a_driver_update_changes_the_cache_fingerprint():
+    from gpuparity import platform as plat
+    report = plat.collect()
+    before = plat.fingerprint_key({**report, "driver": {"nvidia": "535.183.01"}})
+    after = plat.fingerprint_key({**report, "driver": {"nvidia": "580.159.04"}})
+    assert before != after
+    # no readable driver file (CPU machines, containers): the key does not depend on the reason
+    assert plat.fingerprint_key({**report, "driver": plat.unknown("a")}) == \
+        plat.fingerprint_key({**report, "driver": plat.unknown("b")})

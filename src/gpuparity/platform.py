@@ -228,6 +228,27 @@ def _hsa_override(devices) -> Optional[Dict[str, Any]]:
     return {"value": value, "as_arch": as_gfx, "device_archs": archs}
 
 
+DRIVER_FILES = {"nvidia": "/proc/driver/nvidia/version", "amdgpu": "/sys/module/amdgpu/version"}
+
+
+def _driver(files: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """Kernel-driver versions, from the files the drivers expose on Linux (NVIDIA's
+    /proc/driver/nvidia/version; amdgpu's module version, present for DKMS builds)."""
+    found: Dict[str, Any] = {}
+    for name, path in (files or DRIVER_FILES).items():
+        try:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                text = handle.read(4096)
+        except OSError:
+            continue
+        if name == "nvidia":
+            match = re.search(r"Kernel Module(?: for \S+)?\s+([0-9]+(?:\.[0-9]+)+)", text)
+            found[name] = match.group(1) if match else unknown(f"unparsed {path}: {text.strip()[:120]}")
+        else:
+            found[name] = text.strip()[:60] or unknown(f"{path} is empty")
+    return found or unknown("no NVIDIA or amdgpu driver version file readable here")
+
+
 def collect() -> Dict[str, Any]:
     """The platform report. Never raises."""
     import torch
@@ -245,6 +266,7 @@ def collect() -> Dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "vendor": vendor,
         "torch": _safe(_torch_build),
+        "driver": _safe(_driver),
         "devices": devices,
         "triton": _safe(_triton),
         "libraries": _safe(lambda: _libraries(vendor)),
@@ -283,6 +305,8 @@ def fingerprint_key(report: Dict[str, Any], device_index: Optional[int] = None) 
         "devices": [(d.get("name"), d.get("arch")) for d in devices if isinstance(d, dict)],
         "libs": {k: v for k, v in libs.items() if isinstance(v, str)},
         "triton": triton_info.get("version"),
+        # a driver update changes the vendor libraries' kernels: verdicts are re-made
+        "driver": report.get("driver") if isinstance(report.get("driver"), dict) and not is_unknown(report.get("driver")) else None,
         "interpret": os.environ.get("TRITON_INTERPRET") == "1",
         "gpuparity": report.get("gpuparity_version"),
     }

@@ -35,6 +35,9 @@ def render_platform(console: Console, report: Dict[str, Any]) -> None:
     table.add_row("vendor", _fmt(report.get("vendor")))
     table.add_row("torch", f"{_fmt(torch_info.get('version'))} (CUDA {_fmt(torch_info.get('cuda'))}, "
                            f"HIP {_fmt(torch_info.get('hip'))})")
+    driver = report.get("driver")
+    if isinstance(driver, dict) and not is_unknown(driver):
+        table.add_row("driver", ", ".join(f"{k} {_fmt(v)}" for k, v in driver.items()))
     devices = report.get("devices")
     if isinstance(devices, list):
         for d in devices:
