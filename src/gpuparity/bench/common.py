@@ -72,6 +72,14 @@ def graphed(step: Callable[[], Any]) -> Callable[[], None]:
     return graph.replay
 
 
+def graph_unavailable(row: "BenchRow", graph: bool, device: torch.device) -> bool:
+    """Mark a CUDA-graph row that cannot run on `device` as a SKIP with the reason; True if so."""
+    if graph and device.type != "cuda":
+        row.status, row.reason = "skip", "CUDA graphs need a GPU"
+        return True
+    return False
+
+
 def record_failure(row: "BenchRow", exc: Exception, graph: bool = False) -> None:
     """A peer that raised is an "error" row with the reason; one that only cannot be captured in a
     CUDA graph is a "skip" (a gap in that column, not a failure of the run)."""

@@ -327,8 +327,7 @@ def run_norm_bench(ops: Sequence[str], shapes: Sequence[Tuple[int, int]], dtype:
                         row.status, row.reason = "skip", reason
                         continue
                     base, graph = common.split_mode(mode)
-                    if graph and device.type != "cuda":
-                        row.status, row.reason = "skip", "CUDA graphs need a GPU"
+                    if common.graph_unavailable(row, graph, device):
                         continue
                     try:
                         if base == "fwd":

@@ -110,8 +110,7 @@ def run_rope_bench(shapes: Sequence[Tuple[int, int, int, int]], layouts: Sequenc
                         def pair(x1, x2, run=fn, kw=kwargs):
                             return run(x1, cos, sin, **kw), run(x2, cos, sin, **kw)
                     base, graph = common.split_mode(mode)
-                    if graph and device.type != "cuda":
-                        row.status, row.reason = "skip", "CUDA graphs need a GPU"
+                    if common.graph_unavailable(row, graph, device):
                         continue
                     try:
                         if base == "fwd":
