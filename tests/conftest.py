@@ -27,3 +27,12 @@ def _seeded_global_rng():
     import torch
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _fresh_resolutions():
+    """Each test decides backends afresh: tests replace dispatch internals (probe_verdict) with
+    monkeypatch, which the remembered resolutions of an earlier test would not see."""
+    from gpuparity import dispatch
+    dispatch._state_changed()
+    yield

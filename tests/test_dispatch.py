@@ -92,3 +92,37 @@ def test_child_processes_get_the_callers_fp32_switches():
     finally:
         apply_fp32_switches(saved)
     assert fp32_switches() == saved
+
+
+def test_resolutions_are_remembered_until_what_decides_them_changes(fresh_cache, monkeypatch):
+    """resolve() keeps its answer per problem (a training loop calls it every step) and forgets
+    it when the verdicts, the registry or the switches in its key change."""
+    problem = Problem("softmax", torch.device("cpu"), torch.float32)
+    times = {}
+    asked = []
+
+    def verdict(p, backend):
+        asked.append(backend.name)
+        return {"passed": True, "time_ms": times.get(backend.name, 5.0)}
+
+    monkeypatch.setattr(dispatch, "probe_verdict", verdict)
+    dispatch.clear_cache()
+    first = dispatch.resolve(problem)
+    count = len(asked)
+    assert count > 0
+    assert dispatch.resolve(problem) is first and len(asked) == count      # remembered: no verdicts asked
+    dispatch.register(Backend("planted_fast", "softmax", torch.softmax, "planted"))
+    try:
+        times["planted_fast"] = 0.1
+        assert dispatch.resolve(problem).name == "planted_fast"             # a registration is seen
+        times["planted_fast"] = 50.0
+        assert dispatch.resolve(problem).name == "planted_fast"             # still remembered
+        dispatch.store_verdicts(torch.device("cpu"), {})                    # new verdicts: decide again
+        assert dispatch.resolve(problem).name != "planted_fast"
+        count = len(asked)
+        monkeypatch.setenv("GPUPARITY_TRUST_UNPROBED", "1")                 # part of the key
+        dispatch.resolve(problem)
+        assert len(asked) > count
+    finally:
+        dispatch._REGISTRY["softmax"].pop("planted_fast")
+        dispatch.clear_cache()

@@ -79,11 +79,25 @@ class Backend:
 
 _REGISTRY: Dict[str, Dict[str, Backend]] = {}
 _LOCK = threading.Lock()
+# Resolutions already made, so a training loop does not re-derive every backend's reasons and
+# verdicts on every call (~20 us of Python per call on a fast host). A resolution follows from
+# the problem, the registry, the probe verdicts in memory, two environment variables and, for
+# fp32, torch's TF32 switches: the key holds the variables and switches, and anything that
+# changes the registry or the verdicts (register, a probe, clear_cache) clears the memo. The
+# probe-cache directory is read when a verdict is first needed: a process that moves it
+# (GPUPARITY_CACHE_DIR) calls clear_cache() to have verdicts looked up there.
+_RESOLVED: Dict[tuple, "Backend"] = {}
+_STATE_ENV = ("GPUPARITY_TRUST_UNPROBED", "TRITON_INTERPRET")
+
+
+def _state_changed() -> None:
+    _RESOLVED.clear()
 
 
 def register(backend: Backend) -> Backend:
     with _LOCK:
         _REGISTRY.setdefault(backend.op, {})[backend.name] = backend
+        _state_changed()
     return backend
 
 
@@ -110,16 +124,31 @@ class BackendUnavailable(RuntimeError):
     """A named backend cannot serve this call; the message lists why."""
 
 
+def _resolution_key(problem: Problem, backend: str) -> tuple:
+    environ = os.environ
+    key = (problem, backend, tuple([environ.get(name) for name in _STATE_ENV]))
+    if problem.dtype == torch.float32:
+        from .numerics import cudnn_tf32, matmul_tf32
+        key += (matmul_tf32(), cudnn_tf32())
+    return key
+
+
 def resolve(problem: Problem, backend: str = "auto") -> Backend:
     """The backend that serves `problem`: the named one (or an error with its reasons), or the
-    verified choice for "auto"."""
+    verified choice for "auto". Remembered per problem (see _RESOLVED); errors are not."""
+    key = _resolution_key(problem, backend)
+    chosen = _RESOLVED.get(key)
+    if chosen is not None:
+        return chosen
     if backend != "auto":
         chosen = get(problem.op, backend)
         reasons = chosen.reasons(problem)
         if reasons:
             raise BackendUnavailable(f"backend={backend!r} cannot serve this {problem.op} call: " + "; ".join(reasons))
-        return chosen
-    return explain(problem)["chosen_backend"]
+    else:
+        chosen = explain(problem)["chosen_backend"]
+    _RESOLVED[key] = chosen
+    return chosen
 
 
 def explain(problem: Problem) -> Dict[str, Any]:
@@ -204,6 +233,7 @@ def _load_cache(path: str) -> Dict[str, Any]:
     except (OSError, ValueError):
         data = {}
     _MEMORY_CACHE[path] = data
+    _state_changed()
     return data
 
 
@@ -212,6 +242,7 @@ def store_verdicts(device: torch.device, verdicts: Dict[str, Dict[str, Any]]) ->
     path = _cache_path(device)
     data = _load_cache(path)
     data.update(verdicts)
+    _state_changed()
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
     from . import platform
@@ -224,6 +255,7 @@ def store_verdicts(device: torch.device, verdicts: Dict[str, Dict[str, Any]]) ->
 
 def clear_cache() -> None:
     _MEMORY_CACHE.clear()
+    _state_changed()
 
 
 def probe_verdict(problem: Problem, backend: Backend) -> Dict[str, Any]:
