@@ -32,6 +32,17 @@ CANDIDATES = {
     "dq": [TC(32, 32, 4, 3), TC(32, 64, 4, 3), TC(64, 16, 4, 3), TC(128, 32, 4, 3), TC(128, 64, 8, 3), TC(64, 64, 4, 3), TC(64, 32, 4, 3), TC(128, 32, 8, 3),
            TC(128, 64, 4, 2), TC(64, 64, 4, 4), TC(128, 32, 4, 4)],
 }
+# fourth session, for the D=128 backward on Hopper (flex's backward led ours there);
+# --recent sweeps only these and the shipped config
+RECENT = {
+    "fwd": [],
+    "dkdv": [TC(64, 128, 8, 2), TC(128, 128, 8, 2), TC(64, 64, 4, 2), TC(32, 128, 4, 2), TC(128, 64, 8, 2),
+             TC(64, 128, 8, 4)],
+    "dq": [TC(128, 64, 8, 2), TC(128, 128, 8, 2), TC(64, 128, 4, 2), TC(64, 64, 4, 2), TC(128, 32, 8, 2),
+           TC(64, 128, 8, 3)],
+}
+for _kernel, _extra in RECENT.items():
+    CANDIDATES[_kernel] = CANDIDATES[_kernel] + _extra
 # shapes per head dim bucket
 TUNE_SHAPES = {32: ["aam-nuc", "aam-asv"], 64: ["bert", "llm-4k"], 128: ["llm-8k"]}
 
@@ -49,6 +60,7 @@ def main() -> None:
     parser.add_argument("--family", default="nvidia_sm90")
     parser.add_argument("--overrides", default=None, help="write the winners here (GPUPARITY_ATTENTION_CONFIGS format)")
     parser.add_argument("--kernels", default="fwd,dkdv,dq", help="which kernels to sweep (default all three)")
+    parser.add_argument("--recent", action="store_true", help="only the shipped config and the RECENT candidates")
     args = parser.parse_args()
     start = time.time()
     table = ta.CONFIGS[args.family]
@@ -69,10 +81,12 @@ def main() -> None:
             key = (bucket, 2)
             default = table[kernel][key]
             scores = []
-            for cfg in CANDIDATES[kernel]:
+            candidates = [default] + RECENT[kernel] if args.recent else CANDIDATES[kernel]
+            for cfg in candidates:
                 if time.time() - start > args.budget_s:
                     break
                 table[kernel][key] = cfg
+                ta.clear_plans()
                 total = 0.0
                 try:
                     for case, (ref_out, ref_grads) in zip(cases, refs):
@@ -97,6 +111,7 @@ def main() -> None:
             scores.sort(key=lambda item: item[0])
             best = scores[0][1] if scores else default
             table[kernel][key] = best
+            ta.clear_plans()
             results[f"d{bucket}.{kernel}"] = [(t, dataclasses_tuple(c)) for t, c in scores]
             print(f"BEST d{bucket} {kernel}: {best} (default {default})", flush=True)
             overrides.setdefault(kernel, {})[f"{bucket},2"] = dataclasses_tuple(best)

@@ -22,7 +22,7 @@ import torch
 from ..dispatch import Backend, Problem, register
 from ..numerics import matmul_tf32
 from . import triton_common
-from .triton_common import AotSpec, cdiv, launch, lazy_kernel
+from .triton_common import AotSpec, PreparedLaunch, cdiv, lazy_kernel
 
 _IMPORT_ERROR = ""
 try:  # module-level names so Triton (compiler and interpreter) sees `tl` in the kernels' globals
@@ -654,6 +654,7 @@ def load_overrides(path: str) -> None:
             for key, values in entries.items():
                 bucket, elem = (int(x) for x in key.split(","))
                 CONFIGS[fam][kernel_name][(bucket, elem)] = TileConfig(*[int(x) for x in values])
+    clear_plans()
 
 
 _OVERRIDES_LOADED = []
@@ -784,92 +785,141 @@ def _output_like(q: torch.Tensor) -> torch.Tensor:
     return torch.empty(batch, heads, q_len, head_dim, dtype=q.dtype, device=q.device)
 
 
-def attention_forward(q, k, v, masks: MaskArgs, is_causal: bool, scale: float, dropout_p: float = 0.0,
-                      seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse): lse is (B, H, Sq) float32 in base 2, +inf for rows with no key."""
+# Launches prepared per call signature (shapes, strides, dtype, mask layout, flags): a training
+# loop repeats a few signatures, and re-deriving tile configs, constexprs and ~50 launch
+# arguments on every call is host time that short sequences cannot hide. Calls with dropout
+# (a new seed each time) are not kept. Bounded: cleared when it grows past _PLANS_MAX.
+_PLANS: Dict[tuple, Tuple[PreparedLaunch, ...]] = {}
+_PLANS_MAX = 512
+
+
+def _plan_key(q, k, v, masks: MaskArgs, is_causal: bool, scale: float, dropout_p: float, extra=()) -> Optional[tuple]:
+    if dropout_p > 0.0:
+        return None
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, masks.kind,
+           None if masks.mask is None else masks.mask.dtype, masks.mask_strides,
+           None if masks.kpm is None else masks.kpm.dtype, masks.kpm_strides, masks.bounds is not None,
+           is_causal, scale, triton_common.interpreting(), *extra)
+    if q.dtype == torch.float32:
+        key += (matmul_tf32(),)
+    return key
+
+
+def clear_plans() -> None:
+    """Forget prepared launches: call after changing CONFIGS (load_overrides does)."""
+    _PLANS.clear()
+
+
+def _planned(key: Optional[tuple], build) -> Tuple[PreparedLaunch, ...]:
+    if key is None:
+        return build()
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        plan = _PLANS[key] = build()
+    return plan
+
+
+def _mask_tensors(q, masks: MaskArgs) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dummy = _dummy(q.device)
+    return (dummy if masks.mask is None else masks.mask, dummy if masks.kpm is None else masks.kpm,
+            dummy if masks.bounds is None else masks.bounds)
+
+
+def _forward_launch(q, k, v, out, masks: MaskArgs, is_causal, scale, dropout_p, seed) -> Tuple[PreparedLaunch]:
     batch, heads, q_len, head_dim = q.shape
     kv_heads, k_len = k.shape[1], k.shape[2]
-    out = _output_like(q)
-    lse = torch.empty(batch, heads, q_len, dtype=torch.float32, device=q.device)
-    if out.numel() == 0:
-        return out, lse
-    if k_len == 0:
-        out.zero_()
-        lse.fill_(float("inf"))
-        return out, lse
     cfg = tile_config("fwd", q.device, head_dim, q.dtype)
-    mask = masks.mask if masks.mask is not None else _dummy(q.device)
-    kpm = masks.kpm if masks.kpm is not None else _dummy(q.device)
-    bounds = masks.bounds if masks.bounds is not None else _dummy(q.device)
-    grid = (cdiv(q_len, cfg.block_m), batch * heads)
-    launch(kernels()["fwd"], grid, (
-        q, k, v, out, lse, mask, kpm, bounds,
+    return (PreparedLaunch(kernels()["fwd"], (cdiv(q_len, cfg.block_m), batch * heads), (
         scale * LOG2E, float(dropout_p), int(seed),
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         *masks.mask_strides, *masks.kpm_strides,
         heads, heads // kv_heads, q_len, k_len),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
         num_stages=cfg.stages(masks.kind != MASK_NONE), SCAN=SCAN_BLOCK,
-        **_common_constexprs(head_dim, masks, is_causal, dropout_p, q.dtype))
+        **_common_constexprs(head_dim, masks, is_causal, dropout_p, q.dtype)),)
+
+
+def attention_forward(q, k, v, masks: MaskArgs, is_causal: bool, scale: float, dropout_p: float = 0.0,
+                      seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse): lse is (B, H, Sq) float32 in base 2, +inf for rows with no key."""
+    batch, heads, q_len, _ = q.shape
+    out = _output_like(q)
+    lse = torch.empty(batch, heads, q_len, dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        return out, lse
+    if k.shape[2] == 0:
+        out.zero_()
+        lse.fill_(float("inf"))
+        return out, lse
+    (forward,) = _planned(_plan_key(q, k, v, masks, is_causal, scale, dropout_p, ("fwd",)),
+                          lambda: _forward_launch(q, k, v, out, masks, is_causal, scale, dropout_p, seed))
+    forward(q, k, v, out, lse, *_mask_tensors(q, masks))
     return out, lse
 
 
-def attention_backward(dout, q, k, v, out, lse, masks: MaskArgs, is_causal: bool, scale: float,
-                       dropout_p: float = 0.0, seed: int = 0):
+def _backward_launches(q, k, v, out, dout, dq, dk, dv, masks: MaskArgs, is_causal, scale, dropout_p, seed
+                       ) -> Tuple[PreparedLaunch, PreparedLaunch]:
     batch, heads, q_len, head_dim = q.shape
     kv_heads, k_len = k.shape[1], k.shape[2]
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    if q.numel() == 0 or k.numel() == 0:
-        return dq.zero_(), dk.zero_(), dv.zero_()
     constexprs = _common_constexprs(head_dim, masks, is_causal, dropout_p, q.dtype)
-    mask = masks.mask if masks.mask is not None else _dummy(q.device)
-    kpm = masks.kpm if masks.kpm is not None else _dummy(q.device)
-    bounds = masks.bounds if masks.bounds is not None else _dummy(q.device)
-
-    delta = torch.empty(batch, heads, q_len, dtype=torch.float32, device=q.device)
-    # dq first: it also computes delta = rowsum(out * dout), which the dk/dv kernel reads
+    stages = dict(num_stages=None)
     cfg = tile_config("dq", q.device, head_dim, q.dtype)
-    launch(kernels()["dq"], (cdiv(q_len, cfg.block_m), batch * heads), (
-        q, k, v, out, dout, lse, delta, dq, mask, kpm, bounds,
+    stages["num_stages"] = cfg.stages(masks.kind != MASK_NONE)
+    dq_launch = PreparedLaunch(kernels()["dq"], (cdiv(q_len, cfg.block_m), batch * heads), (
         scale * LOG2E, scale, float(dropout_p), int(seed),
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), *dout.stride(), *dq.stride(),
         *masks.mask_strides, *masks.kpm_strides,
         heads, heads // kv_heads, q_len, k_len),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-        num_stages=cfg.stages(masks.kind != MASK_NONE),
-        **constexprs)
-
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **stages, **constexprs)
     cfg = tile_config("dkdv", q.device, head_dim, q.dtype)
-    launch(kernels()["dkdv"], (cdiv(k_len, cfg.block_n), batch * kv_heads), (
-        q, k, v, dout, lse, delta, dk, dv, mask, kpm, bounds,
+    stages["num_stages"] = cfg.stages(masks.kind != MASK_NONE)
+    dkdv_launch = PreparedLaunch(kernels()["dkdv"], (cdiv(k_len, cfg.block_n), batch * kv_heads), (
         scale * LOG2E, scale, float(dropout_p), int(seed),
         *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(),
         *masks.mask_strides, *masks.kpm_strides,
         heads, kv_heads, heads // kv_heads, q_len, k_len),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
-        num_stages=cfg.stages(masks.kind != MASK_NONE),
-        **constexprs)
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **stages, **constexprs)
+    return dq_launch, dkdv_launch
+
+
+def attention_backward(dout, q, k, v, out, lse, masks: MaskArgs, is_causal: bool, scale: float,
+                       dropout_p: float = 0.0, seed: int = 0):
+    batch, heads, q_len, _ = q.shape
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if q.numel() == 0 or k.numel() == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    # out's and dq/dk/dv's strides follow from q's, k's and v's (the key's); dout's do not
+    key = _plan_key(q, k, v, masks, is_causal, scale, dropout_p, ("bwd", dout.stride()))
+    dq_launch, dkdv_launch = _planned(key, lambda: _backward_launches(
+        q, k, v, out, dout, dq, dk, dv, masks, is_causal, scale, dropout_p, seed))
+    mask, kpm, bounds = _mask_tensors(q, masks)
+    delta = torch.empty(batch, heads, q_len, dtype=torch.float32, device=q.device)
+    # dq first: it also computes delta = rowsum(out * dout), which the dk/dv kernel reads
+    dq_launch(q, k, v, out, dout, lse, delta, dq, mask, kpm, bounds)
+    dkdv_launch(q, k, v, dout, lse, delta, dk, dv, mask, kpm, bounds)
     return dq, dk, dv
 
 
 class TritonAttention(torch.autograd.Function):
+    """Inputs q, k, v and one tuple of everything else (fewer arguments through autograd's
+    Python layer: it costs per argument, on every call, forward and backward)."""
+
     @staticmethod
-    def forward(ctx, q, k, v, attn_mask, key_padding_mask, key_lengths, is_causal, scale, dropout_p, seed):
-        masks = prepare_masks(q, k, attn_mask, key_padding_mask, key_lengths)
+    def forward(ctx, q, k, v, call):
+        masks, is_causal, scale, dropout_p, seed = call
         out, lse = attention_forward(q, k, v, masks, is_causal, scale, dropout_p, seed)
-        ctx.save_for_backward(q, k, v, out, lse, masks.mask, masks.kpm, masks.bounds)
-        ctx.mask_meta = (masks.kind, masks.mask_strides, masks.kpm_strides)
-        ctx.is_causal, ctx.scale, ctx.dropout_p, ctx.seed = is_causal, scale, dropout_p, seed
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.call = call   # the masks are not differentiable inputs: kept as they are
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse, mask, kpm, bounds = ctx.saved_tensors
-        kind, mask_strides, kpm_strides = ctx.mask_meta
-        masks = MaskArgs(kind, mask, mask_strides, kpm, kpm_strides, bounds)
-        dq, dk, dv = attention_backward(dout, q, k, v, out, lse, masks, ctx.is_causal, ctx.scale,
-                                        ctx.dropout_p, ctx.seed)
-        return dq, dk, dv, None, None, None, None, None, None, None
+        q, k, v, out, lse = ctx.saved_tensors
+        masks, is_causal, scale, dropout_p, seed = ctx.call
+        dq, dk, dv = attention_backward(dout, q, k, v, out, lse, masks, is_causal, scale, dropout_p, seed)
+        return dq, dk, dv, None
 
 
 def deterministic() -> bool:
@@ -890,8 +940,8 @@ def triton_attention(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causa
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if dropout_p > 0.0 and seed is None:
         seed = int(torch.randint(0, 2 ** 31 - 1, (1,)).item())
-    return TritonAttention.apply(q, k, v, attn_mask, key_padding_mask, key_lengths, bool(is_causal), scale,
-                                 float(dropout_p), int(seed or 0))
+    masks = prepare_masks(q, k, attn_mask, key_padding_mask, key_lengths)
+    return TritonAttention.apply(q, k, v, (masks, bool(is_causal), scale, float(dropout_p), int(seed or 0)))
 
 
 # --------------------------------------------------------------------------- AOT specs

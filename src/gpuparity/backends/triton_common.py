@@ -256,3 +256,42 @@ def launch(kernel, grid, args, *, num_warps: int, num_stages: Optional[int] = No
         _FAST_LAUNCH["why_off"] = f"{type(exc).__name__}: {exc}"
         return
     _LAUNCH_CACHE[key] = (compiled, tail)
+
+
+class PreparedLaunch:
+    """One kernel launch whose grid, trailing scalar arguments and constexprs are fixed; per
+    call only the leading tensor arguments change. Callers keep one per combination of what
+    decides the scalars (shapes, strides, flags) and call it with the tensors. Per call it
+    costs one key of the tensors' dtypes and 16-byte alignment and the launcher itself, where
+    `launch` re-derives every argument's specialization (~50 arguments for attention)."""
+
+    __slots__ = ("kernel", "grid", "scalars", "options", "_entries")
+
+    def __init__(self, kernel, grid, scalars, *, num_warps: int, num_stages: Optional[int] = None, **constexprs):
+        self.kernel = kernel
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))
+        self.scalars = tuple(scalars)
+        self.options = dict(num_warps=num_warps, num_stages=num_stages, **constexprs)
+        self._entries: Dict[tuple, Any] = {}
+
+    def __call__(self, *tensors) -> None:
+        if _fast_launch_state() is None:
+            launch(self.kernel, self.grid, tensors + self.scalars, **self.options)
+            return
+        device = torch.cuda.current_device()
+        key = (device, *[(t.dtype, not t.data_ptr() & 15) for t in tensors])
+        entry = self._entries.get(key)
+        if entry is None:
+            args = tensors + self.scalars
+            launch(self.kernel, self.grid, args, **self.options)
+            options = dict(self.options)
+            num_warps, num_stages = options.pop("num_warps"), options.pop("num_stages")
+            found = _LAUNCH_CACHE.get((id(self.kernel), device, num_warps, num_stages, tuple(options.items()),
+                                       specialization_key(args)))
+            if found is not None:  # None: direct launches were switched off by that launch
+                self._entries[key] = found
+            return
+        compiled, tail = entry
+        grid = self.grid
+        compiled.run(grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(device), compiled.function,
+                     compiled.packed_metadata, None, None, None, *tensors, *self.scalars, *tail)
