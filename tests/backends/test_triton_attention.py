@@ -250,6 +250,25 @@ def test_padding_with_holes_and_leading_padding():
     check(q, k, v, key_padding_mask=kpm.to(DEVICE), is_causal=True)
 
 
+def test_prepared_launches_follow_the_gradient_strides():
+    """Launches are prepared once per call signature and reused. The backward's signature
+    includes dout's strides: the same values given contiguous and as a (B, S, H, D) view must
+    give the same gradients, bit for bit, in either order."""
+    q, k, v = make_inputs(2, 2, 2, 33, 40, 32, torch.float32, seed=5)
+    kpm = padding_mask(2, 40, [40, 17])
+    gen = torch.Generator().manual_seed(9)
+    dout_bshd = torch.randn(2, 33, 2, 32, generator=gen).to(DEVICE)
+    strided = dout_bshd.transpose(1, 2)
+    contiguous = strided.contiguous()
+    grads = {}
+    for name, dout in (("contiguous", contiguous), ("strided", strided), ("contiguous again", contiguous)):
+        out = triton_attention.triton_attention(q, k, v, key_padding_mask=kpm)
+        grads[name] = torch.autograd.grad(out, (q, k, v), dout)
+    for name in ("strided", "contiguous again"):
+        for got, want in zip(grads[name], grads["contiguous"]):
+            assert torch.equal(got, want), name
+
+
 def test_float_mask_that_requires_grad_is_refused():
     q, k, v = make_inputs(1, 1, 1, 8, 8, 16, torch.float32)
     bias = torch.zeros(8, 8, device=DEVICE, requires_grad=True)
