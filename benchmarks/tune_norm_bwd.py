@@ -1,5 +1,6 @@
 """Second sweep of the fused norm backward (bf16) on the GPU at hand: rows per program, warps,
-persistent programs per SM and software-pipelining depth (num_stages), for LayerNorm and
+persistent programs per SM and prefetching the next tile or not (--stages adds Triton's
+software-pipelining depth, which changed nothing on an H100), for LayerNorm and
 RMSNorm at the hidden sizes where forward+backward must reach 2.5 TB/s (ANCHORS.md). Prints
 the best configs per case next to the shipped one; --out keeps every row.
 
@@ -26,6 +27,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
     parser.add_argument("--shapes", default="16384x4096,65536x1024")
+    parser.add_argument("--warps", default="4,8,16,32")
+    parser.add_argument("--per-sm", default="1,2,3,4", help="persistent programs per SM to sweep")
+    parser.add_argument("--stages", default="0", help="num_stages values to sweep; 0 = Triton's default")
     parser.add_argument("--shipped-only", action="store_true",
                         help="time only the shipped config (A/B runs of two versions of the kernels)")
     args = parser.parse_args()
@@ -53,24 +57,24 @@ def main() -> None:
                       flush=True)
                 continue
             for rows in sorted({max(1, 2048 // block), max(1, 4096 // block), max(1, 8192 // block)}):
-                for warps in (4, 8, 16, 32):
+                for warps in [int(v) for v in args.warps.split(",")]:
                     if rows * block // (32 * warps) < 2:
                         continue
-                    for stages in (1, 2, 3):
-                        for per_sm in (1, 2, 3, 4):
-                            cfg = tn.NormConfig(block, rows, warps, False, per_sm, stages)
+                    for stages, prefetch in [(int(v) or None, p) for v in args.stages.split(",") for p in (False, True)]:
+                        for per_sm in [int(v) for v in args.per_sm.split(",")]:
+                            cfg = tn.NormConfig(block, rows, warps, False, per_sm, stages, prefetch)
                             try:
                                 t = bench(lambda: tn.norm_backward(dy, x, 1, weight, bias_dtype, stats, is_rms,
                                                                    config=cfg))
                             except Exception as exc:  # noqa: BLE001 - a config that does not build is a row
-                                rows_out.append({**base, "cfg": [rows, warps, per_sm, stages], "error": str(exc)[:160]})
+                                rows_out.append({**base, "cfg": [rows, warps, per_sm, stages, prefetch], "error": str(exc)[:160]})
                                 continue
-                            row = {**base, "cfg": [rows, warps, per_sm, stages], "ms": t, "gbps": moved / t / 1e6}
+                            row = {**base, "cfg": [rows, warps, per_sm, stages, prefetch], "ms": t, "gbps": moved / t / 1e6}
                             rows_out.append(row)
                             results.append(row)
             results.sort(key=lambda r: r["ms"])
             print(f"{op} {n_rows}x{hidden} bwd: shipped {shipped} {shipped_row['gbps']:.0f} GB/s; "
-                  "best [rows, warps, programs/SM, stages]: "
+                  "best [rows, warps, programs/SM, stages, prefetch]: "
                   + "; ".join(f"{r['cfg']} {r['gbps']:.0f}" for r in results[:5]), flush=True)
         del x, dy
     if args.out:

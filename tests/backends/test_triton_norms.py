@@ -175,6 +175,34 @@ def test_weight_gradient_is_deterministic(op):
         assert torch.equal(first, second)
 
 
+@pytest.mark.parametrize("prefetch", [False, True], ids=["load", "prefetch"])
+@pytest.mark.parametrize("op", ["rms", "ln"])
+def test_backward_tile_walk_both_ways(op, prefetch):
+    """The fused backward with and without prefetching the next tile, on a walk that ends
+    mid-program (rows not a multiple of rows x programs) and a dy read through two leading
+    strides: dx, dweight and dbias against the float64 referee."""
+    rows, hidden = (37, 48) if not ON_GPU else (40000, 1024)
+    x, weight, bias = make(rows, hidden, torch.float32, seed=13)
+    bias = bias if op == "ln" else None
+    is_rms = op == "rms"
+    gen = torch.Generator().manual_seed(3)
+    dy_full = torch.randn(rows, 2, hidden, generator=gen).to(DEVICE)
+    dy = dy_full[:, 1]  # rows 2*hidden apart
+    cfg = triton_norms.NormConfig(triton_norms._next_pow2(hidden), 2, 2 if not ON_GPU else 4, False,
+                                  programs_per_sm=1, prefetch=prefetch)
+    _, stats = triton_norms.norm_forward(x, 1, weight, bias, 1e-5, is_rms)
+    dx, dw, db = triton_norms.norm_backward(dy, x, 1, weight, None if is_rms else bias.dtype, stats, is_rms,
+                                            config=cfg)
+    up = lambda t: None if t is None else t.detach().to("cpu", torch.float64).requires_grad_()  # noqa: E731
+    xs, ws, bs = up(x), up(weight), up(bias)
+    ref = (reference.rms_norm(xs, (hidden,), ws, 1e-5) if is_rms
+           else reference.layer_norm(xs, (hidden,), ws, bs, 1e-5))
+    expected = torch.autograd.grad(ref, [t for t in (xs, ws, bs) if t is not None], dy.double().cpu())
+    for name, got, want in zip(("dx", "dweight", "dbias"), (dx, dw, db), expected):
+        result = compare(name, got, want, None, torch.float32)
+        assert result.passed, f"{op} prefetch={prefetch}: {result.reason}"
+
+
 def test_multi_dim_normalized_shape():
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(4, 3, 5, 6, generator=gen).to(DEVICE)

@@ -42,14 +42,17 @@ FAMILIES = {
     "rdna": {"warp": 32, "max_warps": 32, "fused_max_n": 16384, "loop_block": 4096,
              "targets": ("hip:gfx1100",)},
 }
-# Tiles, from a sweep on an H100 (benchmarks/tune_norms_rope.py; numbers in
-# docs/kernels-norms-rope.md). Forward: 4096-element tiles (rows x block_n), 16 elements per
-# thread. Backward: about 8192 elements in flight per SM (tile x programs per SM), 16 elements
-# per thread below 4096 columns and 8 from there (the five live tiles of LayerNorm's backward
-# spill at 16). Other vendors get the same element counts over their own warp width.
+# Tiles. Forward (a sweep on an H100, benchmarks/tune_norms_rope.py; numbers in
+# docs/kernels-norms-rope.md): 4096-element tiles (rows x block_n), 16 elements per thread.
+# Backward (benchmarks/tune_norm_bwd.py on an H200, benchmarks/h200-session4-2026-11-21): one
+# persistent program per SM walking 8192-element tiles, 16 elements per thread, each program
+# loading its next tile while it reduces and stores the current one (PREFETCH): 12-19% more
+# bandwidth than the best config without prefetching, for both norms at hidden 1024 and 4096.
+# Other vendors get the same element counts over their own warp width.
 FWD_TILE_ELEMS = 4096
 FWD_ELEMS_PER_THREAD = 16
-BWD_ELEMS_PER_SM = 8192
+BWD_TILE_ELEMS = 8192
+BWD_ELEMS_PER_THREAD = 16
 # Persistent backward: programs per SM / CU when a config does not say (tests, overrides).
 BWD_PROGRAMS_PER_SM = 2
 
@@ -70,6 +73,7 @@ class NormConfig:
     looped: bool        # the row is longer than one tile: loop over chunks
     programs_per_sm: int = 0   # backward: persistent programs per SM (0: BWD_PROGRAMS_PER_SM)
     num_stages: Optional[int] = None  # backward: pipelining depth of its row loops (None: Triton's default)
+    prefetch: bool = False     # fused backward: load the next tile while working on this one
 
 
 def _next_pow2(n: int) -> int:
@@ -91,12 +95,9 @@ def norm_config(n: int, backward: bool = False, fam: Optional[str] = None) -> No
     if not backward:
         rows = max(1, FWD_TILE_ELEMS // block)
         return NormConfig(block, rows, _warps(rows * block, FWD_ELEMS_PER_THREAD, spec), False)
-    if block >= 4096:
-        rows, per_thread = 1, 8
-    else:
-        rows, per_thread = max(1, (4096 if block >= 512 else 8192) // block), 16
-    tile = rows * block
-    return NormConfig(block, rows, _warps(tile, per_thread, spec), False, max(1, BWD_ELEMS_PER_SM // tile))
+    rows = max(1, BWD_TILE_ELEMS // block)
+    return NormConfig(block, rows, _warps(rows * block, BWD_ELEMS_PER_THREAD, spec), False, programs_per_sm=1,
+                      prefetch=True)
 
 
 _SM_COUNT: Dict[int, int] = {}
@@ -231,10 +232,13 @@ if triton is not None:
         N, tiles_per_program, db_offset,
         IS_RMS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
         TWO_LEVEL_X: tl.constexpr, TWO_LEVEL_DY: tl.constexpr,
-        BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+        BLOCK_N: tl.constexpr, ROWS: tl.constexpr, PREFETCH: tl.constexpr,
     ):
         """A persistent program walks `tiles_per_program` consecutive row tiles, writing dx and
-        summing dweight/dbias in registers; its sums go to one row of the partial buffers (dweight's, then dbias's at db_offset)."""
+        summing dweight/dbias in registers; its sums go to one row of the partial buffers
+        (dweight's, then dbias's at db_offset). PREFETCH: load the next tile's x and dy before
+        working on this one, so a program always has a tile's loads in flight while it
+        reduces and stores (one tile of registers more)."""
         MEAN = RSTD + n_rows
         DW_PARTIAL = PARTIAL
         DB_PARTIAL = PARTIAL + db_offset
@@ -245,15 +249,35 @@ if triton is not None:
             w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
         dw_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
         db_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+        first_tile = pid.to(tl.int64) * tiles_per_program
+        if PREFETCH:
+            # rows of this program's tiles: a prefetch past them (or past n_rows) loads nothing
+            end_row = tl.minimum((first_tile + tiles_per_program) * ROWS, n_rows)
+            rows_next = first_tile * ROWS + tl.arange(0, ROWS)
+            mask_next = (rows_next < end_row)[:, None] & col_ok[None, :]
+            x_next = tl.load(X + _row_offsets(rows_next, n_inner, stride_x_outer, stride_x_inner, TWO_LEVEL_X)[:, None]
+                             + cols[None, :], mask=mask_next, other=0.0)
+            dy_next = tl.load(DY + _row_offsets(rows_next, n_inner, stride_dy_outer, stride_dy_inner, TWO_LEVEL_DY)[:, None]
+                              + cols[None, :], mask=mask_next, other=0.0)
         for step in range(0, tiles_per_program):
-            tile = pid.to(tl.int64) * tiles_per_program + step
+            tile = first_tile + step
             rows = tile * ROWS + tl.arange(0, ROWS)
             row_ok = rows < n_rows
             mask = row_ok[:, None] & col_ok[None, :]
             x_start = _row_offsets(rows, n_inner, stride_x_outer, stride_x_inner, TWO_LEVEL_X)
-            dy_start = _row_offsets(rows, n_inner, stride_dy_outer, stride_dy_inner, TWO_LEVEL_DY)
-            x = tl.load(X + x_start[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(DY + dy_start[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            if PREFETCH:
+                x = x_next.to(tl.float32)
+                dy = dy_next.to(tl.float32)
+                rows_next = rows + ROWS
+                mask_next = (rows_next < end_row)[:, None] & col_ok[None, :]
+                x_next = tl.load(X + _row_offsets(rows_next, n_inner, stride_x_outer, stride_x_inner,
+                                                  TWO_LEVEL_X)[:, None] + cols[None, :], mask=mask_next, other=0.0)
+                dy_next = tl.load(DY + _row_offsets(rows_next, n_inner, stride_dy_outer, stride_dy_inner,
+                                                    TWO_LEVEL_DY)[:, None] + cols[None, :], mask=mask_next, other=0.0)
+            else:
+                dy_start = _row_offsets(rows, n_inner, stride_dy_outer, stride_dy_inner, TWO_LEVEL_DY)
+                x = tl.load(X + x_start[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(DY + dy_start[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
             rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
             if IS_RMS:
                 xhat = x * rstd[:, None]
@@ -532,7 +556,7 @@ def norm_backward(dy: torch.Tensor, x: torch.Tensor, norm_ndim: int, weight: Opt
             x_layout.tensor, dy_layout.tensor, w, stats, dx, partial,
             n_rows, n_inner, x_layout.stride_outer, x_layout.stride_inner,
             dy_layout.stride_outer, dy_layout.stride_inner, n, tiles_per_program, db_offset),
-            ROWS=cfg.rows, **flags)
+            ROWS=cfg.rows, PREFETCH=cfg.prefetch, **flags)
     else:
         row_stats = torch.empty(n_rows if is_rms else 2 * n_rows, dtype=torch.float32, device=x.device)
         c1, c2 = row_stats, row_stats[n_rows:] if not is_rms else row_stats
@@ -673,7 +697,8 @@ def _aot_for(fam, name, n, cfg, backward, flags, targets) -> List[AotSpec]:
         sig = {"X": ptr, "DY": ptr, "W": ptr, "RSTD": f32, "DX": ptr, "PARTIAL": f32,
                "n_rows": "i64", "n_inner": "i64", **strides, "N": "i32", "tiles_per_program": "i32",
                "db_offset": "i32"}
-        const = dict(flags, TWO_LEVEL_X=True, TWO_LEVEL_DY=True, BLOCK_N=cfg.block_n, ROWS=cfg.rows)
+        const = dict(flags, TWO_LEVEL_X=True, TWO_LEVEL_DY=True, BLOCK_N=cfg.block_n, ROWS=cfg.rows,
+                     PREFETCH=cfg.prefetch)
         sig.update({k: "constexpr" for k in const})
         return [AotSpec(tag, _norm_bwd_fused_kernel, sig, const, num_warps=cfg.num_warps, targets=targets)]
     stats_sig = {"X": ptr, "DY": ptr, "W": ptr, "RSTD": f32, "C1": f32, "C2": f32,
