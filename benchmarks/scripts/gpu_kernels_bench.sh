@@ -18,15 +18,9 @@ if [ "${DOCTOR_FIRST:-0}" = 1 ]; then
 fi
 export GPUPARITY_CACHE_DIR=/tmp/gp-cache
 W=$(mktemp -d)
-step() {  # step NAME LIMIT_S COMMAND...
-    local name=$1 limit=$2; shift 2
-    local started=$SECONDS
-    timeout -k 10 "$limit" "$@" > "$W/$name.log" 2>&1
-    echo "== $name: exit $? after $((SECONDS - started)) s: $*" | tee -a "$OUT/steps.txt"
-    tar -czf "$OUT/kernels_bench.tar.gz" -C "$W" .
-}
-{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader;
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'cudnn', torch.backends.cudnn.version(), 'triton', triton.__version__)"; } >> "$OUT/versions.txt" 2>&1
+TAR=kernels_bench.tar.gz
+source "$(dirname "$0")/lib.sh"
+versions
 if [ "${DIAG:-0}" = 1 ]; then
   step diag 150 python3 benchmarks/diag_launch.py
   cp "$W/diag.log" "$OUT/diag.txt"

@@ -1,0 +1,61 @@
+"""Host time of one attention forward+backward step: gpuparity (backend "triton" and "auto")
+against cuDNN SDPA, on a tiny shape (the GPU work is negligible: the step is all host time)
+and on the short shapes of the benchmark suite. For A/B runs of two versions of the code,
+run it once per version (PYTHONPATH) in alternation; each run prints one JSON line per case.
+
+    PYTHONPATH=src python benchmarks/host_overhead.py --label new
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+
+from diag_launch import host_and_wall  # benchmarks/ is this script's directory
+from gpuparity.bench.attention import SHAPES, make_case
+from gpuparity.ops.attention import attention
+
+
+def make_step(case, backend):
+    q, k, v = (t.detach().requires_grad_() for t in (case.q, case.k, case.v))
+    kpm = case.key_padding_mask
+    if backend == "cudnn":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        mask = (~kpm)[:, None, None, :]
+
+        def step():
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            torch.autograd.grad(out, (q, k, v), case.dout)
+    else:
+        def step():
+            out = attention(q, k, v, key_padding_mask=kpm, backend=backend)
+            torch.autograd.grad(out, (q, k, v), case.dout)
+    return step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--label", default="")
+    parser.add_argument("--shapes", default="tiny,aam-nuc,aam-asv,bert")
+    parser.add_argument("--backends", default="triton,auto,cudnn")
+    parser.add_argument("--steps", type=int, default=300)
+    args = parser.parse_args()
+    shapes = dict(SHAPES, tiny=(2, 2, 64, 32))
+    for name in args.shapes.split(","):
+        case = make_case(name, shapes[name], 0.25, torch.bfloat16, "cuda", 0)
+        for backend in args.backends.split(","):
+            try:
+                issue, wall = host_and_wall(make_step(case, backend), args.steps)
+            except Exception as exc:  # noqa: BLE001 - a backend that cannot run is a line that says why
+                print(json.dumps({"label": args.label, "shape": name, "backend": backend,
+                                  "error": f"{type(exc).__name__}: {exc}"[:200]}), flush=True)
+                continue
+            print(json.dumps({"label": args.label, "shape": name, "backend": backend,
+                              "issue_ms": round(issue, 4), "wall_ms": round(wall, 4)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,16 @@
+# Shared by the GPU run scripts (source it after setting OUT, W and TAR):
+#   step NAME LIMIT_S COMMAND...  runs COMMAND under a time limit, its output in $W/NAME.log,
+#   appends "== NAME: exit ..." to $OUT/steps.txt and packs $W into $OUT/$TAR after every
+#   step, so a run cut short still returns what it measured (the device returns at most 8 files).
+#   versions                      appends date, GPU, driver, torch/cuDNN/Triton versions to $OUT/versions.txt
+step() {
+    local name=$1 limit=$2; shift 2
+    local started=$SECONDS
+    timeout -k 10 "$limit" "$@" > "$W/$name.log" 2>&1
+    echo "== $name: exit $? after $((SECONDS - started)) s: $*" | tee -a "$OUT/steps.txt"
+    tar -czf "$OUT/$TAR" -C "$W" .
+}
+versions() {
+    { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader;
+      python3 -c "import torch, triton; print('torch', torch.__version__, 'cudnn', torch.backends.cudnn.version(), 'triton', triton.__version__)"; } >> "$OUT/versions.txt" 2>&1
+}
