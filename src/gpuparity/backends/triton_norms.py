@@ -44,15 +44,15 @@ FAMILIES = {
 }
 # Tiles. Forward (a sweep on an H100, benchmarks/tune_norms_rope.py; numbers in
 # docs/kernels-norms-rope.md): 4096-element tiles (rows x block_n), 16 elements per thread.
-# Backward (benchmarks/tune_norm_bwd.py on an H200, benchmarks/h200-session4-2026-11-21): one
-# persistent program per SM walking 8192-element tiles, 16 elements per thread, each program
-# loading its next tile while it reduces and stores the current one (PREFETCH): 12-19% more
-# bandwidth than the best config without prefetching, for both norms at hidden 1024 and 4096.
-# Other vendors get the same element counts over their own warp width.
+# Backward (benchmarks/tune_norm_bwd.py on an H200 and an H100, benchmarks/
+# h100-session4-2026-11-21): one persistent program per SM walking 8192-element tiles, each
+# program loading its next tile while it reduces and stores the current one (PREFETCH: 12-19%
+# more bandwidth on the H200 than the best config without it, 6-22% on the H100); 32 elements
+# per thread below 4096 columns (8 warps), 16 from there (8 warps lost 1-4% there, 16 warps
+# lost 1-4% below). Other vendors get the same element counts over their own warp width.
 FWD_TILE_ELEMS = 4096
 FWD_ELEMS_PER_THREAD = 16
 BWD_TILE_ELEMS = 8192
-BWD_ELEMS_PER_THREAD = 16
 # Persistent backward: programs per SM / CU when a config does not say (tests, overrides).
 BWD_PROGRAMS_PER_SM = 2
 
@@ -96,8 +96,8 @@ def norm_config(n: int, backward: bool = False, fam: Optional[str] = None) -> No
         rows = max(1, FWD_TILE_ELEMS // block)
         return NormConfig(block, rows, _warps(rows * block, FWD_ELEMS_PER_THREAD, spec), False)
     rows = max(1, BWD_TILE_ELEMS // block)
-    return NormConfig(block, rows, _warps(rows * block, BWD_ELEMS_PER_THREAD, spec), False, programs_per_sm=1,
-                      prefetch=True)
+    per_thread = 32 if block < 4096 else 16
+    return NormConfig(block, rows, _warps(rows * block, per_thread, spec), False, programs_per_sm=1, prefetch=True)
 
 
 _SM_COUNT: Dict[int, int] = {}
