@@ -60,6 +60,7 @@ def main() -> None:
     parser.add_argument("--family", default="nvidia_sm90")
     parser.add_argument("--overrides", default=None, help="write the winners here (GPUPARITY_ATTENTION_CONFIGS format)")
     parser.add_argument("--kernels", default="fwd,dkdv,dq", help="which kernels to sweep (default all three)")
+    parser.add_argument("--shapes", default=None, help="tune on these suite shapes instead of TUNE_SHAPES' (one bucket)")
     parser.add_argument("--recent", action="store_true", help="only the shipped config and the RECENT candidates")
     args = parser.parse_args()
     start = time.time()
@@ -69,6 +70,7 @@ def main() -> None:
     for bucket, names in TUNE_SHAPES.items():
         if str(bucket) not in args.buckets.split(","):
             continue
+        names = args.shapes.split(",") if args.shapes else names
         cases = [make_case(n, SHAPES[n], args.pad, torch.bfloat16, "cuda", 0) for n in names]
         refs = []
         for case in cases:

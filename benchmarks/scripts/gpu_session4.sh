@@ -7,7 +7,7 @@
 #   sweep  the norm backward sweep with and without prefetching (benchmarks/tune_norm_bwd.py)
 #   normab the shipped norm backward, previous code vs this tree, three alternating rounds
 #   norm   gpuparity bench norm and rope
-#   tuneatt the attention backward tile sweep at head dim 128 (llm-8k)
+#   tuneatt the attention tile sweep (TUNE_ARGS; default: the backward at head dim 128, llm-8k)
 #   OUT=out STEPS=... bash benchmarks/scripts/gpu_session4.sh
 set -uo pipefail
 : "${OUT:?set OUT}"
@@ -18,11 +18,16 @@ W=$(mktemp -d)
 TAR=session4.tar.gz
 source "$(dirname "$0")/lib.sh"
 versions
+if [[ $STEPS == *,tuneatt,* ]]; then
+  step tuneatt "${TUNE_LIMIT:-240}" env PYTHONPATH=src python3 benchmarks/tune_attention.py ${TUNE_ARGS:---buckets 128 --kernels dkdv,dq --recent} \
+      --budget-s "${TUNE_BUDGET:-200}" --json "$W/tune_att.json"
+  cp "$W/tuneatt.log" "$OUT/tuneatt.txt"
+fi
 if [[ $STEPS == *,tests,* ]]; then
   pip install -q --no-deps .wheels/*.whl > /dev/null 2>&1
   step tests "${TESTS_LIMIT:-240}" env PYTHONPATH=src GPUPARITY_TEST_DEVICE=cuda python3 -m pytest -q -n 8 -p no:cacheprovider \
-      tests/backends/test_triton_attention.py tests/ops/test_attention.py tests/backends/test_triton_norms.py \
-      tests/ops/test_cuda_graphs.py tests/nn
+      ${TESTS:-tests/backends/test_triton_attention.py tests/ops/test_attention.py tests/backends/test_triton_norms.py \
+      tests/ops/test_cuda_graphs.py tests/nn}
   tail -3 "$W/tests.log"
 fi
 if [[ $STEPS == *,host,* ]]; then
@@ -64,9 +69,4 @@ if [[ $STEPS == *,norm,* ]]; then
   step rope "${ROPE_LIMIT:-100}" python3 -m gpuparity bench rope --modes fwd,fwd+bwd,fwd+bwd:graph \
       --json "$W/rope.json" --md "$W/rope.md" --plot "$W/rope.png"
   cp "$W/rope.md" "$OUT/rope.md" 2>/dev/null
-fi
-if [[ $STEPS == *,tuneatt,* ]]; then
-  step tuneatt "${TUNE_LIMIT:-240}" python3 benchmarks/tune_attention.py --buckets 128 --kernels dkdv,dq --recent \
-      --budget-s "${TUNE_BUDGET:-200}" --json "$W/tune_att.json"
-  cp "$W/tuneatt.log" "$OUT/tuneatt.txt"
 fi

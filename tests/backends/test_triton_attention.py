@@ -347,12 +347,28 @@ def test_tile_configs_cover_every_head_dim_and_dtype():
                     assert cfg.block_m >= 16 and cfg.block_n >= 16, (fam, kernel, head_dim)
 
 
+def test_short_key_configs_apply_only_to_short_keys(monkeypatch):
+    monkeypatch.setattr(triton_attention, "family", lambda device: "nvidia_sm90")
+    short = triton_attention.SHORT_CONFIGS["nvidia_sm90"]["fwd"][(32, 2)]
+    general = triton_attention.CONFIGS["nvidia_sm90"]["fwd"][(32, 2)]
+    assert short != general
+    cpu = torch.device("cpu")
+    at = triton_attention.SHORT_KEYS
+    assert triton_attention.tile_config("fwd", cpu, 32, torch.bfloat16, at) == short
+    assert triton_attention.tile_config("fwd", cpu, 32, torch.bfloat16, at + 1) == general
+    assert triton_attention.tile_config("fwd", cpu, 32, torch.bfloat16) == general
+    assert triton_attention.tile_config("fwd", cpu, 32, torch.float32, 16) == \
+        triton_attention.CONFIGS["nvidia_sm90"]["fwd"][(64, 4)]   # no short fp32 entry: the general one
+
+
 def test_aot_specs_name_every_shipped_config():
     specs = triton_attention.aot_specs()
     names = {s.name for s in specs}
     assert len(names) == len(specs)
     for fam, targets in triton_attention.FAMILY_TARGETS.items():
-        for kernel, table in triton_attention.CONFIGS[fam].items():
+        tables = [(kernel, table) for kernel, table in triton_attention.CONFIGS[fam].items()]
+        tables += list(triton_attention.SHORT_CONFIGS.get(fam, {}).items())
+        for kernel, table in tables:
             for (bucket, elem), cfg in table.items():
                 tag = (f"attention.{kernel}.{fam}.", f".{'bf16' if elem == 2 else 'fp32'}.m{cfg.block_m}n{cfg.block_n}"
                        f"w{cfg.num_warps}s{cfg.num_stages}")

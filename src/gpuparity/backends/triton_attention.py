@@ -543,7 +543,9 @@ _SM90 = {
     },
     "dkdv": {
         (32, 2): TileConfig(32, 128, 4, 3),
-        (64, 2): TileConfig(32, 64, 4, 3), (128, 2): TileConfig(64, 128, 8, 3), (256, 2): TileConfig(16, 32, 4, 1),
+        # (128, 2): 64x64 with 4 warps, 2 stages, from a fourth-session sweep on llm-8k (H200):
+        # backward 5.75 ms vs 6.17 with the 64x128 / 8-warp tile the first sweep had chosen
+        (64, 2): TileConfig(32, 64, 4, 3), (128, 2): TileConfig(64, 64, 4, 2), (256, 2): TileConfig(16, 32, 4, 1),
         (64, 4): TileConfig(32, 64, 4, 2), (128, 4): TileConfig(32, 32, 4, 2), (256, 4): TileConfig(16, 32, 4, 1),
     },
     "dq": {
@@ -587,6 +589,15 @@ _RDNA = {
         (64, 2): TileConfig(32, 32, 4, 1), (128, 2): TileConfig(32, 16, 4, 1), (256, 2): TileConfig(16, 16, 4, 1),
         (64, 4): TileConfig(32, 16, 4, 1), (128, 4): TileConfig(16, 16, 4, 1), (256, 4): TileConfig(16, 16, 4, 1),
     },
+}
+# Short key sequences (k_len <= SHORT_KEYS): smaller key blocks waste less of the last, partial
+# block. From a fourth-session sweep on aam-nuc (512, 4, 150, 32), H200: forward 0.060 ms with
+# 64x32 vs 0.077 with 64x64; dk/dv 0.144 vs 0.158 with 32x64 vs 32x128 (the general table's
+# tiles were tuned on aam-nuc and aam-asv, S=1024, together). Entries override CONFIGS' for
+# their (bucket, element size) only.
+SHORT_KEYS = 256
+SHORT_CONFIGS: Dict[str, Dict[str, Dict[Tuple[int, int], TileConfig]]] = {
+    "nvidia_sm90": {"fwd": {(32, 2): TileConfig(64, 32, 4, 3)}, "dkdv": {(32, 2): TileConfig(32, 64, 4, 3)}},
 }
 # The interpreter runs one program at a time in numpy: large tiles, few programs.
 _INTERP = {kernel: {key: TileConfig(32, 32, 4, 1) for key in table} for kernel, table in _SM80.items()}
@@ -660,18 +671,26 @@ def load_overrides(path: str) -> None:
 _OVERRIDES_LOADED = []
 
 
-def tile_config(kernel: str, device: torch.device, head_dim: int, dtype: torch.dtype) -> TileConfig:
+def tile_config(kernel: str, device: torch.device, head_dim: int, dtype: torch.dtype,
+                k_len: Optional[int] = None) -> TileConfig:
+    """The tile config for `kernel` here; k_len (the key length) picks SHORT_CONFIGS' entry
+    for short key sequences where there is one."""
     if not _OVERRIDES_LOADED:
         _OVERRIDES_LOADED.append(True)
         if os.environ.get("GPUPARITY_ATTENTION_CONFIGS"):
             load_overrides(os.environ["GPUPARITY_ATTENTION_CONFIGS"])
     elem = 4 if dtype == torch.float32 else 2
-    table = CONFIGS[family(device)][kernel]
+    fam = family(device)
+    if k_len is not None and k_len <= SHORT_KEYS:
+        short = SHORT_CONFIGS.get(fam, {}).get(kernel, {}).get((_bucket(head_dim), elem))
+        if short is not None:
+            return short
+    table = CONFIGS[fam][kernel]
     # a family without its own entry for a small bucket uses the next larger bucket's
     for bucket in BUCKETS[BUCKETS.index(_bucket(head_dim)):]:
         if (bucket, elem) in table:
             return table[(bucket, elem)]
-    raise KeyError(f"no {kernel} tile config for head_dim {head_dim}, {dtype} in {family(device)}")
+    raise KeyError(f"no {kernel} tile config for head_dim {head_dim}, {dtype} in {fam}")
 
 
 # --------------------------------------------------------------------------- launchers
@@ -830,7 +849,7 @@ def _mask_tensors(q, masks: MaskArgs) -> Tuple[torch.Tensor, torch.Tensor, torch
 def _forward_launch(q, k, v, out, masks: MaskArgs, is_causal, scale, dropout_p, seed) -> Tuple[PreparedLaunch]:
     batch, heads, q_len, head_dim = q.shape
     kv_heads, k_len = k.shape[1], k.shape[2]
-    cfg = tile_config("fwd", q.device, head_dim, q.dtype)
+    cfg = tile_config("fwd", q.device, head_dim, q.dtype, k_len)
     return (PreparedLaunch(kernels()["fwd"], (cdiv(q_len, cfg.block_m), batch * heads), (
         scale * LOG2E, float(dropout_p), int(seed),
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
@@ -865,7 +884,7 @@ def _backward_launches(q, k, v, out, dout, dq, dk, dv, masks: MaskArgs, is_causa
     kv_heads, k_len = k.shape[1], k.shape[2]
     constexprs = _common_constexprs(head_dim, masks, is_causal, dropout_p, q.dtype)
     stages = dict(num_stages=None)
-    cfg = tile_config("dq", q.device, head_dim, q.dtype)
+    cfg = tile_config("dq", q.device, head_dim, q.dtype, k_len)
     stages["num_stages"] = cfg.stages(masks.kind != MASK_NONE)
     dq_launch = PreparedLaunch(kernels()["dq"], (cdiv(q_len, cfg.block_m), batch * heads), (
         scale * LOG2E, scale, float(dropout_p), int(seed),
@@ -873,7 +892,7 @@ def _backward_launches(q, k, v, out, dout, dq, dk, dv, masks: MaskArgs, is_causa
         *masks.mask_strides, *masks.kpm_strides,
         heads, heads // kv_heads, q_len, k_len),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **stages, **constexprs)
-    cfg = tile_config("dkdv", q.device, head_dim, q.dtype)
+    cfg = tile_config("dkdv", q.device, head_dim, q.dtype, k_len)
     stages["num_stages"] = cfg.stages(masks.kind != MASK_NONE)
     dkdv_launch = PreparedLaunch(kernels()["dkdv"], (cdiv(k_len, cfg.block_n), batch * kv_heads), (
         scale * LOG2E, scale, float(dropout_p), int(seed),
@@ -1000,7 +1019,9 @@ def aot_specs() -> List[AotSpec]:
     for fam, targets in FAMILY_TARGETS.items():
         for kernel_name in ("fwd", "dkdv", "dq"):
             largest: Dict[Tuple[int, TileConfig], int] = {}
-            for (bucket, elem), cfg in CONFIGS[fam][kernel_name].items():
+            entries = list(CONFIGS[fam][kernel_name].items())
+            entries += list(SHORT_CONFIGS.get(fam, {}).get(kernel_name, {}).items())
+            for (bucket, elem), cfg in entries:
                 largest[(elem, cfg)] = max(bucket, largest.get((elem, cfg), 0))
             for (elem, cfg), head_dim in largest.items():
                 specs.append(_aot_spec(fam, targets, kernel_name, head_dim, elem, cfg))
