@@ -69,3 +69,20 @@ def test_a_driver_update_changes_the_cache_fingerprint():
     # no readable driver file (CPU machines, containers): the key does not depend on the reason
     assert plat.fingerprint_key({**report, "driver": plat.unknown("a")}) == \
         plat.fingerprint_key({**report, "driver": plat.unknown("b")})
+
+
+def test_numerics_env_overrides_change_the_cache_fingerprint(monkeypatch):
+    """NVIDIA_TF32_OVERRIDE and friends change fp32 results beneath torch's switches: a verdict
+    made under one value must not be reused under another; unset, the key is unchanged."""
+    from gpuparity import platform as plat
+    report = plat.collect()
+    for name in plat.NUMERICS_ENV:
+        monkeypatch.delenv(name, raising=False)
+    plain = plat.fingerprint_key(report)
+    for name, value in (("NVIDIA_TF32_OVERRIDE", "0"), ("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "1"),
+                        ("HIPBLASLT_ALLOW_TF32", "1")):
+        monkeypatch.setenv(name, value)
+        changed = plat.fingerprint_key(report)
+        assert changed != plain, name
+        monkeypatch.delenv(name)
+        assert plat.fingerprint_key(report) == plain

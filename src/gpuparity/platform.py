@@ -291,6 +291,14 @@ def current() -> Dict[str, Any]:
     return _CACHE
 
 
+# Environment variables that change fp32 numerics beneath torch's own switches (which the
+# verdict keys follow): NVIDIA's libraries' TF32 override (NVIDIA_TF32_OVERRIDE=0 turns TF32
+# off in cuBLAS/cuDNN whatever torch asks), torch's TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1, and
+# ROCm torch's HIPBLASLT_ALLOW_TF32 (TF32 on hipBLASLt only when it is 1). A verdict made under
+# one setting is not evidence under another, so they are part of the probe-cache fingerprint.
+NUMERICS_ENV = ("NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "HIPBLASLT_ALLOW_TF32")
+
+
 def fingerprint_key(report: Dict[str, Any], device_index: Optional[int] = None) -> str:
     """A short stable key for caches: the facts that decide whether a backend is correct."""
     devices = report.get("devices") if isinstance(report.get("devices"), list) else []
@@ -310,6 +318,9 @@ def fingerprint_key(report: Dict[str, Any], device_index: Optional[int] = None) 
         "interpret": os.environ.get("TRITON_INTERPRET") == "1",
         "gpuparity": report.get("gpuparity_version"),
     }
+    numerics_env = {name: os.environ[name] for name in NUMERICS_ENV if name in os.environ}
+    if numerics_env:  # absent when unset, so existing caches keep their keys
+        key["numerics_env"] = numerics_env
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
