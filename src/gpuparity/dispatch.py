@@ -84,13 +84,18 @@ _LOCK = threading.Lock()
 # the problem, the registry, the probe verdicts in memory, two environment variables and, for
 # fp32, torch's TF32 switches: the key holds the variables and switches, and anything that
 # changes the registry or the verdicts (register, a probe, clear_cache) clears the memo. The
-# probe-cache directory is read when a verdict is first needed: a process that moves it
-# (GPUPARITY_CACHE_DIR) calls clear_cache() to have verdicts looked up there.
+# probe cache's place is read when a verdict is first needed: a process that moves it
+# (GPUPARITY_CACHE_DIR) or changes the numerics variables of its fingerprint
+# (platform.NUMERICS_ENV, which the vendor libraries read once anyway) calls clear_cache().
+# Bounded (problems carry sequence lengths: a decode loop makes a new one per step).
 _RESOLVED: Dict[tuple, "Backend"] = {}
+_RESOLVED_MAX = 4096
 _STATE_ENV = ("GPUPARITY_TRUST_UNPROBED", "TRITON_INTERPRET")
+_GENERATION = [0]   # bumped on every change: a resolution made across one is not kept
 
 
 def _state_changed() -> None:
+    _GENERATION[0] += 1
     _RESOLVED.clear()
 
 
@@ -140,6 +145,7 @@ def resolve(problem: Problem, backend: str = "auto") -> Backend:
     chosen = _RESOLVED.get(key)
     if chosen is not None:
         return chosen
+    generation = _GENERATION[0]
     if backend != "auto":
         chosen = get(problem.op, backend)
         reasons = chosen.reasons(problem)
@@ -147,7 +153,10 @@ def resolve(problem: Problem, backend: str = "auto") -> Backend:
             raise BackendUnavailable(f"backend={backend!r} cannot serve this {problem.op} call: " + "; ".join(reasons))
     else:
         chosen = explain(problem)["chosen_backend"]
-    _RESOLVED[key] = chosen
+    if generation == _GENERATION[0]:   # nothing changed meanwhile (another thread, a first probe)
+        if len(_RESOLVED) >= _RESOLVED_MAX:
+            _RESOLVED.clear()
+        _RESOLVED[key] = chosen
     return chosen
 
 

@@ -269,6 +269,19 @@ def test_prepared_launches_follow_the_gradient_strides():
             assert torch.equal(got, want), name
 
 
+@pytest.mark.parametrize("which", ["key_padding_mask", "attn_mask"])
+def test_a_mask_changed_in_place_before_backward_raises(which):
+    """The masks are saved for backward like q, k and v: refilling a mask buffer between forward
+    and backward (e.g. for the next micro-batch) is an error, not silently wrong gradients."""
+    q, k, v = make_inputs(2, 2, 2, 16, 16, 32, torch.float32, seed=6)
+    mask = padding_mask(2, 16, [16, 9]) if which == "key_padding_mask" else \
+        torch.ones(16, 16, dtype=torch.bool, device=DEVICE).tril()
+    out = triton_attention.triton_attention(q, k, v, **{which: mask})
+    mask.logical_not_()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+
+
 def test_float_mask_that_requires_grad_is_refused():
     q, k, v = make_inputs(1, 1, 1, 8, 8, 16, torch.float32)
     bias = torch.zeros(8, 8, device=DEVICE, requires_grad=True)

@@ -179,15 +179,18 @@ def test_weight_gradient_is_deterministic(op):
 @pytest.mark.parametrize("op", ["rms", "ln"])
 def test_backward_tile_walk_both_ways(op, prefetch):
     """The fused backward with and without prefetching the next tile, on a walk that ends
-    mid-program (rows not a multiple of rows x programs) and a dy read through two leading
-    strides: dx, dweight and dbias against the float64 referee."""
-    rows, hidden = (37, 48) if not ON_GPU else (40000, 1024)
-    x, weight, bias = make(rows, hidden, torch.float32, seed=13)
+    mid-program (rows not a multiple of rows x programs) with x and dy read through two
+    leading strides each: dx, dweight and dbias against the float64 referee."""
+    outer, inner, hidden = (7, 5, 48) if not ON_GPU else (200, 200, 1024)
+    gen = torch.Generator().manual_seed(3)
+    x_full = torch.randn(outer, inner + 1, hidden, generator=gen).to(DEVICE)
+    x = x_full[:, 1:]                                  # (outer, inner) rows, not evenly spaced
+    _, weight, bias = make(1, hidden, torch.float32, seed=13)
     bias = bias if op == "ln" else None
     is_rms = op == "rms"
-    gen = torch.Generator().manual_seed(3)
-    dy_full = torch.randn(rows, 2, hidden, generator=gen).to(DEVICE)
-    dy = dy_full[:, 1]  # rows 2*hidden apart
+    dy_full = torch.randn(outer, inner + 2, hidden, generator=gen).to(DEVICE)
+    dy = dy_full[:, :inner]                            # another split of the same rows
+    assert triton_norms.row_layout(x, 1, hidden).two_level and triton_norms.row_layout(dy, 1, hidden).two_level
     cfg = triton_norms.NormConfig(triton_norms._next_pow2(hidden), 2, 2 if not ON_GPU else 4, False,
                                   programs_per_sm=1, prefetch=prefetch)
     _, stats = triton_norms.norm_forward(x, 1, weight, bias, 1e-5, is_rms)

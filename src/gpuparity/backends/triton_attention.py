@@ -665,6 +665,8 @@ def load_overrides(path: str) -> None:
             for key, values in entries.items():
                 bucket, elem = (int(x) for x in key.split(","))
                 CONFIGS[fam][kernel_name][(bucket, elem)] = TileConfig(*[int(x) for x in values])
+                # an override serves every key length: the short-key entry makes way for it
+                SHORT_CONFIGS.get(fam, {}).get(kernel_name, {}).pop((bucket, elem), None)
     clear_plans()
 
 
@@ -929,14 +931,17 @@ class TritonAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, call):
         masks, is_causal, scale, dropout_p, seed = call
         out, lse = attention_forward(q, k, v, masks, is_causal, scale, dropout_p, seed)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.call = call   # the masks are not differentiable inputs: kept as they are
+        # the masks go through save_for_backward too: a mask changed in place before the
+        # backward then raises (autograd's version check) instead of giving wrong gradients
+        ctx.save_for_backward(q, k, v, out, lse, masks.mask, masks.kpm, masks.bounds)
+        ctx.meta = (masks.kind, masks.mask_strides, masks.kpm_strides, is_causal, scale, dropout_p, seed)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
-        masks, is_causal, scale, dropout_p, seed = ctx.call
+        q, k, v, out, lse, mask, kpm, bounds = ctx.saved_tensors
+        kind, mask_strides, kpm_strides, is_causal, scale, dropout_p, seed = ctx.meta
+        masks = MaskArgs(kind, mask, mask_strides, kpm, kpm_strides, bounds)
         dq, dk, dv = attention_backward(dout, q, k, v, out, lse, masks, is_causal, scale, dropout_p, seed)
         return dq, dk, dv, None
 
