@@ -206,6 +206,35 @@ def test_backward_tile_walk_both_ways(op, prefetch):
         assert result.passed, f"{op} prefetch={prefetch}: {result.reason}"
 
 
+@pytest.mark.parametrize("op", ["rms", "ln"])
+def test_prepared_launches_follow_strides(op):
+    """Launches are prepared once per call signature and reused; x's and dy's strides are part
+    of it: the same values contiguous and as strided views give identical results, in any order."""
+    gen = torch.Generator().manual_seed(8)
+    x_wide = torch.randn(6, 4, 40, generator=gen).to(DEVICE)
+    dy_wide = torch.randn(6, 5, 40, generator=gen).to(DEVICE)
+    x_strided, dy_strided = x_wide[:, 1:], dy_wide[:, 2:]
+    x_dense, dy_dense = x_strided.contiguous(), dy_strided.contiguous()
+    views = {"contiguous": (x_dense, dy_dense), "strided": (x_strided, dy_strided),
+             "dy strided": (x_dense, dy_strided), "x strided": (x_strided, dy_dense)}
+    _, weight, bias = make(1, 40, torch.float32, seed=4)
+    bias = bias if op == "ln" else None
+    results = {}
+    for name in ("contiguous", "dy strided", "strided", "x strided", "contiguous"):
+        x, dy = views[name]
+        leaves = [_leaf(x), _leaf(weight)] + ([_leaf(bias)] if bias is not None else [])
+        out = (triton_norms.triton_rms_norm(leaves[0], (40,), leaves[1], 1e-6) if op == "rms"
+               else triton_norms.triton_layer_norm(leaves[0], (40,), *leaves[1:]))
+        got = [out] + list(torch.autograd.grad(out, leaves, dy))
+        if name in results:
+            for a, b in zip(got, results[name]):
+                assert torch.equal(a, b), name
+        results[name] = got
+    for name in ("strided", "dy strided", "x strided"):
+        for a, b in zip(results[name], results["contiguous"]):
+            assert torch.equal(a, b), name
+
+
 def test_multi_dim_normalized_shape():
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(4, 3, 5, 6, generator=gen).to(DEVICE)

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
 from .. import reference
 from ..dispatch import Backend, Problem, register
 from . import triton_common
-from .triton_common import AotSpec, cdiv, launch, triton_unavailable_reason
+from .triton_common import AotSpec, PreparedLaunch, cdiv, launch, triton_unavailable_reason
 
 try:
     import triton
@@ -490,10 +490,35 @@ def _hidden(x: torch.Tensor, norm_ndim: int) -> int:
     return n
 
 
+# Launches prepared per call signature (shape, strides, dtypes, flags), as for attention: a
+# training loop repeats a few, and at small sizes (hidden 128) the per-call Python decides the
+# step time. Only calls that read their tensors in place (no copy for the row layout) and use
+# the shipped configs are kept. Bounded: cleared past _PLANS_MAX.
+_PLANS: Dict[tuple, Tuple[Any, ...]] = {}
+_PLANS_MAX = 512
+
+
+def _keep_plan(key: tuple, plan: Tuple[Any, ...]) -> None:
+    if len(_PLANS) >= _PLANS_MAX:
+        _PLANS.clear()
+    _PLANS[key] = plan
+
+
 def norm_forward(x: torch.Tensor, norm_ndim: int, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
                  eps: float, is_rms: bool, config: Optional[NormConfig] = None):
     """y (x's shape and dtype, contiguous) and stats: fp32 [rstd per row | (LayerNorm) mean of
     x - x[row, 0] per row], what the backward reads."""
+    key = None
+    if config is None:
+        key = ("fwd", x.shape, x.stride(), x.dtype, x.device, norm_ndim, None if weight is None else weight.dtype,
+               None if bias is None else bias.dtype, eps, is_rms)
+        plan = _PLANS.get(key)
+        if plan is not None:
+            run, stats_len = plan
+            y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+            stats = torch.empty(stats_len, dtype=torch.float32, device=x.device)
+            run(x, y, stats if weight is None else weight, stats if bias is None else bias, stats)
+            return y, stats
     n = _hidden(x, norm_ndim)
     layout = row_layout(x, norm_ndim, n)
     n_rows = layout.n_rows
@@ -507,12 +532,14 @@ def norm_forward(x: torch.Tensor, norm_ndim: int, weight: Optional[torch.Tensor]
     b = bias if bias is not None else stats
     common = dict(IS_RMS=is_rms, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
                   TWO_LEVEL=layout.two_level, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps)
-    args = (layout.tensor, y, w, b, stats, n_rows, layout.n_inner, layout.stride_outer,
-            layout.stride_inner, n, float(eps))
+    scalars = (n_rows, layout.n_inner, layout.stride_outer, layout.stride_inner, n, float(eps))
     if cfg.looped:
-        launch(_norm_fwd_looped_kernel, (n_rows,), args, **common)
+        run = PreparedLaunch(_norm_fwd_looped_kernel, (n_rows,), scalars, **common)
     else:
-        launch(_norm_fwd_fused_kernel, (cdiv(n_rows, cfg.rows),), args, ROWS=cfg.rows, **common)
+        run = PreparedLaunch(_norm_fwd_fused_kernel, (cdiv(n_rows, cfg.rows),), scalars, ROWS=cfg.rows, **common)
+    run(layout.tensor, y, w, b, stats)
+    if key is not None and layout.tensor is x:
+        _keep_plan(key, (run, stats.numel()))
     return y, stats
 
 
@@ -521,6 +548,21 @@ def norm_backward(dy: torch.Tensor, x: torch.Tensor, norm_ndim: int, weight: Opt
                   config: Optional[NormConfig] = None):
     """dx (x's shape and dtype), dweight (weight's shape and dtype, or None) and dbias (of
     `bias_dtype`, or None when there is no bias)."""
+    key = None
+    if config is None:
+        key = ("bwd", x.shape, x.stride(), dy.stride(), x.dtype, dy.dtype, x.device, norm_ndim,
+               None if weight is None else weight.dtype, bias_dtype, is_rms)
+        plan = _PLANS.get(key)
+        if plan is not None:
+            fused, summed, partial_len, norm_shape = plan
+            dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+            dw = None if weight is None else torch.empty(norm_shape, dtype=weight.dtype, device=x.device)
+            db = None if bias_dtype is None else torch.empty(norm_shape, dtype=bias_dtype, device=x.device)
+            partial = torch.empty(partial_len, dtype=torch.float32, device=x.device)
+            fused(x, dy, stats if weight is None else weight, stats, dx, partial)
+            if summed is not None:
+                summed(partial, partial if dw is None else dw, partial if db is None else db)
+            return dx, dw, db
     n = _hidden(x, norm_ndim)
     x_layout = row_layout(x, norm_ndim, n)
     dy_layout = row_layout(dy, norm_ndim, n)
@@ -552,11 +594,11 @@ def norm_backward(dy: torch.Tensor, x: torch.Tensor, norm_ndim: int, weight: Opt
         tiles_per_program = cdiv(n_tiles, programs)
         programs = cdiv(n_tiles, tiles_per_program)
         partial, db_offset = _partials(programs, n, has_weight, has_bias, x.device)
-        launch(_norm_bwd_fused_kernel, (programs,), (
-            x_layout.tensor, dy_layout.tensor, w, stats, dx, partial,
+        fused = PreparedLaunch(_norm_bwd_fused_kernel, (programs,), (
             n_rows, n_inner, x_layout.stride_outer, x_layout.stride_inner,
             dy_layout.stride_outer, dy_layout.stride_inner, n, tiles_per_program, db_offset),
             ROWS=cfg.rows, PREFETCH=cfg.prefetch, **flags)
+        fused(x_layout.tensor, dy_layout.tensor, w, stats, dx, partial)
     else:
         row_stats = torch.empty(n_rows if is_rms else 2 * n_rows, dtype=torch.float32, device=x.device)
         c1, c2 = row_stats, row_stats[n_rows:] if not is_rms else row_stats
@@ -575,11 +617,15 @@ def norm_backward(dy: torch.Tensor, x: torch.Tensor, norm_ndim: int, weight: Opt
             x_layout.tensor, dy_layout.tensor, w, stats, c1, c2, dx, partial,
             n_rows, n_inner, x_layout.stride_outer, x_layout.stride_inner,
             dy_layout.stride_outer, dy_layout.stride_inner, n, rows_per_program, db_offset), **flags)
+    summed = None
     if has_weight or has_bias:
         # The second reduction, over the per-program partial sums in a fixed order: deterministic.
-        launch(_partial_sum_kernel, (cdiv(n, SUM_BLOCK_N),), (
-            partial, dw if has_weight else partial, db if has_bias else partial, programs, n, db_offset),
-            HAS_WEIGHT=has_weight, HAS_BIAS=has_bias, BLOCK_P=SUM_BLOCK_P, BLOCK_N=SUM_BLOCK_N, num_warps=4)
+        summed = PreparedLaunch(_partial_sum_kernel, (cdiv(n, SUM_BLOCK_N),), (programs, n, db_offset),
+                                HAS_WEIGHT=has_weight, HAS_BIAS=has_bias, BLOCK_P=SUM_BLOCK_P,
+                                BLOCK_N=SUM_BLOCK_N, num_warps=4)
+        summed(partial, dw if has_weight else partial, db if has_bias else partial)
+    if key is not None and not cfg.looped and x_layout.tensor is x and dy_layout.tensor is dy:
+        _keep_plan(key, (fused, summed, partial.numel(), norm_shape))
     return dx, dw, db
 
 
@@ -601,14 +647,16 @@ def _normalized_ndim(normalized_shape) -> int:
 def _run(x, weight, bias, norm_ndim, eps, is_rms):
     if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (x, weight, bias)):
         return norm_forward(x, norm_ndim, weight, bias, eps, is_rms)[0]  # no autograd node to build
-    return _NormApply.apply(x, weight, bias, norm_ndim, eps, is_rms)
+    return _NormApply.apply(x, weight, bias, (norm_ndim, eps, is_rms))
 
 
 class _NormApply(torch.autograd.Function):
-    """y = norm(x) * weight + bias with Triton forward and backward."""
+    """y = norm(x) * weight + bias with Triton forward and backward. The non-tensor arguments
+    come as one tuple: autograd's Python layer costs per argument, on every call."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, norm_ndim, eps, is_rms):
+    def forward(ctx, x, weight, bias, spec):
+        norm_ndim, eps, is_rms = spec
         y, stats = norm_forward(x, norm_ndim, weight, bias, eps, is_rms)
         ctx.save_for_backward(x, weight, stats)
         ctx.norm_ndim, ctx.is_rms = norm_ndim, is_rms
@@ -620,7 +668,7 @@ class _NormApply(torch.autograd.Function):
         x, weight, stats = ctx.saved_tensors
         dx, dw, db = norm_backward(dy, x, ctx.norm_ndim, weight, ctx.bias_dtype, stats, ctx.is_rms)
         needs = ctx.needs_input_grad
-        return (dx if needs[0] else None), (dw if needs[1] else None), (db if needs[2] else None), None, None, None
+        return (dx if needs[0] else None), (dw if needs[1] else None), (db if needs[2] else None), None
 
 
 # ----------------------------------------------------------------------------- backends
