@@ -1,9 +1,10 @@
-"""Host time of one attention forward+backward step: gpuparity (backend "triton" and "auto")
+"""Host time of one forward+backward step: attention, gpuparity (backend "triton" or "auto")
 against cuDNN SDPA, on a tiny shape (the GPU work is negligible: the step is all host time)
-and on the short shapes of the benchmark suite. For A/B runs of two versions of the code,
-run it once per version (PYTHONPATH) in alternation; each run prints one JSON line per case.
+and on the short shapes of the benchmark suite; with --norms, RMSNorm / LayerNorm (gpuparity
+"triton" against torch's F.*) at hidden 128. For A/B runs of two versions of the code, run it
+once per version (PYTHONPATH) in alternation; each run prints one JSON line per case.
 
-    PYTHONPATH=src python benchmarks/host_overhead.py --label new
+    PYTHONPATH=src python benchmarks/host_overhead.py --label new [--norms]
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import json
 import torch
 import torch.nn.functional as F
 
-from diag_launch import host_and_wall  # benchmarks/ is this script's directory
+from diag_launch import host_and_wall, norm_step  # benchmarks/ is this script's directory
 from gpuparity.bench.attention import SHAPES, make_case
 from gpuparity.ops.attention import attention
 
@@ -42,7 +43,16 @@ def main() -> None:
     parser.add_argument("--shapes", default="tiny,aam-nuc,aam-asv,bert")
     parser.add_argument("--backends", default="triton,auto,cudnn")
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--norms", action="store_true", help="time RMSNorm / LayerNorm steps instead")
     args = parser.parse_args()
+    if args.norms:
+        for kind in ("rms", "ln"):
+            for rows in (1024, 131072):
+                for backend in ("triton", "F"):
+                    issue, wall = host_and_wall(norm_step(kind, rows, 128, backend), args.steps)
+                    print(json.dumps({"label": args.label, "shape": f"{kind} {rows}x128", "backend": backend,
+                                      "issue_ms": round(issue, 4), "wall_ms": round(wall, 4)}), flush=True)
+        return
     shapes = dict(SHAPES, tiny=(2, 2, 64, 32))
     for name in args.shapes.split(","):
         case = make_case(name, shapes[name], 0.25, torch.bfloat16, "cuda", 0)
