@@ -542,14 +542,16 @@ _SM90 = {
         (64, 4): TileConfig(64, 32, 4, 2), (128, 4): TileConfig(64, 32, 4, 2), (256, 4): TileConfig(32, 32, 4, 1),
     },
     "dkdv": {
-        (32, 2): TileConfig(32, 128, 4, 3),
+        # (32, 2) and dq's: from a fourth-session sweep on aam-asv (S=1024) alone, H100: backward
+        # 0.126 -> 0.114 ms with both; short keys (aam-nuc) keep their own, SHORT_CONFIGS
+        (32, 2): TileConfig(64, 128, 4, 2),
         # (128, 2): 64x64 with 4 warps, 2 stages, from a fourth-session sweep on llm-8k (H200):
         # backward 5.75 ms vs 6.17 with the 64x128 / 8-warp tile the first sweep had chosen
         (64, 2): TileConfig(32, 64, 4, 3), (128, 2): TileConfig(64, 64, 4, 2), (256, 2): TileConfig(16, 32, 4, 1),
         (64, 4): TileConfig(32, 64, 4, 2), (128, 4): TileConfig(32, 32, 4, 2), (256, 4): TileConfig(16, 32, 4, 1),
     },
     "dq": {
-        (32, 2): TileConfig(64, 32, 4, 3),
+        (32, 2): TileConfig(64, 64, 4, 3),
         (64, 2): TileConfig(64, 32, 4, 3), (128, 2): TileConfig(128, 64, 8, 3), (256, 2): TileConfig(32, 16, 4, 1),
         (64, 4): TileConfig(64, 32, 4, 2), (128, 4): TileConfig(32, 32, 4, 2), (256, 4): TileConfig(32, 16, 4, 1),
     },
@@ -597,7 +599,10 @@ _RDNA = {
 # their (bucket, element size) only.
 SHORT_KEYS = 256
 SHORT_CONFIGS: Dict[str, Dict[str, Dict[Tuple[int, int], TileConfig]]] = {
-    "nvidia_sm90": {"fwd": {(32, 2): TileConfig(64, 32, 4, 3)}, "dkdv": {(32, 2): TileConfig(32, 64, 4, 3)}},
+    "nvidia_sm90": {"fwd": {(32, 2): TileConfig(64, 32, 4, 3)}, "dkdv": {(32, 2): TileConfig(32, 64, 4, 3)},
+                    # dq: the tile the general table had before aam-asv got its own (0.145 ms vs
+                    # 0.168 for aam-asv's 64x64 on aam-nuc, H200)
+                    "dq": {(32, 2): TileConfig(64, 32, 4, 3)}},
 }
 # The interpreter runs one program at a time in numpy: large tiles, few programs.
 _INTERP = {kernel: {key: TileConfig(32, 32, 4, 1) for key in table} for kernel, table in _SM80.items()}
