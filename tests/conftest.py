@@ -34,11 +34,8 @@ def _fresh_resolutions():
     """Each test decides backends afresh: tests replace dispatch internals (probe_verdict) with
     monkeypatch, which the remembered resolutions (and prepared launches) of an earlier test
     would not see."""
-    import sys
-
     from gpuparity import dispatch
+    from gpuparity.backends import triton_common
     dispatch._state_changed()
-    attention = sys.modules.get("gpuparity.backends.triton_attention")
-    if attention is not None:  # prepared launches too (tests patch tile tables and families)
-        attention.clear_plans()
+    triton_common.clear_plans()  # prepared launches too (tests patch tile tables and families)
     yield

@@ -22,7 +22,7 @@ import torch
 from ..dispatch import Backend, Problem, register
 from ..numerics import matmul_tf32
 from . import triton_common
-from .triton_common import AotSpec, PreparedLaunch, cdiv, lazy_kernel
+from .triton_common import AotSpec, PlanCache, PreparedLaunch, cdiv, clear_plans, lazy_kernel
 
 _IMPORT_ERROR = ""
 try:  # module-level names so Triton (compiler and interpreter) sees `tl` in the kernels' globals
@@ -814,9 +814,8 @@ def _output_like(q: torch.Tensor) -> torch.Tensor:
 # Launches prepared per call signature (shapes, strides, dtype, mask layout, flags): a training
 # loop repeats a few signatures, and re-deriving tile configs, constexprs and ~50 launch
 # arguments on every call is host time that short sequences cannot hide. Calls with dropout
-# (a new seed each time) are not kept. Bounded: cleared when it grows past _PLANS_MAX.
-_PLANS: Dict[tuple, Tuple[PreparedLaunch, ...]] = {}
-_PLANS_MAX = 512
+# (a new seed each time) are not kept.
+_PLANS = PlanCache()
 
 
 def _plan_key(q, k, v, masks: MaskArgs, is_causal: bool, scale: float, dropout_p: float, extra=()) -> Optional[tuple]:
@@ -831,20 +830,11 @@ def _plan_key(q, k, v, masks: MaskArgs, is_causal: bool, scale: float, dropout_p
     return key
 
 
-def clear_plans() -> None:
-    """Forget prepared launches: call after changing CONFIGS (load_overrides does)."""
-    _PLANS.clear()
-
-
 def _planned(key: Optional[tuple], build) -> Tuple[PreparedLaunch, ...]:
     if key is None:
         return build()
     plan = _PLANS.get(key)
-    if plan is None:
-        if len(_PLANS) >= _PLANS_MAX:
-            _PLANS.clear()
-        plan = _PLANS[key] = build()
-    return plan
+    return plan if plan is not None else _PLANS.keep(key, build())
 
 
 def _mask_tensors(q, masks: MaskArgs) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -890,23 +880,23 @@ def _backward_launches(q, k, v, out, dout, dq, dk, dv, masks: MaskArgs, is_causa
     batch, heads, q_len, head_dim = q.shape
     kv_heads, k_len = k.shape[1], k.shape[2]
     constexprs = _common_constexprs(head_dim, masks, is_causal, dropout_p, q.dtype)
-    stages = dict(num_stages=None)
+    dense_mask = masks.kind != MASK_NONE
     cfg = tile_config("dq", q.device, head_dim, q.dtype, k_len)
-    stages["num_stages"] = cfg.stages(masks.kind != MASK_NONE)
     dq_launch = PreparedLaunch(kernels()["dq"], (cdiv(q_len, cfg.block_m), batch * heads), (
         scale * LOG2E, scale, float(dropout_p), int(seed),
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), *dout.stride(), *dq.stride(),
         *masks.mask_strides, *masks.kpm_strides,
         heads, heads // kv_heads, q_len, k_len),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **stages, **constexprs)
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.stages(dense_mask),
+        **constexprs)
     cfg = tile_config("dkdv", q.device, head_dim, q.dtype, k_len)
-    stages["num_stages"] = cfg.stages(masks.kind != MASK_NONE)
     dkdv_launch = PreparedLaunch(kernels()["dkdv"], (cdiv(k_len, cfg.block_n), batch * kv_heads), (
         scale * LOG2E, scale, float(dropout_p), int(seed),
         *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(),
         *masks.mask_strides, *masks.kpm_strides,
         heads, kv_heads, heads // kv_heads, q_len, k_len),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, **stages, **constexprs)
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.stages(dense_mask),
+        **constexprs)
     return dq_launch, dkdv_launch
 
 

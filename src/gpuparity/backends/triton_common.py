@@ -229,23 +229,22 @@ def _hook_active(hook) -> bool:
     return bool(calls) if isinstance(calls, list) else True
 
 
-def launch(kernel, grid, args, *, num_warps: int, num_stages: Optional[int] = None, **constexprs) -> None:
+def launch(kernel, grid, args, *, num_warps: int, num_stages: Optional[int] = None, **constexprs):
     """`kernel[grid](*args, num_warps=..., num_stages=..., **constexprs)`, with the per-call
     specialization work done once per distinct key (see above). `args` are the runtime
-    arguments in order; the constexprs must be the kernel's trailing parameters."""
+    arguments in order; the constexprs must be the kernel's trailing parameters. Returns the
+    (compiled kernel, constexpr tail) entry it launched through, or None on Triton's own path."""
     grid = tuple(grid) + (1,) * (3 - len(grid))
     options = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
     if _fast_launch_state() is None:
         kernel[grid](*args, **options, **constexprs)
-        return
+        return None
     device = torch.cuda.current_device()
     key = (id(kernel), device, num_warps, num_stages, tuple(constexprs.items()), specialization_key(args))
     entry = _LAUNCH_CACHE.get(key)
     if entry is not None:
-        compiled, tail = entry
-        compiled.run(grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(device), compiled.function,
-                     compiled.packed_metadata, None, None, None, *args, *tail)
-        return
+        _run_entry(entry, grid, device, args)
+        return entry
     compiled = kernel[grid](*args, **options, **constexprs)
     try:
         names = list(kernel.arg_names)[len(args):]
@@ -254,8 +253,16 @@ def launch(kernel, grid, args, *, num_warps: int, num_stages: Optional[int] = No
     except Exception as exc:  # noqa: BLE001 - unexpected Triton internals: keep using kernel[grid]
         _FAST_LAUNCH["knobs"] = None
         _FAST_LAUNCH["why_off"] = f"{type(exc).__name__}: {exc}"
-        return
-    _LAUNCH_CACHE[key] = (compiled, tail)
+        return None
+    entry = _LAUNCH_CACHE[key] = (compiled, tail)
+    return entry
+
+
+def _run_entry(entry, grid, device, args) -> None:
+    """Call a cached compiled kernel's launcher as Triton would (no launch hooks: see above)."""
+    compiled, tail = entry
+    compiled.run(grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(device), compiled.function,
+                 compiled.packed_metadata, None, None, None, *args, *tail)
 
 
 class PreparedLaunch:
@@ -281,17 +288,45 @@ class PreparedLaunch:
         device = torch.cuda.current_device()
         key = (device, *[(t.dtype, not t.data_ptr() & 15) for t in tensors])
         entry = self._entries.get(key)
-        if entry is None:
-            args = tensors + self.scalars
-            launch(self.kernel, self.grid, args, **self.options)
-            options = dict(self.options)
-            num_warps, num_stages = options.pop("num_warps"), options.pop("num_stages")
-            found = _LAUNCH_CACHE.get((id(self.kernel), device, num_warps, num_stages, tuple(options.items()),
-                                       specialization_key(args)))
-            if found is not None:  # None: direct launches were switched off by that launch
-                self._entries[key] = found
+        if entry is None:  # first call with these dtypes / alignments here: through launch
+            entry = launch(self.kernel, self.grid, tensors + self.scalars, **self.options)
+            if entry is not None:  # None: that launch switched direct launches off
+                self._entries[key] = entry
             return
-        compiled, tail = entry
-        grid = self.grid
-        compiled.run(grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(device), compiled.function,
-                     compiled.packed_metadata, None, None, None, *tensors, *self.scalars, *tail)
+        _run_entry(entry, self.grid, device, tensors + self.scalars)
+
+
+class PlanCache:
+    """Prepared launches per call signature, for one module's ops: get(key), keep(key, plan).
+    Bounded (emptied when full: a loop over ever-new shapes must not grow it without end).
+    `clear_plans()` empties every PlanCache, for tests and tuning scripts that change tile
+    tables."""
+
+    def __init__(self, max_size: int = 512):
+        self.max_size = max_size
+        self._plans: Dict[tuple, Any] = {}
+        _PLAN_CACHES.append(self)
+
+    def get(self, key: tuple):
+        return self._plans.get(key)
+
+    def keep(self, key: tuple, plan):
+        if len(self._plans) >= self.max_size:
+            self._plans.clear()
+        self._plans[key] = plan
+        return plan
+
+    def clear(self) -> None:
+        self._plans.clear()
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+
+_PLAN_CACHES: List[PlanCache] = []
+
+
+def clear_plans() -> None:
+    """Forget every prepared launch (after changing tile tables)."""
+    for cache in _PLAN_CACHES:
+        cache.clear()

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
 from .. import reference
 from ..dispatch import Backend, Problem, register
 from . import triton_common
-from .triton_common import AotSpec, PreparedLaunch, cdiv, launch, triton_unavailable_reason
+from .triton_common import AotSpec, PlanCache, PreparedLaunch, cdiv, launch, triton_unavailable_reason
 
 try:
     import triton
@@ -493,15 +493,8 @@ def _hidden(x: torch.Tensor, norm_ndim: int) -> int:
 # Launches prepared per call signature (shape, strides, dtypes, flags), as for attention: a
 # training loop repeats a few, and at small sizes (hidden 128) the per-call Python decides the
 # step time. Only calls that read their tensors in place (no copy for the row layout) and use
-# the shipped configs are kept. Bounded: cleared past _PLANS_MAX.
-_PLANS: Dict[tuple, Tuple[Any, ...]] = {}
-_PLANS_MAX = 512
-
-
-def _keep_plan(key: tuple, plan: Tuple[Any, ...]) -> None:
-    if len(_PLANS) >= _PLANS_MAX:
-        _PLANS.clear()
-    _PLANS[key] = plan
+# the shipped configs are kept.
+_PLANS = PlanCache()
 
 
 def norm_forward(x: torch.Tensor, norm_ndim: int, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
@@ -539,7 +532,7 @@ def norm_forward(x: torch.Tensor, norm_ndim: int, weight: Optional[torch.Tensor]
         run = PreparedLaunch(_norm_fwd_fused_kernel, (cdiv(n_rows, cfg.rows),), scalars, ROWS=cfg.rows, **common)
     run(layout.tensor, y, w, b, stats)
     if key is not None and layout.tensor is x:
-        _keep_plan(key, (run, stats.numel()))
+        _PLANS.keep(key, (run, stats.numel()))
     return y, stats
 
 
@@ -625,7 +618,7 @@ def norm_backward(dy: torch.Tensor, x: torch.Tensor, norm_ndim: int, weight: Opt
                                 BLOCK_N=SUM_BLOCK_N, num_warps=4)
         summed(partial, dw if has_weight else partial, db if has_bias else partial)
     if key is not None and not cfg.looped and x_layout.tensor is x and dy_layout.tensor is dy:
-        _keep_plan(key, (fused, summed, partial.numel(), norm_shape))
+        _PLANS.keep(key, (fused, summed, partial.numel(), norm_shape))
     return dx, dw, db
 
 
