@@ -10,25 +10,18 @@ import argparse
 import cProfile
 import io
 import pstats
-import time
 
 import torch
 
+from diag_launch import host_and_wall  # benchmarks/ is this script's directory
 from gpuparity.backends import triton_common
 from gpuparity.bench.attention import SHAPES, make_case
 from gpuparity.ops.attention import attention
 
 
 def per_call_us(fn, n=2000):
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(n):
-        fn()
-    elapsed = (time.perf_counter() - start) / n * 1e6
-    torch.cuda.synchronize()
-    return elapsed
+    """Host time to issue one call, in microseconds."""
+    return host_and_wall(fn, n)[0] * 1e3
 
 
 def main() -> None:
