@@ -80,7 +80,7 @@ class Backend:
 _REGISTRY: Dict[str, Dict[str, Backend]] = {}
 _LOCK = threading.Lock()
 # Resolutions already made, so a training loop does not re-derive every backend's reasons and
-# verdicts on every call (~20 us of Python per call on a fast host). A resolution follows from
+# verdicts on every call (a loop over all registered backends, each with its probe lookup). A resolution follows from
 # the problem, the registry, the probe verdicts in memory, two environment variables and, for
 # fp32, torch's TF32 switches: the key holds the variables and switches, and anything that
 # changes the registry or the verdicts (register, a probe, clear_cache) clears the memo. The
