@@ -16,7 +16,7 @@ import torch
 
 from ..dispatch import Backend, Problem, register
 from . import triton_common
-from .triton_common import AotSpec, cdiv, launch, triton_unavailable_reason
+from .triton_common import AotSpec, PlanCache, PreparedLaunch, cdiv, triton_unavailable_reason
 
 try:
     import triton
@@ -29,12 +29,14 @@ KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 # Per hardware family: threads per warp and elements per program. A program covers
 # BLOCK_M positions x BLOCK_H heads x the rotary dims, and reuses one cos/sin tile for them.
-# 4096-element tiles at 8 elements per thread came out best in an H100 sweep
-# (benchmarks/tune_norms_rope.py) on both anchor shapes.
+# 2048-element tiles at 8 elements per thread: an H100 sweep (benchmarks/tune_norms_rope.py,
+# benchmarks/h100-session5-2026-11-21) with head blocks varying fastest across programs put
+# them within 0.5% of the best candidate at (8, 32, 4096, 128) and 8-10% ahead of 4096-element
+# tiles at (64, 4, 1024, 32).
 FAMILIES = {
-    "nvidia": {"warp": 32, "tile_elems": 4096, "max_warps": 16, "targets": ("cuda:80", "cuda:90")},
-    "cdna": {"warp": 64, "tile_elems": 4096, "max_warps": 16, "targets": ("hip:gfx942", "hip:gfx90a")},
-    "rdna": {"warp": 32, "tile_elems": 4096, "max_warps": 16, "targets": ("hip:gfx1100",)},
+    "nvidia": {"warp": 32, "tile_elems": 2048, "max_warps": 16, "targets": ("cuda:80", "cuda:90")},
+    "cdna": {"warp": 64, "tile_elems": 2048, "max_warps": 16, "targets": ("hip:gfx942", "hip:gfx90a")},
+    "rdna": {"warp": 32, "tile_elems": 2048, "max_warps": 16, "targets": ("hip:gfx1100",)},
 }
 ELEMS_PER_THREAD = 8
 MAX_BLOCK_H = 8
@@ -89,9 +91,14 @@ if triton is not None:
         CONJUGATE: tl.constexpr, COPY_PASS: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
     ):
-        pid_m = tl.program_id(0)
+        # Head blocks vary fastest across programs: programs running together cover one
+        # position's heads, a contiguous span of x, rather than the same head block of many
+        # positions (one stride apart each).
+        head_blocks = tl.cdiv(nheads, BLOCK_H)
+        pid = tl.program_id(0)
+        pid_m = pid // head_blocks
+        pid_h = pid - pid_m * head_blocks
         pid_b = tl.program_id(1)
-        pid_h = tl.program_id(2)
         if IS_VARLEN:
             # Packed (total, H, D): sequence b is rows cu_seqlens[b] .. cu_seqlens[b+1].
             seq_start = tl.load(CU_SEQLENS + pid_b).to(tl.int64)
@@ -160,11 +167,40 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+# Launches prepared per call signature, as for attention and the norms: at small sizes the
+# per-call Python decides the time (a training step rotates q and k, forward and backward).
+# Only calls that read x, cos and sin in place (no copy for a strided last dimension) are kept.
+_PLANS = PlanCache()
+
+
+def _plan_key(x, cos, sin, interleaved, seqlen_offsets, cu_seqlens, max_seqlen, inplace, conjugate) -> tuple:
+    offsets = (("t", seqlen_offsets.shape) if isinstance(seqlen_offsets, torch.Tensor)
+               else ("i", int(seqlen_offsets)))
+    varlen = None if cu_seqlens is None else (cu_seqlens.shape, max_seqlen)
+    return (x.shape, x.stride(), x.dtype, x.device, cos.shape, cos.stride(), cos.dtype, sin.stride(), sin.dtype,
+            interleaved, offsets, varlen, inplace, conjugate)
+
+
 def rotary_launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool,
                   seqlen_offsets: Union[int, torch.Tensor], cu_seqlens: Optional[torch.Tensor],
                   max_seqlen: Optional[int], inplace: bool, conjugate: bool,
                   config: Optional[RotaryConfig] = None) -> torch.Tensor:
     """Rotate x (B, S, H, D) or packed (total, H, D); returns out (x itself when inplace)."""
+    offsets_tensor = isinstance(seqlen_offsets, torch.Tensor)
+    key = None
+    if config is None:
+        key = _plan_key(x, cos, sin, interleaved, seqlen_offsets, cu_seqlens, max_seqlen, inplace, conjugate)
+        plan = _PLANS.get(key)
+        if plan is not None:
+            run, contiguous = plan
+            # empty_like: the output's strides as torch.empty(x.shape) gives for a contiguous x,
+            # for less host time (no size / dtype / device arguments to parse)
+            out = x if inplace else (torch.empty_like(x) if contiguous else
+                                     torch.empty(x.shape, dtype=x.dtype, device=x.device))
+            run(out, x, cos, sin, cos if cu_seqlens is None else cu_seqlens,
+                seqlen_offsets if offsets_tensor else cos)
+            return out
+    given = (x, cos, sin)
     x = _last_dim_contiguous(x) if not inplace else x
     if inplace and x.stride(-1) != 1:
         raise ValueError("x: inplace rotary needs the last dimension contiguous, got strides "
@@ -187,34 +223,35 @@ def rotary_launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, inte
         grid_m_len = int(max_seqlen)
     if x.numel() == 0 or batch == 0 or grid_m_len == 0:
         return out
-    offsets_tensor = isinstance(seqlen_offsets, torch.Tensor)
     cfg = config or rotary_config(nheads, rotary_half, pass_dim, max_seqlen=grid_m_len)
-    grid = (cdiv(grid_m_len, cfg.block_m), batch, cdiv(nheads, cfg.block_h))
-    placeholder = cos  # a pointer argument the kernel never reads
-    launch(_rotary_kernel, grid, (
-        out, x, cos, sin,
-        cu_seqlens if cu_seqlens is not None else placeholder,
-        seqlen_offsets if offsets_tensor else placeholder,
+    grid = (cdiv(grid_m_len, cfg.block_m) * cdiv(nheads, cfg.block_h), batch)
+    run = PreparedLaunch(_rotary_kernel, grid, (
         seqlen, nheads, rotary_half, pass_dim, cos.shape[0], 0 if offsets_tensor else int(seqlen_offsets),
         *out_strides, *x_strides, cos.stride(0), sin.stride(0)),
         IS_VARLEN=cu_seqlens is not None, OFFSETS_TENSOR=offsets_tensor, INTERLEAVED=bool(interleaved),
         CONJUGATE=bool(conjugate), COPY_PASS=(pass_dim > 0 and not inplace),
         BLOCK_M=cfg.block_m, BLOCK_H=cfg.block_h, BLOCK_R=cfg.block_r, BLOCK_P=cfg.block_p,
         num_warps=cfg.num_warps)
+    # cos stands in for the pointer arguments the kernel does not read
+    run(out, x, cos, sin, cos if cu_seqlens is None else cu_seqlens, seqlen_offsets if offsets_tensor else cos)
+    if key is not None and x is given[0] and cos is given[1] and sin is given[2]:
+        _PLANS.keep(key, (run, x.is_contiguous()))
     return out
 
 
 class _RotaryApply(torch.autograd.Function):
-    """out = rotate(x, theta); dx = rotate(dout, -theta). cos/sin get no gradient."""
+    """out = rotate(x, theta); dx = rotate(dout, -theta). cos/sin get no gradient. The
+    non-tensor arguments come as one tuple (autograd's Python layer costs per argument)."""
 
     @staticmethod
-    def forward(ctx, x, cos, sin, interleaved, seqlen_offsets, cu_seqlens, max_seqlen, inplace):
+    def forward(ctx, x, cos, sin, cu_seqlens, seqlen_offsets, spec):
+        interleaved, max_seqlen, inplace = spec
         out = rotary_launch(x, cos, sin, interleaved=interleaved, seqlen_offsets=seqlen_offsets,
                             cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, inplace=inplace, conjugate=False)
         offsets_tensor = isinstance(seqlen_offsets, torch.Tensor)
         ctx.save_for_backward(cos, sin, cu_seqlens, seqlen_offsets if offsets_tensor else None)
         ctx.interleaved, ctx.max_seqlen, ctx.offset_value = interleaved, max_seqlen, (
-            0 if offsets_tensor else int(seqlen_offsets))
+            0 if offsets_tensor else seqlen_offsets)
         if inplace:
             ctx.mark_dirty(x)
         return out
@@ -225,7 +262,7 @@ class _RotaryApply(torch.autograd.Function):
         dx = rotary_launch(dout, cos, sin, interleaved=ctx.interleaved,
                            seqlen_offsets=offsets if offsets is not None else ctx.offset_value,
                            cu_seqlens=cu_seqlens, max_seqlen=ctx.max_seqlen, inplace=False, conjugate=True)
-        return dx, None, None, None, None, None, None, None
+        return dx, None, None, None, None, None
 
 
 def triton_apply_rotary(x, cos, sin, *, interleaved=False, seqlen_offsets=0, cu_seqlens=None, max_seqlen=None,
@@ -235,7 +272,8 @@ def triton_apply_rotary(x, cos, sin, *, interleaved=False, seqlen_offsets=0, cu_
     if not (torch.is_grad_enabled() and x.requires_grad):  # no autograd node to build
         return rotary_launch(x, cos, sin, interleaved=bool(interleaved), seqlen_offsets=seqlen_offsets,
                              cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, inplace=bool(inplace), conjugate=False)
-    return _RotaryApply.apply(x, cos, sin, bool(interleaved), seqlen_offsets, cu_seqlens, max_seqlen, bool(inplace))
+    offsets = seqlen_offsets if isinstance(seqlen_offsets, torch.Tensor) else int(seqlen_offsets)
+    return _RotaryApply.apply(x, cos, sin, cu_seqlens, offsets, (bool(interleaved), max_seqlen, bool(inplace)))
 
 
 triton_apply_rotary.supports_inplace = True
