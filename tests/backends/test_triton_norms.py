@@ -4,6 +4,7 @@ deterministic weight gradients. On a CPU-only machine they run under TRITON_INTE
 small shapes; with GPUPARITY_TEST_DEVICE=cuda they run compiled on the GPU at real sizes."""
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -235,6 +236,32 @@ def test_prepared_launches_follow_strides(op):
             assert torch.equal(a, b), name
 
 
+@pytest.mark.parametrize("op", ["rms", "ln"])
+def test_backward_finishing_in_one_launch(op):
+    """Short rows: the fused backward's last program sums dweight / dbias itself. Bitwise equal
+    to the separate partial-sum launch (the same summation order) and to the float64 referee's
+    tolerance; the arrival counter is back at zero afterwards, so a second backward through the
+    same forward gives the same gradients. On a GPU every program runs at once: repeated to
+    catch an ordering race between the partial stores and the last program's loads."""
+    rows, hidden = (37, 100) if not ON_GPU else (131072, 128)
+    is_rms = op == "rms"
+    x, weight, bias = make(rows, hidden, torch.bfloat16, seed=21)
+    bias = None if is_rms else bias
+    dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(22)).to(DEVICE, x.dtype)
+    cfg = triton_norms.norm_config(hidden, True)
+    assert cfg.finish
+    _, stats = triton_norms.norm_forward(x, 1, weight, bias, 1e-5, is_rms)
+    bias_dtype = None if bias is None else bias.dtype
+    separate = triton_norms.norm_backward(dy, x, 1, weight, bias_dtype, stats, is_rms,
+                                          config=dataclasses.replace(cfg, finish=False))
+    for _ in range(2 if not ON_GPU else 5):
+        got = triton_norms.norm_backward(dy, x, 1, weight, bias_dtype, stats, is_rms)
+        assert stats[-1].item() == 0, "the arrival counter must be left at zero"
+        for name, a, b in zip(("dx", "dweight", "dbias"), got, separate):
+            assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), name
+    check_norm(op, x, weight, bias, 1e-5, dy=dy)  # the same launches through autograd, against float64
+
+
 def test_multi_dim_normalized_shape():
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(4, 3, 5, 6, generator=gen).to(DEVICE)
@@ -242,6 +269,18 @@ def test_multi_dim_normalized_shape():
     out = triton_norms.triton_layer_norm(x, (5, 6), weight, None, 1e-5)
     expected = reference.layer_norm(x.double().cpu(), (5, 6), weight.double().cpu(), None, 1e-5)
     assert compare("out", out, expected, None, torch.float32).passed
+    # backward with a two-dim weight and bias, twice (the second through the kept launches)
+    bias = torch.randn(5, 6, generator=gen).to(DEVICE)
+    dy = torch.randn(x.shape, generator=gen).to(DEVICE)
+    up = lambda t: t.detach().double().cpu().requires_grad_()  # noqa: E731
+    xs, ws, bs = up(x), up(weight), up(bias)
+    expected = torch.autograd.grad(reference.layer_norm(xs, (5, 6), ws, bs, 1e-5), (xs, ws, bs), dy.double().cpu())
+    for _ in range(2):
+        leaves = [_leaf(x), _leaf(weight), _leaf(bias)]
+        got = torch.autograd.grad(triton_norms.triton_layer_norm(leaves[0], (5, 6), *leaves[1:], 1e-5), leaves, dy)
+        for name, g, want in zip(("dx", "dweight", "dbias"), got, expected):
+            assert g.shape == want.shape
+            assert compare(name, g, want, None, torch.float32).passed, name
     out = triton_norms.triton_rms_norm(x, (5, 6), weight, None)
     expected = reference.rms_norm(x.double().cpu(), (5, 6), weight.double().cpu(), torch.finfo(torch.float32).eps)
     assert compare("out", out, expected, None, torch.float32).passed

@@ -18,7 +18,8 @@ import torch
 from .. import reference
 from ..dispatch import Backend, Problem, register
 from . import triton_common
-from .triton_common import AotSpec, PlanCache, PreparedLaunch, cdiv, launch, triton_unavailable_reason
+from .triton_common import (AotSpec, PlanCache, PreparedLaunch, allocation_template, cdiv, launch,
+                            triton_unavailable_reason)
 
 try:
     import triton
@@ -53,6 +54,11 @@ FAMILIES = {
 FWD_TILE_ELEMS = 4096
 FWD_ELEMS_PER_THREAD = 16
 BWD_TILE_ELEMS = 8192
+# Rows up to this many columns finish the dweight/dbias reduction inside the fused backward
+# (its last program sums programs x columns partials: ~70 KB at 128 columns on an H100, about
+# a microsecond), one launch fewer where the host time decides a step; wider rows keep the
+# separate, column-parallel partial-sum launch.
+FINISH_MAX_N = 256
 # Persistent backward: programs per SM / CU when a config does not say (tests, overrides).
 BWD_PROGRAMS_PER_SM = 2
 
@@ -74,6 +80,7 @@ class NormConfig:
     programs_per_sm: int = 0   # backward: persistent programs per SM (0: BWD_PROGRAMS_PER_SM)
     num_stages: Optional[int] = None  # backward: pipelining depth of its row loops (None: Triton's default)
     prefetch: bool = False     # fused backward: load the next tile while working on this one
+    finish: bool = False       # fused backward: its last program sums dweight/dbias (no 2nd launch)
 
 
 def _next_pow2(n: int) -> int:
@@ -97,7 +104,8 @@ def norm_config(n: int, backward: bool = False, fam: Optional[str] = None) -> No
         return NormConfig(block, rows, _warps(rows * block, FWD_ELEMS_PER_THREAD, spec), False)
     rows = max(1, BWD_TILE_ELEMS // block)
     per_thread = 32 if block < 4096 else 16
-    return NormConfig(block, rows, _warps(rows * block, per_thread, spec), False, programs_per_sm=1, prefetch=True)
+    return NormConfig(block, rows, _warps(rows * block, per_thread, spec), False, programs_per_sm=1, prefetch=True,
+                      finish=block <= FINISH_MAX_N)
 
 
 _SM_COUNT: Dict[int, int] = {}
@@ -135,9 +143,12 @@ if triton is not None:
         TWO_LEVEL: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
     ):
         """ROWS whole rows per program, kept in registers: one read of x, one write of y.
-        RSTD holds n_rows rstd values, then (LayerNorm) n_rows shifted means."""
+        RSTD holds n_rows rstd values, then (LayerNorm) n_rows shifted means, then the
+        backward's arrival counter, zeroed here."""
         MEAN = RSTD + n_rows
         pid = tl.program_id(0).to(tl.int64)
+        if pid == 0:
+            tl.store(RSTD + (n_rows if IS_RMS else 2 * n_rows), 0.0)
         rows = pid * ROWS + tl.arange(0, ROWS)
         cols = tl.arange(0, BLOCK_N)
         row_ok = rows < n_rows
@@ -176,9 +187,12 @@ if triton is not None:
         IS_RMS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
         TWO_LEVEL: tl.constexpr, BLOCK_N: tl.constexpr,
     ):
-        """One long row per program, in chunks: a statistics pass, then a normalising pass."""
+        """One long row per program, in chunks: a statistics pass, then a normalising pass.
+        Statistics laid out as in the fused kernel."""
         MEAN = RSTD + n_rows
         row = tl.program_id(0).to(tl.int64)
+        if row == 0:
+            tl.store(RSTD + (n_rows if IS_RMS else 2 * n_rows), 0.0)
         x_start = _row_offsets(row, n_inner, stride_x_outer, stride_x_inner, TWO_LEVEL)
         cols = tl.arange(0, BLOCK_N)
         if IS_RMS:
@@ -227,18 +241,20 @@ if triton is not None:
 
     @triton.jit
     def _norm_bwd_fused_kernel(
-        X, DY, W, RSTD, DX, PARTIAL,
+        X, DY, W, RSTD, DX, PARTIAL, DW, DB,
         n_rows, n_inner, stride_x_outer, stride_x_inner, stride_dy_outer, stride_dy_inner,
         N, tiles_per_program, db_offset,
         IS_RMS: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
         TWO_LEVEL_X: tl.constexpr, TWO_LEVEL_DY: tl.constexpr,
-        BLOCK_N: tl.constexpr, ROWS: tl.constexpr, PREFETCH: tl.constexpr,
+        BLOCK_N: tl.constexpr, ROWS: tl.constexpr, PREFETCH: tl.constexpr, FINISH: tl.constexpr,
+        BLOCK_P: tl.constexpr,
     ):
         """A persistent program walks `tiles_per_program` consecutive row tiles, writing dx and
         summing dweight/dbias in registers; its sums go to one row of the partial buffers
         (dweight's, then dbias's at db_offset). PREFETCH: load the next tile's x and dy before
         working on this one, so a program always has a tile's loads in flight while it
-        reduces and stores (one tile of registers more)."""
+        reduces and stores (one tile of registers more). FINISH: the last program to finish
+        also sums the partial rows into DW / DB (no second launch; see the end)."""
         MEAN = RSTD + n_rows
         DW_PARTIAL = PARTIAL
         DB_PARTIAL = PARTIAL + db_offset
@@ -309,6 +325,22 @@ if triton is not None:
             tl.store(DW_PARTIAL + pid * N + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
         if HAS_BIAS:
             tl.store(DB_PARTIAL + pid * N + cols, tl.sum(db_acc, axis=0), mask=col_ok)
+        if FINISH:
+            # For short rows, where a training step's time is host time, one launch fewer:
+            # programs count their arrivals on a counter in the statistics buffer (the slot
+            # after them, zeroed by the forward) and the last to arrive sums every partial row
+            # in program order (deterministic) and zeroes the counter again, so another
+            # backward through the same forward (retain_graph, CUDA graph replays) starts at
+            # zero. The barrier orders all of this program's partial stores before the
+            # atomic; its release half publishes them at GPU scope and its acquire half orders
+            # the last program's loads after every other program's stores.
+            counter = (RSTD + (n_rows if IS_RMS else 2 * n_rows)).to(tl.pointer_type(tl.int32))
+            tl.debug_barrier()
+            arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+            if arrived == tl.num_programs(0) - 1:
+                _sum_partials(PARTIAL, DW, DB, tl.num_programs(0), N, db_offset, cols, HAS_WEIGHT, HAS_BIAS,
+                              BLOCK_P, BLOCK_N)
+                tl.store(counter, 0)
 
     @triton.jit
     def _norm_bwd_row_stats_kernel(
@@ -402,13 +434,12 @@ if triton is not None:
             tl.store(DB_PARTIAL + pid_group.to(tl.int64) * N + offs, db_acc, mask=ok)
 
     @triton.jit
-    def _partial_sum_kernel(
-        PARTIAL, DW, DB, n_partials, N, db_offset,
-        HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-    ):
-        """The second reduction: sum the per-program partial rows in a fixed order (so the
-        result is deterministic) and write dweight / dbias in their own dtypes."""
-        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    def _sum_partials(PARTIAL, DW, DB, n_partials, N, db_offset, cols,
+                      HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+        """dweight / dbias for `cols`: the per-program partial rows summed in a fixed order (so
+        the result is deterministic), written in their own dtypes. The loads bypass L1: the
+        rows were written by other programs of the same launch when the fused backward
+        finishes the reduction itself."""
         col_ok = cols < N
         parts = tl.arange(0, BLOCK_P)
         dw_acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
@@ -418,13 +449,22 @@ if triton is not None:
             mask = (rows < n_partials)[:, None] & col_ok[None, :]
             offsets = rows.to(tl.int64)[:, None] * N + cols[None, :]
             if HAS_WEIGHT:
-                dw_acc += tl.load(PARTIAL + offsets, mask=mask, other=0.0)
+                dw_acc += tl.load(PARTIAL + offsets, mask=mask, other=0.0, cache_modifier=".cg")
             if HAS_BIAS:
-                db_acc += tl.load(PARTIAL + db_offset + offsets, mask=mask, other=0.0)
+                db_acc += tl.load(PARTIAL + db_offset + offsets, mask=mask, other=0.0, cache_modifier=".cg")
         if HAS_WEIGHT:
             tl.store(DW + cols, tl.sum(dw_acc, axis=0).to(DW.dtype.element_ty), mask=col_ok)
         if HAS_BIAS:
             tl.store(DB + cols, tl.sum(db_acc, axis=0).to(DB.dtype.element_ty), mask=col_ok)
+
+    @triton.jit
+    def _partial_sum_kernel(
+        PARTIAL, DW, DB, n_partials, N, db_offset,
+        HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    ):
+        """The second reduction, as its own launch (wide rows): one column block per program."""
+        cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        _sum_partials(PARTIAL, DW, DB, n_partials, N, db_offset, cols, HAS_WEIGHT, HAS_BIAS, BLOCK_P, BLOCK_N)
 
 
 # ----------------------------------------------------------------------------- row layout
@@ -500,24 +540,24 @@ _PLANS = PlanCache()
 def norm_forward(x: torch.Tensor, norm_ndim: int, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
                  eps: float, is_rms: bool, config: Optional[NormConfig] = None):
     """y (x's shape and dtype, contiguous) and stats: fp32 [rstd per row | (LayerNorm) mean of
-    x - x[row, 0] per row], what the backward reads."""
+    x - x[row, 0] per row | the backward's arrival counter, zeroed], what the backward reads."""
     key = None
     if config is None:
         key = ("fwd", x.shape, x.stride(), x.dtype, x.device, norm_ndim, None if weight is None else weight.dtype,
                None if bias is None else bias.dtype, eps, is_rms)
         plan = _PLANS.get(key)
         if plan is not None:
-            run, stats_len = plan
-            y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-            stats = torch.empty(stats_len, dtype=torch.float32, device=x.device)
+            run, stats_template, contiguous = plan
+            y = torch.empty_like(x) if contiguous else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+            stats = torch.empty_like(stats_template)
             run(x, y, stats if weight is None else weight, stats if bias is None else bias, stats)
             return y, stats
     n = _hidden(x, norm_ndim)
     layout = row_layout(x, norm_ndim, n)
     n_rows = layout.n_rows
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    # One allocation for both statistics: every call here costs host time at small sizes.
-    stats = torch.empty(n_rows if is_rms else 2 * n_rows, dtype=torch.float32, device=x.device)
+    # One allocation for both statistics and the counter: every call costs host time at small sizes.
+    stats = torch.empty((n_rows if is_rms else 2 * n_rows) + 1, dtype=torch.float32, device=x.device)
     if n_rows == 0 or n == 0:
         return y, stats
     cfg = config or norm_config(n, False)
@@ -532,7 +572,7 @@ def norm_forward(x: torch.Tensor, norm_ndim: int, weight: Optional[torch.Tensor]
         run = PreparedLaunch(_norm_fwd_fused_kernel, (cdiv(n_rows, cfg.rows),), scalars, ROWS=cfg.rows, **common)
     run(layout.tensor, y, w, b, stats)
     if key is not None and layout.tensor is x:
-        _PLANS.keep(key, (run, stats.numel()))
+        _PLANS.keep(key, (run, allocation_template(stats.numel(), torch.float32, x.device), x.is_contiguous()))
     return y, stats
 
 
@@ -540,21 +580,25 @@ def norm_backward(dy: torch.Tensor, x: torch.Tensor, norm_ndim: int, weight: Opt
                   bias_dtype: Optional[torch.dtype], stats: torch.Tensor, is_rms: bool,
                   config: Optional[NormConfig] = None):
     """dx (x's shape and dtype), dweight (weight's shape and dtype, or None) and dbias (of
-    `bias_dtype`, or None when there is no bias)."""
+    `bias_dtype`, or None when there is no bias). `stats` come from norm_forward on x."""
     key = None
     if config is None:
         key = ("bwd", x.shape, x.stride(), dy.stride(), x.dtype, dy.dtype, x.device, norm_ndim,
-               None if weight is None else weight.dtype, bias_dtype, is_rms)
+               None if weight is None else weight.dtype, None if weight is None else weight.stride(),
+               bias_dtype, is_rms)
         plan = _PLANS.get(key)
         if plan is not None:
-            fused, summed, partial_len, norm_shape = plan
-            dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-            dw = None if weight is None else torch.empty(norm_shape, dtype=weight.dtype, device=x.device)
-            db = None if bias_dtype is None else torch.empty(norm_shape, dtype=bias_dtype, device=x.device)
-            partial = torch.empty(partial_len, dtype=torch.float32, device=x.device)
-            fused(x, dy, stats if weight is None else weight, stats, dx, partial)
+            fused, summed, partial_template, db_template, contiguous = plan
+            dx = torch.empty_like(x) if contiguous else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+            dw = None if weight is None else torch.empty_like(weight)
+            db = None if db_template is None else torch.empty_like(db_template)
+            partial = torch.empty_like(partial_template)
+            placeholder = partial  # pointer arguments the kernels do not use
+            dw_arg = placeholder if dw is None else dw
+            db_arg = placeholder if db is None else db
+            fused(x, dy, stats if weight is None else weight, stats, dx, partial, dw_arg, db_arg)
             if summed is not None:
-                summed(partial, partial if dw is None else dw, partial if db is None else db)
+                summed(partial, dw_arg, db_arg)
             return dx, dw, db
     n = _hidden(x, norm_ndim)
     x_layout = row_layout(x, norm_ndim, n)
@@ -581,17 +625,20 @@ def norm_backward(dy: torch.Tensor, x: torch.Tensor, norm_ndim: int, weight: Opt
     w = weight if has_weight else stats
     flags = dict(IS_RMS=is_rms, HAS_WEIGHT=has_weight, HAS_BIAS=has_bias, TWO_LEVEL_X=two_x, TWO_LEVEL_DY=two_dy,
                  BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    finish = False
     if not cfg.looped:
         n_tiles = cdiv(n_rows, cfg.rows)
         programs = min(n_tiles, _program_count(x.device, cfg.programs_per_sm))
         tiles_per_program = cdiv(n_tiles, programs)
         programs = cdiv(n_tiles, tiles_per_program)
         partial, db_offset = _partials(programs, n, has_weight, has_bias, x.device)
+        finish = cfg.finish and (has_weight or has_bias)
         fused = PreparedLaunch(_norm_bwd_fused_kernel, (programs,), (
             n_rows, n_inner, x_layout.stride_outer, x_layout.stride_inner,
             dy_layout.stride_outer, dy_layout.stride_inner, n, tiles_per_program, db_offset),
-            ROWS=cfg.rows, PREFETCH=cfg.prefetch, **flags)
-        fused(x_layout.tensor, dy_layout.tensor, w, stats, dx, partial)
+            ROWS=cfg.rows, PREFETCH=cfg.prefetch, FINISH=finish, BLOCK_P=SUM_BLOCK_P, **flags)
+        fused(x_layout.tensor, dy_layout.tensor, w, stats, dx, partial,
+              dw if has_weight else partial, db if has_bias else partial)
     else:
         row_stats = torch.empty(n_rows if is_rms else 2 * n_rows, dtype=torch.float32, device=x.device)
         c1, c2 = row_stats, row_stats[n_rows:] if not is_rms else row_stats
@@ -611,14 +658,16 @@ def norm_backward(dy: torch.Tensor, x: torch.Tensor, norm_ndim: int, weight: Opt
             n_rows, n_inner, x_layout.stride_outer, x_layout.stride_inner,
             dy_layout.stride_outer, dy_layout.stride_inner, n, rows_per_program, db_offset), **flags)
     summed = None
-    if has_weight or has_bias:
+    if (has_weight or has_bias) and not finish:
         # The second reduction, over the per-program partial sums in a fixed order: deterministic.
         summed = PreparedLaunch(_partial_sum_kernel, (cdiv(n, SUM_BLOCK_N),), (programs, n, db_offset),
                                 HAS_WEIGHT=has_weight, HAS_BIAS=has_bias, BLOCK_P=SUM_BLOCK_P,
                                 BLOCK_N=SUM_BLOCK_N, num_warps=4)
         summed(partial, dw if has_weight else partial, db if has_bias else partial)
-    if key is not None and not cfg.looped and x_layout.tensor is x and dy_layout.tensor is dy:
-        _PLANS.keep(key, (fused, summed, partial.numel(), norm_shape))
+    if (key is not None and not cfg.looped and x_layout.tensor is x and dy_layout.tensor is dy
+            and (weight is None or weight.is_contiguous())):
+        _PLANS.keep(key, (fused, summed, allocation_template(partial.numel(), torch.float32, x.device),
+                          None if db is None else allocation_template(norm_shape, bias_dtype, x.device), x.is_contiguous()))
     return dx, dw, db
 
 
@@ -735,11 +784,11 @@ def _aot_for(fam, name, n, cfg, backward, flags, targets) -> List[AotSpec]:
         return [AotSpec(tag, kernel, sig, const, num_warps=cfg.num_warps, targets=targets)]
     strides = {"stride_x_outer": "i64", "stride_x_inner": "i64", "stride_dy_outer": "i64", "stride_dy_inner": "i64"}
     if not cfg.looped:
-        sig = {"X": ptr, "DY": ptr, "W": ptr, "RSTD": f32, "DX": ptr, "PARTIAL": f32,
+        sig = {"X": ptr, "DY": ptr, "W": ptr, "RSTD": f32, "DX": ptr, "PARTIAL": f32, "DW": ptr, "DB": ptr,
                "n_rows": "i64", "n_inner": "i64", **strides, "N": "i32", "tiles_per_program": "i32",
                "db_offset": "i32"}
         const = dict(flags, TWO_LEVEL_X=True, TWO_LEVEL_DY=True, BLOCK_N=cfg.block_n, ROWS=cfg.rows,
-                     PREFETCH=cfg.prefetch)
+                     PREFETCH=cfg.prefetch, FINISH=cfg.finish, BLOCK_P=SUM_BLOCK_P)
         sig.update({k: "constexpr" for k in const})
         return [AotSpec(tag, _norm_bwd_fused_kernel, sig, const, num_warps=cfg.num_warps, targets=targets)]
     stats_sig = {"X": ptr, "DY": ptr, "W": ptr, "RSTD": f32, "C1": f32, "C2": f32,
