@@ -8,6 +8,7 @@ backends/triton_norms.py and triton_rotary.py were set from its output.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
 
@@ -26,9 +27,11 @@ def bench(fn):
     return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
 
 
-def norm_sweep(results):
+def norm_sweep(results, fwd_only=False):
     dtype = torch.bfloat16
     for n_rows, hidden in ((16384, 4096), (65536, 1024), (131072, 128)):
+        if fwd_only and hidden > 1024:
+            continue
         x = torch.randn(n_rows, hidden, device="cuda", dtype=dtype)
         dy = torch.randn_like(x)
         weight = torch.randn(hidden, device="cuda", dtype=dtype)
@@ -44,11 +47,11 @@ def norm_sweep(results):
             results.append({"op": op, "shape": [n_rows, hidden], "mode": "fwd", "cfg": "torch", "ms": t,
                             "gbps": fwd_bytes / t / 1e6})
             y, stats = tn.norm_forward(x, 1, weight, b, 1e-5, is_rms)
-            for tile in (2048, 4096, 8192):
+            for tile in (1024, 2048, 4096, 8192, 16384):
                 if tile < block:
                     continue
                 rows = tile // block
-                for per_thread in (8, 16):
+                for per_thread in (4, 8, 16, 32):
                     warps = max(1, min(32, tile // (32 * per_thread)))
                     cfg = tn.NormConfig(block, rows, warps, False)
                     try:
@@ -58,6 +61,8 @@ def norm_sweep(results):
                     except Exception as exc:  # noqa: BLE001
                         results.append({"op": op, "shape": [n_rows, hidden], "mode": "fwd", "cfg": [block, rows, warps],
                                         "error": str(exc)[:200]})
+                    if fwd_only:
+                        continue
                     for per_sm in (1, 2, 4):
                         tn.BWD_PROGRAMS_PER_SM = per_sm
                         try:
@@ -81,14 +86,14 @@ def rope_sweep(results):
         moved = 2 * x.numel() * 2
         half = head_dim // 2
         for interleaved in (False,):
-            for block_h in (1, 4, 8):
+            for block_h in (1, 4, 8, 16, 32):
                 if block_h > heads:
                     continue
-                for tile in (4096, 8192, 16384):
+                for tile, per_thread in itertools.product((1024, 2048, 4096, 8192), (4, 8, 16)):
                     block_m = tile // (block_h * head_dim)
                     if block_m < 1:
                         continue
-                    warps = max(1, min(16, tile // (32 * 8)))
+                    warps = max(1, min(16, tile // (32 * per_thread)))
                     cfg = tr.RotaryConfig(block_m, block_h, half, 1, warps)
                     try:
                         t = bench(lambda: tr.rotary_launch(x, cos, sin, interleaved=interleaved, seqlen_offsets=0,
@@ -106,13 +111,15 @@ def rope_sweep(results):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="sweep.json")
-    parser.add_argument("--only", default="norm,rope")
+    parser.add_argument("--only", default="norm,rope", help="norm, normfwd (forward only, hidden <= 1024), rope")
     args = parser.parse_args()
     start = time.time()
     results = []
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "ceilings": measure_ceilings()}
-    if "norm" in args.only:
+    if "normfwd" in args.only.split(","):
+        norm_sweep(results, fwd_only=True)
+    elif "norm" in args.only.split(","):
         norm_sweep(results)
     if "rope" in args.only:
         rope_sweep(results)

@@ -10,14 +10,8 @@
 #   tuneatt the attention tile sweep (TUNE_ARGS; default: the backward at head dim 128, llm-8k)
 #   OUT=out STEPS=... bash benchmarks/scripts/gpu_session4.sh
 set -uo pipefail
-: "${OUT:?set OUT}"
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 GPUPARITY_CACHE_DIR=/tmp/gp-cache
-STEPS=",${STEPS:-tests,host,att},"
-W=$(mktemp -d)
-TAR=session4.tar.gz
 source "$(dirname "$0")/lib.sh"
-versions
+start_run tests,host,att session4.tar.gz
 if [[ $STEPS == *,tuneatt,* ]]; then
   step tuneatt "${TUNE_LIMIT:-240}" env PYTHONPATH=src python3 benchmarks/tune_attention.py ${TUNE_ARGS:---buckets 128 --kernels dkdv,dq --recent} \
       --budget-s "${TUNE_BUDGET:-200}" --json "$W/tune_att.json"

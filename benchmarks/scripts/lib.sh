@@ -1,4 +1,7 @@
-# Shared by the GPU run scripts (source it after setting OUT, W and TAR):
+# Shared by the GPU run scripts (source it, then call start_run):
+#   start_run DEFAULT_STEPS TAR   checks OUT, exports the run's environment, sets STEPS
+#                                 (",a,b,": the STEPS variable or DEFAULT_STEPS), W (a scratch
+#                                 folder) and TAR, and records the versions
 #   step NAME LIMIT_S COMMAND...  runs COMMAND under a time limit, its output in $W/NAME.log,
 #   appends "== NAME: exit ..." to $OUT/steps.txt and packs $W into $OUT/$TAR after every
 #   step, so a run cut short still returns what it measured (the device returns at most 8 files).
@@ -13,4 +16,13 @@ step() {
 versions() {
     { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader;
       python3 -c "import torch, triton; print('torch', torch.__version__, 'cudnn', torch.backends.cudnn.version(), 'triton', triton.__version__)"; } >> "$OUT/versions.txt" 2>&1
+}
+start_run() {
+    : "${OUT:?set OUT}"
+    mkdir -p "$OUT"
+    export PYTHONUNBUFFERED=1 GPUPARITY_CACHE_DIR=/tmp/gp-cache
+    STEPS=",${STEPS:-$1},"
+    W=$(mktemp -d)
+    TAR=$2
+    versions
 }
