@@ -238,28 +238,49 @@ def test_prepared_launches_follow_strides(op):
 
 @pytest.mark.parametrize("op", ["rms", "ln"])
 def test_backward_finishing_in_one_launch(op):
-    """Short rows: the fused backward's last program sums dweight / dbias itself. Bitwise equal
-    to the separate partial-sum launch (the same summation order) and to the float64 referee's
-    tolerance; the arrival counter is back at zero afterwards, so a second backward through the
-    same forward gives the same gradients. On a GPU every program runs at once: repeated to
-    catch an ordering race between the partial stores and the last program's loads."""
-    rows, hidden = (37, 100) if not ON_GPU else (131072, 128)
+    """Short rows on NVIDIA: the fused backward's last program sums dweight / dbias itself.
+    Several programs (on the CPU too); a new dy every round, so a last program that read a
+    partial row before its program stored it would return the previous round's sums; each
+    round against the separate partial-sum launch (the same partial rows, summed in the same
+    order but grouped by other warps: equal to fp32 rounding) and the arrival counter back at
+    zero; the same dy twice gives identical bits."""
+    rows, hidden = (300, 100) if not ON_GPU else (131072, 128)
     is_rms = op == "rms"
-    x, weight, bias = make(rows, hidden, torch.bfloat16, seed=21)
+    x, weight, bias = make(rows, hidden, torch.float32, seed=21)
     bias = None if is_rms else bias
-    dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(22)).to(DEVICE, x.dtype)
-    cfg = triton_norms.norm_config(hidden, True)
-    assert cfg.finish
+    cfg = triton_norms.norm_config(hidden, True, fam="nvidia")
+    assert cfg.finish and not triton_norms.norm_config(hidden, True, fam="cdna").finish
+    n_tiles = -(-rows // cfg.rows)
+    assert min(n_tiles, triton_norms._program_count(x.device, cfg.programs_per_sm)) > 1, "needs several programs"
     _, stats = triton_norms.norm_forward(x, 1, weight, bias, 1e-5, is_rms)
     bias_dtype = None if bias is None else bias.dtype
-    separate = triton_norms.norm_backward(dy, x, 1, weight, bias_dtype, stats, is_rms,
-                                          config=dataclasses.replace(cfg, finish=False))
-    for _ in range(2 if not ON_GPU else 5):
-        got = triton_norms.norm_backward(dy, x, 1, weight, bias_dtype, stats, is_rms)
+    for seed in range(2 if not ON_GPU else 5):
+        dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(30 + seed)).to(DEVICE)
+        got = triton_norms.norm_backward(dy, x, 1, weight, bias_dtype, stats, is_rms, config=cfg)
         assert stats[-1].item() == 0, "the arrival counter must be left at zero"
-        for name, a, b in zip(("dx", "dweight", "dbias"), got, separate):
-            assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), name
-    check_norm(op, x, weight, bias, 1e-5, dy=dy)  # the same launches through autograd, against float64
+        separate = triton_norms.norm_backward(dy, x, 1, weight, bias_dtype, stats, is_rms,
+                                              config=dataclasses.replace(cfg, finish=False))
+        assert torch.equal(got[0], separate[0]), "dx does not depend on the reduction"
+        for name, a, b in zip(("dweight", "dbias"), got[1:], separate[1:]):
+            assert (a is None) == (b is None), name
+            if a is not None:
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()), msg=name)
+    again = triton_norms.norm_backward(dy, x, 1, weight, bias_dtype, stats, is_rms, config=cfg)
+    for a, b in zip(got, again):
+        assert (a is None and b is None) or torch.equal(a, b)
+    check_norm(op, x.to(torch.bfloat16), weight.to(torch.bfloat16),
+               None if bias is None else bias.to(torch.bfloat16), 1e-5)  # through autograd, vs float64
+
+
+@pytest.mark.parametrize("op", ["rms", "ln"])
+def test_strided_weight_and_bias(op):
+    """A weight / bias that is a strided view (a column of a matrix) is read as its values."""
+    gen = torch.Generator().manual_seed(12)
+    x = torch.randn(20, 48, generator=gen).to(DEVICE)
+    params = torch.randn(48, 3, generator=gen).to(DEVICE)
+    weight, bias = params[:, 0], (params[:, 1] if op == "ln" else None)
+    assert not weight.is_contiguous()
+    check_norm(op, x, weight, bias, 1e-5)
 
 
 def test_multi_dim_normalized_shape():

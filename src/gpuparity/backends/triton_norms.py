@@ -57,8 +57,12 @@ BWD_TILE_ELEMS = 8192
 # Rows up to this many columns finish the dweight/dbias reduction inside the fused backward
 # (its last program sums programs x columns partials: ~70 KB at 128 columns on an H100, about
 # a microsecond), one launch fewer where the host time decides a step; wider rows keep the
-# separate, column-parallel partial-sum launch.
+# separate, column-parallel partial-sum launch. NVIDIA only: the ordering it relies on (a CTA
+# barrier, then one thread's acq_rel atomic at GPU scope, as CUTLASS's semaphore) is sound in
+# the PTX memory model and was tested on H100s; on AMD it would rest on the compiler ordering
+# other waves' stores before wave 0's release, unverified without the hardware.
 FINISH_MAX_N = 256
+FINISH_FAMILIES = ("nvidia",)
 # Persistent backward: programs per SM / CU when a config does not say (tests, overrides).
 BWD_PROGRAMS_PER_SM = 2
 
@@ -105,7 +109,7 @@ def norm_config(n: int, backward: bool = False, fam: Optional[str] = None) -> No
     rows = max(1, BWD_TILE_ELEMS // block)
     per_thread = 32 if block < 4096 else 16
     return NormConfig(block, rows, _warps(rows * block, per_thread, spec), False, programs_per_sm=1, prefetch=True,
-                      finish=block <= FINISH_MAX_N)
+                      finish=block <= FINISH_MAX_N and (fam or family()) in FINISH_FAMILIES)
 
 
 _SM_COUNT: Dict[int, int] = {}
@@ -580,7 +584,9 @@ def norm_backward(dy: torch.Tensor, x: torch.Tensor, norm_ndim: int, weight: Opt
                   bias_dtype: Optional[torch.dtype], stats: torch.Tensor, is_rms: bool,
                   config: Optional[NormConfig] = None):
     """dx (x's shape and dtype), dweight (weight's shape and dtype, or None) and dbias (of
-    `bias_dtype`, or None when there is no bias). `stats` come from norm_forward on x."""
+    `bias_dtype`, or None when there is no bias). `stats` come from norm_forward on x; they hold
+    the arrival counter of the one-launch reduction, so backward calls on the same stats must be
+    ordered on one stream (autograd runs a node's backward on its forward's stream)."""
     key = None
     if config is None:
         key = ("bwd", x.shape, x.stride(), dy.stride(), x.dtype, dy.dtype, x.device, norm_ndim,
@@ -687,6 +693,12 @@ def _normalized_ndim(normalized_shape) -> int:
 
 
 def _run(x, weight, bias, norm_ndim, eps, is_rms):
+    # The kernels index weight and bias as contiguous; a strided view (a column of a matrix)
+    # is copied once (autograd carries its gradient back through the copy).
+    if weight is not None and not weight.is_contiguous():
+        weight = weight.contiguous()
+    if bias is not None and not bias.is_contiguous():
+        bias = bias.contiguous()
     if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (x, weight, bias)):
         return norm_forward(x, norm_ndim, weight, bias, eps, is_rms)[0]  # no autograd node to build
     return _NormApply.apply(x, weight, bias, (norm_ndim, eps, is_rms))

@@ -193,8 +193,9 @@ def rotary_launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, inte
         plan = _PLANS.get(key)
         if plan is not None:
             run, contiguous = plan
-            # empty_like: the output's strides as torch.empty(x.shape) gives for a contiguous x,
-            # for less host time (no size / dtype / device arguments to parse)
+            # empty_like of a contiguous x is contiguous (strides of size-1 dims may differ from
+            # torch.empty(x.shape)'s; no index uses them), for less host time (no size / dtype /
+            # device arguments to parse)
             out = x if inplace else (torch.empty_like(x) if contiguous else
                                      torch.empty(x.shape, dtype=x.dtype, device=x.device))
             run(out, x, cos, sin, cos if cu_seqlens is None else cu_seqlens,
