@@ -55,8 +55,8 @@ FWD_TILE_ELEMS = 4096
 FWD_ELEMS_PER_THREAD = 16
 BWD_TILE_ELEMS = 8192
 # Rows up to this many columns finish the dweight/dbias reduction inside the fused backward
-# (its last program sums programs x columns partials: ~70 KB at 128 columns on an H100, about
-# a microsecond), one launch fewer where the host time decides a step; wider rows keep the
+# (its last program sums programs x columns fp32 partials: 132 x 128 per gradient at 128
+# columns on an H100), one launch fewer where the host time decides a step; wider rows keep the
 # separate, column-parallel partial-sum launch. NVIDIA only: the ordering it relies on (a CTA
 # barrier, then one thread's acq_rel atomic at GPU scope, as CUTLASS's semaphore) is sound in
 # the PTX memory model and was tested on H100s; on AMD it would rest on the compiler ordering

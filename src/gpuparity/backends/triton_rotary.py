@@ -31,8 +31,8 @@ KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # BLOCK_M positions x BLOCK_H heads x the rotary dims, and reuses one cos/sin tile for them.
 # 2048-element tiles at 8 elements per thread: an H100 sweep (benchmarks/tune_norms_rope.py,
 # benchmarks/h100-session5-2026-11-21) with head blocks varying fastest across programs put
-# them within 0.5% of the best candidate at (8, 32, 4096, 128) and 8-10% ahead of 4096-element
-# tiles at (64, 4, 1024, 32).
+# them within 0.5% of the best candidate at (8, 32, 4096, 128) and 9-13% ahead of 4096-element
+# tiles at (64, 4, 1024, 32) (two sweeps).
 FAMILIES = {
     "nvidia": {"warp": 32, "tile_elems": 2048, "max_warps": 16, "targets": ("cuda:80", "cuda:90")},
     "cdna": {"warp": 64, "tile_elems": 2048, "max_warps": 16, "targets": ("hip:gfx942", "hip:gfx90a")},
