@@ -18,11 +18,7 @@ if [[ $STEPS == *,tuneatt,* ]]; then
   cp "$W/tuneatt.log" "$OUT/tuneatt.txt"
 fi
 if [[ $STEPS == *,tests,* ]]; then
-  pip install -q --no-deps .wheels/*.whl > /dev/null 2>&1
-  step tests "${TESTS_LIMIT:-240}" env PYTHONPATH=src GPUPARITY_TEST_DEVICE=cuda python3 -m pytest -q -n 8 -p no:cacheprovider \
-      ${TESTS:-tests/backends/test_triton_attention.py tests/ops/test_attention.py tests/backends/test_triton_norms.py \
-      tests/ops/test_cuda_graphs.py tests/nn}
-  tail -3 "$W/tests.log"
+  gpu_tests "tests/backends/test_triton_attention.py tests/ops/test_attention.py tests/backends/test_triton_norms.py tests/ops/test_cuda_graphs.py tests/nn"
 fi
 if [[ $STEPS == *,host,* ]]; then
   for round in 1 2 3; do

@@ -12,10 +12,7 @@ set -uo pipefail
 source "$(dirname "$0")/lib.sh"
 start_run hostbd,ropeab session5.tar.gz
 if [[ $STEPS == *,tests,* ]]; then
-  pip install -q --no-deps .wheels/*.whl > /dev/null 2>&1
-  step tests "${TESTS_LIMIT:-240}" env PYTHONPATH=src GPUPARITY_TEST_DEVICE=cuda python3 -m pytest -q -n 8 -p no:cacheprovider \
-      ${TESTS:-tests/backends/test_triton_rotary.py tests/backends/test_triton_norms.py tests/ops tests/nn}
-  tail -3 "$W/tests.log"
+  gpu_tests "tests/backends/test_triton_rotary.py tests/backends/test_triton_norms.py tests/ops tests/nn"
 fi
 if [[ $STEPS == *,hostbd,* ]]; then
   step hostbd 120 env PYTHONPATH=src python3 benchmarks/host_breakdown.py --profile

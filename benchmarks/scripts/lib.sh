@@ -6,6 +6,8 @@
 #   appends "== NAME: exit ..." to $OUT/steps.txt and packs $W into $OUT/$TAR after every
 #   step, so a run cut short still returns what it measured (the device returns at most 8 files).
 #   versions                      appends date, GPU, driver, torch/cuDNN/Triton versions to $OUT/versions.txt
+#   gpu_tests DEFAULT_TESTS       pytest at GPU sizes (GPUPARITY_TEST_DEVICE=cuda) on TESTS or the
+#                                 default paths, 8 workers (pytest-xdist wheels carried in .wheels/)
 step() {
     local name=$1 limit=$2; shift 2
     local started=$SECONDS
@@ -25,4 +27,10 @@ start_run() {
     W=$(mktemp -d)
     TAR=$2
     versions
+}
+gpu_tests() {
+  pip install -q --no-deps .wheels/*.whl > /dev/null 2>&1
+  step tests "${TESTS_LIMIT:-240}" env PYTHONPATH=src GPUPARITY_TEST_DEVICE=cuda python3 -m pytest -q -n 8 \
+      -p no:cacheprovider ${TESTS:-$1}
+  tail -3 "$W/tests.log"
 }
