@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import cProfile
 import io
+import itertools
 import json
 import pstats
 import sys
@@ -72,6 +73,13 @@ def main() -> None:
     cos, sin = angles.cos(), angles.sin()
     with torch.no_grad():
         res["rotary fwd nograd"] = us(lambda: triton_rotary.triton_apply_rotary(q, cos, sin))
+        # a decode loop: one new position per call (up to 8000), passed as an int offset
+        q1 = q[:, :1].contiguous()
+        long_angles = torch.rand(8192, 16, device=dev)
+        long_cos, long_sin = long_angles.cos(), long_angles.sin()
+        positions = itertools.cycle(range(8000))
+        res["rotary decode fwd, new int offset"] = us(
+            lambda: triton_rotary.triton_apply_rotary(q1, long_cos, long_sin, seqlen_offsets=next(positions)))
     qg = q.detach().requires_grad_()
     dq = torch.randn_like(q)
     res["rotary step"] = us(lambda: torch.autograd.grad(triton_rotary.triton_apply_rotary(qg, cos, sin), (qg,), dq))

@@ -168,8 +168,9 @@ def test_strided_q_from_packed_qkv(interleaved):
 
 
 def test_prepared_launches_follow_the_arguments():
-    """Launches are kept per call signature: calls that share shapes but differ in offsets
-    (value or kind), layout, direction or in-place-ness must each get their own, in one process."""
+    """Launches are kept per call signature: calls that share shapes but differ in the offsets'
+    kind, layout, direction or in-place-ness must each get their own, and a kept launch must
+    take each call's int offset (0, then 5, then 5 again after others), in one process."""
     x = torch.randn(2, 6, 3, 16, generator=torch.Generator().manual_seed(10)).to(DEVICE)
     cos, sin = tables(24, 16)
     for kwargs in ({"seqlen_offsets": 0}, {"seqlen_offsets": 5}, {"seqlen_offsets": 0, "interleaved": True},
@@ -179,6 +180,27 @@ def test_prepared_launches_follow_the_arguments():
             work = x.clone()
             triton_rotary.triton_apply_rotary(work, cos, sin, inplace=True, **kwargs)
             assert torch.equal(work, triton_rotary.triton_apply_rotary(x, cos, sin, **kwargs)), kwargs
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+def test_decode_loop_int_offsets_share_one_launch(interleaved):
+    """A decode loop rotates one new position per step with a new int offset: every step must
+    use its own offset (forward and backward) while one kept launch serves them all."""
+    cos, sin = tables(40, 16, seed=3)
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(3, 1, 2, 16, generator=gen).to(DEVICE)
+    triton_rotary._PLANS.clear()
+    for pos in (0, 1, 16, 17, 5, 39, 1):  # 0 / 1 / 16: the values Triton would specialize on
+        check_rotary(x, cos, sin, interleaved=interleaved, seqlen_offsets=pos)
+    # forward and backward (rotation by -theta) each keep one launch, whatever the offsets
+    assert len(triton_rotary._PLANS) == 2
+
+
+def test_offset_scalar_position_matches_the_kernel():
+    import inspect
+    fn = getattr(triton_rotary._rotary_kernel, "fn", triton_rotary._rotary_kernel)
+    names = list(inspect.signature(fn).parameters)
+    assert names[6 + triton_rotary._OFFSET_SCALAR] == "offset_value"
 
 
 def test_half_precision_tables():

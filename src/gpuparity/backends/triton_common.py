@@ -294,18 +294,24 @@ class PreparedLaunch:
         self._entries: Dict[tuple, Any] = {}
 
     def __call__(self, *tensors) -> None:
+        self.call(tensors, self.scalars)
+
+    def call(self, tensors: tuple, scalars: tuple) -> None:
+        """Launch with other trailing scalars than the kept ones. Only for scalars that cannot
+        change the compiled kernel: parameters the kernel marks `do_not_specialize` (the kept
+        compiled kernel is reused whatever their values)."""
         if _fast_launch_state() is None:
-            launch(self.kernel, self.grid, tensors + self.scalars, **self.options)
+            launch(self.kernel, self.grid, tensors + scalars, **self.options)
             return
         device = _current_device()
         key = (device, *[(t.dtype, not t.data_ptr() & 15) for t in tensors])
         entry = self._entries.get(key)
         if entry is None:  # first call with these dtypes / alignments here: through launch
-            entry = launch(self.kernel, self.grid, tensors + self.scalars, **self.options)
+            entry = launch(self.kernel, self.grid, tensors + scalars, **self.options)
             if entry is not None:  # None: that launch switched direct launches off
                 self._entries[key] = entry
             return
-        _run_entry(entry, self.grid, device, tensors + self.scalars)
+        _run_entry(entry, self.grid, device, tensors + scalars)
 
 
 class PlanCache:

@@ -80,7 +80,9 @@ def rotary_config(heads: int, rotary_half: int, pass_dim: int, fam: Optional[str
 
 if triton is not None:
 
-    @triton.jit
+    # offset_value is not specialized on: one compiled kernel serves every int offset, so a
+    # decode loop (a new position per step) reuses its prepared launch (see rotary_launch).
+    @triton.jit(do_not_specialize=["offset_value"])
     def _rotary_kernel(
         OUT, X, COS, SIN, CU_SEQLENS, SEQLEN_OFFSETS,
         seqlen, nheads, rotary_half, pass_dim, seqlen_ro, offset_value,
@@ -173,9 +175,13 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
 _PLANS = PlanCache()
 
 
+# Where offset_value sits among the kernel's scalar arguments (after its six pointers): a kept
+# launch takes each call's int offset there (the kernel does not specialize on it).
+_OFFSET_SCALAR = 5
+
+
 def _plan_key(x, cos, sin, interleaved, seqlen_offsets, cu_seqlens, max_seqlen, inplace, conjugate) -> tuple:
-    offsets = (("t", seqlen_offsets.shape) if isinstance(seqlen_offsets, torch.Tensor)
-               else ("i", int(seqlen_offsets)))
+    offsets = ("t", seqlen_offsets.shape) if isinstance(seqlen_offsets, torch.Tensor) else "i"
     varlen = None if cu_seqlens is None else (cu_seqlens.shape, max_seqlen)
     return (x.shape, x.stride(), x.dtype, x.device, cos.shape, cos.stride(), cos.dtype, sin.stride(), sin.dtype,
             interleaved, offsets, varlen, inplace, conjugate)
@@ -198,8 +204,13 @@ def rotary_launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, inte
             # device arguments to parse)
             out = x if inplace else (torch.empty_like(x) if contiguous else
                                      torch.empty(x.shape, dtype=x.dtype, device=x.device))
-            run(out, x, cos, sin, cos if cu_seqlens is None else cu_seqlens,
-                seqlen_offsets if offsets_tensor else cos)
+            tensors = (out, x, cos, sin, cos if cu_seqlens is None else cu_seqlens,
+                       seqlen_offsets if offsets_tensor else cos)
+            if offsets_tensor:
+                run(*tensors)
+            else:
+                scalars = run.scalars
+                run.call(tensors, scalars[:_OFFSET_SCALAR] + (int(seqlen_offsets),) + scalars[_OFFSET_SCALAR + 1:])
             return out
     given = (x, cos, sin)
     x = _last_dim_contiguous(x) if not inplace else x
@@ -226,9 +237,9 @@ def rotary_launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, inte
         return out
     cfg = config or rotary_config(nheads, rotary_half, pass_dim, max_seqlen=grid_m_len)
     grid = (cdiv(grid_m_len, cfg.block_m) * cdiv(nheads, cfg.block_h), batch)
-    run = PreparedLaunch(_rotary_kernel, grid, (
-        seqlen, nheads, rotary_half, pass_dim, cos.shape[0], 0 if offsets_tensor else int(seqlen_offsets),
-        *out_strides, *x_strides, cos.stride(0), sin.stride(0)),
+    scalars = (seqlen, nheads, rotary_half, pass_dim, cos.shape[0], 0 if offsets_tensor else int(seqlen_offsets),
+               *out_strides, *x_strides, cos.stride(0), sin.stride(0))
+    run = PreparedLaunch(_rotary_kernel, grid, scalars,
         IS_VARLEN=cu_seqlens is not None, OFFSETS_TENSOR=offsets_tensor, INTERLEAVED=bool(interleaved),
         CONJUGATE=bool(conjugate), COPY_PASS=(pass_dim > 0 and not inplace),
         BLOCK_M=cfg.block_m, BLOCK_H=cfg.block_h, BLOCK_R=cfg.block_r, BLOCK_P=cfg.block_p,
