@@ -30,7 +30,7 @@ start_run() {
 }
 gpu_tests() {
   pip install -q --no-deps .wheels/*.whl > /dev/null 2>&1
-  step tests "${TESTS_LIMIT:-240}" env PYTHONPATH=src GPUPARITY_TEST_DEVICE=cuda python3 -m pytest -q -n 8 \
+  step tests "${TESTS_LIMIT:-400}" env PYTHONPATH=src GPUPARITY_TEST_DEVICE=cuda python3 -m pytest -q -n 8 \
       -p no:cacheprovider ${TESTS:-$1}
   tail -3 "$W/tests.log"
 }
