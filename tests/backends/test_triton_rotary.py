@@ -190,10 +190,14 @@ def test_decode_loop_int_offsets_share_one_launch(interleaved):
     gen = torch.Generator().manual_seed(11)
     x = torch.randn(3, 1, 2, 16, generator=gen).to(DEVICE)
     triton_rotary._PLANS.clear()
-    for pos in (0, 1, 16, 17, 5, 39, 1):  # 0 / 1 / 16: the values Triton would specialize on
+    # 1 first: a kernel specialized on offset 1 would fold it in and ignore every later value
+    for pos in (1, 0, 16, 17, 5, 39, 1):
         check_rotary(x, cos, sin, interleaved=interleaved, seqlen_offsets=pos)
     # forward and backward (rotation by -theta) each keep one launch, whatever the offsets
     assert len(triton_rotary._PLANS) == 2
+    # an offset past int32 gets a launch of its own (the kept i32 launcher would truncate it)
+    key = lambda offset: triton_rotary._plan_key(x, cos, sin, interleaved, offset, None, None, False, False)  # noqa: E731
+    assert key(0) == key(2 ** 31 - 1) != key(2 ** 31) == key(2 ** 40)
 
 
 def test_offset_scalar_position_matches_the_kernel():
@@ -201,6 +205,24 @@ def test_offset_scalar_position_matches_the_kernel():
     fn = getattr(triton_rotary._rotary_kernel, "fn", triton_rotary._rotary_kernel)
     names = list(inspect.signature(fn).parameters)
     assert names[6 + triton_rotary._OFFSET_SCALAR] == "offset_value"
+
+
+def test_kernel_does_not_specialize_on_the_offset():
+    """Kept launches reuse one compiled kernel for every int offset: only sound if Triton does
+    not specialize on its value (the interpreter ignores that flag, so ask a compiling import)."""
+    code = ("import json; from gpuparity.backends import triton_rotary as t; "
+            "print(json.dumps([p.name for p in t._rotary_kernel.params if p.do_not_specialize]))")
+    if ON_GPU:
+        names = [p.name for p in triton_rotary._rotary_kernel.params if p.do_not_specialize]
+    else:
+        import json
+        import subprocess
+        import sys
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        names = json.loads(done.stdout.strip().splitlines()[-1])
+    assert names == ["offset_value"]
 
 
 def test_half_precision_tables():

@@ -279,7 +279,8 @@ def _run_entry(entry, grid, device, args) -> None:
 
 class PreparedLaunch:
     """One kernel launch whose grid, trailing scalar arguments and constexprs are fixed; per
-    call only the leading tensor arguments change. Callers keep one per combination of what
+    call only the leading tensor arguments change (or, through `call`, scalars the kernel does
+    not specialize on). Callers keep one per combination of what
     decides the scalars (shapes, strides, flags) and call it with the tensors. Per call it
     costs one key of the tensors' dtypes and 16-byte alignment and the launcher itself, where
     `launch` re-derives every argument's specialization (~50 arguments for attention)."""
@@ -299,7 +300,8 @@ class PreparedLaunch:
     def call(self, tensors: tuple, scalars: tuple) -> None:
         """Launch with other trailing scalars than the kept ones. Only for scalars that cannot
         change the compiled kernel: parameters the kernel marks `do_not_specialize` (the kept
-        compiled kernel is reused whatever their values)."""
+        compiled kernel is reused whatever their values), of the same integer width as the kept
+        ones (Triton still types an int as i32 or i64; the launcher would truncate a wider one)."""
         if _fast_launch_state() is None:
             launch(self.kernel, self.grid, tensors + scalars, **self.options)
             return

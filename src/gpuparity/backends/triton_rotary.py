@@ -176,12 +176,18 @@ _PLANS = PlanCache()
 
 
 # Where offset_value sits among the kernel's scalar arguments (after its six pointers): a kept
-# launch takes each call's int offset there (the kernel does not specialize on it).
+# launch takes each call's int offset there (the kernel does not specialize on its value).
 _OFFSET_SCALAR = 5
+_INT32 = 2 ** 31
 
 
 def _plan_key(x, cos, sin, interleaved, seqlen_offsets, cu_seqlens, max_seqlen, inplace, conjugate) -> tuple:
-    offsets = ("t", seqlen_offsets.shape) if isinstance(seqlen_offsets, torch.Tensor) else "i"
+    if isinstance(seqlen_offsets, torch.Tensor):
+        offsets = ("t", seqlen_offsets.shape)
+    else:
+        # Triton still types an int by its width: an offset past int32 needs its own (i64) kernel,
+        # or the kept i32 launcher would truncate it
+        offsets = "i" if -_INT32 <= seqlen_offsets < _INT32 else "i64"
     varlen = None if cu_seqlens is None else (cu_seqlens.shape, max_seqlen)
     return (x.shape, x.stride(), x.dtype, x.device, cos.shape, cos.stride(), cos.dtype, sin.stride(), sin.dtype,
             interleaved, offsets, varlen, inplace, conjugate)
