@@ -34,7 +34,10 @@ def graph_ms(step, inner=10):
 
 
 def ptx_loads():
-    """{BLOCK_M value: counts of ld/st.global vector widths} from the compiled kernels."""
+    """{"BLOCK_M=.. INTERLEAVED=..": [counts of ld/st.global vector widths]} from the compiled
+    kernels (their constants are keyed by argument index)."""
+    names = list(tr._rotary_kernel.arg_names)
+    wanted = {names.index(name): name for name in ("BLOCK_M", "INTERLEAVED", "CONJUGATE")}
     out = {}
     caches = getattr(tr._rotary_kernel, "device_caches", {})
     for cache in caches.values():
@@ -42,14 +45,19 @@ def ptx_loads():
         for kernel in kernels.values():
             try:
                 ptx = kernel.asm["ptx"]
-                consts = str(getattr(kernel, "constants", "")) + str(getattr(kernel.src, "constants", ""))
+                consts = dict(getattr(kernel.src, "constants", {}) or {})
             except Exception:  # noqa: BLE001
                 continue
-            key = re.findall(r"BLOCK_M'?\)?:?\s*,?\s*(\d+)", consts)
+            label = []
+            for key, value in consts.items():
+                index = key[0] if isinstance(key, tuple) and len(key) == 1 else key
+                name = wanted.get(index, index if index in wanted.values() else None)
+                if name is not None:
+                    label.append(f"{name}={value}")
             counts = {}
             for op in re.findall(r"(ld\.global[\.\w]*|st\.global[\.\w]*)", ptx):
                 counts[op] = counts.get(op, 0) + 1
-            out.setdefault(key[0] if key else "?", []).append(counts)
+            out.setdefault(" ".join(sorted(label)) or "?", []).append(counts)
     return out
 
 

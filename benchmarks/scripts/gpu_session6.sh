@@ -22,11 +22,13 @@ if [[ $STEPS == *,rope,* ]]; then
   cp "$W/rope.md" "$W/rope.json" "$W/rope.png" "$OUT/" 2>/dev/null
 fi
 if [[ $STEPS == *,decode,* ]]; then
+  [ -d .ab_prev/src ] || { echo "== decode: no .ab_prev/src (the previous code to compare)" | tee -a "$OUT/steps.txt"; exit 2; }
   for round in 1 2 3; do
     for side in prev new; do
       src=src; [ $side = prev ] && src=.ab_prev/src
       echo "{\"side\": \"$side\", \"round\": $round}" >> "$W/decode.jsonl"
-      PYTHONPATH=$src:benchmarks timeout 120 python3 benchmarks/host_breakdown.py 2>> "$W/decode.err" | head -1 >> "$W/decode.jsonl"
+      PYTHONPATH=$src timeout 120 python3 benchmarks/host_breakdown.py 2>> "$W/decode.err" | head -1 >> "$W/decode.jsonl"
+      PYTHONPATH=$src python3 -c "import gpuparity; print('$side', gpuparity.__file__)" >> "$W/decode.err" 2>&1
     done
   done
   echo "== decode: $(wc -l < "$W/decode.jsonl") lines" | tee -a "$OUT/steps.txt"

@@ -29,8 +29,9 @@ start_run() {
     versions
 }
 gpu_tests() {
-  pip install -q --no-deps .wheels/*.whl > /dev/null 2>&1
-  step tests "${TESTS_LIMIT:-400}" env PYTHONPATH=src GPUPARITY_TEST_DEVICE=cuda python3 -m pytest -q -n 8 \
-      -p no:cacheprovider ${TESTS:-$1}
-  tail -3 "$W/tests.log"
+    pip install -q --no-deps .wheels/*.whl > /dev/null 2>&1
+    python3 -c "import xdist" 2> /dev/null || echo "== tests: pytest-xdist missing (carry .wheels/)" | tee -a "$OUT/steps.txt"
+    step tests "${TESTS_LIMIT:-400}" env PYTHONPATH=src GPUPARITY_TEST_DEVICE=cuda python3 -m pytest -q -n 8 \
+        -p no:cacheprovider ${TESTS:-$1}
+    tail -3 "$W/tests.log"
 }
