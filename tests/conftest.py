@@ -36,6 +36,6 @@ def _fresh_resolutions():
     would not see."""
     from gpuparity import dispatch
     from gpuparity.backends import triton_common
-    dispatch._state_changed()
+    dispatch.forget()
     triton_common.clear_plans()  # prepared launches too (tests patch tile tables and families)
     yield

@@ -5,6 +5,8 @@ import pytest
 import torch
 
 from gpuparity import dispatch
+from gpuparity.checks import probe, verdicts
+from gpuparity.ops import select
 from gpuparity.dispatch import Backend, BackendUnavailable, Problem
 
 
@@ -12,9 +14,9 @@ from gpuparity.dispatch import Backend, BackendUnavailable, Problem
 def fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUPARITY_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("GPUPARITY_PROBE", "inprocess")
-    dispatch.clear_cache()
+    verdicts.clear_cache()
     yield tmp_path
-    dispatch.clear_cache()
+    verdicts.clear_cache()
 
 
 def fast_but_wrong(x, dim=-1):
@@ -26,12 +28,12 @@ def test_auto_never_picks_a_backend_that_failed_its_probe(fresh_cache, caplog):
     try:
         problem = Problem("softmax", torch.device("cpu"), torch.float32)
         with caplog.at_level("INFO", logger="gpuparity"):
-            explanation = dispatch.explain(problem)
+            explanation = select.explain(problem)
         # the slow first probe is announced (the library logs, never prints), once
         announced = [r for r in caplog.records if "first softmax call" in r.getMessage()]
         assert len(announced) == 1 and announced[0].levelname == "WARNING"
         caplog.clear()
-        dispatch.explain(problem)
+        select.explain(problem)
         assert not [r for r in caplog.records if "first softmax call" in r.getMessage()]
         rows = {row["name"]: row for row in explanation["candidates"]}
         assert rows["fast_but_wrong"]["status"] == "failed-probe"
@@ -40,23 +42,23 @@ def test_auto_never_picks_a_backend_that_failed_its_probe(fresh_cache, caplog):
         # the verdicts are cached on disk, keyed by the platform fingerprint
         assert list(fresh_cache.glob("probes-cpu-*.json"))
     finally:
-        dispatch._REGISTRY["softmax"].pop("fast_but_wrong")
+        dispatch.unregister("softmax", "fast_but_wrong")
 
 
 def test_named_backend_that_cannot_serve_raises_with_reasons(fresh_cache):
     problem = Problem("attention", torch.device("cpu"), torch.bfloat16, "key_padding",
                       (("head_dim", 64), ("has_mask", True)))
     with pytest.raises(BackendUnavailable) as info:
-        dispatch.resolve(problem, "sdpa_flash")
+        select.resolve(problem, "sdpa_flash")
     assert "sdpa_flash" in str(info.value) and ("GPU" in str(info.value) or "cuda" in str(info.value))
     with pytest.raises(ValueError, match="expected one of"):
-        dispatch.resolve(problem, "no_such_backend")
+        select.resolve(problem, "no_such_backend")
 
 
 def test_fallback_when_nothing_verified(fresh_cache, monkeypatch):
     problem = Problem("softmax", torch.device("cpu"), torch.float32)
-    monkeypatch.setattr(dispatch, "probe_verdict", lambda p, b: {"passed": False, "reason": "planted"})
-    assert dispatch.explain(problem)["chosen"] == "composition"
+    monkeypatch.setattr(probe, "probe_verdict", lambda p, b: {"passed": False, "reason": "planted"})
+    assert select.explain(problem)["chosen"] == "composition"
 
 
 def test_fp32_verdicts_under_tf32_are_keyed_apart():
@@ -64,7 +66,7 @@ def test_fp32_verdicts_under_tf32_are_keyed_apart():
     kernels then run differently), nor the other way round."""
     import torch
 
-    from gpuparity.dispatch import verdict_dtype
+    from gpuparity.checks.verdicts import verdict_dtype
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     before = torch.backends.cuda.matmul.allow_tf32
     try:
@@ -105,24 +107,24 @@ def test_resolutions_are_remembered_until_what_decides_them_changes(fresh_cache,
         asked.append(backend.name)
         return {"passed": True, "time_ms": times.get(backend.name, 5.0)}
 
-    monkeypatch.setattr(dispatch, "probe_verdict", verdict)
-    dispatch.clear_cache()
-    first = dispatch.resolve(problem)
+    monkeypatch.setattr(probe, "probe_verdict", verdict)
+    verdicts.clear_cache()
+    first = select.resolve(problem)
     count = len(asked)
     assert count > 0
-    assert dispatch.resolve(problem) is first and len(asked) == count      # remembered: no verdicts asked
+    assert select.resolve(problem) is first and len(asked) == count      # remembered: no verdicts asked
     dispatch.register(Backend("planted_fast", "softmax", torch.softmax, "planted"))
     try:
         times["planted_fast"] = 0.1
-        assert dispatch.resolve(problem).name == "planted_fast"             # a registration is seen
+        assert select.resolve(problem).name == "planted_fast"             # a registration is seen
         times["planted_fast"] = 50.0
-        assert dispatch.resolve(problem).name == "planted_fast"             # still remembered
-        dispatch.store_verdicts(torch.device("cpu"), {})                    # new verdicts: decide again
-        assert dispatch.resolve(problem).name != "planted_fast"
+        assert select.resolve(problem).name == "planted_fast"             # still remembered
+        verdicts.store_verdicts(torch.device("cpu"), {})                    # new verdicts: decide again
+        assert select.resolve(problem).name != "planted_fast"
         count = len(asked)
         monkeypatch.setenv("GPUPARITY_TRUST_UNPROBED", "1")                 # part of the key
-        dispatch.resolve(problem)
+        select.resolve(problem)
         assert len(asked) > count
     finally:
-        dispatch._REGISTRY["softmax"].pop("planted_fast")
-        dispatch.clear_cache()
+        dispatch.unregister("softmax", "planted_fast")
+        verdicts.clear_cache()

@@ -32,7 +32,7 @@ def test_new_api_switches_read_without_raising():
         import torch
         from gpuparity import numerics, platform
         from gpuparity.checks.isolate import fp32_switches
-        from gpuparity.dispatch import verdict_dtype
+        from gpuparity.checks.verdicts import verdict_dtype
         torch.backends.cuda.matmul.fp32_precision = "tf32"
         try:
             torch.backends.cuda.matmul.allow_tf32

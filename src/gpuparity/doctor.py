@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from . import __version__, dispatch, platform
 from .checks.battery import (BatteryRun, WorkerPool, estimate_seconds, normalize_device, plan, run_battery,
                              run_tasks, timing_tasks, validate_device, verdicts_from_results)
+from .checks.verdicts import store_verdicts
 from .checks.results import CheckResult, Status, tally
 
 SCHEMA_VERSION = 1
@@ -163,7 +164,7 @@ def run_doctor(options: DoctorOptions, *, progress: Optional[Callable[[int, int,
             verdict["time_ms"] = times.get((op, backend, dtype.split("+")[0]))  # "float32+tf32": timed as float32
         try:
             import torch
-            cache_path = dispatch.store_verdicts(torch.device(device), verdicts)
+            cache_path = store_verdicts(torch.device(device), verdicts)
         except OSError as exc:
             cache_path = f"not written: {exc}"
     known_results = known_sink.get("results", [])

@@ -15,6 +15,7 @@ if not ON_GPU:
 import torch  # noqa: E402
 
 from gpuparity import dispatch, reference  # noqa: E402
+from gpuparity.checks import verdicts as verdicts_store  # noqa: E402
 from gpuparity.backends import sdpa  # noqa: E402
 from gpuparity.checks.tolerance import compare  # noqa: E402
 from gpuparity.ops.attention import attention, attention_problem, explain_attention  # noqa: E402
@@ -143,13 +144,13 @@ def test_unsupported_named_backend_raises_with_reasons():
 
 
 def _store(problem, verdicts):
-    dispatch.store_verdicts(problem.device, {
-        dispatch.probe_key(problem, dispatch.get("attention", name)): verdict for name, verdict in verdicts.items()})
+    verdicts_store.store_verdicts(problem.device, {
+        verdicts_store.probe_key(problem, dispatch.get("attention", name)): verdict for name, verdict in verdicts.items()})
 
 
 def test_auto_picks_the_fastest_verified_backend(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUPARITY_CACHE_DIR", str(tmp_path))
-    dispatch.clear_cache()
+    verdicts_store.clear_cache()
     q, k, v = qkv()
     kpm = padding(2, 12, [12, 5])
     problem = attention_problem(q, k, v, key_padding_mask=kpm)
@@ -165,19 +166,19 @@ def test_auto_picks_the_fastest_verified_backend(tmp_path, monkeypatch):
         # a backend whose probe failed is never chosen, however fast it claims to be
         verdicts["triton"] = {"passed": False, "time_ms": 0.1, "reason": "planted failure"}
         _store(problem, verdicts)
-        dispatch.clear_cache()
+        verdicts_store.clear_cache()
         explained = explain_attention(q, k, v, key_padding_mask=kpm)
         assert explained["chosen"] == "sdpa_math"
         assert {r["name"]: r for r in explained["candidates"]}["triton"]["status"] == "failed-probe"
         out = attention(q, k, v, key_padding_mask=kpm)  # auto
         torch.testing.assert_close(out, attention(q, k, v, key_padding_mask=kpm, backend="sdpa_math"))
     finally:
-        dispatch.clear_cache()
+        verdicts_store.clear_cache()
 
 
 def test_auto_without_any_verified_backend_uses_the_composition(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUPARITY_CACHE_DIR", str(tmp_path))
-    dispatch.clear_cache()
+    verdicts_store.clear_cache()
     q, k, v = qkv()
     problem = attention_problem(q, k, v)
     names = [b.name for b in dispatch.backends("attention") if b.probed and not b.fallback]
@@ -185,7 +186,7 @@ def test_auto_without_any_verified_backend_uses_the_composition(tmp_path, monkey
     try:
         assert explain_attention(q, k, v)["chosen"] == "composition"
     finally:
-        dispatch.clear_cache()
+        verdicts_store.clear_cache()
 
 
 def test_auto_probes_for_real_on_a_fresh_cache(tmp_path, monkeypatch):
@@ -195,7 +196,7 @@ def test_auto_probes_for_real_on_a_fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUPARITY_CACHE_DIR", str(tmp_path))
     if not ON_GPU:
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    dispatch.clear_cache()
+    verdicts_store.clear_cache()
     try:
         q, k, v = qkv(q_len=9, k_len=9)
         kpm = padding(2, 9, [9, 4])
@@ -206,7 +207,7 @@ def test_auto_probes_for_real_on_a_fresh_cache(tmp_path, monkeypatch):
         ref = reference.attention(*(t.cpu().double() for t in (q, k, v)), key_padding_mask=kpm.cpu())
         assert compare("out", out, ref, None, q.dtype).passed
     finally:
-        dispatch.clear_cache()
+        verdicts_store.clear_cache()
 
 
 def test_flex_backend_masks_and_empty_rows_eagerly(monkeypatch):

@@ -16,6 +16,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from gpuparity import dispatch, reference  # noqa: E402
+from gpuparity.ops import select  # noqa: E402
 from gpuparity.checks.tolerance import compare  # noqa: E402
 from gpuparity.ops.norms import layer_norm, rms_norm  # noqa: E402
 from gpuparity.ops.rotary import apply_rotary, rotary_kind  # noqa: E402
@@ -166,7 +167,7 @@ def test_auto_serves_and_explains(monkeypatch):
     expected = reference.rms_norm(x.double().cpu(), (32,), weight.double().cpu(), eps_dtype=torch.float32)
     assert compare("out", rms_norm(x, (32,), weight), expected, None, torch.float32).passed
     problem = dispatch.Problem("rms_norm", x.device, x.dtype, "default")
-    rows = {row["name"]: row for row in dispatch.explain(problem)["candidates"]}
+    rows = {row["name"]: row for row in select.explain(problem)["candidates"]}
     assert rows["triton"]["status"] == "verified"
     assert rows["composition"]["status"] == "fallback"
     cos, sin = tables(8, 8)

@@ -15,7 +15,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from ..dispatch import Backend, Problem, register
+from .registry import Backend, Problem, register
 from . import torch_ops
 from .. import reference
 
@@ -44,7 +44,7 @@ def _static_reason() -> Optional[str]:
 def _verdict_path(device_type: str) -> Optional[str]:
     try:
         from .. import platform
-        from ..dispatch import cache_dir
+        from ..cachedir import cache_dir
         key = platform.fingerprint_key(platform.current(), 0 if device_type == "cuda" else None)
         return os.path.join(cache_dir(), f"compile-probe-{device_type}-{key}.json")
     except Exception:  # noqa: BLE001 - no cache is fine; we probe again

@@ -16,7 +16,7 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 
-from ..dispatch import Backend, Problem, register
+from .registry import Backend, Problem, register
 from . import triton_common
 
 _CACHE_SIZE = 16

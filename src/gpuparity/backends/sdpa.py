@@ -12,7 +12,7 @@ from typing import List
 import torch
 import torch.nn.functional as F
 
-from ..dispatch import Backend, BackendUnavailable, Problem, register
+from .registry import Backend, BackendUnavailable, Problem, register
 from .masks import allowed_mask, sdpa_arguments, zero_empty_rows
 
 SDPA_BACKENDS = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..dispatch import Backend, register
+from .registry import Backend, register
 from .. import reference
 
 

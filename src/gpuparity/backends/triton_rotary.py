@@ -14,7 +14,7 @@ from typing import List, Optional, Union
 
 import torch
 
-from ..dispatch import Backend, Problem, register
+from .registry import Backend, Problem, register
 from . import triton_common
 from .triton_common import AotSpec, PlanCache, PreparedLaunch, cdiv, triton_unavailable_reason
 

@@ -23,6 +23,7 @@ from .execute import dtype_from_name, dtype_name, task_seed
 from .isolate import child_env, describe_exit, kill_tree, tail
 from .results import CheckResult, Comparison, ResultStream, Status
 from .specs import LEVELS, OPS, get_spec
+from .verdicts import verdict_dtype
 from .worker import MARKER
 
 DEFAULT_TIMEOUT_S = {"cpu": 60.0, "cuda": 180.0}  # the first Triton call compiles its kernels
@@ -434,7 +435,7 @@ def verdicts_from_results(results: Iterable[CheckResult]) -> Dict[str, Dict[str,
             continue
         spec = get_spec(result.op)
         # the checks ran with this process's fp32 switches (child_env carries them to workers)
-        dtype = dispatch.verdict_dtype(result.op, dtype_from_name(result.dtype), torch.device(result.device))
+        dtype = verdict_dtype(result.op, dtype_from_name(result.dtype), torch.device(result.device))
         key = f"{result.op}|{result.backend}|{dtype}|{spec.kind(result.params)}"
         groups.setdefault(key, []).append(result)
     verdicts = {}

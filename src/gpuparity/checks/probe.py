@@ -1,19 +1,26 @@
-"""Correctness probes for verified auto-selection: the op's quick battery cases (plus the
-default-level cases of the kind asked for) on every probed backend, then a timing of each
-backend that passed. On a GPU the probe runs in a worker process, so a backend that crashes
+"""Correctness probes for verified auto-selection. `probe_verdict` returns the stored verdict
+for a backend, probing on a miss: the op's quick battery cases (plus the default-level cases
+of the kind asked for) on every probed backend, then a timing of each backend that passed. On a GPU the probe runs in a worker process, so a backend that crashes
 the GPU cannot take the caller down with it."""
 from __future__ import annotations
 
+import logging
 import os
+import time
 from typing import Any, Dict
 
 import torch
 
 from .. import dispatch
+from ..backends.registry import Backend, Problem
+from . import verdicts as verdicts_store
 from .battery import Task, normalize_device, plan, run_tasks, verdicts_from_results
 from .execute import dtype_name
 from .results import Status
 from .specs import get_spec
+
+LOG = logging.getLogger("gpuparity")
+TRUST_UNPROBED = "GPUPARITY_TRUST_UNPROBED"
 
 
 def _isolate(device: torch.device) -> bool:
@@ -26,7 +33,7 @@ def _isolate(device: torch.device) -> bool:
 
 
 def probe_op(op: str, dtype: torch.dtype, kind: str, device) -> Dict[str, Dict[str, Any]]:
-    """Verdicts keyed as dispatch.probe_key for every probed backend of `op` at `dtype`."""
+    """Verdicts keyed as verdicts.probe_key for every probed backend of `op` at `dtype`."""
     device = normalize_device(device)
     spec = get_spec(op)
     probed = [b.name for b in dispatch.backends(op) if b.probed and not b.fallback]
@@ -41,7 +48,7 @@ def probe_op(op: str, dtype: torch.dtype, kind: str, device) -> Dict[str, Dict[s
     results = decided + run_tasks(tasks, isolate=_isolate(device))
     verdicts = verdicts_from_results(results)
     dname = dtype_name(dtype)
-    vname = dispatch.verdict_dtype(op, dtype, device)
+    vname = verdicts_store.verdict_dtype(op, dtype, device)
     for backend in probed:
         key = f"{op}|{backend}|{vname}|{kind}"
         if key not in verdicts:  # no case of exactly this kind: all of the backend's probe cases decide
@@ -49,7 +56,8 @@ def probe_op(op: str, dtype: torch.dtype, kind: str, device) -> Dict[str, Dict[s
             bad = [r for r in ran if r.status.bad]
             if ran:
                 verdicts[key] = {"passed": not bad, "reason": (
-                    f"passed {len(ran)} probe checks" if not bad else f"failed {len(bad)}/{len(ran)} probe checks")}
+                    f"passed {len(ran)} probe check{'s' * (len(ran) != 1)}" if not bad
+                    else f"failed {len(bad)}/{len(ran)} probe check{'s' * (len(ran) != 1)}")}
             else:
                 skipped = [r for r in results if r.backend == backend]
                 verdicts[key] = {"passed": False, "reason": skipped[0].reason if skipped else "not probed"}
@@ -66,3 +74,25 @@ def probe_op(op: str, dtype: torch.dtype, kind: str, device) -> Dict[str, Dict[s
                     if time_ms is None:
                         verdict.update(passed=False, reason=f"timing run failed: {result.status.value} {result.reason[:200]}")
     return verdicts
+
+
+def probe_verdict(problem: Problem, backend: Backend) -> Dict[str, Any]:
+    """The stored verdict for (problem kind, backend), probing now if there is none."""
+    if os.environ.get(TRUST_UNPROBED) == "1":
+        return {"passed": True, "reason": f"probe skipped ({TRUST_UNPROBED}=1)", "time_ms": None}
+    path = verdicts_store.cache_path(problem.device)
+    key = verdicts_store.probe_key(problem, backend)
+    stored = verdicts_store.load(path)
+    if key not in stored:
+        dtype = str(problem.dtype).replace("torch.", "")
+        # A first call can take a minute on a GPU (Triton compiles, crash-isolated checks):
+        # say so through logging (shown on stderr by default), since the library never prints.
+        LOG.warning("gpuparity: first %s call with %s, %s on %s here: checking its backends against float64 "
+                    "before backend='auto' uses them (once; cached in %s; `gpuparity doctor` fills the cache "
+                    "ahead of time)", problem.op, dtype, problem.kind, problem.device, path)
+        started = time.monotonic()
+        verdicts_store.store_verdicts(problem.device, probe_op(problem.op, problem.dtype, problem.kind, problem.device))
+        LOG.info("gpuparity: probed %s (%s, %s) in %.1f s", problem.op, dtype, problem.kind,
+                 time.monotonic() - started)
+        stored = verdicts_store.load(path)
+    return stored.get(key, {"passed": False, "reason": "no probe verdict recorded"})

@@ -7,7 +7,8 @@ import os
 
 from rich.table import Table
 
-from .. import dispatch
+from ..cachedir import cache_dir
+from ..checks import verdicts
 from ..checks.battery import verdict_status
 from ._common import console
 
@@ -24,15 +25,15 @@ def register(subparsers) -> None:
 
 def handle(args) -> int:
     con = console()
-    files = sorted(glob.glob(os.path.join(dispatch.cache_dir(), "probes-*.json")))
+    files = sorted(glob.glob(os.path.join(cache_dir(), "probes-*.json")))
     if args.action == "clear":
         for path in files:
             os.remove(path)
-        dispatch.clear_cache()
-        con.print(f"removed {len(files)} probe cache file(s) from {dispatch.cache_dir()}")
+        verdicts.clear_cache()
+        con.print(f"removed {len(files)} probe cache file(s) from {cache_dir()}")
         return 0
     if not files:
-        con.print(f"no probe cache in {dispatch.cache_dir()} yet: `gpuparity doctor` fills it, "
+        con.print(f"no probe cache in {cache_dir()} yet: `gpuparity doctor` fills it, "
                   f"or the first backend='auto' call probes")
         return 0
     for path in files:

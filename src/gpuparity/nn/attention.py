@@ -16,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import dispatch
+from ..checks import probe
 from ..backends import masks as mask_utils
 from ..ops import attention as attention_ops
 
@@ -182,7 +183,7 @@ class MultiheadAttention(nn.MultiheadAttention):
                                                       + "; ".join(reasons))
                 use_triton = True
             elif not reasons:
-                use_triton = bool(dispatch.probe_verdict(problem, triton_backend).get("passed"))
+                use_triton = bool(probe.probe_verdict(problem, triton_backend).get("passed"))
         if use_triton:
             from ..backends.triton_attention import triton_attention
             return triton_attention(q, k, v, dropout_p=dropout_p, **kwargs)

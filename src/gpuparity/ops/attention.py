@@ -8,6 +8,7 @@ from typing import Any, Dict
 import torch
 
 from .. import dispatch
+from . import select
 from ..backends.masks import mask_kind
 from ..validation import (FLOAT_DTYPES, describe, expect_broadcastable, expect_same_device,
                           expect_same_dtype, expect_tensor)
@@ -94,7 +95,7 @@ def attention(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False
         raise TypeError(f"backend: expected a backend name (str) or 'auto', got {describe(backend)}")
     problem = attention_problem(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
                                 is_causal=is_causal, scale=scale)
-    chosen = dispatch.resolve(problem, backend)
+    chosen = select.resolve(problem, backend)
     return chosen.fn(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
                      scale=scale)
 
@@ -105,4 +106,4 @@ def explain_attention(q, k, v, *, attn_mask=None, key_padding_mask=None, is_caus
     (see dispatch.explain): {"chosen", "chosen_backend", "candidates": [...]}."""
     problem = attention_problem(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
                                 is_causal=is_causal, scale=scale)
-    return dispatch.explain(problem)
+    return select.explain(problem)

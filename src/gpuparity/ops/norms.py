@@ -8,6 +8,7 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 
 from .. import dispatch
+from . import select
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_tensor
 
 ShapeLike = Union[int, Sequence[int], torch.Size]
@@ -70,7 +71,7 @@ def rms_norm(x: torch.Tensor, normalized_shape: ShapeLike, weight: Optional[torc
     shape = check_norm_inputs(x, normalized_shape, weight, None, eps, eps_may_be_none=True)
     problem = dispatch.Problem("rms_norm", x.device, x.dtype, "default",
                                (("hidden", _hidden(shape)), ("weight", weight is not None)))
-    chosen = dispatch.resolve(problem, backend)
+    chosen = select.resolve(problem, backend)
     return chosen.fn(x, shape, weight, eps)
 
 
@@ -81,5 +82,5 @@ def layer_norm(x: torch.Tensor, normalized_shape: ShapeLike, weight: Optional[to
     problem = dispatch.Problem("layer_norm", x.device, x.dtype, "default",
                                (("hidden", _hidden(shape)), ("weight", weight is not None),
                                 ("bias", bias is not None)))
-    chosen = dispatch.resolve(problem, backend)
+    chosen = select.resolve(problem, backend)
     return chosen.fn(x, shape, weight, bias, eps)

@@ -8,6 +8,7 @@ from typing import Optional, Union
 import torch
 
 from .. import dispatch
+from . import select
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_tensor
 
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -132,7 +133,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, inter
     problem = dispatch.Problem("rotary", x.device, x.dtype, rotary_kind(interleaved, cu_seqlens),
                                (("head_dim", x.shape[-1]), ("rotary_dim", rotary_dim),
                                 ("offsets", "tensor" if isinstance(seqlen_offsets, torch.Tensor) else "int")))
-    chosen = dispatch.resolve(problem, backend)
+    chosen = select.resolve(problem, backend)
     kwargs = dict(interleaved=interleaved, seqlen_offsets=seqlen_offsets, cu_seqlens=cu_seqlens,
                   max_seqlen=max_seqlen)
     if inplace and getattr(chosen.fn, "supports_inplace", False):

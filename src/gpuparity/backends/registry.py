@@ -1,0 +1,106 @@
+"""The backend registry: what a call needs (`Problem`), what a backend declares it can serve
+(`Backend`, with its reasons in words when it cannot), and the table every backend module
+registers itself in. The bottom layer of dispatch: it imports nothing of gpuparity's."""
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+
+_REGISTRY: Dict[str, Dict[str, "Backend"]] = {}
+_LOCK = threading.Lock()
+# Called after every registration: dispatch forgets the resolutions it remembered.
+_LISTENERS: List[Callable[[], None]] = []
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """What a call needs, as far as choosing a backend goes."""
+    op: str
+    device: torch.device
+    dtype: torch.dtype
+    kind: str = "default"                 # the probe key beyond dtype: e.g. mask kind
+    features: Tuple[Tuple[str, Any], ...] = ()
+
+    def feature(self, name: str, default=None):
+        return dict(self.features).get(name, default)
+
+
+@dataclasses.dataclass
+class Backend:
+    name: str
+    op: str
+    fn: Callable                                  # the op's public signature, minus `backend`
+    description: str = ""
+    device_types: Tuple[str, ...] = ("cuda", "cpu")
+    dtypes: Tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+    availability: Optional[Callable[[], Optional[str]]] = None    # reason it is absent here, or None
+    supports: Optional[Callable[[Problem], List[str]]] = None     # reasons it cannot serve a call
+    fallback: bool = False                        # trusted plain composition: last resort, not probed
+    probed: bool = True                           # False for backends auto must never pick
+    # The lowest battery level that runs this backend: "full" for backends that compile per
+    # shape (minutes over a whole battery); below it they are SKIP with that reason.
+    battery_level: str = "quick"
+    # Compiles kernels on first use of each specialization (Triton): the battery starts these
+    # checks first, so their compiles overlap the rest instead of forming a tail.
+    jit: bool = False
+    # Optional split into a forward that also returns what its backward needs, and that
+    # backward, for the torch.library ops (gpuparity.ops.library): with them a compiled graph
+    # runs this backend's own fused backward instead of recomputing the forward under autograd.
+    #   forward_saving(*op args) -> (out, saved: tuple of tensors)
+    #   backward_from(grad_out, saved, *op args) -> tuple of input gradients (None where none)
+    forward_saving: Optional[Callable] = None
+    backward_from: Optional[Callable] = None
+
+    def unavailable_reason(self) -> Optional[str]:
+        if self.availability is None:
+            return None
+        try:
+            return self.availability()
+        except Exception as exc:  # noqa: BLE001 - a broken import is a reason, not a crash
+            return f"{self.name}: availability check raised {type(exc).__name__}: {exc}"
+
+    def reasons(self, problem: Problem) -> List[str]:
+        reasons: List[str] = []
+        absent = self.unavailable_reason()
+        if absent:
+            return [absent]
+        if problem.device.type not in self.device_types:
+            reasons.append(f"{self.name}: no {problem.device.type} support (serves {', '.join(self.device_types)})")
+        if problem.dtype not in self.dtypes:
+            names = ", ".join(str(d).replace("torch.", "") for d in self.dtypes)
+            reasons.append(f"{self.name}: no {str(problem.dtype).replace('torch.', '')} kernel (has {names})")
+        if not reasons and self.supports is not None:
+            reasons.extend(self.supports(problem))
+        return reasons
+
+
+class BackendUnavailable(RuntimeError):
+    """A named backend cannot serve this call; the message lists why."""
+
+
+def register(backend: Backend) -> Backend:
+    with _LOCK:
+        _REGISTRY.setdefault(backend.op, {})[backend.name] = backend
+    for listener in list(_LISTENERS):
+        listener()
+    return backend
+
+
+def unregister(op: str, name: str) -> None:
+    """Remove a backend (tests and planted backends); a no-op if it is not there."""
+    with _LOCK:
+        _REGISTRY.get(op, {}).pop(name, None)
+    for listener in list(_LISTENERS):
+        listener()
+
+
+def registered(op: str) -> Dict[str, Backend]:
+    """The backends registered so far for `op` (no module is imported here)."""
+    return dict(_REGISTRY.get(op, {}))
+
+
+def on_change(listener: Callable[[], None]) -> None:
+    _LISTENERS.append(listener)
