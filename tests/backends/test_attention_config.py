@@ -1,5 +1,5 @@
-"""Choices the attention launcher makes without running a kernel: the fp32 dot on NVIDIA and
-which runtime ints Triton specializes on."""
+"""Choices the attention launcher makes without running a kernel: the fp32 dot on NVIDIA, which
+runtime ints Triton specializes on, and that the package imports (and says why) without triton."""
 from __future__ import annotations
 
 import json
@@ -11,15 +11,17 @@ import pytest
 import torch
 
 from gpuparity.backends import triton_attention as ta
+from gpuparity.backends.triton_attention import launch
 
 triton = pytest.importorskip("triton")
 
 
 @pytest.fixture
 def fresh_choice(monkeypatch):
-    monkeypatch.setattr(ta, "_STRICT_DOT", [])
+    # the cache strict_fp32_dot reads lives in launch.py (the package only re-exports functions)
+    monkeypatch.setattr(launch, "_STRICT_DOT", [])
     yield
-    ta._STRICT_DOT.clear()
+    launch._STRICT_DOT.clear()
 
 
 def test_strict_fp32_dot_defaults_to_split_tf32_where_triton_has_it(monkeypatch, fresh_choice):
@@ -58,7 +60,7 @@ def test_lengths_and_seed_are_not_specialized_but_strides_are():
     # The kernels as Triton compiles them: in a process without the interpreter (the test run
     # sets TRITON_INTERPRET=1, whose kernel objects keep no parameter table).
     code = ("import json; from gpuparity.backends import triton_attention as ta; "
-            "print(json.dumps({n: {p.name: p.do_not_specialize for p in k.params} for n, k in ta.kernels().items()}))")
+            "print(json.dumps({n: {p.name: p.do_not_specialize for p in k.params} for n, k in ta.kernel_table().items()}))")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -68,3 +70,32 @@ def test_lengths_and_seed_are_not_specialized_but_strides_are():
         for arg in ("q_len", "k_len", "seed", "num_heads"):
             assert table[arg] is True, (name, arg)
         assert table["stride_qm"] is False and table["group_size"] is False
+
+
+def test_package_imports_without_triton_and_the_backend_says_why():
+    # sys.modules["triton"] = None makes every `import triton` fail, as on a machine without it:
+    # the package must still import (kernels.py, which imports triton, only loads on launch)
+    code = ("import sys; sys.modules['triton'] = None\n"
+            "import gpuparity.backends.triton_attention as ta\n"
+            "from gpuparity import dispatch\n"
+            "assert 'gpuparity.backends.triton_attention.kernels' not in sys.modules\n"
+            "print('REASON', dispatch.get('attention', 'triton').unavailable_reason())\n"
+            "try:\n"
+            "    ta.kernel_table()\n"
+            "except ImportError as exc:\n"
+            "    print('LAUNCH', type(exc).__name__)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if line.startswith(("REASON", "LAUNCH")))
+    assert lines["REASON"].startswith("triton: not importable (ModuleNotFoundError"), lines
+    assert lines["LAUNCH"] == "ModuleNotFoundError", lines
+
+
+def test_package_import_leaves_the_kernels_module_unloaded_and_launch_loads_it():
+    code = ("import sys, gpuparity.backends.triton_attention as ta\n"
+            "name = 'gpuparity.backends.triton_attention.kernels'\n"
+            "print(name in sys.modules, sorted(ta.kernel_table()), name in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "False ['dkdv', 'dq', 'fwd'] True"

@@ -22,6 +22,7 @@ pytest.importorskip("triton")
 
 from gpuparity import reference  # noqa: E402
 from gpuparity.backends import sdpa, triton_attention  # noqa: E402
+from gpuparity.backends.triton_attention import tiles  # noqa: E402
 from gpuparity.checks.tolerance import compare  # noqa: E402
 
 if ON_GPU and not torch.cuda.is_available():
@@ -361,7 +362,8 @@ def test_tile_configs_cover_every_head_dim_and_dtype():
 
 
 def test_short_key_configs_apply_only_to_short_keys(monkeypatch):
-    monkeypatch.setattr(triton_attention, "family", lambda device: "nvidia_sm90")
+    # tile_config reads `family` from tiles.py, where it is defined (the package re-exports it)
+    monkeypatch.setattr(tiles, "family", lambda device: "nvidia_sm90")
     short = triton_attention.SHORT_CONFIGS["nvidia_sm90"]["fwd"][(32, 2)]
     general = triton_attention.CONFIGS["nvidia_sm90"]["fwd"][(32, 2)]
     assert short != general

@@ -1,0 +1,77 @@
+"""Ahead-of-time compile specs of the attention kernels: every shipped tile configuration, with
+the mask flags that cost the most shared memory, as triton_common.AotSpec for tests/backends/test_aot.py."""
+from __future__ import annotations
+
+import inspect
+from typing import Dict, List, Tuple
+
+from ..triton_common import AotSpec
+from .launch import MASK_ADDITIVE, MASK_NONE, kernel_table
+from .tiles import CONFIGS, FAMILY_TARGETS, SCAN_BLOCK, SHORT_CONFIGS, TileConfig
+
+_POINTER_TYPES = {
+    "LSE": "*fp32", "Delta": "*fp32", "Bounds": "*i32", "KPM": "*u8",
+}
+_FLOAT_SCALARS = {"qk_scale", "sm_scale", "dropout_p"}
+
+
+def _signature(kernel, dtype: str, mask_type: str) -> Dict[str, str]:
+    signature = {}
+    # JITFunction and InterpretedFunction both keep the Python function in .fn
+    for name, param in inspect.signature(getattr(kernel, "fn", kernel)).parameters.items():
+        if "constexpr" in str(param.annotation):
+            signature[name] = "constexpr"
+        elif name in _POINTER_TYPES:
+            signature[name] = _POINTER_TYPES[name]
+        elif name == "Mask":
+            signature[name] = mask_type
+        elif name[:1].isupper():
+            signature[name] = f"*{dtype}"
+        elif name in _FLOAT_SCALARS:
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i32"
+    return signature
+
+
+def _aot_spec(fam, targets, kernel_name, head_dim, elem, cfg, dropout=False, dense_mask=True) -> AotSpec:
+    dtype = "bf16" if elem == 2 else "fp32"
+    kernel = kernel_table()[kernel_name]
+    # fp32 on NVIDIA ships split-TF32 tensor-core dots ("tf32x3", dot_precision's choice with
+    # TF32 off); with TF32 on it is "tf32": the same tiles and operands in shared memory, one
+    # product instead of three. AMD's Triton has FMA dots only.
+    precision = "tf32x3" if elem == 4 and fam.startswith("nvidia") else "ieee"
+    constexprs = dict(HEAD_DIM=head_dim, D_PAD=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                      IS_CAUSAL=True, MASK_KIND=MASK_ADDITIVE if dense_mask else MASK_NONE, HAS_KPM=True,
+                      HAS_BOUNDS=True, DROPOUT=dropout, DOT_PRECISION=precision)
+    if kernel_name == "fwd":
+        constexprs["SCAN"] = SCAN_BLOCK
+    return AotSpec(
+        name=f"attention.{kernel_name}.{fam}.d{head_dim}.{dtype}.m{cfg.block_m}n{cfg.block_n}"
+             f"w{cfg.num_warps}s{cfg.stages(dense_mask)}" + (".dropout" if dropout else "")
+             + ("" if dense_mask else ".nomask"),
+        kernel=kernel, signature=_signature(kernel, dtype, "*fp32"), constexprs=constexprs,
+        num_warps=cfg.num_warps, num_stages=cfg.stages(dense_mask), targets=targets)
+
+
+def aot_specs() -> List[AotSpec]:
+    """Every shipped tile configuration, compiled at the largest head dim that uses it, with
+    the mask flags that cost the most shared memory (additive mask tiles, key padding with
+    its two-way loop, causal), and, for a config with fewer stages under a dense mask, also
+    without one at its full depth. Dropout adds registers, not shared memory: it is compiled
+    once per family and kernel (at the 64 bf16 config) to prove it builds."""
+    specs: List[AotSpec] = []
+    for fam, targets in FAMILY_TARGETS.items():
+        for kernel_name in ("fwd", "dkdv", "dq"):
+            largest: Dict[Tuple[int, TileConfig], int] = {}
+            entries = list(CONFIGS[fam][kernel_name].items())
+            entries += list(SHORT_CONFIGS.get(fam, {}).get(kernel_name, {}).items())
+            for (bucket, elem), cfg in entries:
+                largest[(elem, cfg)] = max(bucket, largest.get((elem, cfg), 0))
+            for (elem, cfg), head_dim in largest.items():
+                specs.append(_aot_spec(fam, targets, kernel_name, head_dim, elem, cfg))
+                if cfg.masked_stages is not None:  # its deeper pipeline, used without a dense mask
+                    specs.append(_aot_spec(fam, targets, kernel_name, head_dim, elem, cfg, dense_mask=False))
+            specs.append(_aot_spec(fam, targets, kernel_name, 64, 2, CONFIGS[fam][kernel_name][(64, 2)],
+                                   dropout=True))
+    return specs

@@ -1,0 +1,485 @@
+"""The fused attention kernels in Triton, at module level. Imports triton at its top: launch.py
+imports this module lazily (never at package import), so the package imports without triton."""
+# FlashAttention-2 (and Triton's fused-attention tutorial): one program per block of query
+# rows, an online softmax in fp32 over blocks of keys, the log-sum-exp kept for the backward,
+# which recomputes the probabilities. Masks are read in tiles through their strides (zero
+# strides for broadcast dims), never expanded in memory; key/value blocks that a query block
+# cannot see (key padding, causal) are skipped, so padding makes it faster. The backward uses
+# no atomics: dk/dv (summed over a GQA group inside one program) and dq are computed by
+# separate kernels, so it is deterministic on every run.
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# Runtime ints that Triton would otherwise specialize on (== 1, divisible by 16): each
+# distinct pattern is a separate compile of seconds. Lengths, head counts and the dropout seed
+# only bound loops and masks, so specializing on them buys nothing; strides stay specialized
+# (16-byte alignment of rows is what lets loads vectorize), as does group_size (1 folds away).
+_NO_SPECIALIZE = ("seed", "num_heads", "num_kv_heads", "q_len", "k_len")
+
+
+@triton.jit
+def _scan_padding(kpm_base, stride_pn, k_len, SCAN: tl.constexpr):
+    """One batch item's key padding: the first and one-past-the-last kept key, and
+    whether the kept keys have holes (anything but keys 0..last-1 kept).
+
+    Programs skip key blocks outside [first, last): trailing (or leading) padding costs
+    no matmuls. Without holes (right padding, i.e. per-item lengths) the tiles need no
+    per-key mask reads at all. An all-padding item gets first >= last: nothing to visit.
+    Each program scans its own row (k_len bytes, from L2): cheaper than another launch.
+    """
+    offs = tl.arange(0, SCAN)
+    zeros = tl.full([SCAN], 0, tl.int32)
+    first = tl.min(zeros + k_len, axis=0)
+    last = tl.max(zeros, axis=0)
+    count = tl.sum(zeros, axis=0)
+    for start in range(0, k_len, SCAN):
+        cols = start + offs
+        padded = tl.load(kpm_base + cols * stride_pn, mask=cols < k_len, other=1)
+        kept = padded == 0
+        first = tl.minimum(first, tl.min(tl.where(kept, cols, k_len), axis=0))
+        last = tl.maximum(last, tl.max(tl.where(kept, cols + 1, 0), axis=0))
+        count += tl.sum(kept.to(tl.int32), axis=0)
+    return first, last, count != last
+
+
+@triton.jit
+def _mma(a, b, acc, DOT_PRECISION: tl.constexpr):
+    """tl.dot with fp32 accumulation. "upcast" is for Triton's interpreter, whose bf16 dot
+    is broken: bf16 products are exact in fp32, so upcasting first computes the same."""
+    if DOT_PRECISION == "upcast":
+        result = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        result = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    return result
+
+
+@triton.jit
+def _key_range(first, last, start_m, k_len,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
+               HAS_BOUNDS: tl.constexpr):
+    """Keys a block of query rows must visit: [lo, hi); blocks in [lo, full_end) need no
+    causal or end-of-keys masking (the tile lies wholly inside both). first/last: the
+    kept keys of this batch item (used when HAS_BOUNDS)."""
+    lo = 0
+    hi = k_len
+    if HAS_BOUNDS:
+        hi = tl.minimum(last, k_len)
+        lo = (first // BLOCK_N) * BLOCK_N
+    if IS_CAUSAL:
+        # top-left aligned: query row i sees keys 0..i
+        hi = tl.minimum(hi, (start_m + 1) * BLOCK_M)
+    full_end = (hi // BLOCK_N) * BLOCK_N
+    if IS_CAUSAL:
+        # a key tile [n, n + BLOCK_N) is wholly visible to rows >= start_m * BLOCK_M
+        # when n + BLOCK_N - 1 <= start_m * BLOCK_M
+        full_end = tl.minimum(full_end, ((start_m * BLOCK_M + 1) // BLOCK_N) * BLOCK_N)
+    full_end = tl.maximum(full_end, lo)
+    hi = tl.maximum(hi, full_end)
+    return lo, full_end, hi
+
+
+@triton.jit
+def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_base, kpm_base,
+               rows, offs_n, offs_d, lo, hi, q_len, k_len, key_end, qk_scale, seed_bh, dropout_p,
+               stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
+               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
+               MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
+               MASK_EDGES: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    d_ok = offs_d < HEAD_DIM
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        cols = start_n + offs_n
+        # K is read transposed, (D, BLOCK_N), so that q @ k needs no shuffle.
+        k_ptrs = k_base + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd
+        v_ptrs = v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd
+        if MASK_EDGES:
+            k = tl.load(k_ptrs, mask=d_ok[:, None] & (cols[None, :] < k_len), other=0.0)
+            v = tl.load(v_ptrs, mask=(cols[:, None] < k_len) & d_ok[None, :], other=0.0)
+        else:
+            k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+        # scores in base 2 (scale * log2(e) folded in) so the softmax can use exp2
+        qk = _mma(q, k, None, DOT_PRECISION) * qk_scale
+        if MASK_KIND == 2:
+            bias = tl.load(mask_base + rows[:, None] * stride_mm + cols[None, :] * stride_mn,
+                           mask=(rows[:, None] < q_len) & (cols[None, :] < k_len), other=0.0)
+            qk += bias.to(tl.float32) * 1.4426950408889634
+        if MASK_KIND == 1:
+            allowed = tl.load(mask_base + rows[:, None] * stride_mm + cols[None, :] * stride_mn,
+                              mask=(rows[:, None] < q_len) & (cols[None, :] < k_len), other=0)
+            qk = tl.where(allowed != 0, qk, float("-inf"))
+        if HAS_KPM:
+            padded = tl.load(kpm_base + cols * stride_pn, mask=cols < k_len, other=1)
+            qk = tl.where(padded[None, :] == 0, qk, float("-inf"))
+        if MASK_EDGES:
+            visible = cols[None, :] < key_end
+            if IS_CAUSAL:
+                visible = visible & (cols[None, :] <= rows[:, None])
+            qk = tl.where(visible, qk, float("-inf"))
+        # Online softmax: keep the running row max m_i and sum l_i, rescale the
+        # accumulator by exp2(m_old - m_new) whenever the max grows.
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        if MASK_EDGES or HAS_KPM or MASK_KIND != 0:
+            # a row that has seen no allowed key yet keeps m = -inf; subtract 0 instead
+            # of -inf so exp2 gives 0, not NaN
+            m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_new_safe = m_new
+        p = tl.math.exp2(qk - m_new_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_new_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        if DROPOUT:
+            # the normaliser l_i counts every key; dropout only thins what reaches v
+            keep = tl.rand(seed_bh, rows[:, None] * k_len + cols[None, :]) >= dropout_p
+            p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
+        acc = _mma(p.to(v.dtype), v, acc, DOT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit(do_not_specialize=_NO_SPECIALIZE)
+def _attn_fwd_kernel(
+    Q, K, V, Out, LSE, Mask, KPM, Bounds,
+    qk_scale, dropout_p, seed,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_mb, stride_mh, stride_mm, stride_mn,
+    stride_pb, stride_pn,
+    num_heads, group_size, q_len, k_len,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, HAS_BOUNDS: tl.constexpr,
+    DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, SCAN: tl.constexpr,
+):
+    start_m = tl.program_id(0)
+    batch_head = tl.program_id(1)
+    batch = batch_head // num_heads
+    head = batch_head % num_heads
+    kv_head = head // group_size  # GQA: a group of query heads reads one k/v head
+    b64 = batch.to(tl.int64)
+
+    rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D_PAD)  # head dims that are not a power of two are padded and masked
+    d_ok = offs_d < HEAD_DIM
+
+    q_ptrs = Q + b64 * stride_qb + head.to(tl.int64) * stride_qh + rows[:, None] * stride_qm + offs_d[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=(rows[:, None] < q_len) & d_ok[None, :], other=0.0)
+    k_base = K + b64 * stride_kb + kv_head.to(tl.int64) * stride_kh
+    v_base = V + b64 * stride_vb + kv_head.to(tl.int64) * stride_vh
+    mask_base = Mask + b64 * stride_mb + head.to(tl.int64) * stride_mh
+    kpm_base = KPM + b64 * stride_pb
+    seed_bh = seed + batch_head
+
+    first = 0
+    last = k_len
+    holes = False
+    if HAS_KPM:
+        first, last, holes = _scan_padding(kpm_base, stride_pn, k_len, SCAN)
+        if (start_m == 0) & (head == 0):  # one program per batch item keeps them for the backward
+            tl.store(Bounds + 3 * batch, first)
+            tl.store(Bounds + 3 * batch + 1, last)
+            tl.store(Bounds + 3 * batch + 2, holes.to(tl.int32))
+    elif HAS_BOUNDS:  # per-item lengths, computed by the launcher
+        first = tl.load(Bounds + 3 * batch)
+        last = tl.load(Bounds + 3 * batch + 1)
+    lo, full_end, hi = _key_range(first, last, start_m, k_len, BLOCK_M, BLOCK_N, IS_CAUSAL, HAS_BOUNDS)
+
+    m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+    if holes:
+        # padding with holes: read the key padding mask in every tile
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_base, kpm_base,
+                                   rows, offs_n, offs_d, lo, full_end, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
+                                   stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
+                                   HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, True, DROPOUT, False, DOT_PRECISION)
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_base, kpm_base,
+                                   rows, offs_n, offs_d, full_end, hi, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
+                                   stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
+                                   HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, True, DROPOUT, True, DOT_PRECISION)
+    else:
+        # no mask, or right padding (kept keys are exactly 0..hi-1): [lo, hi) says it all.
+        # Key tiles wholly inside the causal triangle and the key range: no edge masks.
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_base, kpm_base,
+                                   rows, offs_n, offs_d, lo, full_end, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
+                                   stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
+                                   HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, False, DROPOUT, False, DOT_PRECISION)
+        # the diagonal / last tiles: causal and end-of-keys masks
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_base, kpm_base,
+                                   rows, offs_n, offs_d, full_end, hi, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
+                                   stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
+                                   HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, False, DROPOUT, True, DOT_PRECISION)
+
+    # A row with no key to attend to has l_i == 0: its output is exactly 0 and its
+    # log-sum-exp +inf, so the backward recomputes probabilities of exactly 0 for it.
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    out = tl.where(empty[:, None], 0.0, acc / l_safe[:, None])
+    lse = tl.where(empty, float("inf"), m_i + tl.math.log2(l_safe))
+    row_ok = rows < q_len
+    tl.store(LSE + batch_head.to(tl.int64) * q_len + rows, lse, mask=row_ok)
+    o_ptrs = Out + b64 * stride_ob + head.to(tl.int64) * stride_oh + rows[:, None] * stride_om + offs_d[None, :] * stride_od
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _bwd_dkdv_inner(dk, dv, k, v, key_kept, q_base, do_base, lse_base, delta_base, mask_base,
+                    cols, offs_m, offs_d, lo, hi, q_len, k_len, qk_scale, seed_bh, dropout_p,
+                    stride_qm, stride_qd, stride_dm, stride_dd, stride_mm, stride_mn,
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                    MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
+                    MASK_DIAGONAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    d_ok = offs_d < HEAD_DIM
+    for start_m in range(lo, hi, BLOCK_M):
+        start_m = tl.multiple_of(start_m, BLOCK_M)
+        rows = start_m + offs_m
+        row_ok = rows < q_len
+        # q read transposed, (D, BLOCK_M): the tile of scores is built as k @ q^T
+        q_t = tl.load(q_base + rows[None, :] * stride_qm + offs_d[:, None] * stride_qd,
+                      mask=d_ok[:, None] & row_ok[None, :], other=0.0)
+        do = tl.load(do_base + rows[:, None] * stride_dm + offs_d[None, :] * stride_dd,
+                     mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        # rows past the end get lse = +inf: probabilities of exactly 0
+        lse = tl.load(lse_base + rows, mask=row_ok, other=float("inf"))
+        delta = tl.load(delta_base + rows, mask=row_ok, other=0.0)
+        qk_t = _mma(k, q_t, None, DOT_PRECISION) * qk_scale
+        if MASK_KIND == 2:
+            bias_t = tl.load(mask_base + rows[None, :] * stride_mm + cols[:, None] * stride_mn,
+                             mask=row_ok[None, :] & (cols[:, None] < k_len), other=0.0)
+            qk_t += bias_t.to(tl.float32) * 1.4426950408889634
+        # recompute the probabilities from the saved log-sum-exp
+        p_t = tl.math.exp2(qk_t - lse[None, :])
+        if MASK_KIND == 1:
+            allowed_t = tl.load(mask_base + rows[None, :] * stride_mm + cols[:, None] * stride_mn,
+                                mask=row_ok[None, :] & (cols[:, None] < k_len), other=0)
+            p_t = tl.where(allowed_t != 0, p_t, 0.0)
+        if HAS_KPM:
+            p_t = tl.where(key_kept[:, None], p_t, 0.0)
+        if MASK_DIAGONAL:
+            if IS_CAUSAL:
+                p_t = tl.where(rows[None, :] >= cols[:, None], p_t, 0.0)
+        dp_t = _mma(v, tl.trans(do), None, DOT_PRECISION)
+        if DROPOUT:
+            keep_t = tl.rand(seed_bh, rows[None, :] * k_len + cols[:, None]) >= dropout_p
+            scale_keep = 1.0 / (1.0 - dropout_p)
+            p_dropped_t = tl.where(keep_t, p_t * scale_keep, 0.0)
+            dv = _mma(p_dropped_t.to(do.dtype), do, dv, DOT_PRECISION)
+            dp_t = tl.where(keep_t, dp_t * scale_keep, 0.0)
+        else:
+            dv = _mma(p_t.to(do.dtype), do, dv, DOT_PRECISION)
+        # softmax backward: ds = p * (dp - delta)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = _mma(ds_t.to(q_t.dtype), tl.trans(q_t), dk, DOT_PRECISION)
+    return dk, dv
+
+
+@triton.jit(do_not_specialize=_NO_SPECIALIZE)
+def _attn_bwd_dkdv_kernel(
+    Q, K, V, DO, LSE, Delta, DK, DV, Mask, KPM, Bounds,
+    qk_scale, sm_scale, dropout_p, seed,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_db, stride_dh, stride_dm, stride_dd,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    stride_mb, stride_mh, stride_mm, stride_mn,
+    stride_pb, stride_pn,
+    num_heads, num_kv_heads, group_size, q_len, k_len,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, HAS_BOUNDS: tl.constexpr,
+    DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """dk, dv for one block of keys of one k/v head, summed over its GQA group in a fixed
+    order (deterministic, no atomics)."""
+    start_n = tl.program_id(0)
+    batch_kv_head = tl.program_id(1)
+    batch = batch_kv_head // num_kv_heads
+    kv_head = batch_kv_head % num_kv_heads
+    b64 = batch.to(tl.int64)
+
+    cols = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_PAD)
+    d_ok = offs_d < HEAD_DIM
+    col_ok = cols < k_len
+    kv_ok = col_ok[:, None] & d_ok[None, :]
+    k = tl.load(K + b64 * stride_kb + kv_head.to(tl.int64) * stride_kh + cols[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                mask=kv_ok, other=0.0)
+    v = tl.load(V + b64 * stride_vb + kv_head.to(tl.int64) * stride_vh + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                mask=kv_ok, other=0.0)
+    dk = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
+
+    key_kept = col_ok
+    if HAS_KPM:
+        padded = tl.load(KPM + b64 * stride_pb + cols * stride_pn, mask=col_ok, other=1)
+        key_kept = padded == 0
+    # Query rows that can see this key block: causal -> from the diagonal on.
+    q_lo = 0
+    if IS_CAUSAL:
+        q_lo = ((start_n * BLOCK_N) // BLOCK_M) * BLOCK_M
+    q_hi = q_len
+    if HAS_BOUNDS:
+        first = tl.load(Bounds + 3 * batch)
+        last = tl.load(Bounds + 3 * batch + 1)
+        # all keys of this block are padding: visit no query, dk = dv = 0
+        dead = (start_n * BLOCK_N >= last) | ((start_n + 1) * BLOCK_N <= first)
+        q_hi = tl.where(dead, q_lo, q_len)
+    # query tiles from q_full on lie wholly below the diagonal (every row sees every key)
+    q_full = q_lo
+    if IS_CAUSAL:
+        q_full = tl.minimum(tl.cdiv(start_n * BLOCK_N + BLOCK_N - 1, BLOCK_M) * BLOCK_M, q_hi)
+        q_full = tl.maximum(q_full, q_lo)
+
+    for g in range(0, group_size):
+        head = kv_head * group_size + g
+        bh = batch * num_heads + head
+        q_base = Q + b64 * stride_qb + head.to(tl.int64) * stride_qh
+        do_base = DO + b64 * stride_db + head.to(tl.int64) * stride_dh
+        lse_base = LSE + bh.to(tl.int64) * q_len
+        delta_base = Delta + bh.to(tl.int64) * q_len
+        mask_base = Mask + b64 * stride_mb + head.to(tl.int64) * stride_mh
+        seed_bh = seed + bh
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, key_kept, q_base, do_base, lse_base, delta_base, mask_base,
+                                 cols, offs_m, offs_d, q_lo, q_full, q_len, k_len, qk_scale, seed_bh, dropout_p,
+                                 stride_qm, stride_qd, stride_dm, stride_dd, stride_mm, stride_mn,
+                                 HEAD_DIM, BLOCK_M, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, True, DOT_PRECISION)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, key_kept, q_base, do_base, lse_base, delta_base, mask_base,
+                                 cols, offs_m, offs_d, q_full, q_hi, q_len, k_len, qk_scale, seed_bh, dropout_p,
+                                 stride_qm, stride_qd, stride_dm, stride_dd, stride_mm, stride_mn,
+                                 HEAD_DIM, BLOCK_M, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, False, DOT_PRECISION)
+
+    dk = dk * sm_scale
+    tl.store(DK + b64 * stride_dkb + kv_head.to(tl.int64) * stride_dkh + cols[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
+             dk.to(DK.dtype.element_ty), mask=kv_ok)
+    tl.store(DV + b64 * stride_dvb + kv_head.to(tl.int64) * stride_dvh + cols[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
+             dv.to(DV.dtype.element_ty), mask=kv_ok)
+
+
+@triton.jit
+def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base,
+                  rows, offs_n, offs_d, lo, hi, q_len, k_len, key_end, qk_scale, seed_bh, dropout_p,
+                  stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
+                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                  MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
+                  MASK_EDGES: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    d_ok = offs_d < HEAD_DIM
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        cols = start_n + offs_n
+        k_ptrs = k_base + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd
+        v_ptrs = v_base + cols[None, :] * stride_vn + offs_d[:, None] * stride_vd
+        if MASK_EDGES:
+            k_t = tl.load(k_ptrs, mask=d_ok[:, None] & (cols[None, :] < k_len), other=0.0)
+            v_t = tl.load(v_ptrs, mask=d_ok[:, None] & (cols[None, :] < k_len), other=0.0)
+        else:
+            k_t = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
+            v_t = tl.load(v_ptrs, mask=d_ok[:, None], other=0.0)
+        qk = _mma(q, k_t, None, DOT_PRECISION) * qk_scale
+        if MASK_KIND == 2:
+            bias = tl.load(mask_base + rows[:, None] * stride_mm + cols[None, :] * stride_mn,
+                           mask=(rows[:, None] < q_len) & (cols[None, :] < k_len), other=0.0)
+            qk += bias.to(tl.float32) * 1.4426950408889634
+        p = tl.math.exp2(qk - lse[:, None])
+        if MASK_KIND == 1:
+            allowed = tl.load(mask_base + rows[:, None] * stride_mm + cols[None, :] * stride_mn,
+                              mask=(rows[:, None] < q_len) & (cols[None, :] < k_len), other=0)
+            p = tl.where(allowed != 0, p, 0.0)
+        if HAS_KPM:
+            padded = tl.load(kpm_base + cols * stride_pn, mask=cols < k_len, other=1)
+            p = tl.where(padded[None, :] == 0, p, 0.0)
+        if MASK_EDGES:
+            visible = cols[None, :] < key_end
+            if IS_CAUSAL:
+                visible = visible & (cols[None, :] <= rows[:, None])
+            p = tl.where(visible, p, 0.0)
+        dp = _mma(do, v_t, None, DOT_PRECISION)
+        if DROPOUT:
+            keep = tl.rand(seed_bh, rows[:, None] * k_len + cols[None, :]) >= dropout_p
+            dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
+        ds = p * (dp - delta[:, None])
+        dq = _mma(ds.to(k_t.dtype), tl.trans(k_t), dq, DOT_PRECISION)
+    return dq
+
+
+@triton.jit(do_not_specialize=_NO_SPECIALIZE)
+def _attn_bwd_dq_kernel(
+    Q, K, V, Out, DO, LSE, Delta, DQ, Mask, KPM, Bounds,
+    qk_scale, sm_scale, dropout_p, seed,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_db, stride_dh, stride_dm, stride_dd,
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    stride_mb, stride_mh, stride_mm, stride_mn,
+    stride_pb, stride_pn,
+    num_heads, group_size, q_len, k_len,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, HAS_BOUNDS: tl.constexpr,
+    DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    start_m = tl.program_id(0)
+    batch_head = tl.program_id(1)
+    batch = batch_head // num_heads
+    head = batch_head % num_heads
+    kv_head = head // group_size
+    b64 = batch.to(tl.int64)
+
+    rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D_PAD)
+    d_ok = offs_d < HEAD_DIM
+    row_ok = rows < q_len
+    tile_ok = row_ok[:, None] & d_ok[None, :]
+    q = tl.load(Q + b64 * stride_qb + head.to(tl.int64) * stride_qh + rows[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                mask=tile_ok, other=0.0)
+    do = tl.load(DO + b64 * stride_db + head.to(tl.int64) * stride_dh + rows[:, None] * stride_dm + offs_d[None, :] * stride_dd,
+                 mask=tile_ok, other=0.0)
+    lse = tl.load(LSE + batch_head.to(tl.int64) * q_len + rows, mask=row_ok, other=float("inf"))
+    # delta_i = sum_d out_id * dout_id, the row term of the softmax gradient; this kernel
+    # runs first and keeps it for the dk/dv kernel
+    o = tl.load(Out + b64 * stride_ob + head.to(tl.int64) * stride_oh + rows[:, None] * stride_om + offs_d[None, :] * stride_od,
+                mask=tile_ok, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(Delta + batch_head.to(tl.int64) * q_len + rows, delta, mask=row_ok)
+    k_base = K + b64 * stride_kb + kv_head.to(tl.int64) * stride_kh
+    v_base = V + b64 * stride_vb + kv_head.to(tl.int64) * stride_vh
+    mask_base = Mask + b64 * stride_mb + head.to(tl.int64) * stride_mh
+    kpm_base = KPM + b64 * stride_pb
+    seed_bh = seed + batch_head
+
+    first = 0
+    last = k_len
+    if HAS_BOUNDS:  # written by the forward (or the launcher, for lengths)
+        first = tl.load(Bounds + 3 * batch)
+        last = tl.load(Bounds + 3 * batch + 1)
+    lo, full_end, hi = _key_range(first, last, start_m, k_len, BLOCK_M, BLOCK_N, IS_CAUSAL, HAS_BOUNDS)
+    dq = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+    # One loop body for any padding (the forward's two-way split would double the shared
+    # memory of this larger kernel): key padding, if any, is read in every tile.
+    dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base,
+                       rows, offs_n, offs_d, lo, full_end, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
+                       stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
+                       HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, False, DOT_PRECISION)
+    dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base,
+                       rows, offs_n, offs_d, full_end, hi, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
+                       stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
+                       HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, True, DOT_PRECISION)
+    dq = dq * sm_scale
+    tl.store(DQ + b64 * stride_dqb + head.to(tl.int64) * stride_dqh + rows[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
+             dq.to(DQ.dtype.element_ty), mask=tile_ok)
+
+
+# What the launchers and the AOT specs look kernels up by: the names are part of the AOT spec names.
+KERNELS = {
+    "fwd": _attn_fwd_kernel,
+    "dkdv": _attn_bwd_dkdv_kernel,
+    "dq": _attn_bwd_dq_kernel,
+}

@@ -1,0 +1,293 @@
+"""Launching the attention kernels: masks as the kernels read them, prepared launches per call
+signature, attention_forward/attention_backward (plain functions) and the autograd Function."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from ...numerics import matmul_tf32
+from .. import triton_common
+from ..triton_common import PlanCache, PreparedLaunch, cdiv, lazy_kernel
+from .tiles import SCAN_BLOCK, padded_head_dim, tile_config
+
+LOG2E = 1.4426950408889634
+
+# Mask kinds as the kernels see them (a constexpr).
+MASK_NONE, MASK_BOOL, MASK_ADDITIVE = 0, 1, 2
+
+
+def _load_kernels() -> Dict[str, Any]:
+    # kernels.py imports triton at its top: imported on first launch (or AOT spec), never at
+    # package import, so the package (and the backend's availability) works without triton
+    from .kernels import KERNELS
+    return KERNELS
+
+
+# The kernels by name ("fwd", "dq", "dkdv"). Not called `kernels`: that is the submodule's name,
+# which Python binds on the package once the submodule is imported.
+kernel_table = lazy_kernel(_load_kernels)
+
+
+@dataclasses.dataclass
+class MaskArgs:
+    """Masks as the kernels read them: a tensor and four strides (0 for broadcast dims)."""
+    kind: int = MASK_NONE
+    mask: Optional[torch.Tensor] = None
+    mask_strides: Tuple[int, int, int, int] = (0, 0, 0, 0)
+    kpm: Optional[torch.Tensor] = None
+    kpm_strides: Tuple[int, int] = (0, 0)
+    bounds: Optional[torch.Tensor] = None        # int32 (B, 3): first, one-past-last kept key, has holes
+
+
+def _broadcast_strides(t: torch.Tensor) -> Tuple[int, int, int, int]:
+    shape = (1,) * (4 - t.dim()) + tuple(t.shape)
+    strides = (0,) * (4 - t.dim()) + tuple(t.stride())
+    return tuple(0 if size == 1 else stride for size, stride in zip(shape, strides))  # type: ignore[return-value]
+
+
+def prepare_masks(q: torch.Tensor, k: torch.Tensor, attn_mask=None, key_padding_mask=None,
+                  key_lengths=None) -> MaskArgs:
+    batch, k_len = q.shape[0], k.shape[2]
+    args = MaskArgs()
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            args.kind = MASK_BOOL
+            args.mask = attn_mask.view(torch.uint8)  # same bytes, no copy; Triton reads u8
+        else:
+            args.kind = MASK_ADDITIVE
+            args.mask = attn_mask.detach()
+        args.mask_strides = _broadcast_strides(args.mask)
+    if key_lengths is not None and key_padding_mask is not None:  # rare: fold lengths into the mask
+        beyond = torch.arange(k_len, device=q.device).view(1, k_len) >= key_lengths.to(q.device).view(-1, 1)
+        key_padding_mask, key_lengths = key_padding_mask | beyond, None
+    if key_padding_mask is not None:
+        kpm = key_padding_mask
+        if kpm.dtype == torch.bool:
+            kpm = kpm.view(torch.uint8)
+        args.kpm = kpm
+        args.kpm_strides = (0 if kpm.shape[0] == 1 else kpm.stride(0), kpm.stride(1))
+        # (first, last, holes) per batch item: written by the forward kernel, read by the backward
+        args.bounds = torch.empty(batch, 3, dtype=torch.int32, device=q.device)
+    elif key_lengths is not None:
+        lengths = key_lengths.to(device=q.device, dtype=torch.int32).clamp(0, k_len)
+        # keys 0..length-1 kept: no holes
+        args.bounds = torch.stack([torch.zeros_like(lengths), lengths, torch.zeros_like(lengths)], dim=1).contiguous()
+    return args
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 follows torch's TF32 switch (on NVIDIA; AMD's Triton has no portable tf32 dot).
+    With TF32 off, NVIDIA GPUs get fp32-accurate dots from the tensor cores ("tf32x3": each
+    operand split into a TF32 high and low part, three products) instead of CUDA-core FMAs:
+    the battery holds it to the fp32 bar, it runs several times faster and compiles in a
+    fraction of the time. GPUPARITY_FP32_DOT=ieee asks for the FMA path."""
+    if triton_common.interpreting():
+        return "upcast" if dtype == torch.bfloat16 else "ieee"
+    if dtype != torch.float32:
+        return "ieee"  # ignored for 16-bit inputs
+    if triton_common.vendor() != "nvidia":
+        return "ieee"
+    return "tf32" if matmul_tf32() else strict_fp32_dot()
+
+
+_STRICT_DOT: List[str] = []
+
+
+def strict_fp32_dot() -> str:
+    """The NVIDIA fp32 dot used when TF32 is off: "tf32x3" where this Triton has it, else
+    "ieee"; GPUPARITY_FP32_DOT=ieee|tf32x3 chooses."""
+    if not _STRICT_DOT:
+        wanted = os.environ.get("GPUPARITY_FP32_DOT", "tf32x3")
+        if wanted not in ("ieee", "tf32x3"):
+            raise ValueError(f"GPUPARITY_FP32_DOT: expected ieee or tf32x3, got {wanted!r}")
+        if wanted == "tf32x3":
+            try:
+                from triton.backends.nvidia.compiler import CUDAOptions
+                if "tf32x3" not in CUDAOptions.allowed_dot_input_precisions:
+                    wanted = "ieee"
+            except Exception:  # noqa: BLE001 - no NVIDIA backend in this Triton: FMA dots
+                wanted = "ieee"
+        _STRICT_DOT.append(wanted)
+    return _STRICT_DOT[0]
+
+
+_DUMMIES: Dict[torch.device, torch.Tensor] = {}
+
+
+def _dummy(device) -> torch.Tensor:
+    """A placeholder pointer for absent masks (the kernels never read it); one per device."""
+    if device not in _DUMMIES:
+        _DUMMIES[device] = torch.zeros(16, dtype=torch.uint8, device=device)
+    return _DUMMIES[device]
+
+
+def _common_constexprs(head_dim, masks: MaskArgs, is_causal, dropout_p, dtype):
+    return dict(HEAD_DIM=head_dim, D_PAD=padded_head_dim(head_dim), IS_CAUSAL=bool(is_causal),
+                MASK_KIND=masks.kind, HAS_KPM=masks.kpm is not None, HAS_BOUNDS=masks.bounds is not None,
+                DROPOUT=dropout_p > 0.0, DOT_PRECISION=dot_precision(dtype))
+
+
+def _output_like(q: torch.Tensor) -> torch.Tensor:
+    """An output with q's memory layout when q is dense (so a (B,S,H,D) view stays one), else
+    (B,S,H,D) when heads are inner to the sequence in q, else (B,H,S,D) contiguous."""
+    if q.is_contiguous() or q.transpose(1, 2).is_contiguous():
+        return torch.empty_like(q)
+    batch, heads, q_len, head_dim = q.shape
+    if q.stride(1) < q.stride(2):
+        return torch.empty(batch, q_len, heads, head_dim, dtype=q.dtype, device=q.device).transpose(1, 2)
+    return torch.empty(batch, heads, q_len, head_dim, dtype=q.dtype, device=q.device)
+
+
+# Launches prepared per call signature (shapes, strides, dtype, mask layout, flags): a training
+# loop repeats a few signatures, and re-deriving tile configs, constexprs and ~50 launch
+# arguments on every call is host time that short sequences cannot hide. Calls with dropout
+# (a new seed each time) are not kept.
+_PLANS = PlanCache()
+
+
+def _plan_key(q, k, v, masks: MaskArgs, is_causal: bool, scale: float, dropout_p: float, extra=()) -> Optional[tuple]:
+    if dropout_p > 0.0:
+        return None
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, masks.kind,
+           None if masks.mask is None else masks.mask.dtype, masks.mask_strides,
+           None if masks.kpm is None else masks.kpm.dtype, masks.kpm_strides, masks.bounds is not None,
+           is_causal, scale, triton_common.interpreting(), *extra)
+    if q.dtype == torch.float32:
+        key += (matmul_tf32(),)
+    return key
+
+
+def _planned(key: Optional[tuple], build) -> Tuple[PreparedLaunch, ...]:
+    if key is None:
+        return build()
+    plan = _PLANS.get(key)
+    return plan if plan is not None else _PLANS.keep(key, build())
+
+
+def _mask_tensors(q, masks: MaskArgs) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dummy = _dummy(q.device)
+    return (dummy if masks.mask is None else masks.mask, dummy if masks.kpm is None else masks.kpm,
+            dummy if masks.bounds is None else masks.bounds)
+
+
+def _forward_launch(q, k, v, out, masks: MaskArgs, is_causal, scale, dropout_p, seed) -> Tuple[PreparedLaunch]:
+    batch, heads, q_len, head_dim = q.shape
+    kv_heads, k_len = k.shape[1], k.shape[2]
+    cfg = tile_config("fwd", q.device, head_dim, q.dtype, k_len)
+    return (PreparedLaunch(kernel_table()["fwd"], (cdiv(q_len, cfg.block_m), batch * heads), (
+        scale * LOG2E, float(dropout_p), int(seed),
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        *masks.mask_strides, *masks.kpm_strides,
+        heads, heads // kv_heads, q_len, k_len),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
+        num_stages=cfg.stages(masks.kind != MASK_NONE), SCAN=SCAN_BLOCK,
+        **_common_constexprs(head_dim, masks, is_causal, dropout_p, q.dtype)),)
+
+
+def attention_forward(q, k, v, masks: MaskArgs, is_causal: bool, scale: float, dropout_p: float = 0.0,
+                      seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse): lse is (B, H, Sq) float32 in base 2, +inf for rows with no key."""
+    batch, heads, q_len, _ = q.shape
+    out = _output_like(q)
+    lse = torch.empty(batch, heads, q_len, dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        return out, lse
+    if k.shape[2] == 0:
+        out.zero_()
+        lse.fill_(float("inf"))
+        return out, lse
+    (forward,) = _planned(_plan_key(q, k, v, masks, is_causal, scale, dropout_p, ("fwd",)),
+                          lambda: _forward_launch(q, k, v, out, masks, is_causal, scale, dropout_p, seed))
+    forward(q, k, v, out, lse, *_mask_tensors(q, masks))
+    return out, lse
+
+
+def _backward_launches(q, k, v, out, dout, dq, dk, dv, masks: MaskArgs, is_causal, scale, dropout_p, seed
+                       ) -> Tuple[PreparedLaunch, PreparedLaunch]:
+    batch, heads, q_len, head_dim = q.shape
+    kv_heads, k_len = k.shape[1], k.shape[2]
+    constexprs = _common_constexprs(head_dim, masks, is_causal, dropout_p, q.dtype)
+    dense_mask = masks.kind != MASK_NONE
+    cfg = tile_config("dq", q.device, head_dim, q.dtype, k_len)
+    dq_launch = PreparedLaunch(kernel_table()["dq"], (cdiv(q_len, cfg.block_m), batch * heads), (
+        scale * LOG2E, scale, float(dropout_p), int(seed),
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(), *dout.stride(), *dq.stride(),
+        *masks.mask_strides, *masks.kpm_strides,
+        heads, heads // kv_heads, q_len, k_len),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.stages(dense_mask),
+        **constexprs)
+    cfg = tile_config("dkdv", q.device, head_dim, q.dtype, k_len)
+    dkdv_launch = PreparedLaunch(kernel_table()["dkdv"], (cdiv(k_len, cfg.block_n), batch * kv_heads), (
+        scale * LOG2E, scale, float(dropout_p), int(seed),
+        *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(),
+        *masks.mask_strides, *masks.kpm_strides,
+        heads, kv_heads, heads // kv_heads, q_len, k_len),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.stages(dense_mask),
+        **constexprs)
+    return dq_launch, dkdv_launch
+
+
+def attention_backward(dout, q, k, v, out, lse, masks: MaskArgs, is_causal: bool, scale: float,
+                       dropout_p: float = 0.0, seed: int = 0):
+    batch, heads, q_len, _ = q.shape
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if q.numel() == 0 or k.numel() == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    # out's and dq/dk/dv's strides follow from q's, k's and v's (the key's); dout's do not
+    key = _plan_key(q, k, v, masks, is_causal, scale, dropout_p, ("bwd", dout.stride()))
+    dq_launch, dkdv_launch = _planned(key, lambda: _backward_launches(
+        q, k, v, out, dout, dq, dk, dv, masks, is_causal, scale, dropout_p, seed))
+    mask, kpm, bounds = _mask_tensors(q, masks)
+    delta = torch.empty(batch, heads, q_len, dtype=torch.float32, device=q.device)
+    # dq first: it also computes delta = rowsum(out * dout), which the dk/dv kernel reads
+    dq_launch(q, k, v, out, dout, lse, delta, dq, mask, kpm, bounds)
+    dkdv_launch(q, k, v, dout, lse, delta, dk, dv, mask, kpm, bounds)
+    return dq, dk, dv
+
+
+class TritonAttention(torch.autograd.Function):
+    """Inputs q, k, v and one tuple of everything else (fewer arguments through autograd's
+    Python layer: it costs per argument, on every call, forward and backward)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, call):
+        masks, is_causal, scale, dropout_p, seed = call
+        out, lse = attention_forward(q, k, v, masks, is_causal, scale, dropout_p, seed)
+        # the masks go through save_for_backward too: a mask changed in place before the
+        # backward then raises (autograd's version check) instead of giving wrong gradients
+        ctx.save_for_backward(q, k, v, out, lse, masks.mask, masks.kpm, masks.bounds)
+        ctx.meta = (masks.kind, masks.mask_strides, masks.kpm_strides, is_causal, scale, dropout_p, seed)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse, mask, kpm, bounds = ctx.saved_tensors
+        kind, mask_strides, kpm_strides, is_causal, scale, dropout_p, seed = ctx.meta
+        masks = MaskArgs(kind, mask, mask_strides, kpm, kpm_strides, bounds)
+        dq, dk, dv = attention_backward(dout, q, k, v, out, lse, masks, is_causal, scale, dropout_p, seed)
+        return dq, dk, dv, None
+
+
+def deterministic() -> bool:
+    """The backward has no atomics: it is deterministic whatever GPUPARITY_DETERMINISTIC or
+    torch.use_deterministic_algorithms say. Kept as a function so callers can ask."""
+    return True
+
+
+def triton_attention(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None,
+                     key_lengths=None, dropout_p: float = 0.0, seed: Optional[int] = None):
+    """The kernel behind backend "triton". Inputs are assumed validated (gpuparity.attention
+    does that). key_lengths (B,) int: keys at or past a batch item's length are padding
+    (an alternative to key_padding_mask that needs no mask reads). dropout_p applies to the
+    attention probabilities (as nn.MultiheadAttention in training); seed makes it repeatable."""
+    if attn_mask is not None and attn_mask.dtype != torch.bool and attn_mask.requires_grad:
+        raise ValueError("attn_mask: a float mask that requires grad is not supported by the triton "
+                         "backend (no gradient for the mask); detach it or use backend='sdpa_math'")
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    if dropout_p > 0.0 and seed is None:
+        seed = int(torch.randint(0, 2 ** 31 - 1, (1,)).item())
+    masks = prepare_masks(q, k, attn_mask, key_padding_mask, key_lengths)
+    return TritonAttention.apply(q, k, v, (masks, bool(is_causal), scale, float(dropout_p), int(seed or 0)))

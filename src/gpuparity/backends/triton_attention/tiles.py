@@ -1,0 +1,203 @@
+"""Tile configurations of the attention kernels: per-vendor tables, the short-key tables, the
+device's family, JSON overrides ($GPUPARITY_ATTENTION_CONFIGS) and tile_config() to pick one."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from .. import triton_common
+from ..triton_common import clear_plans
+
+MAX_HEAD_DIM = 256  # the largest head-dim bucket the tables have
+
+
+@dataclasses.dataclass(frozen=True)
+class TileConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    # A dense attn_mask adds a mask tile to every pipeline stage: configs whose stages would
+    # then overflow shared memory name the stage count to use with one (None: num_stages).
+    masked_stages: Optional[int] = None
+
+    def stages(self, dense_mask: bool) -> int:
+        return self.masked_stages if dense_mask and self.masked_stages is not None else self.num_stages
+
+
+# Per vendor family, kernel, head-dim bucket (the padded head dim; a bucket a family lacks
+# uses the next larger one) and element size (2 for fp16/bf16, 4 for fp32). Hopper configs
+# (227 KiB of shared memory) were tuned on an H100 with benchmarks/tune_attention.py;
+# Ampere ones fit an A100's 163 KiB; AMD ones fit 64 KiB of LDS, and RDNA (wave32) gets
+# smaller tiles. aot_specs() lists every entry; CI compiles each for its family's targets.
+_SM90 = {
+    "fwd": {
+        (32, 2): TileConfig(64, 64, 4, 3),
+        # (128, 2): 128x64 with 8 warps, from a third-session sweep on llm-8k (H200, same sm_90 as
+        # the H100): 1.80 ms vs 2.70 for the 64x64 / 4-warp tile the first sweep had chosen;
+        # with a dense mask 3 stages need 256 KiB (Triton 3.6), so 2 there
+        (64, 2): TileConfig(64, 64, 4, 3), (128, 2): TileConfig(128, 64, 8, 3, masked_stages=2),
+        (256, 2): TileConfig(64, 32, 4, 2),
+        (64, 4): TileConfig(64, 32, 4, 2), (128, 4): TileConfig(64, 32, 4, 2), (256, 4): TileConfig(32, 32, 4, 1),
+    },
+    "dkdv": {
+        # (32, 2) and dq's: from a fourth-session sweep on aam-asv (S=1024) alone, H100: backward
+        # 0.126 -> 0.114 ms with both; short keys (aam-nuc) keep their own, SHORT_CONFIGS
+        (32, 2): TileConfig(64, 128, 4, 2),
+        # (128, 2): 64x64 with 4 warps, 2 stages, from a fourth-session sweep on llm-8k (H200):
+        # backward 5.75 ms vs 6.17 with the 64x128 / 8-warp tile the first sweep had chosen
+        (64, 2): TileConfig(32, 64, 4, 3), (128, 2): TileConfig(64, 64, 4, 2), (256, 2): TileConfig(16, 32, 4, 1),
+        (64, 4): TileConfig(32, 64, 4, 2), (128, 4): TileConfig(32, 32, 4, 2), (256, 4): TileConfig(16, 32, 4, 1),
+    },
+    "dq": {
+        (32, 2): TileConfig(64, 64, 4, 3),
+        (64, 2): TileConfig(64, 32, 4, 3), (128, 2): TileConfig(128, 64, 8, 3), (256, 2): TileConfig(32, 16, 4, 1),
+        (64, 4): TileConfig(64, 32, 4, 2), (128, 4): TileConfig(32, 32, 4, 2), (256, 4): TileConfig(32, 16, 4, 1),
+    },
+}
+_SM80 = {
+    "fwd": {**_SM90["fwd"], (128, 2): TileConfig(64, 64, 4, 3)},  # the 128x64 tile is unmeasured on an A100
+    "dkdv": {**_SM90["dkdv"], (128, 2): TileConfig(32, 64, 4, 3)},
+    "dq": dict(_SM90["dq"]),
+}
+_SM80["fwd"].pop((32, 2))
+_SM80["dkdv"].pop((32, 2))
+_SM80["dq"].pop((32, 2))
+_CDNA = {
+    "fwd": {
+        (64, 2): TileConfig(128, 64, 4, 1), (128, 2): TileConfig(128, 32, 4, 1), (256, 2): TileConfig(64, 32, 4, 1),
+        (64, 4): TileConfig(64, 32, 4, 1), (128, 4): TileConfig(64, 32, 4, 1), (256, 4): TileConfig(32, 16, 4, 1),
+    },
+    "dkdv": {
+        (64, 2): TileConfig(32, 64, 4, 1), (128, 2): TileConfig(32, 64, 4, 1), (256, 2): TileConfig(16, 32, 4, 1),
+        (64, 4): TileConfig(32, 32, 4, 1), (128, 4): TileConfig(16, 32, 4, 1), (256, 4): TileConfig(16, 16, 4, 1),
+    },
+    "dq": {
+        (64, 2): TileConfig(64, 32, 4, 1), (128, 2): TileConfig(64, 32, 4, 1), (256, 2): TileConfig(32, 16, 4, 1),
+        (64, 4): TileConfig(32, 32, 4, 1), (128, 4): TileConfig(32, 16, 4, 1), (256, 4): TileConfig(16, 16, 4, 1),
+    },
+}
+_RDNA = {
+    "fwd": {
+        (64, 2): TileConfig(64, 32, 4, 1), (128, 2): TileConfig(64, 32, 4, 1), (256, 2): TileConfig(32, 16, 4, 1),
+        (64, 4): TileConfig(32, 32, 4, 1), (128, 4): TileConfig(32, 16, 4, 1), (256, 4): TileConfig(16, 16, 4, 1),
+    },
+    "dkdv": {
+        (64, 2): TileConfig(32, 32, 4, 1), (128, 2): TileConfig(16, 32, 4, 1), (256, 2): TileConfig(16, 16, 4, 1),
+        (64, 4): TileConfig(16, 32, 4, 1), (128, 4): TileConfig(16, 16, 4, 1), (256, 4): TileConfig(16, 16, 4, 1),
+    },
+    "dq": {
+        (64, 2): TileConfig(32, 32, 4, 1), (128, 2): TileConfig(32, 16, 4, 1), (256, 2): TileConfig(16, 16, 4, 1),
+        (64, 4): TileConfig(32, 16, 4, 1), (128, 4): TileConfig(16, 16, 4, 1), (256, 4): TileConfig(16, 16, 4, 1),
+    },
+}
+# Short key sequences (k_len <= SHORT_KEYS): smaller key blocks waste less of the last, partial
+# block. From a fourth-session sweep on aam-nuc (512, 4, 150, 32), H200: forward 0.060 ms with
+# 64x32 vs 0.077 with 64x64; dk/dv 0.144 vs 0.158 with 32x64 vs 32x128 (the general table's
+# tiles were tuned on aam-nuc and aam-asv, S=1024, together). Entries override CONFIGS' for
+# their (bucket, element size) only.
+SHORT_KEYS = 256
+SHORT_CONFIGS: Dict[str, Dict[str, Dict[Tuple[int, int], TileConfig]]] = {
+    "nvidia_sm90": {"fwd": {(32, 2): TileConfig(64, 32, 4, 3)}, "dkdv": {(32, 2): TileConfig(32, 64, 4, 3)},
+                    # dq: the tile the general table had before aam-asv got its own (0.145 ms vs
+                    # 0.168 for aam-asv's 64x64 on aam-nuc, H200)
+                    "dq": {(32, 2): TileConfig(64, 32, 4, 3)}},
+}
+# The interpreter runs one program at a time in numpy: large tiles, few programs.
+_INTERP = {kernel: {key: TileConfig(32, 32, 4, 1) for key in table} for kernel, table in _SM80.items()}
+
+CONFIGS: Dict[str, Dict[str, Dict[Tuple[int, int], TileConfig]]] = {
+    "nvidia_sm90": _SM90, "nvidia": _SM80, "amd_cdna": _CDNA, "amd_rdna": _RDNA, "interpreter": _INTERP,
+}
+FAMILY_TARGETS = {
+    "nvidia_sm90": ("cuda:90",),
+    "nvidia": ("cuda:80",),
+    "amd_cdna": ("hip:gfx942", "hip:gfx90a"),
+    "amd_rdna": ("hip:gfx1100",),
+}
+
+
+def padded_head_dim(head_dim: int) -> int:
+    return max(16, triton_next_pow2(head_dim))
+
+
+# The forward's key-padding scan chunk (a constexpr): one size for every length, so lengths
+# never cause a compile of their own; the scan loops over longer padding masks.
+SCAN_BLOCK = 1024
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+BUCKETS = (32, 64, 128, 256)
+
+
+def _bucket(head_dim: int) -> int:
+    """The head-dim bucket of the config tables: the padded head dim, 16 counting as 32."""
+    return max(32, padded_head_dim(head_dim))
+
+
+_FAMILIES: Dict[Tuple, str] = {}
+
+
+def family(device: torch.device) -> str:
+    """Which config table serves `device`: nvidia, amd_cdna (wave64), amd_rdna (wave32), or
+    interpreter. Cached per device (it is asked on every call)."""
+    key = (device.type, device.index, triton_common.interpreting())
+    if key not in _FAMILIES:
+        if device.type != "cuda" or triton_common.interpreting():
+            name = "interpreter"
+        elif triton_common.vendor() == "amd":
+            arch = triton_common.device_arch(device.index)
+            name = "amd_rdna" if arch.startswith(("gfx10", "gfx11", "gfx12")) else "amd_cdna"
+        else:
+            major = torch.cuda.get_device_capability(device)[0]
+            name = "nvidia_sm90" if major >= 9 else "nvidia"
+        _FAMILIES[key] = name
+    return _FAMILIES[key]
+
+
+def load_overrides(path: str) -> None:
+    """Replace table entries from a JSON file ({"nvidia": {"fwd": {"64,2": [bm, bn, warps,
+    stages]}}}), e.g. what benchmarks/tune_attention.py found on another GPU. Read once from
+    $GPUPARITY_ATTENTION_CONFIGS when set."""
+    with open(path, encoding="utf-8") as handle:
+        data = json.load(handle)
+    for fam, kernels_ in data.items():
+        for kernel_name, entries in kernels_.items():
+            for key, values in entries.items():
+                bucket, elem = (int(x) for x in key.split(","))
+                CONFIGS[fam][kernel_name][(bucket, elem)] = TileConfig(*[int(x) for x in values])
+                # an override serves every key length: the short-key entry makes way for it
+                SHORT_CONFIGS.get(fam, {}).get(kernel_name, {}).pop((bucket, elem), None)
+    clear_plans()
+
+
+_OVERRIDES_LOADED = []
+
+
+def tile_config(kernel: str, device: torch.device, head_dim: int, dtype: torch.dtype,
+                k_len: Optional[int] = None) -> TileConfig:
+    """The tile config for `kernel` here; k_len (the key length) picks SHORT_CONFIGS' entry
+    for short key sequences where there is one."""
+    if not _OVERRIDES_LOADED:
+        _OVERRIDES_LOADED.append(True)
+        if os.environ.get("GPUPARITY_ATTENTION_CONFIGS"):
+            load_overrides(os.environ["GPUPARITY_ATTENTION_CONFIGS"])
+    elem = 4 if dtype == torch.float32 else 2
+    fam = family(device)
+    if k_len is not None and k_len <= SHORT_KEYS:
+        short = SHORT_CONFIGS.get(fam, {}).get(kernel, {}).get((_bucket(head_dim), elem))
+        if short is not None:
+            return short
+    table = CONFIGS[fam][kernel]
+    # a family without its own entry for a small bucket uses the next larger bucket's
+    for bucket in BUCKETS[BUCKETS.index(_bucket(head_dim)):]:
+        if (bucket, elem) in table:
+            return table[(bucket, elem)]
+    raise KeyError(f"no {kernel} tile config for head_dim {head_dim}, {dtype} in {fam}")
