@@ -46,7 +46,7 @@ FAMILIES = {
 # Tiles. Forward (a sweep on an H100, benchmarks/tune_norms_rope.py; numbers in
 # docs/kernels-norms-rope.md): 4096-element tiles (rows x block_n), 16 elements per thread.
 # Backward (benchmarks/tune_norm_bwd.py on an H200 and an H100, benchmarks/
-# h100-session4-2026-11-21): one persistent program per SM walking 8192-element tiles, each
+# records/h100/history/session4-2026-11-21.md): one persistent program per SM walking 8192-element tiles, each
 # program loading its next tile while it reduces and stores the current one (PREFETCH: 12-19%
 # more bandwidth on the H200 than the best config without it, 6-22% on the H100); 32 elements
 # per thread below 4096 columns (8 warps), 16 from there (8 warps lost 1-4% there, 16 warps

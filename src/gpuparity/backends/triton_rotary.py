@@ -30,7 +30,7 @@ KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Per hardware family: threads per warp and elements per program. A program covers
 # BLOCK_M positions x BLOCK_H heads x the rotary dims, and reuses one cos/sin tile for them.
 # NVIDIA: 1024-element tiles at 8 elements per thread (4 warps). benchmarks/rope_variants.py
-# (benchmarks/h100-session6-2026-11-21): on an H100, 1024 ahead of 2048 by 2-5% at
+# (benchmarks/records/h100/rope-tiles-ab-2026-11-21.md): on an H100, 1024 ahead of 2048 by 2-5% at
 # (64, 4, 1024, 32) (three runs), where 2048 left the half-split forward just behind
 # torch.compile, and within 0.4% at (8, 32, 4096, 128); on an H200 ahead by 5% and 3%. AMD keeps
 # 2048 (not measured).
