@@ -7,6 +7,7 @@ into one program, and hidden sizes past FUSED_MAX_N loop over the row in chunks.
 dbias are summed per program into an fp32 partial buffer and then reduced in a fixed order, so
 the backward is deterministic.
 """
+# Over ~600 lines, not yet split like backends/triton_attention/ (issue #16): its kernels need no closure.
 from __future__ import annotations
 
 import dataclasses
