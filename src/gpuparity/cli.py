@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import List, Optional
 
@@ -47,13 +48,29 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
-        return int(args.handler(args) or 0)
+        code = int(args.handler(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows up here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        # `gpuparity known-issues | head -1`: the reader stopped reading; that is not a failed
+        # check. Point stdout at /dev/null so the interpreter's final flush cannot raise again.
+        _silence_stdout()
+        return EXIT_OK
     except (UsageError, ValueError, TypeError, FileNotFoundError) as exc:
         print(f"gpuparity {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("gpuparity: interrupted", file=sys.stderr)
         return 130
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass  # stdout is not a real file (e.g. captured in tests): nothing will flush to the pipe
 
 
 if __name__ == "__main__":

@@ -1,19 +1,29 @@
-"""Small pieces the subcommands share: device/dtype arguments, console, progress bars."""
+"""Small pieces the subcommands share: device/dtype arguments, path arguments checked at
+parse time, console, progress bars."""
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
+import os
 import sys
+import tempfile
 from typing import Any, Dict, Iterator, Optional
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        # rich exits 1 on a closed pipe; cli.main turns the error into exit 0 for every command
+        self.quiet = True
+        raise BrokenPipeError("stdout closed by the reader")
+
+
 def console(stderr: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, highlight=False, soft_wrap=False, width=None if stream.isatty() else 160)
+    return _Console(stderr=stderr, highlight=False, soft_wrap=False, width=None if stream.isatty() else 160)
 
 
 def human_console(args) -> Console:
@@ -33,13 +43,115 @@ def emit_json(con: Console, target: str, data: Dict[str, Any]) -> None:
     con.print(f"[dim]wrote {target}[/]")
 
 
+# --------------------------------------------------------------------------- path arguments
+# argparse calls these while it parses (type=...), so a bad path ends the command with exit 2 and
+# a line naming the argument before any battery, probe or training runs. argparse adds the
+# argument's name ("argument --json: ...") to the message.
+
+def _nearest_existing(path: str) -> str:
+    """The closest ancestor of `path` that exists (report writers create missing folders)."""
+    current = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(current):
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    return current
+
+
+def _check_writable(path: str, what: str) -> str:
+    if not path:
+        raise argparse.ArgumentTypeError(f"expected a {what} path, got an empty string")
+    if os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{path} is a directory; expected a {what} to write")
+    if os.path.exists(path):
+        try:
+            with open(path, "a", encoding="utf-8"):
+                pass  # append mode: opening leaves the file as it is
+        except OSError as exc:
+            raise argparse.ArgumentTypeError(f"cannot write {path}: {exc.strerror}") from None
+        return path
+    folder = _nearest_existing(path)
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"cannot write {path}: {folder} is not a directory")
+    # Root passes os.access checks on read-only mounts such as /proc: try a real file instead.
+    try:
+        handle, probe = tempfile.mkstemp(dir=folder, prefix=".gpuparity-write-check-")
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot write {path}: cannot create files in {folder} "
+                                         f"({exc.strerror})") from None
+    os.close(handle)
+    os.remove(probe)
+    return path
+
+
+def output_file(path: str) -> str:
+    """type= of an output file (--html, --out, --plot): writable, not a directory."""
+    return _check_writable(path, "file")
+
+
+def output_json(path: str) -> str:
+    """type= of --json: '-' (stdout) or a writable file."""
+    return path if path == "-" else _check_writable(path, "file")
+
+
+def output_dir(path: str) -> str:
+    """type= of an output directory (trace record --out): a directory, or a path that can become one."""
+    if not path:
+        raise argparse.ArgumentTypeError("expected a directory path, got an empty string")
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise argparse.ArgumentTypeError(f"{path} is an existing file; expected a directory")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise argparse.ArgumentTypeError(f"cannot write into {path}: permission denied")
+        return path
+    folder = _nearest_existing(path)
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"cannot create {path}: {folder} is not a writable directory")
+    return path
+
+
+def input_file(path: str) -> str:
+    """type= of an input file (--platform, a.json): exists, is a file, can be read."""
+    if not os.path.exists(path):
+        raise argparse.ArgumentTypeError(f"{path} does not exist")
+    if os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{path} is a directory; expected a file")
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {exc.strerror}") from None
+    return path
+
+
+def input_trace(path: str) -> str:
+    """type= of a trace: a directory holding trace.json (or the trace.json itself)."""
+    if not os.path.exists(path):
+        raise argparse.ArgumentTypeError(f"{path} does not exist (record a trace with `gpuparity trace record`)")
+    folder = (os.path.dirname(path) or ".") if os.path.isfile(path) else path
+    meta = os.path.join(folder, "trace.json")
+    if not os.path.isfile(meta):
+        raise argparse.ArgumentTypeError(f"{path} is not a trace: no trace.json in {folder}")
+    return path
+
+
+def spec_argument(spec: str) -> str:
+    """type= of SPEC (module:factory or path/to/file.py:factory): a .py file must exist."""
+    source = spec.rsplit(":", 1)[0] if ":" in spec else spec
+    if source.endswith(".py"):
+        input_file(source)
+    return spec
+
+
 def add_device(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None,
                         help="cpu, cuda or cuda:N (ROCm GPUs are cuda:N too); default: the first GPU, else cpu")
 
 
 def add_json(parser: argparse.ArgumentParser, what: str = "the results") -> None:
-    parser.add_argument("--json", metavar="FILE", default=None, help=f"write {what} as JSON to FILE ('-' for stdout)")
+    parser.add_argument("--json", metavar="FILE", default=None, type=output_json,
+                        help=f"write {what} as JSON to FILE ('-' for stdout)")
 
 
 def split_list(value: Optional[str]):

@@ -8,7 +8,7 @@ import argparse
 import json
 
 from ..report.files import write_json
-from ._common import console, split_list
+from ._common import console, output_json, spec_argument, split_list
 
 
 def register(subparsers) -> None:
@@ -19,7 +19,7 @@ def register(subparsers) -> None:
                     "(compiled RMSE <= max(2 x eager RMSE, floor)) and report which one safe_compile would use. "
                     "Exit 1 when a backend gives a wrong answer.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("spec", metavar="SPEC", help="module:factory returning (model, inputs)")
+    parser.add_argument("spec", metavar="SPEC", type=spec_argument, help="module:factory returning (model, inputs)")
     parser.add_argument("--backends", default="inductor,aot_eager,eager",
                         help="comma-separated, in order of preference (default: inductor,aot_eager,eager)")
     parser.add_argument("--mode", default=None, help="torch.compile mode (e.g. max-autotune)")
@@ -27,7 +27,7 @@ def register(subparsers) -> None:
     parser.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: the factory's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--factory-arg", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--json", metavar="FILE", help="write the result as JSON ('-' for stdout)")
+    parser.add_argument("--json", metavar="FILE", type=output_json, help="write the result as JSON ('-' for stdout)")
     parser.set_defaults(handler=handle)
 
 

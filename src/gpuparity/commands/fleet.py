@@ -1,7 +1,7 @@
 """`gpuparity fleet`: the health check of every GPU of a job, under torchrun or srun."""
 from __future__ import annotations
 
-from ._common import console, split_list
+from ._common import console, output_json, split_list
 
 EPILOG = """\
 Launch one process per GPU:
@@ -20,7 +20,7 @@ def register(subparsers) -> None:
                     "all_reduce, all_gather, reduce_scatter, broadcast and all_to_all with exactly known answers "
                     "(count of wrong elements) and algbw/busbw. Every wait has a deadline: a hang is a TIMEOUT.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--json", metavar="FILE", help="rank 0 writes the fleet report here ('-' for stdout)")
+    parser.add_argument("--json", metavar="FILE", type=output_json, help="rank 0 writes the fleet report here ('-' for stdout)")
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="seconds each collective, the barrier and the result exchange may take (default 60)")
     parser.add_argument("--sizes", help="comma-separated sizes in bytes per operation, e.g. 8,4K,1M,256M "

@@ -10,7 +10,7 @@ from .. import platform as platform_mod
 from ..known import evaluate, load_platform, recommended_env, results_json
 from ..report.files import write_json
 from ..report.known_table import render
-from ._common import add_device, add_json, console
+from ._common import add_device, add_json, console, input_file
 
 
 def register(subparsers) -> None:
@@ -20,7 +20,7 @@ def register(subparsers) -> None:
                     "may apply (by version, arch or setup), confirmed (its probe failed here) or ruled out "
                     "(its probe passed here). Probes run crash-isolated, only for entries that may apply. "
                     "Exit code 0 (informational), 2 on bad input.")
-    parser.add_argument("--platform", metavar="ENV_JSON",
+    parser.add_argument("--platform", metavar="ENV_JSON", type=input_file,
                         help="judge a saved `gpuparity env --json` from another machine (rules only, no probes)")
     add_json(parser, "the results")
     parser.add_argument("--no-probes", action="store_true", help="rules only: do not run probes")

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from ._common import console
+from ._common import console, input_file, output_json
 
 SCRIPT_HELP = ("the script to profile, after --: -- python train.py ARGS or -- python -m pkg.train ARGS "
                "(it runs in this process)")
@@ -25,7 +25,7 @@ def register(subparsers) -> None:
         description="Phases: 'script' (all of it), automatic forward / backward / optimizer step / to(device), and "
                     "any gpuparity.profile.phase('name') in the script. GPU: torch's allocated and reserved bytes; "
                     "APU: also the host's available memory; CPU: the process RSS.")
-    memory.add_argument("--json", metavar="FILE", help="write the profile as JSON ('-' for stdout)")
+    memory.add_argument("--json", metavar="FILE", type=output_json, help="write the profile as JSON ('-' for stdout)")
     memory.add_argument("--device", help="the device to watch (default: the current GPU, else cpu)")
     memory.add_argument("--no-auto", action="store_true",
                         help="no automatic phases (global module/optimizer hooks, Tensor.backward wrapper)")
@@ -40,17 +40,17 @@ def register(subparsers) -> None:
     kernels.add_argument("--warmup", type=int, default=1,
                          help="steps to skip first (default 1; 0 records from the start)")
     kernels.add_argument("--top", type=int, default=20, help="kernels to show (default 20)")
-    kernels.add_argument("--json", metavar="FILE", help="write the profile as JSON ('-' for stdout)")
+    kernels.add_argument("--json", metavar="FILE", type=output_json, help="write the profile as JSON ('-' for stdout)")
     kernels.add_argument("--device", help="the device to profile (default: the current GPU, else cpu)")
     kernels.add_argument("script", nargs=argparse.REMAINDER, metavar="-- python SCRIPT ...", help=SCRIPT_HELP)
     kernels.set_defaults(handler=handle_kernels)
 
     compare = sub.add_parser("compare", help="two kernel profiles side by side, ops matched by name",
                              description="e.g. the same script on CUDA (a.json) and ROCm (b.json).")
-    compare.add_argument("a", metavar="a.json")
-    compare.add_argument("b", metavar="b.json")
+    compare.add_argument("a", metavar="a.json", type=input_file)
+    compare.add_argument("b", metavar="b.json", type=input_file)
     compare.add_argument("--top", type=int, default=25, help="ops to show (default 25)")
-    compare.add_argument("--json", metavar="FILE", help="write the comparison as JSON ('-' for stdout)")
+    compare.add_argument("--json", metavar="FILE", type=output_json, help="write the comparison as JSON ('-' for stdout)")
     compare.set_defaults(handler=handle_compare)
     parser.set_defaults(handler=lambda args: (parser.print_help(), 2)[1])
 

@@ -6,7 +6,7 @@ import os
 import shlex
 import sys
 
-from ._common import console
+from ._common import console, input_file, output_file
 
 
 def register(subparsers) -> None:
@@ -32,13 +32,16 @@ def register(subparsers) -> None:
     slurm.add_argument("--cpus-per-task", type=int)
     slurm.add_argument("--container", metavar="SIF", help="run the pre-flight and the job in this Apptainer image")
     slurm.add_argument("--arch", help="GPU arch of the nodes (gfx942, sm_90): lets arch-specific advice decide")
-    slurm.add_argument("--platform", metavar="FILE",
+    slurm.add_argument("--platform", metavar="FILE", type=input_file,
                        help="a compute node's `gpuparity env --json` report: the environment is judged on it")
     slurm.add_argument("--no-preflight", action="store_true", help="leave out the gpuparity doctor pre-flight")
     _add_output(slurm)
-    slurm.add_argument("job_command", nargs=argparse.REMAINDER, metavar="-- CMD",
-                       help="the command to run, after --, e.g. -- python train.py --epochs 10")
-    slurm.set_defaults(handler=handle_slurm)
+    slurm.add_argument("job_command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
+                       help="the command to run, after --, e.g. -- python train.py --epochs 10 (required)")
+    # The usage line must show the required `-- COMMAND`: argparse hides REMAINDER arguments.
+    usage = slurm.format_usage().replace("usage: ", "", 1).rstrip()
+    slurm.usage = (usage[:-3].rstrip() if usage.endswith("...") else usage) + " -- COMMAND ..."
+    slurm.set_defaults(handler=handle_slurm, slurm_parser=slurm)
 
     apptainer = sub.add_parser(
         "apptainer", help="an Apptainer definition on the vendor's PyTorch image",
@@ -55,7 +58,7 @@ def register(subparsers) -> None:
 
 
 def _add_output(parser) -> None:
-    parser.add_argument("--out", metavar="FILE", help="write the file here (default: print it)")
+    parser.add_argument("--out", metavar="FILE", type=output_file, help="write the file here (default: print it)")
     parser.add_argument("--dry-run", action="store_true", help="print the file, write nothing")
 
 
@@ -82,6 +85,11 @@ def handle_slurm(args) -> int:
         from ..report.files import read_json
         platform = read_json(args.platform, "platform")
     command = list(args.job_command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        args.slurm_parser.error("the job's command is required after --, e.g. "
+                                "gpuparity template slurm ... -- python train.py --epochs 10")
     text = slurm_script(command, nodes=args.nodes, gpus_per_node=args.gpus_per_node, vendor=args.vendor,
                         partition=args.partition, time=args.time, account=args.account, job_name=args.job_name,
                         container=args.container, preflight=not args.no_preflight, platform=platform,

@@ -6,7 +6,7 @@ import json
 import sys
 
 from ..report.files import write_json, write_text
-from ._common import console
+from ._common import console, input_trace, output_dir, output_file, output_json, spec_argument
 
 EXAMPLE = """\
 SPEC is module:factory (or path/to/file.py:factory); the factory returns (model, inputs):
@@ -35,8 +35,8 @@ def register(subparsers) -> None:
 
     record = sub.add_parser("record", help="run a model once and record every module's inputs, outputs and gradients",
                             epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
-    record.add_argument("spec", metavar="SPEC", help="module:factory returning (model, inputs)")
-    record.add_argument("--out", required=True, metavar="PATH", help="the trace directory to write")
+    record.add_argument("spec", metavar="SPEC", type=spec_argument, help="module:factory returning (model, inputs)")
+    record.add_argument("--out", required=True, metavar="PATH", type=output_dir, help="the trace directory to write")
     record.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: the first GPU, else cpu)")
     record.add_argument("--dtype", default=None, help="float32, bfloat16, float16 or float64 (default: the factory's)")
     record.add_argument("--seed", type=int, default=0, help="torch seed set before the factory and the forward")
@@ -50,24 +50,24 @@ def register(subparsers) -> None:
     record.set_defaults(handler=handle_record)
 
     compare = sub.add_parser("compare", help="compare two traces module by module (B against A)")
-    compare.add_argument("a", metavar="A", help="the reference trace")
-    compare.add_argument("b", metavar="B", help="the trace to check")
-    compare.add_argument("--json", metavar="FILE", help="write the comparison as JSON ('-' for stdout)")
-    compare.add_argument("--html", metavar="FILE", help="write a self-contained HTML report with the plot")
-    compare.add_argument("--plot", metavar="FILE.png", help="plot the error along depth (needs matplotlib)")
+    compare.add_argument("a", metavar="A", type=input_trace, help="the reference trace")
+    compare.add_argument("b", metavar="B", type=input_trace, help="the trace to check")
+    compare.add_argument("--json", metavar="FILE", type=output_json, help="write the comparison as JSON ('-' for stdout)")
+    compare.add_argument("--html", metavar="FILE", type=output_file, help="write a self-contained HTML report with the plot")
+    compare.add_argument("--plot", metavar="FILE.png", type=output_file, help="plot the error along depth (needs matplotlib)")
     compare.add_argument("--all", action="store_true", help="show every row")
     compare.set_defaults(handler=handle_compare)
 
     replay = sub.add_parser("replay", help="run each recorded module on this machine with the recorded inputs")
-    replay.add_argument("trace", metavar="A", help="the trace to replay")
-    replay.add_argument("--spec", default=None, help="module:factory (default: the SPEC the trace was recorded with)")
+    replay.add_argument("trace", metavar="A", type=input_trace, help="the trace to replay")
+    replay.add_argument("--spec", default=None, type=spec_argument, help="module:factory (default: the SPEC the trace was recorded with)")
     replay.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: the first GPU, else cpu)")
     replay.add_argument("--no-referee", action="store_true", help="skip the float64 replay of each module")
     replay.add_argument("--no-grads", action="store_true", help="forward only")
     _add_factory_args(replay)
-    replay.add_argument("--json", metavar="FILE", help="write the replay as JSON ('-' for stdout)")
-    replay.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
-    replay.add_argument("--plot", metavar="FILE.png", help="plot each module's own error (needs matplotlib)")
+    replay.add_argument("--json", metavar="FILE", type=output_json, help="write the replay as JSON ('-' for stdout)")
+    replay.add_argument("--html", metavar="FILE", type=output_file, help="write a self-contained HTML report")
+    replay.add_argument("--plot", metavar="FILE.png", type=output_file, help="plot each module's own error (needs matplotlib)")
     replay.add_argument("--all", action="store_true", help="show every row")
     replay.set_defaults(handler=handle_replay)
     parser.set_defaults(handler=lambda args: (parser.print_help(), 2)[1])
@@ -117,7 +117,7 @@ def handle_compare(args) -> int:
     from ..report import plots
     from ..report.trace_report import comparison_html, render_comparison
     from ..trace import compare
-    from ..trace.store import TraceMismatch
+    from ..trace.store import TraceCorrupt, TraceMismatch
     try:
         _plot_or_usage(args.plot)
     except plots.PlotUnavailable as exc:
@@ -126,8 +126,8 @@ def handle_compare(args) -> int:
     con = console()
     try:
         result = compare(args.a, args.b)
-    except TraceMismatch as exc:
-        print(f"gpuparity trace compare: {exc}", file=sys.stderr)
+    except (TraceMismatch, TraceCorrupt) as exc:
+        print(f"gpuparity trace compare: error: {exc}", file=sys.stderr)
         return 2
     data = result.to_dict()
     _emit(args, data, render_comparison, comparison_html, con)
@@ -145,7 +145,7 @@ def handle_replay(args) -> int:
     from ..report import plots
     from ..report.trace_report import render_replay, replay_html
     from ..trace import replay, spec
-    from ..trace.store import TraceMismatch
+    from ..trace.store import TraceCorrupt, TraceMismatch
     try:
         _plot_or_usage(args.plot)
     except plots.PlotUnavailable as exc:
@@ -156,8 +156,8 @@ def handle_replay(args) -> int:
         result = replay(args.trace, args.spec, device=args.device,
                         factory_args=spec.parse_factory_args(args.factory_arg), referee=not args.no_referee,
                         grads=not args.no_grads)
-    except TraceMismatch as exc:
-        print(f"gpuparity trace replay: {exc}", file=sys.stderr)
+    except (TraceMismatch, TraceCorrupt) as exc:
+        print(f"gpuparity trace replay: error: {exc}", file=sys.stderr)
         return 2
     data = result.to_dict()
     _emit(args, data, render_replay, replay_html, con)

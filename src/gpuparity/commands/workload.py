@@ -5,7 +5,7 @@ import json
 import sys
 
 from ..report.files import read_json, write_json
-from ._common import console
+from ._common import console, input_file, output_file, output_json
 
 
 def register(subparsers) -> None:
@@ -32,14 +32,14 @@ def register(subparsers) -> None:
                            help="train in a separate process, so a crash becomes a result (default for cnn)")
     isolation.add_argument("--no-isolate", dest="isolate", action="store_false")
     run.add_argument("--timeout", type=float, default=1800.0, help="seconds before an isolated run counts as hung")
-    run.add_argument("--out", required=True, metavar="run.json", help="where to write the run record")
+    run.add_argument("--out", required=True, metavar="run.json", type=output_file, help="where to write the run record")
     run.set_defaults(handler=handle_run)
 
     compare = sub.add_parser("compare", help="do two runs agree? (final metrics within 5%%, loss curves track)")
-    compare.add_argument("a", metavar="a.json")
-    compare.add_argument("b", metavar="b.json")
-    compare.add_argument("--plot", metavar="FILE.png", help="plot both loss curves and final metrics (needs matplotlib)")
-    compare.add_argument("--json", metavar="FILE", help="write the comparison as JSON ('-' for stdout)")
+    compare.add_argument("a", metavar="a.json", type=input_file)
+    compare.add_argument("b", metavar="b.json", type=input_file)
+    compare.add_argument("--plot", metavar="FILE.png", type=output_file, help="plot both loss curves and final metrics (needs matplotlib)")
+    compare.add_argument("--json", metavar="FILE", type=output_json, help="write the comparison as JSON ('-' for stdout)")
     compare.set_defaults(handler=handle_compare)
     parser.set_defaults(handler=lambda args: (parser.print_help(), 2)[1])
 

@@ -5,6 +5,6 @@ from __future__ import annotations
 from .compare import TraceComparison, compare
 from .record import record
 from .replay import ReplayResult, replay
-from .store import Trace, TraceMismatch, load
+from .store import Trace, TraceCorrupt, TraceMismatch, load
 
-__all__ = ["record", "compare", "replay", "load", "Trace", "TraceMismatch", "TraceComparison", "ReplayResult"]
+__all__ = ["record", "compare", "replay", "load", "Trace", "TraceCorrupt", "TraceMismatch", "TraceComparison", "ReplayResult"]

@@ -260,6 +260,7 @@ def _summary(trace: store.Trace) -> Dict[str, Any]:
     report = trace.meta.get("platform", {})
     return {"path": trace.path, "device": trace.device, "dtype": trace.dtype, "spec": trace.meta.get("spec"),
             "factory_args": trace.meta.get("factory_args"), "created": trace.meta.get("created"),
+            "integrity": trace.integrity,
             "machine": _platform.summary_line(report) if isinstance(report, dict) else "unknown",
             "fingerprint": _platform.fingerprint_key(report) if isinstance(report, dict) else None}
 
@@ -353,6 +354,8 @@ def compare(a, b) -> TraceComparison:
     for side, trace in (("A", a), ("B", b)):
         for note in trace.meta.get("notes", []):
             notes.append(f"{side}: {note}")
+        if trace.integrity.startswith("unchecked"):
+            notes.append(f"{side}: integrity {trace.integrity}")
         if trace.meta.get("sampled_tensors"):
             notes.append(f"{side}: {trace.meta['sampled_tensors']} tensors were sampled "
                          f"(max_elements={trace.meta.get('max_elements')}); errors are over the common sample")

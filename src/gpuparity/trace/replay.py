@@ -250,7 +250,7 @@ def _culprit(rows: List[ReplayRow], calls: Dict[str, Dict[str, Any]]) -> Optiona
 def _summary(trace: store.Trace) -> Dict[str, Any]:
     report = trace.meta.get("platform", {})
     return {"path": trace.path, "device": trace.device, "dtype": trace.dtype, "spec": trace.meta.get("spec"),
-            "factory_args": trace.meta.get("factory_args"),
+            "factory_args": trace.meta.get("factory_args"), "integrity": trace.integrity,
             "machine": _platform.summary_line(report) if isinstance(report, dict) else "unknown"}
 
 
@@ -302,10 +302,11 @@ def replay(trace, factory: Union[str, Callable, None] = None, *, device=None,
         row = ReplayRow(len(forward), "forward", call["key"], call["module"], call["type"], call["depth"], call["leaf"])
         forward.append(row)
         module = modules.get(call["module"])
+        own = call.get("own_backward") if grads else None
         if module is None:
             row.status, row.reason = "skipped", f"the model built here has no module {call['module']!r}"
+            _skip_backward(backward, call, own, row.reason)
             continue
-        own = call.get("own_backward") if grads else None
         need_grad = set(own["inputs"]) if own else set()
         decoder = _Decoder(trace, device, False, need_grad)
         try:
@@ -314,9 +315,13 @@ def replay(trace, factory: Union[str, Callable, None] = None, *, device=None,
             pairs = _pair_outputs(call["outputs"], out)
         except _NotReplayable as exc:
             row.status, row.reason = "skipped", str(exc)
+            _skip_backward(backward, call, own, f"its forward replay was skipped: {exc}")
             continue
+        except store.TraceCorrupt:
+            raise  # a damaged trace is bad input, never a module's fault
         except Exception as exc:  # noqa: BLE001 - an error on this machine is a finding
             row.status, row.reason = "error", f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            _skip_backward(backward, call, own, "its forward replay raised here (see the forward row)")
             continue
         ref_pairs: Dict[str, torch.Tensor] = {}
         module64 = modules64.get(call["module"])
@@ -327,6 +332,8 @@ def replay(trace, factory: Union[str, Callable, None] = None, *, device=None,
                 with torch.enable_grad() if own else torch.no_grad():
                     out64 = _run(module64, decoder64, call)
                 ref_pairs = dict(_pair_outputs(call["outputs"], out64))
+            except store.TraceCorrupt:
+                raise
             except Exception:  # noqa: BLE001 - e.g. a GPU-only backend: judged without a referee
                 out64 = None
         checks = []
@@ -341,6 +348,7 @@ def replay(trace, factory: Union[str, Callable, None] = None, *, device=None,
                                tensor_floor({"dtype": store.dtype_name(here.dtype), "device": str(here.device)},
                                             here_report))})
         if row.status == "error":
+            _skip_backward(backward, call, own, "its forward output here is not a tensor (see the forward row)")
             continue
         _judge(row, checks)
         if own:
@@ -353,10 +361,21 @@ def replay(trace, factory: Union[str, Callable, None] = None, *, device=None,
         row.index = index
     if not modules64:
         notes.append("judged without a float64 referee (floor of the dtype only)")
+    if trace.integrity.startswith("unchecked"):
+        notes.append(f"trace integrity {trace.integrity}")
     return ReplayResult(_summary(trace), {"device": str(device), "machine": _platform.summary_line(here_report),
                                           "spec": spec if isinstance(spec, str) else getattr(spec, "__name__", "factory"),
                                           "factory_args": options},
                         identity, forward, backward, _culprit(forward, calls), _culprit(backward, calls), notes)
+
+
+def _skip_backward(backward: List[ReplayRow], call: Dict[str, Any], own, why: str) -> None:
+    """A call with a recorded own backward always gets a backward row, so the backward table lists
+    the same calls as `trace compare`'s; one whose forward could not be replayed is skipped, with why."""
+    if own:
+        row = ReplayRow(0, "backward", call["key"], call["module"], call["type"], call["depth"], call["leaf"])
+        row.status, row.reason = "skipped", why
+        backward.append(row)
 
 
 def _vjp(trace: store.Trace, module, decoder: _Decoder, outputs: Dict[str, torch.Tensor], output_keys: List[str],
@@ -394,6 +413,8 @@ def _replay_backward(trace: store.Trace, call: Dict[str, Any], here_run, ref_run
         return row
     try:
         here_grads = _vjp(trace, module, decoder, outputs, output_keys, wrt_names, False)
+    except store.TraceCorrupt:
+        raise
     except Exception as exc:  # noqa: BLE001 - an error on this machine is a finding
         row.status, row.reason = "error", f"backward raised {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
         return row
@@ -401,6 +422,8 @@ def _replay_backward(trace: store.Trace, call: Dict[str, Any], here_run, ref_run
     if module64 is not None and outputs64 is not None:
         try:
             ref_grads = list(_vjp(trace, module64, decoder64, outputs64, output_keys, wrt_names, True))
+        except store.TraceCorrupt:
+            raise
         except Exception:  # noqa: BLE001 - judged without a referee
             pass
     checks = []

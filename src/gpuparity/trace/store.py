@@ -2,7 +2,8 @@
 
 A trace is a directory: `trace.json` (metadata, human-readable) and `tensors.safetensors`
 (every recorded tensor in the dtype it had). No pickle anywhere, so a trace made on another
-machine is safe to open. This module also holds the two rules both machines must apply the
+machine is safe to open. trace.json records the tensor file's size and a checksum per tensor;
+`load` verifies them, so a damaged trace is refused, never mistaken for a divergence. This module also holds the two rules both machines must apply the
 same way: deterministic sampling of large tensors, and the fingerprints of weights and inputs.
 """
 from __future__ import annotations
@@ -25,6 +26,13 @@ SIGNATURE_VALUES = 32
 
 class TraceMismatch(ValueError):
     """Two traces (or a trace and a model) are not of the same model and inputs."""
+
+
+class TraceCorrupt(ValueError):
+    """A trace's files are damaged, truncated or not a trace: bad input (exit 2), not a finding."""
+
+
+CHECKSUM = "sha256-16"  # the first 16 hex digits of sha256 over the tensor's raw bytes
 
 
 def _safetensors():
@@ -175,13 +183,62 @@ def match_fingerprints(what: str, a: Dict[str, Any], b: Dict[str, Any]) -> str:
     return "equal within rounding" if rounded else "identical"
 
 
+# --------------------------------------------------------------------------- integrity
+def tensor_checksum(tensor: torch.Tensor) -> Tuple[int, str]:
+    """(bytes, checksum) of a tensor's raw bytes as stored: the same on save and on load."""
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
+    return int(raw.numel()), hashlib.sha256(raw.numpy().tobytes()).hexdigest()[:16]
+
+
+def _verify(path: str, meta: Dict[str, Any]) -> str:
+    """Check tensors.safetensors against trace.json; returns how the trace's integrity stands
+    ('verified ...' or 'unchecked ...'), raises TraceCorrupt naming the file and the problem."""
+    tensor_path = os.path.join(path, TENSOR_FILE)
+    if not os.path.isfile(tensor_path):
+        raise TraceCorrupt(f"trace: {tensor_path} is missing (a trace needs both {META_FILE} and {TENSOR_FILE}; "
+                           "copy the whole directory or record it again)")
+    integrity = meta.get("integrity")
+    size = os.path.getsize(tensor_path)
+    if integrity and int(integrity.get("tensor_file_bytes", size)) != size:
+        raise TraceCorrupt(f"trace: {tensor_path} has {size:,} bytes, the trace recorded "
+                           f"{int(integrity['tensor_file_bytes']):,}: the file is truncated or was replaced "
+                           "(copy it again or record the trace again)")
+    safe_open, _ = _safetensors()
+    try:
+        with safe_open(tensor_path, framework="pt", device="cpu") as handle:
+            stored = set(handle.keys())
+            missing = sorted(set(meta["tensors"]) - stored)
+            if missing:
+                raise TraceCorrupt(f"trace: {tensor_path} lacks {len(missing)} tensor(s) that {META_FILE} lists "
+                                   f"(first: {missing[0]!r}): the two files are not of the same recording")
+            if not integrity:
+                return f"unchecked (recorded without checksums: {len(stored)} tensors readable)"
+            sums = integrity.get("tensors", {})
+            for key in sorted(sums):
+                got = tensor_checksum(handle.get_tensor(key))
+                want = (int(sums[key]["bytes"]), sums[key]["checksum"])
+                if got != want:
+                    raise TraceCorrupt(f"trace: {tensor_path}: tensor {key!r} fails its checksum ({got[0]} bytes, "
+                                       f"{got[1]}; recorded {want[0]} bytes, {want[1]}): the file was modified or "
+                                       "damaged (copy it again or record the trace again)")
+    except TraceCorrupt:
+        raise
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types for bad files
+        raise TraceCorrupt(f"trace: {tensor_path} cannot be read ({type(exc).__name__}: "
+                           f"{str(exc).splitlines()[0][:200] if str(exc) else 'no detail'}): the file is damaged "
+                           "or truncated (copy it again or record the trace again)") from None
+    return f"verified ({len(sums)} tensor checksums match)"
+
+
 # --------------------------------------------------------------------------- traces
 class Trace:
     """A recorded trace: `meta` (the JSON) and `tensor(key)` (CPU tensors, loaded lazily)."""
 
-    def __init__(self, path: str, meta: Dict[str, Any]):
+    def __init__(self, path: str, meta: Dict[str, Any], integrity: str = "not verified"):
         self.path = path
         self.meta = meta
+        self.integrity = integrity
         self._handle = None
 
     @property
@@ -198,10 +255,14 @@ class Trace:
     def tensor(self, key: str) -> torch.Tensor:
         if key not in self.meta["tensors"]:
             raise KeyError(f"trace {self.path}: no tensor {key!r}")
-        if self._handle is None:
-            safe_open, _ = _safetensors()
-            self._handle = safe_open(os.path.join(self.path, TENSOR_FILE), framework="pt", device="cpu")
-        return self._handle.get_tensor(key)
+        try:
+            if self._handle is None:
+                safe_open, _ = _safetensors()
+                self._handle = safe_open(os.path.join(self.path, TENSOR_FILE), framework="pt", device="cpu")
+            return self._handle.get_tensor(key)
+        except Exception as exc:  # noqa: BLE001 - a file changed after load: still bad input, not a finding
+            raise TraceCorrupt(f"trace: {os.path.join(self.path, TENSOR_FILE)}: tensor {key!r} cannot be read "
+                               f"({type(exc).__name__}: {str(exc)[:200]})") from None
 
     @property
     def dtype(self) -> Optional[str]:
@@ -222,17 +283,26 @@ def save(path: str, meta: Dict[str, Any], tensors: Dict[str, torch.Tensor]) -> T
         raise ValueError(f"path: expected a directory for the trace, got the existing file {path!r}")
     os.makedirs(path, exist_ok=True)
     tensor_path = os.path.join(path, TENSOR_FILE)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, tensor_path + ".tmp")
+    stored = {k: v.contiguous() for k, v in tensors.items()}
+    save_file(stored, tensor_path + ".tmp")
     os.replace(tensor_path + ".tmp", tensor_path)
+    sums = {}
+    for key, value in stored.items():
+        size, checksum = tensor_checksum(value)
+        sums[key] = {"bytes": size, "checksum": checksum}
+    meta = dict(meta, integrity={"algorithm": CHECKSUM, "tensor_file_bytes": os.path.getsize(tensor_path),
+                                 "tensors": sums})
     meta_path = os.path.join(path, META_FILE)
     with open(meta_path + ".tmp", "w", encoding="utf-8") as handle:
         json.dump(meta, handle, indent=1, default=str)
     os.replace(meta_path + ".tmp", meta_path)
-    return Trace(path, meta)
+    return Trace(path, meta, integrity=f"verified ({len(sums)} tensor checksums written)")
 
 
-def load(path) -> Trace:
-    """Open a trace directory (or its trace.json)."""
+def load(path, verify: bool = True) -> Trace:
+    """Open a trace directory (or its trace.json). verify: check tensors.safetensors against the
+    sizes and checksums trace.json recorded (reads every tensor once); a damaged or incomplete
+    trace raises TraceCorrupt naming the file. Traces recorded before checksums load unchecked."""
     if isinstance(path, Trace):
         return path
     path = os.fspath(path)
@@ -241,11 +311,25 @@ def load(path) -> Trace:
     meta_path = os.path.join(path, META_FILE)
     if not os.path.exists(meta_path):
         raise FileNotFoundError(f"trace: no {META_FILE} in {path!r} (record one with `gpuparity trace record`)")
-    with open(meta_path, encoding="utf-8") as handle:
-        meta = json.load(handle)
-    if meta.get("kind") != KIND:
-        raise ValueError(f"trace: {meta_path} is not a gpuparity trace (kind={meta.get('kind')!r})")
-    if int(meta.get("schema_version", 0)) > SCHEMA_VERSION:
+    try:
+        with open(meta_path, encoding="utf-8") as handle:
+            meta = json.load(handle)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise TraceCorrupt(f"trace: {meta_path} is not valid JSON ({exc}): the file is damaged "
+                           "(copy it again or record the trace again)") from None
+    if not isinstance(meta, dict) or meta.get("kind") != KIND:
+        kind = meta.get("kind") if isinstance(meta, dict) else type(meta).__name__
+        raise TraceCorrupt(f"trace: {meta_path} is not a gpuparity trace (kind={kind!r})")
+    try:
+        version = int(meta.get("schema_version", 0))
+    except (TypeError, ValueError):
+        raise TraceCorrupt(f"trace: {meta_path} has no valid schema_version "
+                           f"(got {meta.get('schema_version')!r})") from None
+    if version > SCHEMA_VERSION:
         raise ValueError(f"trace: {meta_path} has schema_version {meta.get('schema_version')}, "
                          f"this gpuparity reads up to {SCHEMA_VERSION}: upgrade gpuparity")
-    return Trace(path, meta)
+    for key, kind in (("calls", list), ("tensors", dict), ("weights", dict), ("inputs", dict)):
+        if not isinstance(meta.get(key), kind):
+            raise TraceCorrupt(f"trace: {meta_path} lacks its {key!r} section (expected a {kind.__name__}): "
+                               "the file is incomplete or was edited")
+    return Trace(path, meta, integrity=_verify(path, meta) if verify else "not verified")
