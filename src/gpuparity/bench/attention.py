@@ -8,14 +8,13 @@ gpuparity's kernel is timed through `gpuparity.attention(..., backend="triton")`
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import sys
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .common import GRAPH, BenchRow, graphed, measure_ceilings, metadata, peak_memory_bytes, time_ms, write_json
+from .common import (DTYPES, GRAPH, BenchResult, BenchRow, graphed, measure_ceilings, metadata, peak_memory_bytes,
+                     time_ms)
 
 # name -> (B, H, S, D), from ../shared/ANCHORS.md
 SHAPES: Dict[str, Tuple[int, int, int, int]] = {
@@ -29,72 +28,7 @@ BACKENDS = ("math", "efficient", "cudnn", "flex", "flash", "triton")
 PEERS = ("cudnn", "flex")            # the targets: at least as fast as the best of these
 SDPA_NAMES = {"math": "MATH", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION",
               "flash": "FLASH_ATTENTION"}
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 NOTES = {"flash": "ignores the mask: a speed reference only, wrong for padded inputs"}
-
-
-# --------------------------------------------------------------------------- arguments
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--shapes", default=",".join(SHAPES),
-                        help="comma-separated names (%s) or B,H,S,D groups separated by ';' or spaces "
-                             "(default: all named shapes)" % ", ".join(SHAPES))
-    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
-    parser.add_argument("--pad", default="0,0.25",
-                        help="mean fractions of padded keys per batch item, comma-separated (default 0,0.25)")
-    parser.add_argument("--backends", default=",".join(BACKENDS),
-                        help="comma-separated subset of %s" % ", ".join(BACKENDS))
-    parser.add_argument("--fwd-only", action="store_true", help="time the forward only")
-    parser.add_argument("--graph", action="store_true",
-                        help="also time forward+backward captured in a CUDA graph (the kernels without "
-                             "per-call host overhead, as under torch.cuda.graphs)")
-    parser.add_argument("--no-error", action="store_true", help="skip the float64 error column")
-    parser.add_argument("--json", dest="json_path", default=None, help="write the rows and the platform here")
-    parser.add_argument("--markdown", "--md", dest="markdown_path", default=None, help="write a markdown table here")
-    parser.add_argument("--plot", dest="plot_path", default=None, help="write a bar chart (PNG) here")
-    parser.add_argument("--device", default=None, help="device (default: cuda if available, else cpu)")
-    parser.add_argument("--seed", type=int, default=0)
-
-
-def parse_shapes(text: str) -> List[Tuple[str, Tuple[int, int, int, int]]]:
-    """'bert,llm-4k' or '2,4,128,64' or 'bert;2,4,128,64' -> [(label, (B, H, S, D))]."""
-    shapes = []
-    tokens = [t for t in text.replace(";", " ").split() if t]
-    for token in tokens:
-        parts = [p for p in token.split(",") if p]
-        if all(p.strip().isdigit() for p in parts):
-            if len(parts) % 4:
-                raise ValueError(f"--shapes: expected names or B,H,S,D groups of 4 integers, got {token!r}")
-            for i in range(0, len(parts), 4):
-                dims = tuple(int(p) for p in parts[i:i + 4])
-                if min(dims) < 1:
-                    raise ValueError(f"--shapes: dimensions must be >= 1, got {dims}")
-                shapes.append((f"({','.join(map(str, dims))})", dims))
-            continue
-        for name in parts:
-            if name not in SHAPES:
-                raise ValueError(f"--shapes: unknown shape {name!r}; expected one of {sorted(SHAPES)} or B,H,S,D")
-            shapes.append((f"{name} ({','.join(map(str, SHAPES[name]))})", SHAPES[name]))
-    if not shapes:
-        raise ValueError("--shapes: expected at least one shape")
-    return shapes
-
-
-def parse_pads(text: str) -> List[float]:
-    try:
-        pads = [float(p) for p in text.split(",") if p.strip()]
-    except ValueError:
-        raise ValueError(f"--pad: expected comma-separated fractions in [0, 1), got {text!r}") from None
-    if not pads or any(not 0.0 <= p < 1.0 for p in pads):
-        raise ValueError(f"--pad: expected comma-separated fractions in [0, 1), got {text!r}")
-    return pads
-
-
-def parse_backends(text: str) -> List[str]:
-    names = [b.strip() for b in text.split(",") if b.strip()]
-    unknown = [b for b in names if b not in BACKENDS]
-    if unknown or not names:
-        raise ValueError(f"--backends: expected a comma-separated subset of {list(BACKENDS)}, got {text!r}")
-    return names
 
 
 # --------------------------------------------------------------------------- inputs
@@ -260,8 +194,12 @@ def add_speedups(rows: List[BenchRow]) -> None:
             r.params["speedup_vs_math"] = base / r.time_ms
 
 
+# progress(label, None) before a backend runs on a case, progress(label, its rows) after
+Progress = Callable[[str, Optional[List[BenchRow]]], None]
+
+
 def run_bench(shapes, pads, backends, dtype_name: str, device: str, *, fwd_only=False, with_error=True,
-              seed=0, progress: Optional[Callable[[str], None]] = None, graph: bool = False) -> List[BenchRow]:
+              seed=0, progress: Optional[Progress] = None, graph: bool = False) -> List[BenchRow]:
     dtype = DTYPES[dtype_name]
     rows: List[BenchRow] = []
     if "flex" in backends:
@@ -276,14 +214,14 @@ def run_bench(shapes, pads, backends, dtype_name: str, device: str, *, fwd_only=
         for pad in pads:
             case = make_case(label, dims, pad, dtype, device, seed)
             for name in backends:
+                step = f"{label} pad {pad} {name}"
                 if progress:
-                    progress(f"{label} pad {pad} {name}")
+                    progress(step, None)
                 new_rows = bench_case(name, case, dtype_name, fwd_only=fwd_only, with_error=with_error,
                                       graph=graph and torch.device(device).type == "cuda")
                 rows.extend(new_rows)
                 if progress:
-                    progress("  " + "  ".join(f"{r.mode} {_fmt(r.time_ms)} ms" if r.status == "ok" else
-                                              f"{r.mode} {r.status}: {r.reason[:100]}" for r in new_rows))
+                    progress(step, new_rows)
                 if device == "cuda":
                     torch.cuda.empty_cache()
             del case
@@ -327,161 +265,15 @@ def target_summary(rows: List[BenchRow]) -> List[Dict[str, object]]:
     return checks
 
 
-# --------------------------------------------------------------------------- rendering
-def _fmt(value, spec="{:.3f}"):
-    return "-" if value is None else spec.format(value)
-
-
-def markdown(rows: List[BenchRow], meta: Dict[str, object]) -> str:
-    by_key: Dict[Tuple, Dict[str, BenchRow]] = {}
-    for r in rows:
-        by_key.setdefault((r.shape, r.params.get("pad"), r.backend), {})[r.mode] = r
-    lines = [f"# Attention benchmark: {meta.get('machine', '')}", "",
-             f"- date: {meta.get('date')}", f"- command: `{meta.get('command')}`"]
-    ceilings = meta.get("ceilings") or {}
-    if ceilings:
-        lines.append(f"- ceilings measured in the same run: bf16 matmul {ceilings.get('bf16_matmul_tflops', 0):.0f} "
-                     f"TFLOP/s, copy {ceilings.get('copy_tbps', 0):.2f} TB/s")
-    lines += ["", "Times in ms (median of triton.testing.do_bench), forward / forward+backward; TFLOP/s "
-              "dense-equivalent for forward+backward; peak = extra memory of forward+backward; "
-              "rel err = forward vs float64 (first batch item).", "",
-              "| shape (B,H,S,D) | pad | backend | fwd ms | fwd+bwd ms | f+b in a CUDA graph ms | TFLOP/s f+b | "
-              "peak MB | x math f+b | rel err |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
-    for (shape, pad, backend), modes in by_key.items():
-        fwd, both, graph = modes.get("fwd"), modes.get("fwd+bwd"), modes.get(GRAPH_MODE)
-        any_row = fwd or both
-        if any_row.status != "ok":
-            lines.append(f"| {shape} | {pad} | {backend} | {any_row.status}: {any_row.reason[:80]} | | | | | | |")
-            continue
-        peak = both.peak_mem_bytes if both and both.peak_mem_bytes is not None else None
-        graph_cell = "-" if graph is None else (_fmt(graph.time_ms) if graph.status == "ok" else graph.status)
-        lines.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
-            shape, pad, backend, _fmt(fwd.time_ms if fwd else None), _fmt(both.time_ms if both else None), graph_cell,
-            _fmt(both.tflops if both else None, "{:.0f}"), _fmt(peak / 2 ** 20 if peak is not None else None, "{:.0f}"),
-            _fmt(both.params.get("speedup_vs_math") if both else None, "{:.1f}"),
-            _fmt(any_row.params.get("rel_err"), "{:.1e}")))
-    summary = target_summary(rows)
-    if summary:
-        lines += ["", "## Targets (triton, forward+backward)", "",
-                  "| shape | pad | vs best peer (>= 1) | same, in CUDA graphs | vs math (>= 10) | memory vs cuDNN (<= 1.25) "
-                  "| pad/dense time (<= 0.8, llm) |",
-                  "|---|---|---|---|---|---|---|"]
-        for entry in summary:
-            peer = entry.get("vs_best_peer")
-            peer_graph = entry.get("vs_best_peer_graph")
-            lines.append("| {} | {} | {} | {} | {} | {} | {} |".format(
-                entry["shape"], entry["pad"],
-                f"{peer:.2f}x ({entry['best_peer']})" if peer is not None else "-",
-                f"{peer_graph:.2f}x ({entry['best_peer_graph']})" if peer_graph is not None else "-",
-                _fmt(entry.get("vs_math"), "{:.1f}x"), _fmt(entry.get("mem_vs_cudnn"), "{:.2f}"),
-                _fmt(entry.get("pad_vs_dense_time"), "{:.2f}")))
-    for name, note in NOTES.items():
-        lines.append(f"\n{name}: {note}.")
-    return "\n".join(lines) + "\n"
-
-
-def plot(rows: List[BenchRow], path: str, title: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    mode = "fwd+bwd" if any(r.mode == "fwd+bwd" for r in rows) else "fwd"
-    groups = []
-    for r in rows:
-        key = (r.shape, r.params.get("pad"))
-        if key not in groups:
-            groups.append(key)
-    names = [b for b in BACKENDS if any(r.backend == b for r in rows)]
-    width = 0.8 / max(1, len(names))
-    fig, ax = plt.subplots(figsize=(max(8, 1.4 * len(groups)), 5))
-    for i, name in enumerate(names):
-        xs, ys = [], []
-        for g, (shape, pad) in enumerate(groups):
-            match = [r for r in rows if r.backend == name and r.shape == shape and r.params.get("pad") == pad
-                     and r.mode == mode and r.time_ms]
-            if match:
-                xs.append(g + i * width)
-                ys.append(match[0].time_ms)
-        ax.bar(xs, ys, width, label=name + (" (no mask)" if name == "flash" else ""))
-    ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))])
-    ax.set_xticklabels([f"{s.split(' ')[0]}\npad {p}" for s, p in groups], fontsize=8)
-    ax.set_yscale("log")
-    ax.set_ylabel(f"{mode} time, ms (log)")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def _render_terminal(rows: List[BenchRow]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-    table = Table(title="gpuparity bench attention")
-    for column in ("shape", "pad", "backend", "fwd ms", "fwd+bwd ms", "graph f+b ms", "TFLOP/s", "peak MB", "x math",
-                   "rel err"):
-        table.add_column(column, justify="left" if column in ("shape", "backend") else "right")
-    by_key: Dict[Tuple, Dict[str, BenchRow]] = {}
-    for r in rows:
-        by_key.setdefault((r.shape, r.params.get("pad"), r.backend), {})[r.mode] = r
-    for (shape, pad, backend), modes in by_key.items():
-        fwd, both, graph = modes.get("fwd"), modes.get("fwd+bwd"), modes.get(GRAPH_MODE)
-        any_row = fwd or both
-        if any_row.status != "ok":
-            table.add_row(shape, str(pad), backend, f"[yellow]{any_row.status}[/]: {any_row.reason[:60]}")
-            continue
-        main = both or fwd
-        peak = main.peak_mem_bytes
-        graph_cell = "-" if graph is None else (_fmt(graph.time_ms) if graph.status == "ok" else graph.status)
-        table.add_row(shape, str(pad), backend, _fmt(fwd.time_ms if fwd else None), _fmt(both.time_ms if both else None),
-                      graph_cell,
-                      _fmt(main.tflops, "{:.0f}"), _fmt(peak / 2 ** 20 if peak is not None else None, "{:.0f}"),
-                      _fmt(main.params.get("speedup_vs_math"), "{:.1f}"), _fmt(any_row.params.get("rel_err"), "{:.1e}"))
-    console = Console(width=max(140, Console().width))
-    console.print(table)
-    for entry in target_summary(rows):
-        console.print("triton {shape} pad {pad}: ".format(**entry) + ", ".join(
-            f"{k} {v:.2f}" for k, v in entry.items() if isinstance(v, float) and k not in ("time_ms", "pad")))
-
-
-def run_cli(args) -> int:
-    try:
-        shapes = parse_shapes(args.shapes)
-        pads = parse_pads(args.pad)
-        backends = parse_backends(args.backends)
-    except ValueError as exc:
-        print(f"gpuparity bench attention: {exc}", file=sys.stderr)
-        return 2
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    command = (f"gpuparity bench attention --shapes '{args.shapes}' --dtype {args.dtype} --pad {args.pad} "
-               f"--backends {args.backends}" + (" --fwd-only" if args.fwd_only else "") + (" --graph" if args.graph else "")
-               + "".join(f" --{flag} {value}" for flag, value in (("json", args.json_path), ("markdown", args.markdown_path),
-                                                                ("plot", args.plot_path)) if value))
-    from rich.console import Console
-    console = Console(stderr=True)
-    rows = run_bench(shapes, pads, backends, args.dtype, device, fwd_only=args.fwd_only,
-                     with_error=not args.no_error, seed=args.seed,
-                     progress=lambda text: console.log(text), graph=args.graph)
+def bench_attention(shapes: Sequence[Tuple[str, Tuple[int, int, int, int]]], pads: Sequence[float],
+                    backends: Sequence[str], dtype_name: str, device: str, *, fwd_only: bool = False,
+                    with_error: bool = True, seed: int = 0, graph: bool = False,
+                    progress: Optional[Progress] = None, command: str = "") -> BenchResult:
+    """run_bench's rows with the run's metadata: platform, the ceilings measured after the rows
+    (GPU only) and the ANCHORS.md targets; `command` is the command line recorded in it."""
+    rows = run_bench(shapes, pads, backends, dtype_name, device, fwd_only=fwd_only, with_error=with_error,
+                     seed=seed, progress=progress, graph=graph)
     meta = metadata(command)
     meta["ceilings"] = measure_ceilings()
     meta["targets"] = target_summary(rows)
-    _render_terminal(rows)
-    if args.json_path:
-        write_json(args.json_path, rows, meta)
-    if args.markdown_path:
-        with open(args.markdown_path, "w", encoding="utf-8") as handle:
-            handle.write(markdown(rows, meta))
-    if args.plot_path:
-        plot(rows, args.plot_path, f"attention {args.dtype}, key padding, {meta.get('machine', '')}")
-    failed = [r for r in rows if r.status == "error"]
-    return 1 if failed else 0
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="gpuparity bench attention")
-    add_arguments(parser)
-    return run_cli(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return BenchResult("attention", rows, meta, list(backends), f"attention {dtype_name}, key padding")

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 import statistics
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -28,6 +27,28 @@ class BenchRow:
     peak_mem_bytes: Optional[int] = None
     status: str = "ok"         # ok | skip | error
     reason: str = ""
+
+
+@dataclasses.dataclass
+class BenchResult:
+    """What a bench returns: its rows and the run's metadata (platform, ceilings, summary);
+    report/bench_table.py renders it, the JSON file is `{**meta, "rows": rows}`."""
+    bench: str                 # "attention", "norm", "rope": which table shows it
+    rows: List[BenchRow]
+    meta: Dict[str, Any]
+    backends: List[str]        # the columns, in the order asked for
+    title: str                 # what was run, e.g. "RMSNorm / LayerNorm, bf16, cpu"
+
+    @property
+    def failed(self) -> bool:
+        """A peer raised (a skip is not a failure): the command exits 1."""
+        return any(row.status == "error" for row in self.rows)
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {**self.meta, "rows": [dataclasses.asdict(row) for row in self.rows]}
+
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def time_ms(fn: Callable[[], Any], *, warmup_ms: float = 25, rep_ms: float = 100) -> float:
@@ -119,6 +140,7 @@ def measure_ceilings() -> Dict[str, float]:
 
 
 def metadata(command: str) -> Dict[str, Any]:
+    """schema_version, date, the command line that reproduces the run, and the platform."""
     report = platform.current()
     return {
         "schema_version": 1,
@@ -129,6 +151,75 @@ def metadata(command: str) -> Dict[str, Any]:
     }
 
 
-def write_json(path: str, rows: List[BenchRow], meta: Dict[str, Any]) -> None:
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump({**meta, "rows": [dataclasses.asdict(r) for r in rows]}, handle, indent=1)
+
+# ----------------------------------------------------------------------------- GB/s benches (norm, rope)
+MODES = ("fwd", "fwd+bwd", "fwd" + GRAPH, "fwd+bwd" + GRAPH)
+
+
+def timed(fn: Callable[[], object], rep_ms: float, graph: bool = False) -> float:
+    """Median ms of fn(); graph=True captures fn in a CUDA graph and times its replays."""
+    if graph:
+        fn = graphed(fn)
+    fn()  # compile / autotune / first-launch work stays out of the timing
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time_ms(fn, warmup_ms=max(10.0, rep_ms / 4), rep_ms=rep_ms)
+
+
+def fresh_compile() -> None:
+    """Forget torch.compile's graphs so each shape gets its own static compile (as a user
+    compiling one model would), rather than dynamo's dynamic-shape fallback or, past its
+    recompile limit, silent eager."""
+    import torch._dynamo
+    torch._dynamo.reset()
+
+
+def versions() -> Dict[str, str]:
+    out = {"torch": torch.__version__}
+    try:
+        import triton
+        out["triton"] = triton.__version__
+    except Exception:  # noqa: BLE001
+        out["triton"] = "not importable"
+    try:
+        import liger_kernel  # noqa: F401
+        from importlib.metadata import version
+        out["liger-kernel"] = version("liger-kernel")
+    except Exception:  # noqa: BLE001
+        out["liger-kernel"] = "not installed"
+    return out
+
+
+OURS = "triton"
+
+
+def summarise(rows: List[BenchRow], ours: str = OURS) -> List[Dict[str, object]]:
+    """Per (shape, mode): our GB/s, the best peer and the ratio."""
+    groups: Dict[Tuple[str, str], List[BenchRow]] = {}
+    for row in rows:
+        if row.status == "ok" and row.gbps:
+            groups.setdefault((row.shape, row.mode), []).append(row)
+    out = []
+    for (shape, mode), members in groups.items():
+        mine = [r for r in members if r.backend == ours]
+        peers = [r for r in members if r.backend != ours]
+        best = max(peers, key=lambda r: r.gbps) if peers else None
+        out.append({"shape": shape, "mode": mode, "ours_gbps": mine[0].gbps if mine else None,
+                    "best_peer": best.backend if best else None, "best_peer_gbps": best.gbps if best else None,
+                    "ratio": (mine[0].gbps / best.gbps) if (mine and best) else None})
+    return out
+
+
+def gbps_result(bench: str, rows: List[BenchRow], meta: Dict[str, Any], backends: Sequence[str],
+                title: str) -> BenchResult:
+    """A GB/s bench's result, its metadata completed with the per-(shape, mode) summary."""
+    meta["summary"] = summarise(rows)
+    return BenchResult(bench, rows, meta, list(backends), title)
+
+
+def gbps_metadata(command: str, device: torch.device, ceilings: bool) -> Dict[str, Any]:
+    """metadata() plus library versions and, on a GPU when asked, the copy/matmul ceilings."""
+    meta = metadata(command)
+    meta["versions"] = versions()
+    meta["ceilings"] = {} if not ceilings or device.type != "cuda" else measure_ceilings()
+    return meta

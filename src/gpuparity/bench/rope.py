@@ -8,30 +8,15 @@ dq, dk and writing their gradients. The cos/sin tables are too small to count.
 """
 from __future__ import annotations
 
-import argparse
-import sys
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from . import common
-from .common import BenchRow
-from .norm import (DTYPES, MODES, add_common_arguments, command_line, finish, fresh_compile, parse_list,
-                   pick_device, summarise, timed, versions)
+from .common import DTYPES, BenchResult, BenchRow, fresh_compile, timed
 
-DEFAULT_SHAPES = "8x32x4096x128,64x4x1024x32"
 ROPE_BACKENDS = ("triton", "eager", "compile", "liger")
 LAYOUTS = ("half", "interleaved", "varlen")
-
-
-def parse_rope_shape(text: str) -> Tuple[int, int, int, int]:
-    try:
-        batch, heads, seqlen, head_dim = (int(part) for part in text.lower().split("x"))
-    except ValueError:
-        raise ValueError(f"--shapes: expected BxHxTxD (e.g. 8x32x4096x128), got {text!r}") from None
-    if min(batch, heads, seqlen, head_dim) < 1 or head_dim % 2:
-        raise ValueError(f"--shapes: expected positive sizes and an even D, got {text!r}")
-    return batch, heads, seqlen, head_dim
 
 
 def _liger_rope():
@@ -137,20 +122,11 @@ def _rope_step(pair, qg, kg, dq, dk):
     return step
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--layouts", default=",".join(LAYOUTS), help="half, interleaved, varlen (default all)")
-    add_common_arguments(parser, DEFAULT_SHAPES, ROPE_BACKENDS)
-
-
-def run_cli(args) -> int:
-    shapes = [parse_rope_shape(s) for s in parse_list(args.shapes, what="--shapes")]
-    layouts = parse_list(args.layouts, LAYOUTS, "--layouts")
-    backends = parse_list(args.backends, ROPE_BACKENDS, "--backends")
-    modes = parse_list(args.modes, MODES, "--modes")
-    device = pick_device(args.device)
-    meta = common.metadata(command_line("rope", args, ("layouts",)))
-    meta["versions"] = versions()
-    meta["ceilings"] = {} if args.no_ceilings or device.type != "cuda" else common.measure_ceilings()
-    rows = run_rope_bench(shapes, layouts, DTYPES[args.dtype], backends, modes, device, args.rep_ms)
-    meta["summary"] = summarise(rows)
-    return finish(args, rows, meta, backends, f"RoPE on q and k, {args.dtype}, {device.type}")
+def bench_rope(shapes: Sequence[Tuple[int, int, int, int]], layouts: Sequence[str], dtype_name: str,
+               backends: Sequence[str], modes: Sequence[str], device: torch.device, *, rep_ms: float = 100.0,
+               ceilings: bool = True, command: str = "") -> BenchResult:
+    """Every (shape, layout, backend, mode) timed, with the run's metadata; `command` is the
+    command line recorded in it. ceilings=False skips measuring the copy bandwidth."""
+    meta = common.gbps_metadata(command, device, ceilings)
+    rows = run_rope_bench(shapes, layouts, DTYPES[dtype_name], backends, modes, device, rep_ms)
+    return common.gbps_result("rope", rows, meta, backends, f"RoPE on q and k, {dtype_name}, {device.type}")

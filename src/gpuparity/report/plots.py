@@ -1,5 +1,5 @@
-"""Plots: error along depth for trace comparisons and replays, loss curves for workload runs.
-PNG files need matplotlib (optional: pip install 'gpuparity[plot]'); the inline SVG used in
+"""Plots: error along depth for trace comparisons and replays, loss curves for workload runs,
+bars of `gpuparity bench` results. PNG files need matplotlib (optional: pip install 'gpuparity[plot]'); the inline SVG used in
 HTML reports does not."""
 from __future__ import annotations
 
@@ -151,3 +151,65 @@ def error_along_depth_svg(rows: Sequence[Dict[str, Any]], title: str, width: int
     parts.append(f"<text x='{pad_left}' y='{height - 6}' fill='#666'>module calls in order; blue: relative error, "
                  f"dashed: allowed, red: diverges</text></svg>")
     return "".join(parts)
+
+
+def bench_png(result, path: str) -> str:
+    """A bench result (gpuparity.bench.common.BenchResult) as bars: attention's time per backend
+    (log scale) per shape and pad, or the GB/s benches' effective GB/s per backend."""
+    if result.bench == "attention":
+        machine = result.meta.get("machine", "")
+        return _attention_bars(result.rows, path, f"{result.title}, {machine}")
+    return _gbps_bars(result.rows, path, result.title, result.backends)
+
+
+def _attention_bars(rows, path: str, title: str) -> str:
+    from ..bench.attention import BACKENDS
+    plt = require_matplotlib()
+    mode = "fwd+bwd" if any(r.mode == "fwd+bwd" for r in rows) else "fwd"
+    groups: List[Tuple[str, Any]] = []
+    for r in rows:
+        key = (r.shape, r.params.get("pad"))
+        if key not in groups:
+            groups.append(key)
+    names = [b for b in BACKENDS if any(r.backend == b for r in rows)]
+    width = 0.8 / max(1, len(names))
+    fig, ax = plt.subplots(figsize=(max(8, 1.4 * len(groups)), 5))
+    for i, name in enumerate(names):
+        xs, ys = [], []
+        for g, (shape, pad) in enumerate(groups):
+            match = [r for r in rows if r.backend == name and r.shape == shape and r.params.get("pad") == pad
+                     and r.mode == mode and r.time_ms]
+            if match:
+                xs.append(g + i * width)
+                ys.append(match[0].time_ms)
+        ax.bar(xs, ys, width, label=name + (" (no mask)" if name == "flash" else ""))
+    ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))])
+    ax.set_xticklabels([f"{s.split(' ')[0]}\npad {p}" for s, p in groups], fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel(f"{mode} time, ms (log)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _gbps_bars(rows, path: str, title: str, backends: Sequence[str]) -> str:
+    plt = require_matplotlib()
+    keys = list(dict.fromkeys((r.shape, r.mode) for r in rows))
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(keys) * len(backends) / 3), 4.5))
+    width = 0.8 / max(1, len(backends))
+    index = {(r.shape, r.mode, r.backend): r for r in rows if r.status == "ok"}
+    for i, backend in enumerate(backends):
+        values = [index[(s, m, backend)].gbps if (s, m, backend) in index else 0 for s, m in keys]
+        ax.bar([k + i * width for k in range(len(keys))], values, width, label=backend)
+    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(keys))])
+    ax.set_xticklabels([f"{s}\n{m}" for s, m in keys], fontsize=7)
+    ax.set_ylabel("effective GB/s")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

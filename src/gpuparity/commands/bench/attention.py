@@ -1,0 +1,100 @@
+"""`gpuparity bench attention`: its arguments, and the run that calls gpuparity.bench.attention
+(progress on stderr, one line per backend and case)."""
+from __future__ import annotations
+
+import argparse
+from typing import List, Tuple
+
+import torch
+from rich.console import Console
+
+from ...bench.attention import BACKENDS, SHAPES, bench_attention
+from ...bench.common import DTYPES, BenchResult
+from ...report.bench_table import attention_progress
+from ._args import BenchUsageError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--shapes", default=",".join(SHAPES),
+                        help="comma-separated names (%s) or B,H,S,D groups separated by ';' or spaces "
+                             "(default: all named shapes)" % ", ".join(SHAPES))
+    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    parser.add_argument("--pad", default="0,0.25",
+                        help="mean fractions of padded keys per batch item, comma-separated (default 0,0.25)")
+    parser.add_argument("--backends", default=",".join(BACKENDS),
+                        help="comma-separated subset of %s" % ", ".join(BACKENDS))
+    parser.add_argument("--fwd-only", action="store_true", help="time the forward only")
+    parser.add_argument("--graph", action="store_true",
+                        help="also time forward+backward captured in a CUDA graph (the kernels without "
+                             "per-call host overhead, as under torch.cuda.graphs)")
+    parser.add_argument("--no-error", action="store_true", help="skip the float64 error column")
+    parser.add_argument("--json", dest="json_path", default=None, help="write the rows and the platform here")
+    parser.add_argument("--markdown", "--md", dest="markdown_path", default=None, help="write a markdown table here")
+    parser.add_argument("--plot", dest="plot_path", default=None, help="write a bar chart (PNG) here")
+    parser.add_argument("--device", default=None, help="device (default: cuda if available, else cpu)")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def parse_shapes(text: str) -> List[Tuple[str, Tuple[int, int, int, int]]]:
+    """'bert,llm-4k' or '2,4,128,64' or 'bert;2,4,128,64' -> [(label, (B, H, S, D))]."""
+    shapes = []
+    tokens = [t for t in text.replace(";", " ").split() if t]
+    for token in tokens:
+        parts = [p for p in token.split(",") if p]
+        if all(p.strip().isdigit() for p in parts):
+            if len(parts) % 4:
+                raise ValueError(f"--shapes: expected names or B,H,S,D groups of 4 integers, got {token!r}")
+            for i in range(0, len(parts), 4):
+                dims = tuple(int(p) for p in parts[i:i + 4])
+                if min(dims) < 1:
+                    raise ValueError(f"--shapes: dimensions must be >= 1, got {dims}")
+                shapes.append((f"({','.join(map(str, dims))})", dims))
+            continue
+        for name in parts:
+            if name not in SHAPES:
+                raise ValueError(f"--shapes: unknown shape {name!r}; expected one of {sorted(SHAPES)} or B,H,S,D")
+            shapes.append((f"{name} ({','.join(map(str, SHAPES[name]))})", SHAPES[name]))
+    if not shapes:
+        raise ValueError("--shapes: expected at least one shape")
+    return shapes
+
+
+def parse_pads(text: str) -> List[float]:
+    try:
+        pads = [float(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise ValueError(f"--pad: expected comma-separated fractions in [0, 1), got {text!r}") from None
+    if not pads or any(not 0.0 <= p < 1.0 for p in pads):
+        raise ValueError(f"--pad: expected comma-separated fractions in [0, 1), got {text!r}")
+    return pads
+
+
+def parse_backends(text: str) -> List[str]:
+    names = [b.strip() for b in text.split(",") if b.strip()]
+    unknown = [b for b in names if b not in BACKENDS]
+    if unknown or not names:
+        raise ValueError(f"--backends: expected a comma-separated subset of {list(BACKENDS)}, got {text!r}")
+    return names
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The `gpuparity bench attention ...` that reproduces this run."""
+    return (f"gpuparity bench attention --shapes '{args.shapes}' --dtype {args.dtype} --pad {args.pad} "
+            f"--backends {args.backends}" + (" --fwd-only" if args.fwd_only else "") + (" --graph" if args.graph else "")
+            + "".join(f" --{flag} {value}" for flag, value in (("json", args.json_path), ("markdown", args.markdown_path),
+                                                             ("plot", args.plot_path)) if value))
+
+
+def run(args: argparse.Namespace) -> BenchResult:
+    try:
+        shapes = parse_shapes(args.shapes)
+        pads = parse_pads(args.pad)
+        backends = parse_backends(args.backends)
+    except ValueError as exc:
+        raise BenchUsageError(str(exc)) from None
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    console = Console(stderr=True)
+    return bench_attention(shapes, pads, backends, args.dtype, device, fwd_only=args.fwd_only,
+                           with_error=not args.no_error, seed=args.seed, graph=args.graph,
+                           progress=lambda step, rows: console.log(attention_progress(step, rows)),
+                           command=command_line(args))
