@@ -7,7 +7,7 @@ into one program, and hidden sizes past FUSED_MAX_N loop over the row in chunks.
 dbias are summed per program into an fp32 partial buffer and then reduced in a fixed order, so
 the backward is deterministic.
 """
-# Over ~600 lines, not yet split like backends/triton_attention/ (issue #16): its kernels need no closure.
+# long file: not yet split like backends/triton_attention/ (issue #16); its kernels need no closure.
 from __future__ import annotations
 
 import dataclasses
@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from .. import reference
-from ..dispatch import Backend, Problem, register
+from .registry import Backend, Problem, register
 from . import triton_common
 from .triton_common import (AotSpec, PlanCache, PreparedLaunch, allocation_template, cdiv, launch,
                             triton_unavailable_reason)
