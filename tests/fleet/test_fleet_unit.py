@@ -100,7 +100,7 @@ def test_launch_env_rejects_bad_values():
 
 
 def test_first_slurm_host_without_scontrol(monkeypatch):
-    monkeypatch.setattr(fleet.shutil, "which", lambda name: None)
+    monkeypatch.setattr(fleet.launch.shutil, "which", lambda name: None)
     assert fleet.first_slurm_host("node[03-05,9]") == "node03"
     assert fleet.first_slurm_host("a1,b2") == "a1"
     assert fleet.first_slurm_host("single") == "single"
