@@ -52,14 +52,14 @@ def test_gpu_probes_cannot_tell_on_a_cpu(name):
 def test_gpu_probe_code_runs_on_cpu_tensors(name, monkeypatch):
     # No GPU here: let the GPU probes run on CPU tensors so their code paths are exercised; a
     # backend the CPU lacks must come back as "cannot tell", never as an exception.
-    monkeypatch.setattr(probes, "_needs_gpu", lambda dev: None)
+    monkeypatch.setattr(probes.base, "needs_gpu", lambda dev: None)
     result = check_shape(getattr(probes, name)(device="cpu"))
     assert result["failed"] in (False, None), result["detail"]
 
 
 def test_sdpa_mask_probe_catches_an_ignored_mask(monkeypatch):
     # The planted bug of user story 1: the "efficient" backend that ignores the mask.
-    monkeypatch.setattr(probes, "run_sdpa", lambda backend, q, k, v, **kwargs: F.scaled_dot_product_attention(q, k, v))
+    monkeypatch.setattr(probes.attention, "run_sdpa", lambda backend, q, k, v, **kwargs: F.scaled_dot_product_attention(q, k, v))
     result = check_shape(probes.sdpa_mask_rocm(device="cpu"))
     assert result["failed"] is True
     assert "relative error" in result["detail"]
@@ -67,8 +67,8 @@ def test_sdpa_mask_probe_catches_an_ignored_mask(monkeypatch):
 
 def test_sdpa_mask_probe_passes_a_correct_kernel(monkeypatch):
     def math_backend(backend, q, k, v, **kwargs):
-        return probes.F.scaled_dot_product_attention(q, k, v, **kwargs)
-    monkeypatch.setattr(probes, "run_sdpa", math_backend)
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+    monkeypatch.setattr(probes.attention, "run_sdpa", math_backend)
     assert check_shape(probes.sdpa_mask_rocm(device="cpu"))["failed"] is False
 
 
@@ -76,7 +76,7 @@ def test_fullmask_probe_catches_nan_rows(monkeypatch):
     def naive(backend, q, k, v, attn_mask=None, **kwargs):
         scores = (q @ k.transpose(-2, -1)).masked_fill(~attn_mask, float("-inf"))
         return torch.softmax(scores, dim=-1) @ v  # NaN on a row with no key
-    monkeypatch.setattr(probes, "run_sdpa", naive)
+    monkeypatch.setattr(probes.attention, "run_sdpa", naive)
     result = check_shape(probes.sdpa_fullmask_nan(device="cpu"))
     assert result["failed"] is True and "NaN in the output and gradients" in result["detail"]
 
@@ -85,7 +85,7 @@ def test_norm_probe_catches_a_wrong_weight_gradient(monkeypatch):
     # The wave32 bug: forward right, weight gradient wrong. Halve the gradient that reaches weight.
     def layer_norm(x, shape, weight, bias, eps=1e-5):
         return F.layer_norm(x, shape, weight.detach() + 0.5 * (weight - weight.detach()), bias, eps)
-    monkeypatch.setattr(probes, "F", types.SimpleNamespace(layer_norm=layer_norm, rms_norm=F.rms_norm))
+    monkeypatch.setattr(probes.numerics, "F", types.SimpleNamespace(layer_norm=layer_norm, rms_norm=F.rms_norm))
     result = check_shape(probes.norm_weight_grads(device="cpu"))
     assert result["failed"] is True and "layer_norm dweight" in result["detail"]
 
@@ -121,7 +121,7 @@ def test_gfx_target_conversions():
 
 
 def test_rocm_perms_without_a_driver_cannot_tell(monkeypatch):
-    monkeypatch.setattr(probes.os.path, "exists", lambda path: False if path == "/dev/kfd" else True)
+    monkeypatch.setattr(probes.system.os.path, "exists", lambda path: False if path == "/dev/kfd" else True)
     result = check_shape(probes.rocm_perms())
     assert result["failed"] is None and "no /dev/kfd" in result["detail"]
 
@@ -162,3 +162,29 @@ def test_all_reduce_probe_runs_two_processes():
     assert outcome.value["failed"] is False, outcome.value["detail"]
     assert outcome.value["sizes"] == [8, 1024, 64 * 1024, 512 * 1024, 2 ** 20, 4 * 2 ** 20]
     assert outcome.value["wrong"] == 0
+
+
+def test_probe_decorator_sets_up_the_device_and_the_gpu_check(monkeypatch):
+    # The shared preamble: a bare "cuda" means cuda:0, options pass through, gpu=True answers
+    # "cannot tell" on a CPU device without running the body.
+    from gpuparity.known.probes import base
+    monkeypatch.setattr(base, "PROBES", [])
+    seen = []
+
+    @base.probe(default="cpu")
+    def echo(dev, scale=1):
+        seen.append((dev, scale))
+        return base.verdict(False, "ran")
+
+    @base.probe(gpu=True)
+    def gpu_only(dev):
+        seen.append(dev)
+        return base.verdict(False, "ran")
+
+    assert base.PROBES == ["echo", "gpu_only"]
+    echo()
+    echo("cuda", 3)
+    assert seen == [(torch.device("cpu"), 1), (torch.device("cuda", 0), 3)]
+    seen.clear()
+    result = gpu_only(device="cpu")
+    assert result["failed"] is None and "needs a GPU device, got cpu" in result["detail"] and not seen

@@ -1,0 +1,108 @@
+"""Probes of a 2-process all_reduce (NCCL/RCCL on GPUs, gloo on the CPU) with a deadline: a hang
+or a wrong sum confirms the entry."""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Dict, Sequence
+
+import torch
+
+from .base import first_line, inconclusive, probe, verdict
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _all_reduce_worker(rank: int, world: int, port: int, device_type: str, sizes: Sequence[int], queue) -> None:
+    import datetime
+    import torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    try:
+        if device_type == "cuda":
+            torch.cuda.set_device(rank)
+        dev = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+        report = []
+        expected = world * (world + 1) / 2
+        for size in sizes:
+            tensor = torch.full((max(1, size // 4),), float(rank + 1), device=dev)
+            if device_type == "cuda":
+                torch.cuda.synchronize(dev)
+            start = time.monotonic()
+            dist.all_reduce(tensor)
+            if device_type == "cuda":
+                torch.cuda.synchronize(dev)
+            seconds = time.monotonic() - start
+            wrong = int((tensor != expected).sum())
+            report.append({"bytes": size, "seconds": seconds, "wrong": wrong})
+        dist.destroy_process_group()
+        queue.put({"rank": rank, "report": report})
+    except Exception as exc:  # noqa: BLE001 - the parent reports it
+        queue.put({"rank": rank, "error": first_line(exc)})
+
+
+def _all_reduce(dev: torch.device, sizes: Sequence[int], deadline_s: float = 45.0) -> Dict[str, Any]:
+    import multiprocessing
+    if dev.type == "cuda":
+        if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+            return inconclusive("needs at least two GPUs visible to this process")
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    port = _free_port()
+    workers = [context.Process(target=_all_reduce_worker, args=(rank, 2, port, dev.type, list(sizes), queue),
+                               daemon=True) for rank in range(2)]
+    for worker in workers:
+        worker.start()
+    answers: Dict[int, Dict[str, Any]] = {}
+    end = time.monotonic() + deadline_s
+    while len(answers) < 2 and time.monotonic() < end:
+        try:
+            answer = queue.get(timeout=max(0.1, min(1.0, end - time.monotonic())))
+            answers[answer["rank"]] = answer
+        except Exception:  # noqa: BLE001 - queue.Empty: keep waiting until the deadline
+            if not any(worker.is_alive() for worker in workers) and queue.empty():
+                break
+    for worker in workers:
+        worker.join(timeout=1)
+        if worker.is_alive():
+            worker.kill()
+    backend = "NCCL/RCCL" if dev.type == "cuda" else "gloo"
+    if len(answers) < 2:
+        missing = sorted(set(range(2)) - set(answers))
+        return verdict(True, f"2-process {backend} all_reduce did not finish within {deadline_s:g} s "
+                             f"(rank {', '.join(map(str, missing))} silent: a hang)")
+    errors = [f"rank {rank}: {answer['error']}" for rank, answer in sorted(answers.items()) if "error" in answer]
+    if errors:
+        return verdict(True, f"2-process {backend} all_reduce failed: {'; '.join(errors)}")
+    rows = answers[0]["report"]
+    wrong = sum(row["wrong"] for answer in answers.values() for row in answer["report"])
+    slowest = max(rows, key=lambda row: row["seconds"])
+    sizes_text = ", ".join(_bytes(row["bytes"]) for row in rows)
+    return verdict(wrong > 0, f"2-process {backend} all_reduce over {sizes_text}: {wrong} wrong elements; "
+                              f"slowest {slowest['seconds'] * 1e3:.1f} ms at {_bytes(slowest['bytes'])}",
+                   sizes=[row["bytes"] for row in rows], seconds=[row["seconds"] for row in rows], wrong=wrong)
+
+
+def _bytes(count: int) -> str:
+    for unit, scale in (("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if count >= scale:
+            return f"{count / scale:g} {unit}"
+    return f"{count} B"
+
+
+@probe
+def all_reduce_timed(dev: torch.device) -> Dict[str, Any]:
+    """A 2-process all_reduce of 4 MiB with a deadline: a hang or wrong sum confirms the issue."""
+    return _all_reduce(dev, [4 * 2 ** 20])
+
+
+@probe
+def all_reduce_size_sweep(dev: torch.device) -> Dict[str, Any]:
+    """A 2-process all_reduce from 8 B to 4 MiB (the failures start at 512 KiB)."""
+    return _all_reduce(dev, [8, 1024, 64 * 1024, 512 * 1024, 2 ** 20, 4 * 2 ** 20])

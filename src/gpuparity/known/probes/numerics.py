@@ -1,0 +1,267 @@
+"""Probes of norms, softmax, matmul (TF32, large M, 2 GiB outputs, bf16 support) and conv2d
+against float64 or exact answers."""
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from typing import Any, Dict
+
+import torch
+import torch.nn.functional as F
+
+from ... import reference
+from .base import compare, grad_leaves, inconclusive, probe, randn, rel_err, summarize, sync, upcast, verdict
+
+
+@probe(default="cpu")
+def cpu_bf16_layer_norm_grad(dev: torch.device) -> Dict[str, Any]:
+    """bf16 F.layer_norm backward on the CPU (whatever `device` is), rows with mean/std 50."""
+    gen = torch.Generator().manual_seed(0)
+    rows, width = 64, 256
+    x = (5.0 + 0.1 * torch.randn(rows, width, generator=gen, dtype=torch.float64)).bfloat16()
+    weight = (1 + 0.5 * torch.randn(width, generator=gen, dtype=torch.float64)).bfloat16()
+    grad_out = torch.randn(rows, width, generator=gen, dtype=torch.float64).bfloat16()
+    got = [t.clone().requires_grad_(True) for t in (x, weight)]
+    ref = [t.double().requires_grad_(True) for t in (x, weight)]
+    base = [t.float().requires_grad_(True) for t in (x, weight)]
+    F.layer_norm(got[0], (width,), got[1]).backward(grad_out)
+    F.layer_norm(ref[0], (width,), ref[1]).backward(grad_out.double())
+    F.layer_norm(base[0], (width,), base[1]).backward(grad_out.float())
+    comparisons = [compare("dweight", got[1].grad, ref[1].grad, base[1].grad.bfloat16(), torch.bfloat16),
+                   compare("dx", got[0].grad, ref[0].grad, base[0].grad.bfloat16(), torch.bfloat16)]
+    return summarize(comparisons, "CPU bf16 layer_norm(256) backward, rows mean/std 50")
+
+
+@probe
+def norm_weight_grads(dev: torch.device) -> Dict[str, Any]:
+    """LayerNorm(256) and RMSNorm(256): output, input, weight and bias gradients against float64."""
+    rows, width = 64, 256
+    x = randn((rows, width), dev, torch.float32, 1)
+    weight = randn((width,), dev, torch.float32, 2) + 1.0
+    bias = randn((width,), dev, torch.float32, 3)
+    grad_out = randn((rows, width), dev, torch.float32, 4)
+    comparisons = []
+    cases = [("layer_norm", lambda x_, w_, b_: F.layer_norm(x_, (width,), w_, b_),
+              lambda x_, w_, b_: reference.layer_norm(x_, (width,), w_, b_))]
+    if hasattr(F, "rms_norm"):
+        cases.append(("rms_norm", lambda x_, w_, b_: F.rms_norm(x_, (width,), w_, eps=1e-6),
+                      lambda x_, w_, b_: reference.rms_norm(x_, (width,), w_, eps=1e-6)))
+    for name, op, ref_op in cases:
+        leaves = grad_leaves((x, weight, bias))
+        base_leaves = grad_leaves((x, weight, bias))
+        ref_leaves = [upcast(t, True) for t in (x, weight, bias)]
+        out, base, ref = op(*leaves), ref_op(*base_leaves), ref_op(*ref_leaves)
+        out.backward(grad_out)
+        base.backward(grad_out)
+        ref.backward(grad_out.detach().to("cpu", torch.float64))
+        comparisons.append(compare(f"{name} out", out, ref, base, torch.float32))
+        for label, index in (("dx", 0), ("dweight", 1), ("dbias", 2)):
+            if ref_leaves[index].grad is None:
+                continue
+            comparisons.append(compare(f"{name} {label}", leaves[index].grad, ref_leaves[index].grad,
+                                       base_leaves[index].grad, torch.float32))
+    return summarize(comparisons, f"LayerNorm/RMSNorm({width}) fp32 fwd+bwd on {dev}")
+
+
+@probe
+def layer_norm_huge_rows(dev: torch.device, rows: int = 2 ** 23 + 8, width: int = 5) -> Dict[str, Any]:
+    """layer_norm over (2^23 + 8, 5) fp32 (about 170 MB): the rows past 2^23 against float64."""
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn((rows, width), generator=generator).to(dev)
+    out = F.layer_norm(x, (width,))
+    sync(dev)
+    tail = torch.arange(max(0, rows - 4096), rows)
+    head = torch.arange(0, min(rows, 1024))
+    picked = torch.cat([head, tail])
+    got = out[picked.to(dev)].detach().cpu()
+    ref = reference.layer_norm(x[picked.to(dev)].detach().to("cpu", torch.float64), (width,))
+    zero_rows = int((got[len(head):] == 0).all(dim=-1).sum())
+    comparison = compare("layer_norm tail rows", got, ref, None, torch.float32)
+    del x, out
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    result = summarize([comparison], f"layer_norm of ({rows}, {width}) fp32, first 1024 and last 4096 rows")
+    result["zero_tail_rows"] = zero_rows
+    return result
+
+
+@probe
+def softmax_fp64_odd(dev: torch.device) -> Dict[str, Any]:
+    """fp64 softmax rows over odd widths between 512 and 1024 must sum to 1."""
+    worst, worst_width = 0.0, None
+    for width in (515, 781, 1023):
+        for x in (torch.zeros(2, width, dtype=torch.float64, device=dev),
+                  torch.randn(2, width, dtype=torch.float64, device=dev)):
+            error = float((x.softmax(-1).sum(-1) - 1).abs().max())
+            if error > worst:
+                worst, worst_width = error, width
+    failed = worst > 1e-12
+    return verdict(failed, f"fp64 softmax row sums: worst |sum - 1| = {worst:.3g}"
+                   + (f" at width {worst_width}" if failed else " over widths 515, 781, 1023"), max_error=worst)
+
+
+# TF32 rounds inputs to 10 mantissa bits: relative error ~3e-4 on random data; fp32 ~1e-7.
+TF32_LEVEL = 1e-4
+BF16_LEVEL = 1e-3
+
+
+@probe(gpu=True)
+def tf32_defaults(dev: torch.device) -> Dict[str, Any]:
+    """fp32 matmul and conv2d against float64 under this process's default flags."""
+    a, b = randn((512, 512), dev, torch.float32, 1), randn((512, 512), dev, torch.float32, 2)
+    matmul_err = rel_err(a @ b, a.double().cpu() @ b.double().cpu())
+    x, w = randn((4, 32, 16, 16), dev, torch.float32, 3), randn((32, 32, 3, 3), dev, torch.float32, 4)
+    conv_err = rel_err(F.conv2d(x, w, padding=1), F.conv2d(x.double().cpu(), w.double().cpu(), padding=1))
+    flags = {"matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+             "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+             "float32_matmul_precision": torch.get_float32_matmul_precision(),
+             "HIPBLASLT_ALLOW_TF32": os.environ.get("HIPBLASLT_ALLOW_TF32")}
+    reduced = [name for name, err in (("matmul", matmul_err), ("conv2d", conv_err)) if err > TF32_LEVEL]
+    detail = (f"fp32 {' and '.join(reduced)} ran at reduced (TF32-level) precision by default"
+              if reduced else "fp32 matmul and conv2d ran at full fp32 precision by default")
+    detail += f" (matmul err {matmul_err:.2g}, conv err {conv_err:.2g}; flags {flags})"
+    return verdict(bool(reduced), detail, matmul_err=matmul_err, conv_err=conv_err, flags=flags)
+
+
+@probe(gpu=True)
+def xf32_high_precision(dev: torch.device) -> Dict[str, Any]:
+    """fp32 matmul with float32_matmul_precision 'high' vs 'highest' against float64."""
+    a, b = randn((1024, 1024), dev, torch.float32, 1), randn((1024, 1024), dev, torch.float32, 2)
+    ref = a.double().cpu() @ b.double().cpu()
+    before = torch.get_float32_matmul_precision()
+    errors = {}
+    try:
+        for precision in ("highest", "high"):
+            torch.set_float32_matmul_precision(precision)
+            errors[precision] = rel_err(a @ b, ref)
+    finally:
+        torch.set_float32_matmul_precision(before)
+    failed = errors["high"] > BF16_LEVEL
+    return verdict(failed, f"fp32 matmul error vs float64: 'highest' {errors['highest']:.2g}, 'high' {errors['high']:.2g}"
+                   + (" (bf16-level)" if failed else " (TF32-level or better)"), errors=errors)
+
+
+@probe
+def gemm_large_m(dev: torch.device) -> Dict[str, Any]:
+    """ones(600000, 4) @ eye(4) in fp32 must be all ones (M > 2^19)."""
+    out = torch.ones(600000, 4, device=dev) @ torch.eye(4, device=dev)
+    wrong = (out != 1).any(dim=1)
+    count = int(wrong.sum())
+    first = int(wrong.nonzero()[0, 0]) if count else None
+    return verdict(count > 0, f"{count} of 600000 rows wrong" + (f", first at row {first}" if count else ""),
+                   wrong_rows=count, first_wrong_row=first)
+
+
+@probe(gpu=True)
+def gemm_2gib_tail(dev: torch.device) -> Dict[str, Any]:
+    """bf16 GEMM into a NaN-prefilled output of more than 2 GiB with M % 256 != 0: tail written?"""
+    m, n, k = 2 ** 17 + 100, 8192, 64
+    needed = m * n * 2 + (m + n) * k * 2
+    free, _ = torch.cuda.mem_get_info(dev)
+    if free < needed * 1.2:
+        return inconclusive(f"needs {needed / 2**30:.1f} GiB free on the GPU, has {free / 2**30:.1f} GiB")
+    a, b = randn((m, k), dev, torch.bfloat16, 1), randn((k, n), dev, torch.bfloat16, 2)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=dev)
+    torch.matmul(a, b, out=out)
+    sync(dev)
+    nan_rows = int(torch.isnan(out).any(dim=1).sum())
+    first = int(torch.isnan(out).any(dim=1).nonzero()[0, 0]) if nan_rows else None
+    del out
+    torch.cuda.empty_cache()
+    return verdict(nan_rows > 0, f"{nan_rows} of {m} output rows never written (still NaN)"
+                   + (f", first at row {first}" if nan_rows else f"; output {m * n * 2 / 2**30:.2f} GiB"),
+                   unwritten_rows=nan_rows)
+
+
+@probe(gpu=True)
+def bf16_emulated(dev: torch.device) -> Dict[str, Any]:
+    """Is bf16 reported as supported on a GPU that only emulates it (capability < 8.0)?"""
+    capability = torch.cuda.get_device_capability(dev)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reported = bool(torch.cuda.is_bf16_supported())
+        try:
+            native = bool(torch.cuda.is_bf16_supported(including_emulation=False))
+        except TypeError:
+            native = capability >= (8, 0)
+    failed = reported and not native
+    return verdict(failed, f"capability {capability[0]}.{capability[1]}: is_bf16_supported() {reported}, "
+                           f"native bf16 {native}" + (" (emulated: slow)" if failed else ""),
+                   capability=list(capability), reported=reported, native=native)
+
+
+def _conv_unfold(x, weight, stride: int, padding: int):
+    """conv2d as unfold + matmul: a baseline that does not go through cuDNN/MIOpen."""
+    batch, _, height, width = x.shape
+    out_channels, _, kh, kw = weight.shape
+    columns = F.unfold(x, (kh, kw), padding=padding, stride=stride)
+    out = weight.reshape(out_channels, -1) @ columns
+    out_h = (height + 2 * padding - kh) // stride + 1
+    out_w = (width + 2 * padding - kw) // stride + 1
+    return out.reshape(batch, out_channels, out_h, out_w)
+
+
+@probe
+def conv2d_vs_fp64(dev: torch.device) -> Dict[str, Any]:
+    """conv2d fp32 (TF32 off) against float64 over several shapes, forward and gradients."""
+    shapes = [((2, 3, 32, 32), (16, 3, 3, 3), 1, 1), ((4, 64, 14, 14), (64, 64, 3, 3), 1, 1),
+              ((1, 16, 64, 64), (32, 16, 5, 5), 2, 2), ((8, 32, 7, 7), (48, 32, 1, 1), 1, 0)]
+    previous = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    comparisons = []
+    try:
+        for index, (x_shape, w_shape, stride, padding) in enumerate(shapes):
+            x, w = randn(x_shape, dev, torch.float32, 2 * index), randn(w_shape, dev, torch.float32, 2 * index + 1)
+            leaves = grad_leaves((x, w))
+            base_leaves = grad_leaves((x, w))
+            ref_leaves = [upcast(t, True) for t in (x, w)]
+            out = F.conv2d(*leaves, stride=stride, padding=padding)
+            ref = F.conv2d(*ref_leaves, stride=stride, padding=padding)
+            with _no_tf32_matmul():
+                base = _conv_unfold(*base_leaves, stride, padding)
+            grad_out = torch.randn(ref.shape, generator=torch.Generator().manual_seed(index), dtype=torch.float64)
+            out.backward(grad_out.to(dev, torch.float32))
+            base.backward(grad_out.to(dev, torch.float32))
+            ref.backward(grad_out)
+            label = f"conv2d {x_shape}x{w_shape} s{stride}"
+            comparisons.append(compare(f"{label} out", out, ref, base, torch.float32))
+            comparisons.append(compare(f"{label} dx", leaves[0].grad, ref_leaves[0].grad, base_leaves[0].grad, torch.float32))
+            comparisons.append(compare(f"{label} dw", leaves[1].grad, ref_leaves[1].grad, base_leaves[1].grad, torch.float32))
+    finally:
+        torch.backends.cudnn.allow_tf32 = previous
+    return summarize(comparisons, f"conv2d fp32 fwd+bwd, {len(shapes)} shapes")
+
+
+@contextlib.contextmanager
+def _no_tf32_matmul():
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+@probe
+def conv_train_step(dev: torch.device) -> Dict[str, Any]:
+    """A small CNN: three SGD steps with conv2d forward and backward (a GPU fault crashes the probe)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 32, 3, stride=2, padding=1), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(32, 10)).to(dev)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    x = randn((8, 3, 32, 32), dev, torch.float32, 1)
+    target = torch.arange(8, device=dev) % 10
+    losses = []
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), target)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.item()))
+    sync(dev)
+    finite = all(map(lambda value: value == value and abs(value) != float("inf"), losses))
+    return verdict(not finite, f"3 conv training steps ran; losses {', '.join(f'{l:.4f}' for l in losses)}"
+                   + ("" if finite else " (not finite)"), losses=losses)
