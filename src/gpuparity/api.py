@@ -3,22 +3,27 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
 
-from .checks.battery import DEFAULT_TIMEOUT_S, BatteryRun, normalize_device, plan, run_battery, validate_device
+from .checks.battery import (DEFAULT_TIMEOUT_S, BatteryRun, as_budget, normalize_device, plan, run_battery,
+                             validate_device)
 from .checks.specs import LEVELS, get_spec
 
 
 def check(op: str, impl: Optional[str] = None, *, backends: Optional[Sequence[str]] = None,
           dtypes: Optional[Sequence[str]] = None, level: str = "default", device=None, seed: int = 0,
           progress: Optional[Callable] = None, timeout: Optional[float] = None,
-          stream_path: Optional[str] = None, cases: Optional[Sequence[str]] = None) -> BatteryRun:
+          stream_path: Optional[str] = None, cases: Optional[Sequence[str]] = None,
+          budget: Optional[float] = None) -> BatteryRun:
     """Run `op`'s whole battery (forward and backward, against float64, crash-isolated) on the
     registered backends, or on `impl` ("package.module:function" or "file.py:function") with the
     op's public signature; `cases` names the cases to run (default: every case of `level`).
-    `run.ok` is False when anything failed, errored, crashed or hung."""
+    `budget`: seconds for the whole run; checks left when it is spent are NOT_RUN. An
+    implementation that crashes or hangs 3 times in a row has the rest of its checks NOT_RUN.
+    `run.ok` is False when anything failed, errored, crashed or hung, or was not run."""
     spec = get_spec(op)  # a clear error for an unknown op
     if impl is not None and not isinstance(impl, str):
         raise TypeError(f"impl: expected 'package.module:function' or 'file.py:function' (a string, so the "
                         f"check can run in a separate process), got {type(impl).__name__}")
+    budget = as_budget(budget)  # a bad budget is a usage error before anything runs
     case_filter = _case_filter(op, cases, level) if cases else None
     if device is None:
         import torch
@@ -26,7 +31,7 @@ def check(op: str, impl: Optional[str] = None, *, backends: Optional[Sequence[st
     if impl is not None:
         device = normalize_device(device)
         validate_device(device)  # before the slower import check
-        problem = _impl_load_error_isolated(impl, timeout or DEFAULT_TIMEOUT_S[device.type])
+        problem = _impl_load_error_isolated(impl, op, timeout or DEFAULT_TIMEOUT_S[device.type])
         if problem:
             raise ValueError(f"{problem}; needs a function with {op}'s signature {spec.signature}")
     if case_filter is not None:
@@ -36,7 +41,7 @@ def check(op: str, impl: Optional[str] = None, *, backends: Optional[Sequence[st
                              + (f" in {', '.join(dtypes)}" if dtypes else "")
                              + "; some cases run in 16-bit dtypes only at --level full")
     return run_battery([op], level, device, dtypes, backends, impl, seed, stream_path, progress, timeout,
-                       case_filter=case_filter)
+                       case_filter=case_filter, budget=budget)
 
 
 def _case_filter(op: str, cases: Sequence[str], level: str) -> Callable:
@@ -57,21 +62,24 @@ def _case_filter(op: str, cases: Sequence[str], level: str) -> Callable:
     return lambda _op, case: case.name in wanted
 
 
-def impl_load_error(impl: str) -> Optional[str]:
-    """Why `impl` cannot be loaded (import, attribute, not callable), or None; called in a child
-    process by _impl_load_error_isolated."""
+def impl_load_error(impl: str, op: Optional[str] = None) -> Optional[str]:
+    """Why `impl` cannot be loaded (import, attribute, not callable) or, given `op`, cannot take
+    the calls the battery makes for it (its parameters), or None; called in a child process by
+    _impl_load_error_isolated."""
     from .checks.execute import ImplError, load_impl
+    from .checks.signature import signature_mismatch
     try:
-        load_impl(impl)
+        fn = load_impl(impl)
     except ImplError as exc:
         return str(exc)
-    return None
+    return signature_mismatch(fn, op, f"--impl {impl!r}") if op else None
 
 
-def _impl_load_error_isolated(impl: str, timeout: float) -> Optional[str]:
+def _impl_load_error_isolated(impl: str, op: str, timeout: float) -> Optional[str]:
     """Load `impl` once in a separate process before the battery: a module that does not import,
-    or a missing function, is bad input (one message, exit 2), not an ERROR in every check. A
-    crash or hang on import is left to the battery, which reports it per check with stderr."""
+    a missing function or one with the wrong parameters is bad input (one message, exit 2), not
+    an ERROR in every check. A crash or hang on import is left to the battery, which reports it
+    per check with stderr."""
     from .checks.isolate import call_isolated
-    outcome = call_isolated("gpuparity.api:impl_load_error", {"impl": impl}, timeout=timeout)
+    outcome = call_isolated("gpuparity.api:impl_load_error", {"impl": impl, "op": op}, timeout=timeout)
     return outcome.value if outcome.ok else None

@@ -10,8 +10,8 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from . import __version__, dispatch, platform
-from .checks.battery import (BatteryRun, WorkerPool, estimate_seconds, normalize_device, plan, run_battery,
-                             run_tasks, timing_tasks, validate_device, verdicts_from_results)
+from .checks.battery import (BatteryRun, Budget, WorkerPool, as_budget, estimate_seconds, normalize_device, plan,
+                             run_battery, run_tasks, timing_tasks, validate_device, verdicts_from_results)
 from .checks.verdicts import store_verdicts
 from .checks.results import CheckResult, Status, tally
 
@@ -37,6 +37,7 @@ class DoctorOptions:
     stream_path: Optional[str] = None      # results as JSON lines, as they arrive
     fill_cache: bool = True
     timeout: Optional[float] = None
+    budget: Optional[float] = None         # seconds for the whole run; what is left then is NOT_RUN
 
 
 def default_device() -> str:
@@ -49,6 +50,7 @@ def estimate(options: DoctorOptions) -> Dict[str, Any]:
     (a device that is not there, an unknown op, dtype or backend) raise here, before any estimate."""
     device = normalize_device(options.device or default_device())
     validate_device(device)
+    as_budget(options.budget)  # a bad budget is a usage error before the run
     tasks, decided = plan(options.ops, options.level, device, options.dtypes, options.backends, None, options.seed)
     return {"checks": len(tasks), "skipped": len(decided), "seconds": estimate_seconds(len(tasks), device)}
 
@@ -67,7 +69,7 @@ def _known_issues(report: Dict[str, Any], device: str, probes: bool, sink: Dict[
 
 
 def _timings(results: List[CheckResult], device: str, timeout: Optional[float],
-             pool: Optional[WorkerPool] = None) -> Dict[tuple, float]:
+             pool: Optional[WorkerPool] = None, budget: Optional[Budget] = None) -> Dict[tuple, float]:
     """Time every (op, backend, dtype) whose checks all passed, on the op's timing case, where
     there is more than one such backend to rank."""
     passed: Dict[tuple, bool] = {}
@@ -78,7 +80,7 @@ def _timings(results: List[CheckResult], device: str, timeout: Optional[float],
         passed[key] = passed.get(key, True) and r.status == Status.PASS
     tasks = timing_tasks([key for key, ok in passed.items() if ok], device)
     times = {}
-    for result in run_tasks(tasks, timeout=timeout, workers=1, pool=pool):  # timings alone on the GPU
+    for result in run_tasks(tasks, timeout=timeout, workers=1, pool=pool, budget=budget):  # alone on the GPU
         if result.status == Status.PASS:
             times[(result.op, result.backend, result.dtype)] = result.params.get("time_ms")
     return times
@@ -93,13 +95,16 @@ def recommendations(results: List[CheckResult], times: Dict[tuple, float]) -> Li
         by_op.setdefault((r.op, r.dtype), {}).setdefault(r.backend, []).append(r)
     out = []
     for (op, dtype), backends in sorted(by_op.items()):
-        good, avoid = [], []
+        good, avoid, unfinished = [], [], []
         for name, members in backends.items():
-            ran = [m for m in members if m.status != Status.SKIP]
+            ran = [m for m in members if m.status not in (Status.SKIP, Status.NOT_RUN)]
             bad = [m for m in ran if m.status.bad]
-            if not ran:
+            not_run = [m for m in members if m.status == Status.NOT_RUN]
+            if not ran and not not_run:
                 continue
-            if bad:
+            if not bad and not_run:  # passed what ran, but not every check ran: not verified
+                unfinished.append({"backend": name, "not_run": len(not_run), "of": len(ran) + len(not_run)})
+            elif bad:
                 kinds = sorted({m.status.value for m in bad})
                 avoid.append({"backend": name, "failed": len(bad), "of": len(ran), "statuses": kinds,
                               "example": f"{bad[0].case}: {bad[0].reason[:160]}"})
@@ -111,15 +116,22 @@ def recommendations(results: List[CheckResult], times: Dict[tuple, float]) -> Li
         if good and good[0]["time_ms"] is not None:
             text += f" ({good[0]['time_ms']:.3g} ms on the timing case)"
         if avoid:
-            text += "; avoid " + ", ".join(f"{a['backend']}: failed {a['failed']}/{a['of']} checks" for a in avoid)
-        out.append({"op": op, "dtype": dtype, "use": use, "verified": good, "avoid": avoid, "text": text})
+            text += "; avoid " + ", ".join(f"{a['backend']}: failed {a['failed']}/{a['of']} check{'s' * (a['of'] != 1)}"
+                                     for a in avoid)
+        if unfinished:
+            text += "; not verified: " + ", ".join(f"{u['backend']}: {u['not_run']}/{u['of']} check{'s' * (u['of'] != 1)} not run"
+                                                   for u in unfinished)
+        out.append({"op": op, "dtype": dtype, "use": use, "verified": good, "avoid": avoid, "unfinished": unfinished,
+                    "text": text})
     return out
 
 
 def run_doctor(options: DoctorOptions, *, progress: Optional[Callable[[int, int, CheckResult], None]] = None,
                on_phase: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
-    """Everything `gpuparity doctor` reports, as one dict (schema_version 1)."""
+    """Everything `gpuparity doctor` reports, as one dict (schema_version 1). options.budget
+    bounds the battery, the known-issue probes and the timings together."""
     started = time.monotonic()
+    budget = as_budget(options.budget)
     device = str(normalize_device(options.device or default_device()))
     validate_device(normalize_device(device))
     phases: Dict[str, float] = {}  # wall seconds of each phase, in the report
@@ -147,11 +159,16 @@ def run_doctor(options: DoctorOptions, *, progress: Optional[Callable[[int, int,
         # timing warm-ups compile kernels alongside the checks; on the CPU there is nothing to compile
         run: BatteryRun = run_battery(options.ops, options.level, device, options.dtypes, options.backends,
                                       None, options.seed, options.stream_path, progress, options.timeout,
-                                      warm_timings=options.fill_cache and on_gpu)
+                                      warm_timings=options.fill_cache and on_gpu, budget=budget)
         phase("known issues", finished="battery")
-        known_thread.join()  # the probes use the GPU too: the timings below run alone
+        # the probes use the GPU too: the timings below run alone
+        known_thread.join(timeout=max(budget.remaining(), 0.0) if budget else None)
+        if known_thread.is_alive():
+            known_sink = {"error": f"the known-issue probes did not finish within the budget of {budget.seconds:g} s "
+                                   f"(--budget)"}
         phase("timing", finished="known issues (after the battery)")
-        times = _timings(run.results, device, options.timeout, timing_pool) if options.fill_cache else {}
+        times = (_timings(run.results, device, options.timeout, timing_pool, budget)
+                 if options.fill_cache and not (budget and budget.spent) else {})
     finally:
         if timing_pool is not None:
             timing_pool.close()
@@ -168,7 +185,7 @@ def run_doctor(options: DoctorOptions, *, progress: Optional[Callable[[int, int,
         except OSError as exc:
             cache_path = f"not written: {exc}"
     known_results = known_sink.get("results", [])
-    battery_bad = [r for r in run.results if r.status.bad]
+    battery_bad = [r for r in run.results if r.status.bad or r.status == Status.NOT_RUN]
     known_bad = [k for k in known_results if k.get("status") in FAILING_KNOWN_STATUSES
                  and k.get("kind") not in NON_FAILING_KNOWN_KINDS]
     exit_code = 1 if battery_bad or known_bad else 0
@@ -180,6 +197,7 @@ def run_doctor(options: DoctorOptions, *, progress: Optional[Callable[[int, int,
         "platform": report,
         "machine": platform.summary_line(report),
         "options": {"level": options.level, "device": device, "seed": options.seed, "timeout": options.timeout,
+                    "budget": options.budget,
                     "ops": list(options.ops) if options.ops else None,
                     "dtypes": list(options.dtypes) if options.dtypes else None},
         "known_issues": known_results,

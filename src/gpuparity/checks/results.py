@@ -15,6 +15,9 @@ class Status(str, enum.Enum):
     CRASH = "CRASH"      # the worker process died (segfault, abort, illegal memory access)
     TIMEOUT = "TIMEOUT"  # the worker did not answer in time (hang)
     SKIP = "SKIP"        # cannot run here; the reason says why
+    # could run, but was not: the run's --budget was spent, or its implementation crashed or
+    # hung CRASH_LIMIT times in a row (checks/pool.py); the reason says which
+    NOT_RUN = "NOT_RUN"
 
     @property
     def bad(self) -> bool:
@@ -22,7 +25,7 @@ class Status(str, enum.Enum):
 
 
 # Worst first: the status of a group is the worst of its members.
-SEVERITY = [Status.CRASH, Status.TIMEOUT, Status.ERROR, Status.FAIL, Status.PASS, Status.SKIP]
+SEVERITY = [Status.CRASH, Status.TIMEOUT, Status.ERROR, Status.FAIL, Status.NOT_RUN, Status.PASS, Status.SKIP]
 
 
 def worst(statuses: Iterable[Status]) -> Status:

@@ -2,11 +2,13 @@
 a user's implementation."""
 from __future__ import annotations
 
+import sys
+
 from .. import platform
 from ..api import check as run_check
 from ..checks.results import tally
 from ..checks.specs import OPS, get_spec
-from ..report.terminal import render_failures, render_results
+from ..report.terminal import PlainProgress, render_failures, render_results, tally_text
 from ._common import add_device, add_json, battery_progress, emit_json, human_console, split_list
 
 
@@ -27,6 +29,8 @@ def register(subparsers) -> None:
                         help="base seed of the random inputs (each check derives its own from it, the op, "
                              "case and dtype)")
     parser.add_argument("--timeout", type=float, default=None, help="seconds per check before it counts as a hang")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds for the whole run; checks left when it is spent are NOT_RUN (exit 1)")
     parser.add_argument("--signature", action="store_true", help="print the signature --impl must have and exit")
     add_device(parser)
     add_json(parser)
@@ -39,18 +43,19 @@ def handle(args) -> int:
     if args.signature:
         con.print(f"{args.op}: {spec.signature}")
         return 0
-    with battery_progress(con) as progress:
+    with battery_progress(con) as bar, PlainProgress(sys.stderr, "check", enabled=not con.is_terminal,
+                                                     also=bar) as progress:
         run = run_check(args.op, impl=args.impl, backends=split_list(args.backend), dtypes=split_list(args.dtype),
                         level=args.level, device=args.device, seed=args.seed, progress=progress,
-                        timeout=args.timeout, cases=split_list(args.case))
+                        timeout=args.timeout, cases=split_list(args.case), budget=args.budget)
     render_results(con, run.results, title=f"{args.op}: checks against float64")
     render_failures(con, run.results, timeout=args.timeout)
     counts = tally(run.results)
-    con.print(f"{counts['PASS']} pass, {counts['FAIL']} fail, {counts['ERROR']} error, {counts['CRASH']} crash, "
-              f"{counts['TIMEOUT']} timeout, {counts['SKIP']} skip in {run.duration_s:.1f} s on {run.device}")
+    con.print(f"{tally_text(counts)} in {run.duration_s:.1f} s on {run.device}")
     if args.json:
         data = {"schema_version": 1, "kind": "check", "op": args.op, "impl": args.impl,
                 "platform": platform.collect(), "level": args.level, "device": run.device, "seed": args.seed,
+                "budget": args.budget,
                 "tally": counts, "results": [r.to_dict() for r in run.results]}
         emit_json(con, args.json, data)
     return 0 if run.ok else 1

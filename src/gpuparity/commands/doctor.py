@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 
 from .. import platform
@@ -9,8 +10,9 @@ from ..checks.results import read_stream, tally
 from ..doctor import DoctorOptions, estimate, run_doctor
 from ..report.files import write_text
 from ..report.html import render_doctor_html
-from ..report.terminal import render_doctor
-from ._common import add_device, add_json, battery_progress, emit_json, human_console, split_list
+from ..report.terminal import PlainProgress, render_doctor
+from ._common import (add_device, add_json, battery_progress, emit_json, human_console, output_file,
+                      split_list)
 
 
 def register(subparsers) -> None:
@@ -26,8 +28,8 @@ def register(subparsers) -> None:
     parser.set_defaults(level="default")
     add_device(parser)
     add_json(parser, "the whole report")
-    parser.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
-    parser.add_argument("--stream", metavar="FILE", help="append each result as a JSON line as it arrives "
+    parser.add_argument("--html", metavar="FILE", type=output_file, help="write a self-contained HTML report")
+    parser.add_argument("--stream", metavar="FILE", type=output_file, help="append each result as a JSON line as it arrives "
                                                            "(kept even if the run is killed)")
     parser.add_argument("--ops", help="comma-separated ops (default: all)")
     parser.add_argument("--dtype", help="comma-separated dtypes, e.g. bf16,fp32 (default: what the device supports)")
@@ -37,6 +39,9 @@ def register(subparsers) -> None:
     parser.add_argument("--seed", type=int, default=0, help="base seed of the random inputs (reported per check)")
     parser.add_argument("--no-probes", action="store_true", help="evaluate known issues by rule only")
     parser.add_argument("--timeout", type=float, default=None, help="seconds per check before it counts as a hang")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds for the whole run; checks left when it is spent are NOT_RUN (exit 1), "
+                             "and the reports are still written")
     parser.set_defaults(handler=handle)
 
 
@@ -45,14 +50,17 @@ def handle(args) -> int:
     stream = args.stream or os.path.join(tempfile.mkdtemp(prefix="gpuparity-"), "results.jsonl")
     options = DoctorOptions(level=args.level, device=args.device, ops=split_list(args.ops),
                             dtypes=split_list(args.dtype), backends=split_list(args.backends), seed=args.seed,
-                            probes=not args.no_probes, stream_path=stream, timeout=args.timeout)
+                            probes=not args.no_probes, stream_path=stream, timeout=args.timeout,
+                            budget=args.budget)
     plan = estimate(options)
     minutes = plan["seconds"] / 60
     con.print(f"gpuparity doctor: {plan['checks']} checks ({plan['skipped']} cannot run here), "
               f"about {plan['seconds']:.0f} s" + (f" (~{minutes:.0f} min)" if minutes >= 2 else "")
               + f"; results stream to {stream}")
     try:
-        with battery_progress(con, plan["checks"] + plan["skipped"]) as progress:
+        total = plan["checks"] + plan["skipped"]
+        with battery_progress(con, total) as bar, PlainProgress(sys.stderr, "doctor", total,
+                                                                enabled=not con.is_terminal, also=bar) as progress:
             report = run_doctor(options, progress=progress)
     except (ValueError, TypeError):
         raise

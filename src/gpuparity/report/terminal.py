@@ -1,8 +1,11 @@
 """Terminal rendering (rich) of platform reports, battery results and doctor reports."""
 from __future__ import annotations
 
+import os
 import shlex
-from typing import Any, Dict, Iterable, List, Optional
+import threading
+import time
+from typing import Any, Callable, Dict, Iterable, List, Optional, TextIO
 
 from rich.console import Console
 from rich.markup import escape
@@ -12,7 +15,8 @@ from ..checks.results import SEVERITY, CheckResult, Status, worst
 from ..platform import is_unknown
 
 STYLE = {"PASS": "green", "FAIL": "bold red", "ERROR": "red", "CRASH": "bold magenta", "TIMEOUT": "magenta",
-         "SKIP": "dim"}
+         "SKIP": "dim", "NOT_RUN": "yellow"}
+PROGRESS_EVERY_S = 10.0  # plain progress lines when not on a terminal; GPUPARITY_PROGRESS_S overrides
 
 
 def _fmt(value: Any) -> str:
@@ -98,16 +102,82 @@ def summarize(results: Iterable[CheckResult]) -> List[Dict[str, Any]]:
 
 def render_results(console: Console, results: List[CheckResult], title: str = "Checks against float64") -> None:
     table = Table(title=title, title_justify="left")
-    for column in ("op", "backend", "status", "pass", "fail", "crash/timeout", "skip", "why"):
+    not_run = any(r.status == Status.NOT_RUN for r in results)  # its column only when a run was cut short
+    for column in ("op", "backend", "status", "pass", "fail", "crash/timeout", "skip") + ("not run",) * not_run + ("why",):
         table.add_column(column, overflow="fold")
     for row in summarize(results):
         c = row["counts"]
         why = row["reason"]
-        if row["status"] not in ("PASS", "SKIP") and why:
+        if row["status"] not in ("PASS", "SKIP", "NOT_RUN") and why:
             why = f"{row['example_case']}: {why}"
         table.add_row(row["op"], row["backend"], f"[{STYLE[row['status']]}]{row['status']}[/]", str(c["PASS"]),
-                      str(c["FAIL"] + c["ERROR"]), str(c["CRASH"] + c["TIMEOUT"]), str(c["SKIP"]), why[:220])
+                      str(c["FAIL"] + c["ERROR"]), str(c["CRASH"] + c["TIMEOUT"]), str(c["SKIP"]),
+                      *[str(c["NOT_RUN"])] * not_run, why[:220])
     console.print(table)
+    cut = next((r.reason for r in results if r.status == Status.NOT_RUN), None)
+    if cut:
+        console.print(f"[{STYLE['NOT_RUN']}]{sum(r.status == Status.NOT_RUN for r in results)} checks {cut}[/]")
+
+
+def tally_text(counts: Dict[str, int]) -> str:
+    """"3 pass, 0 fail, ... 2 skip" (and "N not run" when a run was cut short)."""
+    text = (f"{counts['PASS']} pass, {counts['FAIL']} fail, {counts['ERROR']} error, {counts['CRASH']} crash, "
+            f"{counts['TIMEOUT']} timeout, {counts['SKIP']} skip")
+    return text + (f", {counts['NOT_RUN']} not run" if counts.get("NOT_RUN") else "")
+
+
+class PlainProgress:
+    """The battery's progress as plain lines ("doctor: 120/342 checks, 0 failed, 38 s") for a
+    stream that is not a terminal (CI logs, pipes, tee), where a progress bar shows nothing:
+    one every `every_s` seconds while the run lasts (a hanging check included) and one at the
+    end. Use as a context manager; the instance is the progress(done, total, result) callback."""
+
+    def __init__(self, stream: TextIO, label: str, total: Optional[int] = None, every_s: Optional[float] = None,
+                 enabled: bool = True, also: Optional[Callable] = None):
+        self.stream, self.label, self.total, self.enabled, self.also = stream, label, total, enabled, also
+        self.every_s = every_s if every_s is not None else float(os.environ.get("GPUPARITY_PROGRESS_S",
+                                                                                PROGRESS_EVERY_S))
+        self.done = self.failed = self.not_run = 0
+        self.started = time.monotonic()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def __call__(self, done: int, total: int, result: CheckResult) -> None:
+        self.done, self.total = done, total
+        self.failed += result.status.bad
+        self.not_run += result.status == Status.NOT_RUN
+        if self.also:
+            self.also(done, total, result)
+
+    def line(self) -> str:
+        text = (f"{self.label}: {self.done}/{self.total if self.total is not None else '?'} checks, "
+                f"{self.failed} failed, {time.monotonic() - self.started:.0f} s")
+        return text + (f", {self.not_run} not run" if self.not_run else "")
+
+    def _write(self) -> None:
+        try:
+            self.stream.write(self.line() + "\n")
+            self.stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: progress is not worth failing for
+            pass
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self._write()
+
+    def __enter__(self) -> "PlainProgress":
+        self.started = time.monotonic()
+        if self.enabled:
+            self._thread = threading.Thread(target=self._tick, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            if self.done:
+                self._write()
 
 
 def rerun_command(result: CheckResult, timeout: Optional[float] = None) -> Optional[str]:
@@ -179,8 +249,7 @@ def render_doctor(console: Console, report: Dict[str, Any]) -> None:
     render_recommendations(console, report.get("recommendations", []))
     t = report["battery"]["tally"]
     verdict = "[bold green]all checks passed[/]" if report["exit_code"] == 0 else "[bold red]problems found[/]"
-    console.print(f"{verdict}: {t['PASS']} pass, {t['FAIL']} fail, {t['ERROR']} error, {t['CRASH']} crash, "
-                  f"{t['TIMEOUT']} timeout, {t['SKIP']} skip in {report['duration_s']:.1f} s on "
+    console.print(f"{verdict}: {tally_text(t)} in {report['duration_s']:.1f} s on "
                   f"{report['options']['device']} (level {report['options']['level']}, seed {report['options']['seed']})")
     if report.get("phases_s"):
         console.print("[dim]time: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in report["phases_s"].items())

@@ -1,0 +1,164 @@
+"""The battery's plan: which checks run (op x case x dtype x backend at a level), which are
+decided up front as SKIP with a reason, and how long the run should take."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+
+import torch
+
+from .. import dispatch
+from .execute import dtype_from_name, dtype_name, task_seed
+from .results import CheckResult, Status
+from .specs import LEVELS, OPS, get_spec
+
+# Rough cost of one check, for the up-front estimate of --full.
+# The up-front estimate: on a 16-core H100 machine the default level's 663 checks took 40 s in
+# all on a fresh machine (Triton compiling every kernel), 25 s with its cache warm; on a 2-core
+# CPU its 342 checks took 11-36 s (36 s with another job on the cores).
+SECONDS_PER_CHECK = {"cpu": 0.1, "cuda": 0.05}
+WORKER_START_S = {"cpu": 2.0, "cuda": 6.0}
+
+
+@dataclasses.dataclass
+class Task:
+    id: int
+    op: str
+    backend: str
+    case: str
+    params: Dict[str, Any]
+    dtype: str
+    device: str
+    seed: int
+    impl: Optional[str] = None
+    mode: str = "check"
+    base_seed: Optional[int] = None  # the run's --seed, from which `seed` is derived
+    level: Optional[str] = None
+
+    def result(self, status: Status, reason: str = "", **extra) -> CheckResult:
+        return CheckResult(op=self.op, backend=self.backend, case=self.case, dtype=self.dtype, device=self.device,
+                           status=status, seed=self.seed, reason=reason, params=self.params,
+                           base_seed=self.base_seed, level=self.level, **extra)
+
+
+def normalize_device(device) -> torch.device:
+    try:
+        device = torch.device(device) if device is not None else torch.device("cpu")
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}") from exc
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", 0)
+    return device
+
+
+def validate_device(device: torch.device) -> None:
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device: expected 'cpu' or 'cuda[:N]', got {str(device)!r}")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device: {device} was asked for, but torch sees no CUDA or ROCm GPU "
+                             f"(torch {torch.__version__}); use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"device: {device} was asked for, but only {torch.cuda.device_count()} GPU(s) are visible")
+
+
+def plan(ops: Optional[Sequence[str]] = None, level: str = "default", device="cpu",
+         dtypes: Optional[Sequence[str]] = None, backends: Optional[Sequence[str]] = None,
+         impl: Optional[str] = None, seed: int = 0, case_filter: Optional[Callable] = None):
+    """(tasks to run, results already decided: SKIP with a reason)."""
+    if level not in LEVELS:
+        raise ValueError(f"level: expected one of {list(LEVELS)}, got {level!r}")
+    device = normalize_device(device)
+    ops = list(ops or OPS)
+    if backends and not impl:
+        check_backend_names(ops, backends)
+    tasks: List[Task] = []
+    decided: List[CheckResult] = []
+    next_id = 0
+    for op in ops:
+        spec = get_spec(op)
+        op_dtypes = spec.dtypes(device, level)
+        if dtypes:
+            wanted = [dtype_name(d) if isinstance(d, torch.dtype) else d for d in dtypes]
+            op_dtypes = [dtype_from_name(d) for d in wanted]
+        if impl:
+            candidates = [(f"impl:{impl}", None)]
+        else:
+            available = dispatch.backends(op)
+            if backends:
+                available = [b for b in available if b.name in backends]
+            candidates = [(b.name, b) for b in available]
+        for case in spec.cases():
+            if not case.at(level) or (case_filter and not case_filter(op, case)):
+                continue
+            for dtype in op_dtypes:
+                if case.params.get("half_at_full") and dtype != torch.float32 and level != "full":
+                    continue
+                if (level == "default" and dtype == torch.float16 and torch.bfloat16 in op_dtypes
+                        and case.level != "quick"):
+                    # fp16 runs the kernels bf16 runs, in a second dtype: at the default level it
+                    # gets the quick (hostile) cases, bf16 every case; --full runs fp16 on all.
+                    continue
+                seed_here = task_seed(seed, op, case.name, dtype_name(dtype))
+                for name, backend in candidates:
+                    task = Task(next_id, op, name, case.name, case.params, dtype_name(dtype), str(device),
+                                seed_here, impl=impl, base_seed=seed, level=level)
+                    next_id += 1
+                    if backend is not None and LEVELS.index(backend.battery_level) > LEVELS.index(level):
+                        decided.append(task.result(Status.SKIP, f"{name}: compiles per shape, so the battery "
+                                                                f"checks it at --{backend.battery_level} (probed on first use)"))
+                        continue
+                    if backend is not None:
+                        reasons = backend.reasons(spec.problem(case.params, dtype, device))
+                        if reasons:
+                            decided.append(task.result(Status.SKIP, "; ".join(reasons)))
+                            continue
+                    tasks.append(task)
+    return tasks, decided
+
+
+def check_backend_names(ops: Sequence[str], backends: Sequence[str]) -> None:
+    """A backend name that none of `ops` has is a typo, not a filter that matches nothing."""
+    have = sorted({b.name for op in ops for b in dispatch.backends(op)})
+    unknown = [b for b in backends if b not in have]
+    if unknown:
+        raise ValueError(f"backends: got {', '.join(unknown)}, which no selected op ({', '.join(ops)}) has; "
+                         f"expected names from {', '.join(have)}")
+
+
+def estimate_seconds(n_tasks: int, device) -> float:
+    kind = normalize_device(device).type
+    return WORKER_START_S[kind] + n_tasks * SECONDS_PER_CHECK[kind]
+
+
+def is_jit(task: Task) -> bool:
+    """Whether the task's backend compiles on first use (Triton)."""
+    if task.impl:
+        return False
+    try:
+        return dispatch.get(task.op, task.backend).jit
+    except ValueError:
+        return False
+
+
+def timing_tasks(keys: Iterable[tuple], device: str, mode: str = "time", first_id: int = 0,
+                 only: Optional[Callable[[Task], bool]] = None) -> List[Task]:
+    """One task per (op, backend, dtype) worth timing on the op's timing case: mode "time"
+    measures it; mode "warm" only runs it once (compiling what the timing will need).
+    Timings only rank candidates, so fallback compositions (never ranked) are left out, and
+    so is an (op, dtype) with a single candidate left (nothing to rank). `only` filters the
+    tasks after that."""
+    candidates: Dict[tuple, List[str]] = {}
+    for op, backend, dtype in sorted(set(keys)):
+        if get_spec(op).timing_params() is not None and not dispatch.get(op, backend).fallback:
+            candidates.setdefault((op, dtype), []).append(backend)
+    tasks = []
+    for (op, dtype), backends in candidates.items():
+        if len(backends) < 2:
+            continue
+        for backend in backends:
+            task = Task(first_id + len(tasks), op, backend, "timing", get_spec(op).timing_params(), dtype, device, 0,
+                        mode=mode)
+            if only is None or only(task):
+                tasks.append(task)
+    return tasks

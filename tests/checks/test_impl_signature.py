@@ -1,0 +1,55 @@
+"""An --impl whose parameters cannot take the battery's calls is bad input: exit 2 with the
+signature it needs, before any check runs."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from gpuparity import api
+from gpuparity.checks.signature import call_shapes, signature_mismatch
+
+
+def test_attention_with_one_parameter_exits_2_with_the_needed_signature_and_runs_nothing(tmp_path):
+    impl = tmp_path / "mine.py"
+    impl.write_text("def attention(a):\n    return a\n")
+    out = tmp_path / "check.json"
+    proc = subprocess.run([sys.executable, "-m", "gpuparity", "check", "--op", "attention", "--impl",
+                           f"{impl}:attention", "--device", "cpu", "--json", str(out)],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "has the signature (a)" in proc.stderr and "too many positional arguments" in proc.stderr
+    assert "fn(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None)" in proc.stderr
+    assert not out.exists() and "pass," not in proc.stdout  # no check ran, no tally
+
+
+def test_no_check_runs_for_a_wrong_signature(tmp_path):
+    impl = tmp_path / "mine.py"
+    impl.write_text("def rotary(x, cos, sin, *, interleaved=False, seqlen_offsets=0):\n    return x\n")
+    seen = []
+    with pytest.raises(ValueError, match="unexpected keyword argument 'cu_seqlens'"):
+        api.check("rotary", f"{impl}:rotary", device="cpu", level="quick", progress=lambda *a: seen.append(a))
+    assert seen == []
+
+
+def test_star_args_and_kwargs_pass_and_run(tmp_path):
+    impl = tmp_path / "mine.py"
+    impl.write_text("import torch\n\ndef softmax(*args, **kwargs):\n    return torch.softmax(*args, **kwargs)\n")
+    run = api.check("softmax", f"{impl}:softmax", device="cpu", level="quick", dtypes=["float32"],
+                    cases=["rows_17"])
+    assert run.ok and [r.status.value for r in run.results] == ["PASS"]
+
+
+def test_signature_mismatch_binds_every_call_shape():
+    def attention(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None):
+        pass
+
+    def no_is_causal(q, k, v, attn_mask=None, key_padding_mask=None, scale=None):
+        pass
+
+    assert signature_mismatch(attention, "attention") is None
+    assert signature_mismatch(lambda *a, **k: None, "attention") is None
+    assert "unexpected keyword argument 'is_causal'" in signature_mismatch(no_is_causal, "attention")
+    # rotary's varlen cases pass cu_seqlens and max_seqlen: two call shapes
+    assert len(call_shapes("rotary")) == 2
