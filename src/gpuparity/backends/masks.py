@@ -44,6 +44,9 @@ def sdpa_arguments(q, k, attn_mask=None, key_padding_mask=None, is_causal=False
     row (the source of NaN forward and NaN gradients); callers zero those rows afterwards.
     """
     q_len, k_len = q.shape[-2], k.shape[-2]
+    if k_len == 0:
+        # No keys: every row is empty (zero). SDPA's own answer there is NaN once q holds a NaN.
+        return None, False, torch.ones(1, 1, q_len, 1, dtype=torch.bool, device=q.device)
     if attn_mask is None and key_padding_mask is None:
         return None, bool(is_causal), None
     allowed = allowed_mask(q_len, k_len, q.device, attn_mask=attn_mask,
