@@ -302,12 +302,20 @@ def _grad_ready(value, grads: bool):
     return value
 
 
-def record(model: torch.nn.Module, inputs, path: str, *, grads: bool = True,
-           include: Optional[Sequence[str]] = None, max_elements: Optional[int] = None, seed: int = 0,
-           loss_fn: Optional[Callable] = None, spec: Optional[str] = None,
-           factory_args: Optional[Dict[str, Any]] = None) -> store.Trace:
+def record(model: torch.nn.Module, inputs, path: str, **options) -> store.Trace:
     """Run `model` on `inputs` once (forward, and backward when `grads`) and write the trace to
-    the directory `path`.
+    the directory `path`. Options: see record_in_memory."""
+    meta, tensors = record_in_memory(model, inputs, **options)
+    return store.save(path, meta, tensors)
+
+
+def record_in_memory(model: torch.nn.Module, inputs, *, grads: bool = True,
+                     include: Optional[Sequence[str]] = None, max_elements: Optional[int] = None, seed: int = 0,
+                     loss_fn: Optional[Callable] = None, spec: Optional[str] = None,
+                     factory_args: Optional[Dict[str, Any]] = None) -> Tuple[Dict[str, Any], Dict[str, torch.Tensor]]:
+    """Run `model` on `inputs` once (forward, and backward when `grads`) and return the trace
+    as (metadata, {tensor key: CPU tensor}), what `record` writes (`gpuparity model` keeps both
+    runs in memory).
 
     inputs: a tensor, a tuple/list of positional arguments or a dict of keyword arguments.
     include: fnmatch patterns of module names to record (default: all; "(model)" is the model).
@@ -383,4 +391,4 @@ def record(model: torch.nn.Module, inputs, path: str, *, grads: bool = True,
         "calls": recorder.calls,
         "tensors": recorder.meta,
     }
-    return store.save(path, meta, recorder.tensors)
+    return meta, recorder.tensors
