@@ -1,4 +1,4 @@
-"""Rendering of trace comparisons, trace replays, safe-compile choices and workload
+"""Rendering of trace comparisons, trace replays, model checks, safe-compile choices and workload
 comparisons: terminal (rich) and self-contained HTML."""
 from __future__ import annotations
 
@@ -68,12 +68,26 @@ def render_comparison(console: Console, data: Dict[str, Any], show_all: bool = F
     console.print(f"[bold]A[/] {a['path']}: {a['device']} {a['dtype']}; {a['machine']}")
     console.print(f"[bold]B[/] {b['path']}: {b['device']} {b['dtype']}; {b['machine']}")
     console.print(f"weights: {data['identity']['weights']}; inputs: {data['identity']['inputs']}")
+    _comparison_tables(console, data, show_all)
+    for note in data.get("notes", []):
+        console.print(f"[yellow]note:[/] {note}")
+    console.print(f"first divergent module, forward:  {_first_line(data['first_forward'], 'forward')}")
+    if data["backward"]:
+        console.print(f"first divergent module, backward: {_first_line(data['first_backward'], 'backward')}")
+    if data["passed"]:
+        console.print("[bold green]the traces agree[/] under the tolerance policy (docs/diverging-runs.md)")
+    else:
+        console.print("[bold red]the traces diverge[/]: replay the named module on each machine to see whose "
+                      "own computation is off: gpuparity trace replay A")
+
+
+def _comparison_tables(console: Console, data: Dict[str, Any], show_all: bool, title: str = "B against A") -> None:
     for direction in ("forward", "backward"):
         rows = data[direction]
         first = data[f"first_{direction}"]
         if not rows:
             continue
-        table = Table(title=f"{direction}: B against A, per module call", title_justify="left")
+        table = Table(title=f"{direction}: {title}, per module call", title_justify="left")
         for column in ("#", "module", "type", "what", "rel. error", "inherited", "allowed", "max abs", ""):
             table.add_column(column, justify="right" if column in ("#", "rel. error", "inherited", "allowed",
                                                                   "max abs") else "left")
@@ -91,16 +105,6 @@ def render_comparison(console: Console, data: Dict[str, Any], show_all: bool = F
         console.print(table)
         if len(shown) < len(rows):
             console.print(f"[dim]{len(rows) - len(shown)} of {len(rows)} rows not shown (--all shows every row)[/]")
-    for note in data.get("notes", []):
-        console.print(f"[yellow]note:[/] {note}")
-    console.print(f"first divergent module, forward:  {_first_line(data['first_forward'], 'forward')}")
-    if data["backward"]:
-        console.print(f"first divergent module, backward: {_first_line(data['first_backward'], 'backward')}")
-    if data["passed"]:
-        console.print("[bold green]the traces agree[/] under the tolerance policy (docs/diverging-runs.md)")
-    else:
-        console.print("[bold red]the traces diverge[/]: replay the named module on each machine to see whose "
-                      "own computation is off: gpuparity trace replay A")
 
 
 # --------------------------------------------------------------------------- trace replay
@@ -178,22 +182,28 @@ def comparison_html(data: Dict[str, Any]) -> str:
              f"<p><b>A</b> {_e(a['path'])}: {_e(a['device'])} {_e(a['dtype'])}; {_e(a['machine'])}<br>"
              f"<b>B</b> {_e(b['path'])}: {_e(b['device'])} {_e(b['dtype'])}; {_e(b['machine'])}<br>"
              f"weights {_e(data['identity']['weights'])}; inputs {_e(data['identity']['inputs'])}</p>"]
-    for direction in ("forward", "backward"):
-        first = data[f"first_{direction}"]
-        parts.append(f"<h2>{direction}</h2><p>first divergent module: " +
-                     (f"<b class='bad'>{_e(_name(first))}</b> ({_e(first.get('type'))}): {_e(first.get('reason'))}"
-                      if first else "<span class='ok'>none</span>") + "</p>")
-        parts.append(error_along_depth_svg(data[direction], f"{direction}: relative error of B against A"))
-        parts.append(_table(["#", "module", "type", "what", "rel. error", "inherited", "allowed", "max abs", "verdict"], [
-            [str(r["index"]), _e(r["key"]), _e(r.get("type")), _e(r.get("what")), _num(r.get("err")),
-             _num(r.get("inherited")), _num(r.get("allowed")), _num(r.get("max_abs")),
-             "<span class='ok'>ok</span>" if r["passed"] else f"<span class='bad'>diverges</span> {_e(r.get('reason'))}"]
-            for r in data[direction]]))
+    parts += _comparison_sections(data, "relative error of B against A")
     if data.get("notes"):
         parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in data["notes"]) + "</ul>")
     parts.append("<p class='small'>Rule: err &lt;= max(2 x inherited, floor of the coarser dtype); "
                  "see docs/diverging-runs.md.</p></body></html>")
     return "".join(parts)
+
+
+def _comparison_sections(data: Dict[str, Any], what: str) -> List[str]:
+    parts = []
+    for direction in ("forward", "backward"):
+        first = data[f"first_{direction}"]
+        parts.append(f"<h2>{direction}</h2><p>first divergent module: " +
+                     (f"<b class='bad'>{_e(_name(first))}</b> ({_e(first.get('type'))}): {_e(first.get('reason'))}"
+                      if first else "<span class='ok'>none</span>") + "</p>")
+        parts.append(error_along_depth_svg(data[direction], f"{direction}: {what}"))
+        parts.append(_table(["#", "module", "type", "what", "rel. error", "inherited", "allowed", "max abs", "verdict"], [
+            [str(r["index"]), _e(r["key"]), _e(r.get("type")), _e(r.get("what")), _num(r.get("err")),
+             _num(r.get("inherited")), _num(r.get("allowed")), _num(r.get("max_abs")),
+             "<span class='ok'>ok</span>" if r["passed"] else f"<span class='bad'>diverges</span> {_e(r.get('reason'))}"]
+            for r in data[direction]]))
+    return parts
 
 
 def replay_html(data: Dict[str, Any]) -> str:
@@ -222,6 +232,76 @@ def replay_html(data: Dict[str, Any]) -> str:
             for r in rows]))
     if data.get("notes"):
         parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in data["notes"]) + "</ul>")
+    parts.append("</body></html>")
+    return "".join(parts)
+
+
+# --------------------------------------------------------------------------- gpuparity model
+_OWN_STATUS = {"ok": "[green]ok[/]", "diverged": "[bold red]DIVERGES[/]", "error": "[bold red]ERROR[/]",
+               "unconfirmed": "[red]flagged, not re-run[/]", "skipped": "[dim]skipped[/]"}
+
+
+def _model_header(data: Dict[str, Any]) -> str:
+    scope = f"only {', '.join(data['include'])}, each on its recorded inputs" if data["include"] else "the whole model"
+    return (f"{data['spec']} {data.get('factory_args') or ''}: {data['device']} {data['dtype']} against "
+            f"{data['reference']} (same weights and inputs), {scope}; {data['machine']}")
+
+
+def render_model_check(console: Console, data: Dict[str, Any], show_all: bool = False) -> None:
+    """data: ModelCheck.to_dict()."""
+    console.print(f"[bold]model[/] {_model_header(data)}")
+    comparison = data.get("comparison")
+    if comparison:
+        _comparison_tables(console, comparison, show_all, title=f"{data['device']} {data['dtype']} against float64")
+    for direction in ("forward", "backward"):
+        rows, culprit = data[direction], data[f"culprit_{direction}"]
+        if not rows:
+            continue
+        what = "each module on its recorded inputs" if data["include"] else "flagged modules on the reference's inputs"
+        table = Table(title=f"{direction}: {what}, device against float64", title_justify="left")
+        for column in ("#", "module", "type", "own error", "inherited", "allowed", "status"):
+            table.add_column(column, justify="left" if column in ("module", "type", "status") else "right")
+        for row in rows_to_show(rows, culprit, show_all):
+            status = _OWN_STATUS[row["status"]]
+            if row["status"] in ("skipped", "error", "unconfirmed") and row.get("reason"):
+                status += f" [dim]{row['reason'][:80]}[/]"
+            style = "bold" if culprit is not None and row["key"] == culprit["key"] else None
+            table.add_row(str(row["index"]), row["key"], row["type"], _num(row.get("err")), _num(row.get("inherited")),
+                          _num(row.get("allowed")), status, style=style)
+        console.print(table)
+    for note in data.get("notes", []) + (comparison or {}).get("notes", []):
+        console.print(f"[yellow]note:[/] {note}")
+    console.print(f"module whose own computation diverges, forward:  {_culprit_line(data['culprit_forward'], 'forward')}")
+    console.print(f"module whose own computation diverges, backward: {_culprit_line(data['culprit_backward'], 'backward')}")
+    if data["passed"]:
+        console.print("[bold green]the model agrees with float64[/] under the tolerance policy (docs/diverging-runs.md)")
+    else:
+        culprit = data["culprit_forward"] or data["culprit_backward"]
+        console.print(f"[bold red]{culprit['key']} diverges[/]: fed the same inputs, its result on {data['device']} "
+                      f"differs from float64 beyond the tolerance policy")
+
+
+def model_check_html(data: Dict[str, Any]) -> str:
+    verdict = "agrees with float64" if data["passed"] else "a module's own computation diverges"
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>gpuparity model</title>"
+             f"<style>{CSS}</style></head><body>",
+             f"<h1>gpuparity model: <span class='{'ok' if data['passed'] else 'bad'}'>{verdict}</span></h1>",
+             f"<p>{_e(_model_header(data))}</p>"]
+    for direction in ("forward", "backward"):
+        culprit = data[f"culprit_{direction}"]
+        parts.append(f"<h2>{direction}: own computation</h2><p>module whose own computation diverges: " +
+                     (f"<b class='bad'>{_e(culprit['key'])}</b> ({_e(culprit['type'])}): {_e(culprit['reason'])}"
+                      if culprit else "<span class='ok'>none</span>") + "</p>")
+        parts.append(_table(["#", "module", "type", "own error", "inherited", "allowed", "status"], [
+            [str(r["index"]), _e(r["key"]), _e(r["type"]), _num(r.get("err")), _num(r.get("inherited")),
+             _num(r.get("allowed")),
+             f"<span class='{'ok' if r['status'] == 'ok' else 'bad'}'>{_e(r['status'])}</span> {_e(r.get('reason'))}"]
+            for r in data[direction]]))
+    if data.get("comparison"):
+        parts += _comparison_sections(data["comparison"], "relative error against float64")
+    notes = data.get("notes", []) + (data.get("comparison") or {}).get("notes", [])
+    if notes:
+        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
     parts.append("</body></html>")
     return "".join(parts)
 
