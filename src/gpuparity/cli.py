@@ -13,7 +13,7 @@ from typing import List, Optional
 from . import __version__
 
 # The one list of subcommands, in the order `gpuparity --help` shows them.
-COMMANDS = ("doctor", "env", "known_issues", "check", "bench", "trace", "compile_check", "workload",
+COMMANDS = ("doctor", "env", "known_issues", "check", "bench", "trace", "model", "compile_check", "workload",
             "fleet", "template", "profile", "cache")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
