@@ -748,11 +748,44 @@ def _availability() -> Optional[str]:
     return triton_unavailable_reason("cuda")
 
 
-for _op, _fn, _what in (("rms_norm", triton_rms_norm, "RMSNorm"), ("layer_norm", triton_layer_norm, "LayerNorm")):
+# The forward/backward split the torch.library ops call (gpuparity.ops.library): a compiled graph
+# saves the statistics and runs the fused backward, as the autograd.Function above does eagerly.
+def _contiguous(param: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return param if param is None or param.is_contiguous() else param.contiguous()
+
+
+def _rms_forward_saving(x, normalized_shape, weight, eps):
+    eps = reference.default_rms_eps(x.dtype) if eps is None else eps
+    y, stats = norm_forward(x, _normalized_ndim(normalized_shape), _contiguous(weight), None, eps, True)
+    return y, (stats,)
+
+
+def _rms_backward_from(dy, saved, x, normalized_shape, weight, eps):
+    weight = _contiguous(weight)
+    dx, dw, _ = norm_backward(dy, x, _normalized_ndim(normalized_shape), weight, None, saved[0], True)
+    return dx, dw
+
+
+def _ln_forward_saving(x, normalized_shape, weight, bias, eps):
+    y, stats = norm_forward(x, _normalized_ndim(normalized_shape), _contiguous(weight), _contiguous(bias), eps, False)
+    return y, (stats,)
+
+
+def _ln_backward_from(dy, saved, x, normalized_shape, weight, bias, eps):
+    weight = _contiguous(weight)
+    dx, dw, db = norm_backward(dy, x, _normalized_ndim(normalized_shape), weight,
+                               None if bias is None else bias.dtype, saved[0], False)
+    return dx, dw, db
+
+
+for _op, _fn, _what, _saving, _from in (
+        ("rms_norm", triton_rms_norm, "RMSNorm", _rms_forward_saving, _rms_backward_from),
+        ("layer_norm", triton_layer_norm, "LayerNorm", _ln_forward_saving, _ln_backward_from)):
     register(Backend(
         name="triton", op=_op, fn=_fn,
         description=f"gpuparity's fused Triton {_what} (fp32 statistics, forward and backward)",
-        dtypes=KERNEL_DTYPES, availability=_availability, supports=_supports, jit=True))
+        dtypes=KERNEL_DTYPES, availability=_availability, supports=_supports, jit=True,
+        forward_saving=_saving, backward_from=_from))
 
 
 # ----------------------------------------------------------------------------- AOT

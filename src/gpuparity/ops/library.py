@@ -1,0 +1,333 @@
+"""gpuparity's ops as torch.library custom ops, for torch.compile(fullgraph=True) and torch.export:
+`gpuparity::attention`, `::rms_norm`, `::layer_norm` and `::apply_rotary`, each with a fake
+(meta) implementation and a registered autograd formula that calls a backward op
+(`::attention_backward`, `::norm_backward`; rotary's backward is itself rotated by -theta).
+
+The public functions take this path only while torch.compile or torch.export traces them; eager
+calls go straight to the backend (a custom op's dispatch costs host time on every call).
+An op's body chooses its backend when it runs, through the verified dispatcher (ops.select),
+so the traced graph holds no backend choice, no probe-cache lookup and no graph break. That is
+also why these are `custom_op`s and not `triton_op`s: inductor traces a triton_op's body, and
+this body is a dispatcher with a probe cache behind it, not one kernel.
+
+Backward: a backend that declares `forward_saving`/`backward_from` (the Triton kernels) runs its
+own fused backward from what its forward saved. Any other backend (sdpa, torch compositions)
+recomputes its forward under autograd inside the backward op and differentiates that: the
+gradient of exactly the forward it served. The backward serves with the backend the forward
+used for the same call signature (`_SERVED`).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from ..backends.registry import Backend, Problem
+from . import select
+from .calls import attention_problem, check_rotary_inputs, norm_problem, rotary_problem
+
+__all__ = ["attention", "layer_norm", "rms_norm", "apply_rotary"]
+
+# (problem, backend asked for) -> the backend the forward served it with. Bounded: problems
+# carry sequence lengths.
+_SERVED: Dict[tuple, Backend] = {}
+_SERVED_MAX = 4096
+
+
+def _serve(problem: Problem, backend: str) -> Backend:
+    chosen = select.resolve(problem, backend)
+    if _SERVED.get((problem, backend)) is not chosen:
+        if len(_SERVED) >= _SERVED_MAX:
+            _SERVED.clear()
+        _SERVED[(problem, backend)] = chosen
+    return chosen
+
+
+def _served(problem: Problem, backend: str) -> Backend:
+    return _SERVED.get((problem, backend)) or select.resolve(problem, backend)
+
+
+@contextlib.contextmanager
+def _autograd_inside_op():
+    """A custom op's body runs with autograd's dispatch keys excluded; recomputing a forward to
+    differentiate it needs them back for that span."""
+    keys = torch._C.DispatchKey
+    exclude = (torch._C._dispatch_tls_local_exclude_set()
+               .remove(keys.AutogradFunctionality).remove(keys.ADInplaceOrView))
+    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude), torch.enable_grad():
+        yield
+
+
+def _recomputed_grads(forward: Callable[..., Tensor], inputs: Sequence[Optional[Tensor]],
+                      wanted: Sequence[bool], grad_out: Tensor) -> List[Optional[Tensor]]:
+    """Gradients of forward(*inputs) for the inputs marked wanted (None elsewhere)."""
+    with _autograd_inside_op():
+        leaves = [None if t is None else t.detach().requires_grad_(bool(w)) for t, w in zip(inputs, wanted)]
+        out = forward(*leaves)
+        targets = [leaf for leaf, w in zip(leaves, wanted) if w and leaf is not None]
+        grads = iter(torch.autograd.grad(out, targets, grad_out, allow_unused=True) if targets else ())
+    result = []
+    for leaf, w in zip(leaves, wanted):
+        if w and leaf is not None:
+            grad = next(grads)
+            result.append(torch.zeros_like(leaf) if grad is None else grad)
+        else:
+            result.append(None)
+    return result
+
+
+def _like(out: Tensor, template: Tensor) -> Tensor:
+    """`out` with the strides the fake implementation promises (empty_like(template)'s)."""
+    if out.stride() == template.stride():
+        return out
+    fitted = torch.empty_like(template)
+    fitted.copy_(out)
+    return fitted
+
+
+def _nothing(like: Tensor) -> Tensor:
+    """An output slot with no value (custom ops return no Optional[Tensor]); a new tensor each
+    time, since an op's outputs may not alias each other."""
+    return like.new_empty(0, dtype=torch.float32)
+
+
+# ----------------------------------------------------------------------------- norms
+def _rows(x: Tensor, normalized_shape: Sequence[int]) -> int:
+    return math.prod(x.shape[:x.dim() - len(normalized_shape)])
+
+
+def _stats_like(x: Tensor, normalized_shape: Sequence[int], is_rms: bool) -> Tensor:
+    """The saved statistics' buffer (the Triton norm kernels' layout: rstd per row, for
+    LayerNorm a mean per row too, and the backward's arrival counter)."""
+    rows = _rows(x, normalized_shape)
+    return x.new_zeros((rows if is_rms else 2 * rows) + 1, dtype=torch.float32)
+
+
+def _norm_problem(op: str, x: Tensor, normalized_shape: Sequence[int], weight, bias) -> Problem:
+    return norm_problem(op, x, tuple(normalized_shape), weight, bias)
+
+
+def _norm_forward(op: str, x, normalized_shape, weight, bias, eps, backend) -> Tuple[Tensor, Tensor]:
+    is_rms = op == "rms_norm"
+    args = (x, list(normalized_shape), weight, eps) if is_rms else (x, list(normalized_shape), weight, bias, eps)
+    chosen = _serve(_norm_problem(op, x, normalized_shape, weight, bias), backend)
+    if chosen.forward_saving is not None:
+        out, (stats,) = chosen.forward_saving(*args)
+    else:
+        out, stats = chosen.fn(*args), _stats_like(x, normalized_shape, is_rms)
+    return _like(out, x), stats
+
+
+@torch.library.custom_op("gpuparity::rms_norm", mutates_args=())
+def rms_norm_op(x: Tensor, normalized_shape: List[int], weight: Optional[Tensor], eps: Optional[float],
+                backend: str) -> Tuple[Tensor, Tensor]:
+    return _norm_forward("rms_norm", x, normalized_shape, weight, None, eps, backend)
+
+
+@torch.library.custom_op("gpuparity::layer_norm", mutates_args=())
+def layer_norm_op(x: Tensor, normalized_shape: List[int], weight: Optional[Tensor], bias: Optional[Tensor],
+                  eps: float, backend: str) -> Tuple[Tensor, Tensor]:
+    return _norm_forward("layer_norm", x, normalized_shape, weight, bias, eps, backend)
+
+
+@rms_norm_op.register_fake
+def _rms_norm_fake(x, normalized_shape, weight, eps, backend):
+    return torch.empty_like(x), _stats_like(x, normalized_shape, True)
+
+
+@layer_norm_op.register_fake
+def _layer_norm_fake(x, normalized_shape, weight, bias, eps, backend):
+    return torch.empty_like(x), _stats_like(x, normalized_shape, False)
+
+
+# The Triton backward counts its programs' arrivals in the last element of `stats` and its last
+# program sets it back to zero: the op leaves `stats` as it found them, so it declares no mutation.
+@torch.library.custom_op("gpuparity::norm_backward", mutates_args=())
+def norm_backward_op(grad: Tensor, x: Tensor, normalized_shape: List[int], weight: Optional[Tensor],
+                     bias: Optional[Tensor], eps: Optional[float], stats: Tensor, is_rms: bool, backend: str,
+                     wanted: List[bool]) -> Tuple[Tensor, Tensor, Tensor]:
+    """(dx, dweight, dbias); a gradient not wanted (or of an absent parameter) is an empty tensor."""
+    op = "rms_norm" if is_rms else "layer_norm"
+    chosen = _served(_norm_problem(op, x, normalized_shape, weight, bias), backend)
+    args = [x, list(normalized_shape), weight, eps] if is_rms else [x, list(normalized_shape), weight, bias, eps]
+    if chosen.backward_from is not None:
+        grads = list(chosen.backward_from(grad, (stats,), *args))
+    else:
+        def forward(x_, weight_, bias_):
+            return chosen.fn(x_, list(normalized_shape), weight_, eps) if is_rms else \
+                chosen.fn(x_, list(normalized_shape), weight_, bias_, eps)
+        grads = _recomputed_grads(forward, [x, weight, bias], wanted, grad)
+    grads += [None] * (3 - len(grads))
+    return tuple(g.contiguous() if (g is not None and w) else _nothing(x)
+                 for g, w in zip(grads, wanted))
+
+
+@norm_backward_op.register_fake
+def _norm_backward_fake(grad, x, normalized_shape, weight, bias, eps, stats, is_rms, backend, wanted):
+    params = (x, weight, bias)
+    return tuple(torch.empty(p.shape, dtype=p.dtype, device=x.device) if (w and p is not None)
+                 else x.new_empty(0, dtype=torch.float32) for p, w in zip(params, wanted))
+
+
+def _norm_setup(ctx, inputs, output, is_rms):
+    if is_rms:
+        x, shape, weight, eps, backend = inputs
+        bias = None
+    else:
+        x, shape, weight, bias, eps, backend = inputs
+    ctx.save_for_backward(x, weight, bias, output[1])
+    ctx.spec = (list(shape), eps, is_rms, backend)
+
+
+def _norm_backward(ctx, grad, _grad_stats):
+    x, weight, bias, stats = ctx.saved_tensors
+    shape, eps, is_rms, backend = ctx.spec
+    needs = ctx.needs_input_grad
+    wanted = [bool(needs[0]), bool(needs[2]) and weight is not None,
+              (not is_rms) and bool(needs[3]) and bias is not None]
+    dx, dw, db = torch.ops.gpuparity.norm_backward(grad, x, shape, weight, bias, eps, stats, is_rms, backend, wanted)
+    dx, dw, db = (g if w else None for g, w in zip((dx, dw, db), wanted))
+    if is_rms:
+        return dx, None, dw, None, None
+    return dx, None, dw, db, None, None
+
+
+rms_norm_op.register_autograd(lambda ctx, grad, grad_stats: _norm_backward(ctx, grad, grad_stats),
+                              setup_context=lambda ctx, inputs, output: _norm_setup(ctx, inputs, output, True))
+layer_norm_op.register_autograd(lambda ctx, grad, grad_stats: _norm_backward(ctx, grad, grad_stats),
+                                setup_context=lambda ctx, inputs, output: _norm_setup(ctx, inputs, output, False))
+
+
+def rms_norm(x: Tensor, normalized_shape: Sequence[int], weight: Optional[Tensor], eps: Optional[float],
+             backend: str) -> Tensor:
+    return torch.ops.gpuparity.rms_norm(x, list(normalized_shape), weight, eps, backend)[0]
+
+
+def layer_norm(x: Tensor, normalized_shape: Sequence[int], weight: Optional[Tensor], bias: Optional[Tensor],
+               eps: float, backend: str) -> Tensor:
+    return torch.ops.gpuparity.layer_norm(x, list(normalized_shape), weight, bias, float(eps), backend)[0]
+
+
+# ----------------------------------------------------------------------------- attention
+def _attention_problem(q, k, v, attn_mask, key_padding_mask, is_causal, scale, mask_grad) -> Problem:
+    return attention_problem(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                             is_causal=is_causal, scale=scale, mask_requires_grad=mask_grad)
+
+
+@torch.library.custom_op("gpuparity::attention", mutates_args=())
+def attention_op(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor],
+                 is_causal: bool, scale: Optional[float], mask_grad: bool, backend: str) -> Tuple[Tensor, Tensor]:
+    """(out, lse): lse (B, H, Sq) float32 is what a split backend's backward reads (zeros else)."""
+    chosen = _serve(_attention_problem(q, k, v, attn_mask, key_padding_mask, is_causal, scale, mask_grad), backend)
+    if chosen.forward_saving is not None:
+        out, (lse,) = chosen.forward_saving(q, k, v, attn_mask, key_padding_mask, is_causal, scale)
+    else:
+        out = chosen.fn(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
+                        scale=scale)
+        lse = q.new_zeros(q.shape[:3], dtype=torch.float32)
+    return _like(out, q), lse
+
+
+@attention_op.register_fake
+def _attention_fake(q, k, v, attn_mask, key_padding_mask, is_causal, scale, mask_grad, backend):
+    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+@torch.library.custom_op("gpuparity::attention_backward", mutates_args=())
+def attention_backward_op(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                          attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], is_causal: bool,
+                          scale: Optional[float], mask_grad: bool, backend: str
+                          ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dv, d attn_mask); the mask's gradient is an empty tensor unless mask_grad."""
+    chosen = _served(_attention_problem(q, k, v, attn_mask, key_padding_mask, is_causal, scale, mask_grad), backend)
+    if chosen.backward_from is not None and not mask_grad:
+        dq, dk, dv = chosen.backward_from(grad, (out, lse), q, k, v, attn_mask, key_padding_mask, is_causal, scale)
+        dmask = None
+    else:
+        def forward(q_, k_, v_, mask_):
+            return chosen.fn(q_, k_, v_, attn_mask=mask_, key_padding_mask=key_padding_mask, is_causal=is_causal,
+                             scale=scale)
+        dq, dk, dv, dmask = _recomputed_grads(forward, [q, k, v, attn_mask], [True, True, True, mask_grad], grad)
+    return (_like(dq, q), _like(dk, k), _like(dv, v),
+            dmask.contiguous() if mask_grad else _nothing(q))
+
+
+@attention_backward_op.register_fake
+def _attention_backward_fake(grad, q, k, v, out, lse, attn_mask, key_padding_mask, is_causal, scale, mask_grad,
+                             backend):
+    dmask = (torch.empty(attn_mask.shape, dtype=attn_mask.dtype, device=q.device) if mask_grad
+             else q.new_empty(0, dtype=torch.float32))
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dmask
+
+
+def _attention_setup(ctx, inputs, output):
+    q, k, v, attn_mask, key_padding_mask, is_causal, scale, mask_grad, backend = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1], attn_mask, key_padding_mask)
+    ctx.spec = (is_causal, scale, mask_grad, backend)
+
+
+def _attention_backward(ctx, grad, _grad_lse):
+    q, k, v, out, lse, attn_mask, key_padding_mask = ctx.saved_tensors
+    is_causal, scale, mask_grad, backend = ctx.spec
+    dq, dk, dv, dmask = torch.ops.gpuparity.attention_backward(
+        grad, q, k, v, out, lse, attn_mask, key_padding_mask, is_causal, scale, mask_grad, backend)
+    return dq, dk, dv, (dmask if mask_grad else None), None, None, None, None, None
+
+
+attention_op.register_autograd(_attention_backward, setup_context=_attention_setup)
+
+
+def attention(q, k, v, attn_mask, key_padding_mask, is_causal, scale, backend) -> Tensor:
+    mask_grad = attn_mask is not None and attn_mask.is_floating_point() and attn_mask.requires_grad
+    return torch.ops.gpuparity.attention(q, k, v, attn_mask, key_padding_mask, bool(is_causal),
+                                         None if scale is None else float(scale), bool(mask_grad), backend)[0]
+
+
+# ----------------------------------------------------------------------------- rotary
+@torch.library.custom_op("gpuparity::apply_rotary", mutates_args=())
+def rotary_op(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, offset: int, offsets: Optional[Tensor],
+              cu_seqlens: Optional[Tensor], max_seqlen: Optional[int], backend: str) -> Tensor:
+    seqlen_offsets = offset if offsets is None else offsets
+    # the checks that read device values (cu_seqlens order, offsets within the table) were
+    # skipped while tracing; they run here on the real tensors
+    max_seqlen = check_rotary_inputs(x, cos, sin, interleaved=interleaved, seqlen_offsets=seqlen_offsets,
+                                     cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, inplace=False)
+    chosen = select.resolve(rotary_problem(x, cos, interleaved, seqlen_offsets, cu_seqlens), backend)
+    out = chosen.fn(x, cos, sin, interleaved=interleaved, seqlen_offsets=seqlen_offsets, cu_seqlens=cu_seqlens,
+                    max_seqlen=max_seqlen)
+    return _like(out, x)
+
+
+@rotary_op.register_fake
+def _rotary_fake(x, cos, sin, interleaved, offset, offsets, cu_seqlens, max_seqlen, backend):
+    return torch.empty_like(x)
+
+
+def _rotary_setup(ctx, inputs, output):
+    x, cos, sin, interleaved, offset, offsets, cu_seqlens, max_seqlen, backend = inputs
+    ctx.save_for_backward(cos, sin, offsets, cu_seqlens)
+    ctx.spec = (interleaved, offset, max_seqlen, backend)
+
+
+def _rotary_backward(ctx, grad):
+    cos, sin, offsets, cu_seqlens = ctx.saved_tensors
+    interleaved, offset, max_seqlen, backend = ctx.spec
+    # a rotation's transpose is the rotation by -theta; the pass-through features pass through
+    dx = torch.ops.gpuparity.apply_rotary(grad, cos, -sin, interleaved, offset, offsets, cu_seqlens, max_seqlen,
+                                          backend)
+    return dx, None, None, None, None, None, None, None, None
+
+
+rotary_op.register_autograd(_rotary_backward, setup_context=_rotary_setup)
+
+
+def apply_rotary(x, cos, sin, interleaved, seqlen_offsets, cu_seqlens, max_seqlen, backend) -> Tensor:
+    if isinstance(seqlen_offsets, Tensor):
+        offset, offsets = 0, seqlen_offsets
+    else:
+        offset, offsets = int(seqlen_offsets), None
+    return torch.ops.gpuparity.apply_rotary(x, cos, sin, bool(interleaved), offset, offsets, cu_seqlens, max_seqlen,
+                                            backend)
