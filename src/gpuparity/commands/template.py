@@ -88,8 +88,10 @@ def handle_slurm(args) -> int:
     if command[:1] == ["--"]:
         command = command[1:]
     if not command:
-        args.slurm_parser.error("the job's command is required after --, e.g. "
-                                "gpuparity template slurm ... -- python train.py --epochs 10")
+        args.slurm_parser.print_usage(sys.stderr)
+        print("gpuparity template slurm: error: the job's command is required after --, e.g. "
+              "gpuparity template slurm ... -- python train.py --epochs 10", file=sys.stderr)
+        return 2
     text = slurm_script(command, nodes=args.nodes, gpus_per_node=args.gpus_per_node, vendor=args.vendor,
                         partition=args.partition, time=args.time, account=args.account, job_name=args.job_name,
                         container=args.container, preflight=not args.no_preflight, platform=platform,
