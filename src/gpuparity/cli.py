@@ -43,7 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        # argparse has printed the usage error (2) or the help (0); callers in-process get the
+        # code like every other outcome
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     if not getattr(args, "handler", None):
         parser.print_help()
         return EXIT_USAGE
