@@ -82,6 +82,8 @@ def _cases(tmp):
           "--", "python", "t.py"], "--platform", "does not exist"),
         (["workload", "compare", missing, missing], "a.json", "does not exist"),
         (["compile-check", "pkg:factory", "--json", UNWRITABLE], "--json", "cannot write"),
+        (["model", "pkg:factory", "--html", directory], "--html", "is a directory"),
+        (["model", str(tmp / "model.py") + ":factory"], "SPEC", "does not exist"),
     ]
 
 

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from ..report.files import write_json, write_text
-from ._common import human_console
+from ._common import human_console, output_file, output_json, spec_argument
 
 EXAMPLE = """\
 SPEC is module:factory (or path/to/file.py:factory), as for `gpuparity trace record`:
@@ -31,7 +31,7 @@ def register(subparsers) -> None:
                     "and inputs, forward and backward; compare every module and name the first whose own computation "
                     "diverges beyond the tolerance policy.",
         epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("spec", metavar="SPEC", help="module:factory returning (model, inputs)")
+    parser.add_argument("spec", metavar="SPEC", type=spec_argument, help="module:factory returning (model, inputs)")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: the first verified GPU, else cpu)")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16, float16 or float64 (default: the factory's)")
     parser.add_argument("--seed", type=int, default=0, help="torch seed set before the factory and the forward")
@@ -42,8 +42,8 @@ def register(subparsers) -> None:
     parser.add_argument("--no-grads", action="store_true", help="forward only")
     parser.add_argument("--factory-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="an option for the factory (repeatable; VALUE is parsed as JSON when it can be)")
-    parser.add_argument("--json", metavar="FILE", help="write the report as JSON ('-' for stdout)")
-    parser.add_argument("--html", metavar="FILE", help="write a self-contained HTML report")
+    parser.add_argument("--json", metavar="FILE", type=output_json, help="write the report as JSON ('-' for stdout)")
+    parser.add_argument("--html", metavar="FILE", type=output_file, help="write a self-contained HTML report")
     parser.add_argument("--all", action="store_true", help="show every row")
     parser.set_defaults(handler=handle_model)
 
