@@ -9,10 +9,11 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from . import __version__, dispatch, platform
+from . import __version__, platform
 from .checks.battery import (BatteryRun, Budget, WorkerPool, as_budget, estimate_seconds, normalize_device, plan,
                              run_battery, run_tasks, timing_tasks, validate_device, verdicts_from_results)
 from .checks.verdicts import store_verdicts
+from .known import avoid as known_avoid
 from .checks.results import CheckResult, Status, tally
 
 SCHEMA_VERSION = 1
@@ -86,8 +87,10 @@ def _timings(results: List[CheckResult], device: str, timeout: Optional[float],
     return times
 
 
-def recommendations(results: List[CheckResult], times: Dict[tuple, float]) -> List[Dict[str, Any]]:
-    """Per op and dtype: the fastest backend that passed everything, and the ones to avoid."""
+def recommendations(results: List[CheckResult], times: Dict[tuple, float], avoids: Sequence = (),
+                    device_type: str = "cpu") -> List[Dict[str, Any]]:
+    """Per op and dtype: the fastest backend that passed everything, and the ones to avoid
+    (failed checks, or ruled out by a known issue confirmed here: its remedy wins)."""
     by_op: Dict[tuple, Dict[str, List[CheckResult]]] = {}
     for r in results:
         if r.backend.startswith("impl:"):
@@ -102,7 +105,11 @@ def recommendations(results: List[CheckResult], times: Dict[tuple, float]) -> Li
             not_run = [m for m in members if m.status == Status.NOT_RUN]
             if not ran and not not_run:
                 continue
-            if not bad and not_run:  # passed what ran, but not every check ran: not verified
+            ruled_out = next((a for a in avoids if a.matches(op, name, dtype, device_type)), None)
+            if ruled_out is not None:
+                avoid.append({"backend": name, "failed": len(bad), "of": len(ran), "statuses": ["known-issue"],
+                              "example": ruled_out.reason[:200], "known_issue": ruled_out.issue})
+            elif not bad and not_run:  # passed what ran, but not every check ran: not verified
                 unfinished.append({"backend": name, "not_run": len(not_run), "of": len(ran) + len(not_run)})
             elif bad:
                 kinds = sorted({m.status.value for m in bad})
@@ -116,14 +123,22 @@ def recommendations(results: List[CheckResult], times: Dict[tuple, float]) -> Li
         if good and good[0]["time_ms"] is not None:
             text += f" ({good[0]['time_ms']:.3g} ms on the timing case)"
         if avoid:
-            text += "; avoid " + ", ".join(f"{a['backend']}: failed {a['failed']}/{a['of']} check{'s' * (a['of'] != 1)}"
-                                     for a in avoid)
+            text += "; avoid " + ", ".join(
+                f"{a['backend']}: known issue {a['known_issue']} confirmed here" if a.get("known_issue")
+                else f"{a['backend']}: failed {a['failed']}/{a['of']} check{'s' * (a['of'] != 1)}" for a in avoid)
         if unfinished:
             text += "; not verified: " + ", ".join(f"{u['backend']}: {u['not_run']}/{u['of']} check{'s' * (u['of'] != 1)} not run"
                                                    for u in unfinished)
         out.append({"op": op, "dtype": dtype, "use": use, "verified": good, "avoid": avoid, "unfinished": unfinished,
                     "text": text})
     return out
+
+
+def _avoids(known_results: List[Dict[str, Any]]) -> list:
+    try:
+        return known_avoid.from_results(known_results)
+    except Exception:  # noqa: BLE001 - the base failed to load: reported under known_issues_error already
+        return []
 
 
 def run_doctor(options: DoctorOptions, *, progress: Optional[Callable[[int, int, CheckResult], None]] = None,
@@ -174,8 +189,12 @@ def run_doctor(options: DoctorOptions, *, progress: Optional[Callable[[int, int,
             timing_pool.close()
     phase("done", finished="timing")
     cache_path = None
+    known_results = known_sink.get("results", [])
+    avoids = _avoids(known_results)
+    device_type = normalize_device(device).type
     if options.fill_cache:
         verdicts = verdicts_from_results(run.results)
+        known_avoid.apply(verdicts, avoids, device_type)
         for key, verdict in verdicts.items():
             op, backend, dtype, _kind = key.split("|")
             verdict["time_ms"] = times.get((op, backend, dtype.split("+")[0]))  # "float32+tf32": timed as float32
@@ -184,7 +203,6 @@ def run_doctor(options: DoctorOptions, *, progress: Optional[Callable[[int, int,
             cache_path = store_verdicts(torch.device(device), verdicts)
         except OSError as exc:
             cache_path = f"not written: {exc}"
-    known_results = known_sink.get("results", [])
     battery_bad = [r for r in run.results if r.status.bad or r.status == Status.NOT_RUN]
     known_bad = [k for k in known_results if k.get("status") in FAILING_KNOWN_STATUSES
                  and k.get("kind") not in NON_FAILING_KNOWN_KINDS]
@@ -204,7 +222,7 @@ def run_doctor(options: DoctorOptions, *, progress: Optional[Callable[[int, int,
         "known_issues_error": known_sink.get("error"),
         "battery": {"results": [r.to_dict() for r in run.results], "tally": tally(run.results),
                     "duration_s": run.duration_s},
-        "recommendations": recommendations(run.results, times),
+        "recommendations": recommendations(run.results, times, avoids, device_type),
         "probe_cache": cache_path,
         "duration_s": time.monotonic() - started,
         "phases_s": phases,

@@ -61,6 +61,9 @@ def probe_op(op: str, dtype: torch.dtype, kind: str, device) -> Dict[str, Dict[s
             else:
                 skipped = [r for r in results if r.backend == backend]
                 verdicts[key] = {"passed": False, "reason": skipped[0].reason if skipped else "not probed"}
+    # a confirmed known issue's remedy wins over a passing battery verdict
+    from ..known import avoid
+    avoid.apply(verdicts, avoid.confirmed_here(op, dtype, device, probed), device.type)
     timing = spec.timing_params()
     if timing is not None:
         passed = sorted({k.split("|")[1] for k, v in verdicts.items() if v.get("passed")})

@@ -93,6 +93,11 @@ def validate_issue(issue: Any, probe_names: Optional[set] = None) -> None:
         raise ValueError(f"{where}: kind must be one of {KINDS}, got {issue.get('kind')!r}")
     if not isinstance(issue["sources"], list):
         raise ValueError(f"{where}: sources must be a list")
+    for entry in issue.get("avoid", []):   # backends a confirmed issue rules out (known/avoid.py)
+        if not (isinstance(entry, dict) and isinstance(entry.get("op"), str) and isinstance(entry.get("backend"), str)
+                and set(entry) <= {"op", "backend", "dtype", "device"}):
+            raise ValueError(f"{where}: avoid entries must be objects with op and backend (and optionally dtype, "
+                             f"device), got {entry!r}")
 
 
 def load_issues() -> List[Dict[str, Any]]:
