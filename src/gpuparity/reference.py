@@ -14,17 +14,33 @@ import torch.nn.functional as F
 
 
 # --------------------------------------------------------------------------- attention
+def window_allowed(q_len: int, k_len: int, window, device="cpu") -> torch.Tensor:
+    """Bool (Sq, Sk): query i sees key j when i - left <= j <= i + right (-1: that side unbounded)."""
+    left, right = window
+    offset = torch.arange(k_len, device=device).view(1, k_len) - torch.arange(q_len, device=device).view(q_len, 1)
+    keep = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
+    if left >= 0:
+        keep &= offset >= -left
+    if right >= 0:
+        keep &= offset <= right
+    return keep
+
+
 def attention_allowed(q_len: int, k_len: int, batch: int, *, attn_mask=None, key_padding_mask=None,
-                      is_causal: bool = False, device="cpu") -> torch.Tensor:
+                      is_causal: bool = False, window=None, device="cpu") -> torch.Tensor:
     """Bool (B or 1, H or 1, Sq, Sk): True where a query may attend to a key.
 
     attn_mask bool: True = attend (SDPA); float attn_mask: -inf means masked.
     key_padding_mask: (B, Sk), True = padding (nn.MultiheadAttention).
     is_causal: top-left aligned, query i sees keys 0..i (SDPA).
+    window (left, right): query i sees keys i - left .. i + right, -1 = unbounded on that side
+    (FlashAttention's window_size), top-left aligned as is_causal.
     """
     allowed = torch.ones(1, 1, q_len, k_len, dtype=torch.bool, device=device)
     if is_causal:
         allowed = allowed & torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril()
+    if window is not None:
+        allowed = allowed & window_allowed(q_len, k_len, window, device)
     if attn_mask is not None:
         m = attn_mask if attn_mask.dtype == torch.bool else ~torch.isneginf(attn_mask)
         while m.dim() < 4:
@@ -41,9 +57,11 @@ def empty_query_rows(q_len: int, k_len: int, batch: int, heads: int, **masks) ->
     return (~allowed.any(-1, keepdim=True)).expand(batch, heads, q_len, 1)
 
 
-def attention(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None):
+def attention(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None,
+              window=None, softcap=None):
     """q: (B, H, Sq, D); k, v: (B, Hkv, Sk, D), H % Hkv == 0 (GQA: head h reads kv head
-    h // (H // Hkv), as SDPA's enable_gqa)."""
+    h // (H // Hkv), as SDPA's enable_gqa). softcap c: scaled scores s become c * tanh(s / c)
+    (Gemma-2) before any mask or float attn_mask is applied."""
     batch, heads, q_len, head_dim = q.shape
     kv_heads, k_len = k.shape[1], k.shape[2]
     if heads != kv_heads:
@@ -52,10 +70,12 @@ def attention(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False
         v = v.repeat_interleave(group, dim=1)
     scale = head_dim ** -0.5 if scale is None else scale
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
     if attn_mask is not None and attn_mask.dtype != torch.bool:
         scores = scores + attn_mask.to(scores.dtype)
     allowed = attention_allowed(q_len, k_len, batch, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-                                is_causal=is_causal, device=q.device)
+                                is_causal=is_causal, window=window, device=q.device)
     allowed = allowed & ~torch.isneginf(scores)
     empty = ~allowed.any(-1, keepdim=True)
     scores = scores.masked_fill(~allowed, float("-inf")).masked_fill(empty, 0.0)

@@ -152,6 +152,10 @@ def _supports(problem: Problem) -> List[str]:
         reasons.append(f"flex: head_dim {head_dim} is not a power of two >= 16")
     if problem.feature("mask_requires_grad"):
         reasons.append("flex: no gradient for a float attn_mask (it requires grad)")
+    if problem.feature("window") is not None or problem.feature("softcap") is not None:
+        # FlexAttention could express both (mask_mod, score_mod); gpuparity's flex backend does
+        # not build them yet, so it declines rather than ignore them
+        reasons.append("flex: sliding window and softcap are not wired into gpuparity's flex backend yet")
     return reasons
 
 

@@ -6,6 +6,8 @@ from typing import Optional, Tuple
 
 import torch
 
+from .. import reference
+
 
 def mask_kind(attn_mask, key_padding_mask, is_causal) -> str:
     """The probe key for a call: which mask machinery a backend must get right."""
@@ -19,12 +21,32 @@ def mask_kind(attn_mask, key_padding_mask, is_causal) -> str:
     return "+".join(parts) or "none"
 
 
+def attention_kind(attn_mask, key_padding_mask, is_causal, window=None, softcap=None) -> str:
+    """The probe key of an attention call: the mask kind, then "+window" and "+softcap" when
+    set, so that backend="auto" only uses backends verified for them."""
+    kind = mask_kind(attn_mask, key_padding_mask, is_causal)
+    if window is not None:
+        kind += "+window"
+    if softcap is not None:
+        kind += "+softcap"
+    return kind
+
+
+def window_mask(q_len: int, k_len: int, window, device) -> torch.Tensor:
+    """Bool (1, 1, Sq, Sk): query i sees key j when i - left <= j <= i + right (FlashAttention's
+    window_size; -1 = unbounded on that side), top-left aligned as SDPA's is_causal."""
+    return reference.window_allowed(q_len, k_len, window, device).view(1, 1, q_len, k_len)
+
+
 def allowed_mask(q_len: int, k_len: int, device, *, attn_mask=None, key_padding_mask=None,
-                 is_causal=False) -> Optional[torch.Tensor]:
+                 is_causal=False, window=None) -> Optional[torch.Tensor]:
     """Bool mask broadcastable to (B, H, Sq, Sk), True = attend; None when nothing is masked."""
     allowed = None
     if is_causal:
         allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril().view(1, 1, q_len, k_len)
+    if window is not None:
+        keep = window_mask(q_len, k_len, window, device)
+        allowed = keep if allowed is None else allowed & keep
     if attn_mask is not None:
         m = attn_mask if attn_mask.dtype == torch.bool else ~torch.isneginf(attn_mask)
         while m.dim() < 4:
@@ -36,7 +58,7 @@ def allowed_mask(q_len: int, k_len: int, device, *, attn_mask=None, key_padding_
     return allowed
 
 
-def sdpa_arguments(q, k, attn_mask=None, key_padding_mask=None, is_causal=False
+def sdpa_arguments(q, k, attn_mask=None, key_padding_mask=None, is_causal=False, window=None
                    ) -> Tuple[Optional[torch.Tensor], bool, Optional[torch.Tensor]]:
     """(mask for SDPA, is_causal for SDPA, empty rows (B|1, H|1, Sq, 1) or None).
 
@@ -47,10 +69,10 @@ def sdpa_arguments(q, k, attn_mask=None, key_padding_mask=None, is_causal=False
     if k_len == 0:
         # No keys: every row is empty (zero). SDPA's own answer there is NaN once q holds a NaN.
         return None, False, torch.ones(1, 1, q_len, 1, dtype=torch.bool, device=q.device)
-    if attn_mask is None and key_padding_mask is None:
+    if attn_mask is None and key_padding_mask is None and window is None:
         return None, bool(is_causal), None
     allowed = allowed_mask(q_len, k_len, q.device, attn_mask=attn_mask,
-                           key_padding_mask=key_padding_mask, is_causal=is_causal)
+                           key_padding_mask=key_padding_mask, is_causal=is_causal, window=window)
     empty = ~allowed.any(-1, keepdim=True)
     has_empty = bool(empty.any())
     if has_empty:

@@ -43,8 +43,12 @@ def _expand_kv(q, k, v):
 
 
 def _make_sdpa(name: str):
-    def run(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None):
-        mask, causal, empty = sdpa_arguments(q, k, attn_mask, key_padding_mask, is_causal)
+    def run(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None, window=None,
+            softcap=None):
+        if softcap is not None:  # supports() refuses it; a direct call says so too
+            raise BackendUnavailable(f"{name}: SDPA has no logit softcap")
+        # a window becomes part of the bool mask SDPA reads (no block skipping)
+        mask, causal, empty = sdpa_arguments(q, k, attn_mask, key_padding_mask, is_causal, window)
         k_full, v_full = _expand_kv(q, k, v)
         try:
             with _sdpa_kernel(name):
@@ -59,16 +63,19 @@ def _make_sdpa(name: str):
     return run
 
 
-def composition(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None):
+def composition(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None, window=None,
+                softcap=None):
     """matmul-softmax-matmul in q's dtype with the softmax in fp32: the trusted baseline."""
     head_dim = q.shape[-1]
     k, v = _expand_kv(q, k, v)
     scale = head_dim ** -0.5 if scale is None else scale
     scores = torch.matmul(q, k.transpose(-2, -1)).float() * scale
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
     if attn_mask is not None and attn_mask.dtype != torch.bool:
         scores = scores + attn_mask.float()
     allowed = allowed_mask(q.shape[-2], k.shape[-2], q.device, attn_mask=attn_mask,
-                           key_padding_mask=key_padding_mask, is_causal=is_causal)
+                           key_padding_mask=key_padding_mask, is_causal=is_causal, window=window)
     if allowed is not None or (attn_mask is not None and attn_mask.dtype != torch.bool):
         allowed = (~torch.isneginf(scores)) if allowed is None else (allowed & ~torch.isneginf(scores))
         empty = ~allowed.any(-1, keepdim=True)
@@ -83,26 +90,39 @@ def _cuda_only(problem: Problem) -> List[str]:
     return []
 
 
+def _no_softcap(name: str, problem: Problem) -> List[str]:
+    if problem.feature("softcap") is not None:
+        return [f"{name}: SDPA has no logit softcap (softcap={problem.feature('softcap')})"]
+    return []
+
+
+def _math_supports(problem: Problem) -> List[str]:
+    return _no_softcap("sdpa_math", problem)
+
+
 def _flash_supports(problem: Problem) -> List[str]:
-    reasons = []
+    reasons = _no_softcap("sdpa_flash", problem)
     if problem.feature("has_mask"):
         reasons.append("sdpa_flash: no attn_mask / key_padding_mask support")
+    if problem.feature("window") is not None:
+        reasons.append("sdpa_flash: no sliding window (it would need a mask, which the flash backend cannot read)")
     if problem.feature("head_dim", 64) > 256:
         reasons.append(f"sdpa_flash: head_dim {problem.feature('head_dim')} > 256")
     return reasons
 
 
 def _cudnn_supports(problem: Problem) -> List[str]:
-    reasons = []
+    reasons = _no_softcap("sdpa_cudnn", problem)
     if problem.feature("head_dim", 64) > 128 or problem.feature("head_dim", 64) % 8:
         reasons.append(f"sdpa_cudnn: head_dim {problem.feature('head_dim')} unsupported (needs a multiple of 8, <= 128)")
     return reasons
 
 
 def _efficient_supports(problem: Problem) -> List[str]:
+    reasons = _no_softcap("sdpa_efficient", problem)
     if problem.device.type == "cuda" and problem.feature("head_dim", 64) > 256:
-        return [f"sdpa_efficient: head_dim {problem.feature('head_dim')} > 256"]
-    return []
+        reasons.append(f"sdpa_efficient: head_dim {problem.feature('head_dim')} > 256")
+    return reasons
 
 
 def _mask_grad(problem: Problem) -> List[str]:
@@ -127,7 +147,7 @@ HALF = (torch.float16, torch.bfloat16)
 ALL = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 register(Backend("sdpa_math", "attention", _make_sdpa("sdpa_math"),
-                 "torch SDPA, math backend (what ROCm users fall back to)", dtypes=ALL))
+                 "torch SDPA, math backend (what ROCm users fall back to)", dtypes=ALL, supports=_math_supports))
 register(Backend("sdpa_efficient", "attention", _make_sdpa("sdpa_efficient"),
                  "torch SDPA, memory-efficient backend", device_types=("cuda",), dtypes=(*HALF, torch.float32),
                  availability=_gpu_only_availability("sdpa_efficient"), supports=_no_mask_grad(_efficient_supports)))

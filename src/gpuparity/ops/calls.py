@@ -4,19 +4,55 @@ the public functions (ops/attention.py, norms.py, rotary.py) and their torch.lib
 from __future__ import annotations
 
 import numbers
-from typing import Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ..backends.masks import mask_kind
+from ..backends.masks import attention_kind
 from ..backends.registry import Problem
 from ..validation import (FLOAT_DTYPES, describe, expect_broadcastable, expect_same_device, expect_same_dtype,
                           expect_tensor)
 
 
 # ----------------------------------------------------------------------------- attention
+def check_window(window, q_len: int, k_len: int) -> Optional[Tuple[int, int]]:
+    """`window` as (left, right) ints, or None when absent or unbounded on both sides ((-1, -1))."""
+    if window is None:
+        return None
+    if isinstance(window, (str, bytes)) or not isinstance(window, Sequence) or len(window) != 2:
+        raise TypeError(f"window: expected None or a pair (left, right) of ints >= -1, got {describe(window)}")
+    if not all(isinstance(w, numbers.Integral) and not isinstance(w, bool) for w in window):
+        raise TypeError(f"window: expected a pair (left, right) of ints >= -1, got {tuple(window)!r}")
+    left, right = int(window[0]), int(window[1])
+    if left < -1 or right < -1:
+        raise ValueError(f"window: expected left and right >= -1 (-1 = unbounded on that side), got {(left, right)}")
+    longest = max(int(q_len), int(k_len))
+    for side, size in (("left", left), ("right", right)):
+        if size > longest:
+            raise ValueError(f"window: {side} = {size} is larger than the sequence (max(Sq, Sk) = {longest}); "
+                             f"pass -1 for a side without a bound")
+    if left == -1 and right == -1:
+        return None
+    return left, right
+
+
+def check_softcap(softcap) -> Optional[float]:
+    """`softcap` as a float > 0, or None when absent or 0 (FlashAttention's "off")."""
+    if softcap is None:
+        return None
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap: expected None or a real number > 0, got {describe(softcap)}")
+    value = float(softcap)
+    if value == 0.0:
+        return None
+    if not (value > 0.0 and value != float("inf")):
+        raise ValueError(f"softcap: expected a finite number > 0 (scores become softcap * tanh(scores / softcap)), "
+                         f"got {softcap!r}")
+    return value
+
+
 def attention_problem(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None,
-                      mask_requires_grad: Optional[bool] = None) -> Problem:
+                      mask_requires_grad: Optional[bool] = None, window=None, softcap=None) -> Problem:
     """Validate the inputs of `attention` and describe the call for the dispatcher.
     mask_requires_grad overrides what attn_mask.requires_grad says (inside a torch.library op,
     where tensors carry no autograd state, the traced call's answer is passed down).
@@ -69,6 +105,8 @@ def attention_problem(q, k, v, *, attn_mask=None, key_padding_mask=None, is_caus
             raise ValueError(f"key_padding_mask: expected shape (B, Sk) = {(batch, k_len)}, got "
                              f"{describe(key_padding_mask)}")
         expect_same_device("q", q, key_padding_mask=key_padding_mask)
+    window = check_window(window, q_len, k_len)
+    softcap = check_softcap(softcap)
 
     features = (
         ("head_dim", int(head_dim)),
@@ -79,8 +117,23 @@ def attention_problem(q, k, v, *, attn_mask=None, key_padding_mask=None, is_caus
         ("q_len", int(q_len)),
         ("k_len", int(k_len)),
     )
+    if window is not None:   # absent when unset: the problems of plain calls stay as they were
+        features += (("window", window),)
+    if softcap is not None:
+        features += (("softcap", softcap),)
     return Problem(op="attention", device=q.device, dtype=q.dtype,
-                            kind=mask_kind(attn_mask, key_padding_mask, is_causal), features=features)
+                   kind=attention_kind(attn_mask, key_padding_mask, is_causal, window, softcap), features=features)
+
+
+def attention_extras(problem: Problem) -> Dict[str, Any]:
+    """window/softcap as backend functions take them, only when set: a backend that knows
+    neither (a planted or third-party one) keeps its old signature for plain calls."""
+    extras: Dict[str, Any] = {}
+    if problem.feature("window") is not None:
+        extras["window"] = problem.feature("window")
+    if problem.feature("softcap") is not None:
+        extras["softcap"] = problem.feature("softcap")
+    return extras
 
 
 # ----------------------------------------------------------------------------- norms

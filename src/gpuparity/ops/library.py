@@ -27,7 +27,7 @@ from torch import Tensor
 
 from ..backends.registry import Backend, Problem
 from . import select
-from .calls import attention_problem, check_rotary_inputs, norm_problem, rotary_problem
+from .calls import attention_extras, attention_problem, check_rotary_inputs, norm_problem, rotary_problem
 
 __all__ = ["attention", "layer_norm", "rms_norm", "apply_rotary"]
 
@@ -212,44 +212,53 @@ def layer_norm(x: Tensor, normalized_shape: Sequence[int], weight: Optional[Tens
 
 
 # ----------------------------------------------------------------------------- attention
-def _attention_problem(q, k, v, attn_mask, key_padding_mask, is_causal, scale, mask_grad) -> Problem:
+def _attention_problem(q, k, v, attn_mask, key_padding_mask, is_causal, scale, mask_grad, window, softcap) -> Problem:
     return attention_problem(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-                             is_causal=is_causal, scale=scale, mask_requires_grad=mask_grad)
+                             is_causal=is_causal, scale=scale, mask_requires_grad=mask_grad,
+                             window=None if window is None else tuple(window), softcap=softcap)
 
 
 @torch.library.custom_op("gpuparity::attention", mutates_args=())
 def attention_op(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor],
-                 is_causal: bool, scale: Optional[float], mask_grad: bool, backend: str) -> Tuple[Tensor, Tensor]:
+                 is_causal: bool, scale: Optional[float], mask_grad: bool, backend: str,
+                 window: Optional[List[int]] = None, softcap: Optional[float] = None) -> Tuple[Tensor, Tensor]:
     """(out, lse): lse (B, H, Sq) float32 is what a split backend's backward reads (zeros else)."""
-    chosen = _serve(_attention_problem(q, k, v, attn_mask, key_padding_mask, is_causal, scale, mask_grad), backend)
+    problem = _attention_problem(q, k, v, attn_mask, key_padding_mask, is_causal, scale, mask_grad, window, softcap)
+    chosen = _serve(problem, backend)
+    extras = attention_extras(problem)
     if chosen.forward_saving is not None:
-        out, (lse,) = chosen.forward_saving(q, k, v, attn_mask, key_padding_mask, is_causal, scale)
+        out, (lse,) = chosen.forward_saving(q, k, v, attn_mask, key_padding_mask, is_causal, scale, **extras)
     else:
         out = chosen.fn(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
-                        scale=scale)
+                        scale=scale, **extras)
         lse = q.new_zeros(q.shape[:3], dtype=torch.float32)
     return _like(out, q), lse
 
 
 @attention_op.register_fake
-def _attention_fake(q, k, v, attn_mask, key_padding_mask, is_causal, scale, mask_grad, backend):
+def _attention_fake(q, k, v, attn_mask, key_padding_mask, is_causal, scale, mask_grad, backend, window=None,
+                    softcap=None):
     return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 @torch.library.custom_op("gpuparity::attention_backward", mutates_args=())
 def attention_backward_op(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                           attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], is_causal: bool,
-                          scale: Optional[float], mask_grad: bool, backend: str
+                          scale: Optional[float], mask_grad: bool, backend: str,
+                          window: Optional[List[int]] = None, softcap: Optional[float] = None
                           ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, d attn_mask); the mask's gradient is an empty tensor unless mask_grad."""
-    chosen = _served(_attention_problem(q, k, v, attn_mask, key_padding_mask, is_causal, scale, mask_grad), backend)
+    problem = _attention_problem(q, k, v, attn_mask, key_padding_mask, is_causal, scale, mask_grad, window, softcap)
+    chosen = _served(problem, backend)
+    extras = attention_extras(problem)
     if chosen.backward_from is not None and not mask_grad:
-        dq, dk, dv = chosen.backward_from(grad, (out, lse), q, k, v, attn_mask, key_padding_mask, is_causal, scale)
+        dq, dk, dv = chosen.backward_from(grad, (out, lse), q, k, v, attn_mask, key_padding_mask, is_causal, scale,
+                                          **extras)
         dmask = None
     else:
         def forward(q_, k_, v_, mask_):
             return chosen.fn(q_, k_, v_, attn_mask=mask_, key_padding_mask=key_padding_mask, is_causal=is_causal,
-                             scale=scale)
+                             scale=scale, **extras)
         dq, dk, dv, dmask = _recomputed_grads(forward, [q, k, v, attn_mask], [True, True, True, mask_grad], grad)
     return (_like(dq, q), _like(dk, k), _like(dv, v),
             dmask.contiguous() if mask_grad else _nothing(q))
@@ -257,33 +266,35 @@ def attention_backward_op(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Te
 
 @attention_backward_op.register_fake
 def _attention_backward_fake(grad, q, k, v, out, lse, attn_mask, key_padding_mask, is_causal, scale, mask_grad,
-                             backend):
+                             backend, window=None, softcap=None):
     dmask = (torch.empty(attn_mask.shape, dtype=attn_mask.dtype, device=q.device) if mask_grad
              else q.new_empty(0, dtype=torch.float32))
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dmask
 
 
 def _attention_setup(ctx, inputs, output):
-    q, k, v, attn_mask, key_padding_mask, is_causal, scale, mask_grad, backend = inputs
+    q, k, v, attn_mask, key_padding_mask, is_causal, scale, mask_grad, backend, window, softcap = inputs
     ctx.save_for_backward(q, k, v, output[0], output[1], attn_mask, key_padding_mask)
-    ctx.spec = (is_causal, scale, mask_grad, backend)
+    ctx.spec = (is_causal, scale, mask_grad, backend, window, softcap)
 
 
 def _attention_backward(ctx, grad, _grad_lse):
     q, k, v, out, lse, attn_mask, key_padding_mask = ctx.saved_tensors
-    is_causal, scale, mask_grad, backend = ctx.spec
+    is_causal, scale, mask_grad, backend, window, softcap = ctx.spec
     dq, dk, dv, dmask = torch.ops.gpuparity.attention_backward(
-        grad, q, k, v, out, lse, attn_mask, key_padding_mask, is_causal, scale, mask_grad, backend)
-    return dq, dk, dv, (dmask if mask_grad else None), None, None, None, None, None
+        grad, q, k, v, out, lse, attn_mask, key_padding_mask, is_causal, scale, mask_grad, backend, window, softcap)
+    return dq, dk, dv, (dmask if mask_grad else None), None, None, None, None, None, None, None
 
 
 attention_op.register_autograd(_attention_backward, setup_context=_attention_setup)
 
 
-def attention(q, k, v, attn_mask, key_padding_mask, is_causal, scale, backend) -> Tensor:
+def attention(q, k, v, attn_mask, key_padding_mask, is_causal, scale, backend, window=None, softcap=None) -> Tensor:
     mask_grad = attn_mask is not None and attn_mask.is_floating_point() and attn_mask.requires_grad
     return torch.ops.gpuparity.attention(q, k, v, attn_mask, key_padding_mask, bool(is_causal),
-                                         None if scale is None else float(scale), bool(mask_grad), backend)[0]
+                                         None if scale is None else float(scale), bool(mask_grad), backend,
+                                         None if window is None else [int(w) for w in window],
+                                         None if softcap is None else float(softcap))[0]
 
 
 # ----------------------------------------------------------------------------- rotary

@@ -59,7 +59,7 @@ def _supports(problem: Problem) -> List[str]:
         reasons.append(f"triton: head_dim {head_dim} > {MAX_HEAD_DIM}")
     if problem.feature("mask_requires_grad"):
         reasons.append("triton: no gradient for a float attn_mask (it requires grad)")
-    return reasons
+    return reasons  # window and softcap: served in the kernels
 
 
 def _availability() -> Optional[str]:
@@ -67,17 +67,18 @@ def _availability() -> Optional[str]:
     return f"triton: not importable ({error})" if error else None
 
 
-def _backend_fn(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None):
+def _backend_fn(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None, window=None,
+                softcap=None):
     return triton_attention(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-                            is_causal=is_causal, scale=scale)
+                            is_causal=is_causal, scale=scale, window=window, softcap=softcap)
 
 
 # The forward/backward split the torch.library ops call (gpuparity.ops.library): a compiled graph
 # saves (out, lse) and runs the fused backward, as TritonAttention does eagerly.
-def _forward_saving(q, k, v, attn_mask, key_padding_mask, is_causal, scale):
+def _forward_saving(q, k, v, attn_mask, key_padding_mask, is_causal, scale, window=None, softcap=None):
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     out, lse = attention_forward(q, k, v, prepare_masks(q, k, attn_mask, key_padding_mask, None), bool(is_causal),
-                                 scale)
+                                 scale, window=window, softcap=softcap)
     return out, (lse,)
 
 
@@ -92,13 +93,13 @@ def _padding_bounds(masks: MaskArgs, batch: int, k_len: int) -> torch.Tensor:
     return torch.stack([first, last, holes.to(last.dtype)], dim=1).to(torch.int32).expand(batch, 3).contiguous()
 
 
-def _backward_from(dout, saved, q, k, v, attn_mask, key_padding_mask, is_causal, scale):
+def _backward_from(dout, saved, q, k, v, attn_mask, key_padding_mask, is_causal, scale, window=None, softcap=None):
     out, lse = saved
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     masks = prepare_masks(q, k, attn_mask, key_padding_mask, None)
     if masks.kpm is not None and k.shape[2] > 0:   # the forward's bounds were not kept: derive them again
         masks.bounds = _padding_bounds(masks, q.shape[0], k.shape[2])
-    return attention_backward(dout, q, k, v, out, lse, masks, bool(is_causal), scale)
+    return attention_backward(dout, q, k, v, out, lse, masks, bool(is_causal), scale, window=window, softcap=softcap)
 
 
 register(Backend("triton", "attention", _backend_fn,

@@ -12,7 +12,7 @@ from .tiles import CONFIGS, FAMILY_TARGETS, SCAN_BLOCK, SHORT_CONFIGS, TileConfi
 _POINTER_TYPES = {
     "LSE": "*fp32", "Delta": "*fp32", "Bounds": "*i32", "KPM": "*u8",
 }
-_FLOAT_SCALARS = {"qk_scale", "sm_scale", "dropout_p"}
+_FLOAT_SCALARS = {"qk_scale", "sm_scale", "dropout_p", "cap_in", "cap_out"}
 
 
 def _signature(kernel, dtype: str, mask_type: str) -> Dict[str, str]:
@@ -43,7 +43,8 @@ def _aot_spec(fam, targets, kernel_name, head_dim, elem, cfg, dropout=False, den
     precision = "tf32x3" if elem == 4 and fam.startswith("nvidia") else "ieee"
     constexprs = dict(HEAD_DIM=head_dim, D_PAD=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                       IS_CAUSAL=True, MASK_KIND=MASK_ADDITIVE if dense_mask else MASK_NONE, HAS_KPM=True,
-                      HAS_BOUNDS=True, DROPOUT=dropout, DOT_PRECISION=precision)
+                      HAS_BOUNDS=True, DROPOUT=dropout, DOT_PRECISION=precision,
+                      HAS_WINDOW=False, SOFTCAP=False)
     if kernel_name == "fwd":
         constexprs["SCAN"] = SCAN_BLOCK
     return AotSpec(

@@ -16,7 +16,7 @@ import triton.language as tl
 # distinct pattern is a separate compile of seconds. Lengths, head counts and the dropout seed
 # only bound loops and masks, so specializing on them buys nothing; strides stay specialized
 # (16-byte alignment of rows is what lets loads vectorize), as does group_size (1 folds away).
-_NO_SPECIALIZE = ("seed", "num_heads", "num_kv_heads", "q_len", "k_len")
+_NO_SPECIALIZE = ("seed", "num_heads", "num_kv_heads", "q_len", "k_len", "window_left", "window_right")
 
 
 @triton.jit
@@ -56,9 +56,16 @@ def _mma(a, b, acc, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _key_range(first, last, start_m, k_len,
+def _tanh(x):
+    """tanh as 1 - 2 / (exp(2x) + 1): saturates to +-1 without inf / inf, and needs no libdevice
+    (portable to AMD and the interpreter)."""
+    return 1.0 - 2.0 / (tl.math.exp2(x * 2.8853900817779268) + 1.0)
+
+
+@triton.jit
+def _key_range(first, last, start_m, k_len, window_left, window_right,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
-               HAS_BOUNDS: tl.constexpr):
+               HAS_BOUNDS: tl.constexpr, HAS_WINDOW: tl.constexpr):
     """Keys a block of query rows must visit: [lo, hi); blocks in [lo, full_end) need no
     causal or end-of-keys masking (the tile lies wholly inside both). first/last: the
     kept keys of this batch item (used when HAS_BOUNDS)."""
@@ -70,6 +77,11 @@ def _key_range(first, last, start_m, k_len,
     if IS_CAUSAL:
         # top-left aligned: query row i sees keys 0..i
         hi = tl.minimum(hi, (start_m + 1) * BLOCK_M)
+    if HAS_WINDOW:
+        # rows [m, m + BLOCK_M) see keys m - left .. m + BLOCK_M - 1 + right: whole key blocks
+        # outside that span are never visited (the launcher makes an unbounded side huge)
+        lo = tl.maximum(lo, (tl.maximum(start_m * BLOCK_M - window_left, 0) // BLOCK_N) * BLOCK_N)
+        hi = tl.minimum(hi, (start_m + 1) * BLOCK_M + window_right)
     full_end = (hi // BLOCK_N) * BLOCK_N
     if IS_CAUSAL:
         # a key tile [n, n + BLOCK_N) is wholly visible to rows >= start_m * BLOCK_M
@@ -83,10 +95,12 @@ def _key_range(first, last, start_m, k_len,
 @triton.jit
 def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_base, kpm_base,
                rows, offs_n, offs_d, lo, hi, q_len, k_len, key_end, qk_scale, seed_bh, dropout_p,
+               window_left, window_right, cap_in, cap_out,
                stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
                MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
-               MASK_EDGES: tl.constexpr, DOT_PRECISION: tl.constexpr):
+               MASK_EDGES: tl.constexpr, DOT_PRECISION: tl.constexpr,
+               HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr):
     d_ok = offs_d < HEAD_DIM
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -100,8 +114,12 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_base, kpm_base,
         else:
             k = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
             v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
-        # scores in base 2 (scale * log2(e) folded in) so the softmax can use exp2
-        qk = _mma(q, k, None, DOT_PRECISION) * qk_scale
+        # scores in base 2 (scale * log2(e) folded in) so the softmax can use exp2; softcap:
+        # c * tanh(scale * s / c) in fp32, before any mask (cap_in = scale / c, cap_out = c * log2(e))
+        if SOFTCAP:
+            qk = _tanh(_mma(q, k, None, DOT_PRECISION) * cap_in) * cap_out
+        else:
+            qk = _mma(q, k, None, DOT_PRECISION) * qk_scale
         if MASK_KIND == 2:
             bias = tl.load(mask_base + rows[:, None] * stride_mm + cols[None, :] * stride_mn,
                            mask=(rows[:, None] < q_len) & (cols[None, :] < k_len), other=0.0)
@@ -118,10 +136,13 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_base, kpm_base,
             if IS_CAUSAL:
                 visible = visible & (cols[None, :] <= rows[:, None])
             qk = tl.where(visible, qk, float("-inf"))
+        if HAS_WINDOW:
+            in_window = (cols[None, :] >= rows[:, None] - window_left) & (cols[None, :] <= rows[:, None] + window_right)
+            qk = tl.where(in_window, qk, float("-inf"))
         # Online softmax: keep the running row max m_i and sum l_i, rescale the
         # accumulator by exp2(m_old - m_new) whenever the max grows.
         m_new = tl.maximum(m_i, tl.max(qk, 1))
-        if MASK_EDGES or HAS_KPM or MASK_KIND != 0:
+        if MASK_EDGES or HAS_KPM or MASK_KIND != 0 or HAS_WINDOW:
             # a row that has seen no allowed key yet keeps m = -inf; subtract 0 instead
             # of -inf so exp2 gives 0, not NaN
             m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -143,7 +164,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_base, kpm_base,
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
 def _attn_fwd_kernel(
     Q, K, V, Out, LSE, Mask, KPM, Bounds,
-    qk_scale, dropout_p, seed,
+    qk_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -154,6 +175,7 @@ def _attn_fwd_kernel(
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, HAS_BOUNDS: tl.constexpr,
     DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, SCAN: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     start_m = tl.program_id(0)
     batch_head = tl.program_id(1)
@@ -187,7 +209,8 @@ def _attn_fwd_kernel(
     elif HAS_BOUNDS:  # per-item lengths, computed by the launcher
         first = tl.load(Bounds + 3 * batch)
         last = tl.load(Bounds + 3 * batch + 1)
-    lo, full_end, hi = _key_range(first, last, start_m, k_len, BLOCK_M, BLOCK_N, IS_CAUSAL, HAS_BOUNDS)
+    lo, full_end, hi = _key_range(first, last, start_m, k_len, window_left, window_right,
+                                  BLOCK_M, BLOCK_N, IS_CAUSAL, HAS_BOUNDS, HAS_WINDOW)
 
     m_i = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -196,24 +219,28 @@ def _attn_fwd_kernel(
         # padding with holes: read the key padding mask in every tile
         acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_base, kpm_base,
                                    rows, offs_n, offs_d, lo, full_end, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
+                                   window_left, window_right, cap_in, cap_out,
                                    stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
-                                   HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, True, DROPOUT, False, DOT_PRECISION)
+                                   HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, True, DROPOUT, False, DOT_PRECISION, HAS_WINDOW, SOFTCAP)
         acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_base, kpm_base,
                                    rows, offs_n, offs_d, full_end, hi, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
+                                   window_left, window_right, cap_in, cap_out,
                                    stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
-                                   HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, True, DROPOUT, True, DOT_PRECISION)
+                                   HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, True, DROPOUT, True, DOT_PRECISION, HAS_WINDOW, SOFTCAP)
     else:
         # no mask, or right padding (kept keys are exactly 0..hi-1): [lo, hi) says it all.
         # Key tiles wholly inside the causal triangle and the key range: no edge masks.
         acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_base, kpm_base,
                                    rows, offs_n, offs_d, lo, full_end, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
+                                   window_left, window_right, cap_in, cap_out,
                                    stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
-                                   HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, False, DROPOUT, False, DOT_PRECISION)
+                                   HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, False, DROPOUT, False, DOT_PRECISION, HAS_WINDOW, SOFTCAP)
         # the diagonal / last tiles: causal and end-of-keys masks
         acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_base, kpm_base,
                                    rows, offs_n, offs_d, full_end, hi, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
+                                   window_left, window_right, cap_in, cap_out,
                                    stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
-                                   HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, False, DROPOUT, True, DOT_PRECISION)
+                                   HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, False, DROPOUT, True, DOT_PRECISION, HAS_WINDOW, SOFTCAP)
 
     # A row with no key to attend to has l_i == 0: its output is exactly 0 and its
     # log-sum-exp +inf, so the backward recomputes probabilities of exactly 0 for it.
@@ -230,10 +257,12 @@ def _attn_fwd_kernel(
 @triton.jit
 def _bwd_dkdv_inner(dk, dv, k, v, key_kept, q_base, do_base, lse_base, delta_base, mask_base,
                     cols, offs_m, offs_d, lo, hi, q_len, k_len, qk_scale, seed_bh, dropout_p,
+                    window_left, window_right, cap_in, cap_out,
                     stride_qm, stride_qd, stride_dm, stride_dd, stride_mm, stride_mn,
                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, IS_CAUSAL: tl.constexpr,
                     MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
-                    MASK_DIAGONAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                    MASK_DIAGONAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                    HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr):
     d_ok = offs_d < HEAD_DIM
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
@@ -247,7 +276,11 @@ def _bwd_dkdv_inner(dk, dv, k, v, key_kept, q_base, do_base, lse_base, delta_bas
         # rows past the end get lse = +inf: probabilities of exactly 0
         lse = tl.load(lse_base + rows, mask=row_ok, other=float("inf"))
         delta = tl.load(delta_base + rows, mask=row_ok, other=0.0)
-        qk_t = _mma(k, q_t, None, DOT_PRECISION) * qk_scale
+        if SOFTCAP:
+            tanh_t = _tanh(_mma(k, q_t, None, DOT_PRECISION) * cap_in)
+            qk_t = tanh_t * cap_out
+        else:
+            qk_t = _mma(k, q_t, None, DOT_PRECISION) * qk_scale
         if MASK_KIND == 2:
             bias_t = tl.load(mask_base + rows[None, :] * stride_mm + cols[:, None] * stride_mn,
                              mask=row_ok[None, :] & (cols[:, None] < k_len), other=0.0)
@@ -263,6 +296,9 @@ def _bwd_dkdv_inner(dk, dv, k, v, key_kept, q_base, do_base, lse_base, delta_bas
         if MASK_DIAGONAL:
             if IS_CAUSAL:
                 p_t = tl.where(rows[None, :] >= cols[:, None], p_t, 0.0)
+        if HAS_WINDOW:
+            in_window_t = (cols[:, None] >= rows[None, :] - window_left) & (cols[:, None] <= rows[None, :] + window_right)
+            p_t = tl.where(in_window_t, p_t, 0.0)
         dp_t = _mma(v, tl.trans(do), None, DOT_PRECISION)
         if DROPOUT:
             keep_t = tl.rand(seed_bh, rows[None, :] * k_len + cols[:, None]) >= dropout_p
@@ -274,6 +310,8 @@ def _bwd_dkdv_inner(dk, dv, k, v, key_kept, q_base, do_base, lse_base, delta_bas
             dv = _mma(p_t.to(do.dtype), do, dv, DOT_PRECISION)
         # softmax backward: ds = p * (dp - delta)
         ds_t = p_t * (dp_t - delta[None, :])
+        if SOFTCAP:  # through c * tanh(s / c): d/ds = 1 - tanh^2
+            ds_t = ds_t * (1.0 - tanh_t * tanh_t)
         dk = _mma(ds_t.to(q_t.dtype), tl.trans(q_t), dk, DOT_PRECISION)
     return dk, dv
 
@@ -281,7 +319,7 @@ def _bwd_dkdv_inner(dk, dv, k, v, key_kept, q_base, do_base, lse_base, delta_bas
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
 def _attn_bwd_dkdv_kernel(
     Q, K, V, DO, LSE, Delta, DK, DV, Mask, KPM, Bounds,
-    qk_scale, sm_scale, dropout_p, seed,
+    qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -293,7 +331,7 @@ def _attn_bwd_dkdv_kernel(
     num_heads, num_kv_heads, group_size, q_len, k_len,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, HAS_BOUNDS: tl.constexpr,
-    DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     """dk, dv for one block of keys of one k/v head, summed over its GQA group in a fixed
     order (deterministic, no atomics)."""
@@ -331,6 +369,10 @@ def _attn_bwd_dkdv_kernel(
         # all keys of this block are padding: visit no query, dk = dv = 0
         dead = (start_n * BLOCK_N >= last) | ((start_n + 1) * BLOCK_N <= first)
         q_hi = tl.where(dead, q_lo, q_len)
+    if HAS_WINDOW:
+        # rows that see keys [n, n + BLOCK_N): n - right .. n + BLOCK_N - 1 + left
+        q_lo = tl.maximum(q_lo, (tl.maximum(start_n * BLOCK_N - window_right, 0) // BLOCK_M) * BLOCK_M)
+        q_hi = tl.minimum(q_hi, start_n * BLOCK_N + BLOCK_N + window_left)
     # query tiles from q_full on lie wholly below the diagonal (every row sees every key)
     q_full = q_lo
     if IS_CAUSAL:
@@ -348,12 +390,16 @@ def _attn_bwd_dkdv_kernel(
         seed_bh = seed + bh
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, key_kept, q_base, do_base, lse_base, delta_base, mask_base,
                                  cols, offs_m, offs_d, q_lo, q_full, q_len, k_len, qk_scale, seed_bh, dropout_p,
+                                 window_left, window_right, cap_in, cap_out,
                                  stride_qm, stride_qd, stride_dm, stride_dd, stride_mm, stride_mn,
-                                 HEAD_DIM, BLOCK_M, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, True, DOT_PRECISION)
+                                 HEAD_DIM, BLOCK_M, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, True, DOT_PRECISION,
+                                 HAS_WINDOW, SOFTCAP)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, key_kept, q_base, do_base, lse_base, delta_base, mask_base,
                                  cols, offs_m, offs_d, q_full, q_hi, q_len, k_len, qk_scale, seed_bh, dropout_p,
+                                 window_left, window_right, cap_in, cap_out,
                                  stride_qm, stride_qd, stride_dm, stride_dd, stride_mm, stride_mn,
-                                 HEAD_DIM, BLOCK_M, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, False, DOT_PRECISION)
+                                 HEAD_DIM, BLOCK_M, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, False, DOT_PRECISION,
+                                 HAS_WINDOW, SOFTCAP)
 
     dk = dk * sm_scale
     tl.store(DK + b64 * stride_dkb + kv_head.to(tl.int64) * stride_dkh + cols[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
@@ -365,10 +411,12 @@ def _attn_bwd_dkdv_kernel(
 @triton.jit
 def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base,
                   rows, offs_n, offs_d, lo, hi, q_len, k_len, key_end, qk_scale, seed_bh, dropout_p,
+                  window_left, window_right, cap_in, cap_out,
                   stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
                   HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
                   MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
-                  MASK_EDGES: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                  MASK_EDGES: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                  HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr):
     d_ok = offs_d < HEAD_DIM
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -381,7 +429,11 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base,
         else:
             k_t = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
             v_t = tl.load(v_ptrs, mask=d_ok[:, None], other=0.0)
-        qk = _mma(q, k_t, None, DOT_PRECISION) * qk_scale
+        if SOFTCAP:
+            tanh_s = _tanh(_mma(q, k_t, None, DOT_PRECISION) * cap_in)
+            qk = tanh_s * cap_out
+        else:
+            qk = _mma(q, k_t, None, DOT_PRECISION) * qk_scale
         if MASK_KIND == 2:
             bias = tl.load(mask_base + rows[:, None] * stride_mm + cols[None, :] * stride_mn,
                            mask=(rows[:, None] < q_len) & (cols[None, :] < k_len), other=0.0)
@@ -399,11 +451,16 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base,
             if IS_CAUSAL:
                 visible = visible & (cols[None, :] <= rows[:, None])
             p = tl.where(visible, p, 0.0)
+        if HAS_WINDOW:
+            in_window = (cols[None, :] >= rows[:, None] - window_left) & (cols[None, :] <= rows[:, None] + window_right)
+            p = tl.where(in_window, p, 0.0)
         dp = _mma(do, v_t, None, DOT_PRECISION)
         if DROPOUT:
             keep = tl.rand(seed_bh, rows[:, None] * k_len + cols[None, :]) >= dropout_p
             dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
         ds = p * (dp - delta[:, None])
+        if SOFTCAP:
+            ds = ds * (1.0 - tanh_s * tanh_s)
         dq = _mma(ds.to(k_t.dtype), tl.trans(k_t), dq, DOT_PRECISION)
     return dq
 
@@ -411,7 +468,7 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base,
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
 def _attn_bwd_dq_kernel(
     Q, K, V, Out, DO, LSE, Delta, DQ, Mask, KPM, Bounds,
-    qk_scale, sm_scale, dropout_p, seed,
+    qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -423,7 +480,7 @@ def _attn_bwd_dq_kernel(
     num_heads, group_size, q_len, k_len,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, HAS_BOUNDS: tl.constexpr,
-    DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     start_m = tl.program_id(0)
     batch_head = tl.program_id(1)
@@ -460,18 +517,21 @@ def _attn_bwd_dq_kernel(
     if HAS_BOUNDS:  # written by the forward (or the launcher, for lengths)
         first = tl.load(Bounds + 3 * batch)
         last = tl.load(Bounds + 3 * batch + 1)
-    lo, full_end, hi = _key_range(first, last, start_m, k_len, BLOCK_M, BLOCK_N, IS_CAUSAL, HAS_BOUNDS)
+    lo, full_end, hi = _key_range(first, last, start_m, k_len, window_left, window_right,
+                                  BLOCK_M, BLOCK_N, IS_CAUSAL, HAS_BOUNDS, HAS_WINDOW)
     dq = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     # One loop body for any padding (the forward's two-way split would double the shared
     # memory of this larger kernel): key padding, if any, is read in every tile.
     dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base,
                        rows, offs_n, offs_d, lo, full_end, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
+                       window_left, window_right, cap_in, cap_out,
                        stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
-                       HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, False, DOT_PRECISION)
+                       HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, False, DOT_PRECISION, HAS_WINDOW, SOFTCAP)
     dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base,
                        rows, offs_n, offs_d, full_end, hi, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
+                       window_left, window_right, cap_in, cap_out,
                        stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
-                       HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, True, DOT_PRECISION)
+                       HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, True, DOT_PRECISION, HAS_WINDOW, SOFTCAP)
     dq = dq * sm_scale
     tl.store(DQ + b64 * stride_dqb + head.to(tl.int64) * stride_dqh + rows[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
              dq.to(DQ.dtype.element_ty), mask=tile_ok)

@@ -124,10 +124,24 @@ def _dummy(device) -> torch.Tensor:
     return _DUMMIES[device]
 
 
-def _common_constexprs(head_dim, masks: MaskArgs, is_causal, dropout_p, dtype):
+def _common_constexprs(head_dim, masks: MaskArgs, is_causal, dropout_p, dtype, window=None, softcap=None):
     return dict(HEAD_DIM=head_dim, D_PAD=padded_head_dim(head_dim), IS_CAUSAL=bool(is_causal),
                 MASK_KIND=masks.kind, HAS_KPM=masks.kpm is not None, HAS_BOUNDS=masks.bounds is not None,
-                DROPOUT=dropout_p > 0.0, DOT_PRECISION=dot_precision(dtype))
+                DROPOUT=dropout_p > 0.0, DOT_PRECISION=dot_precision(dtype),
+                HAS_WINDOW=window is not None, SOFTCAP=softcap is not None)
+
+
+def _window_softcap_scalars(q_len: int, k_len: int, scale: float, window=None, softcap=None) -> tuple:
+    """(window_left, window_right, cap_in, cap_out) as the kernels read them: an unbounded side
+    (-1) becomes a reach past every key, so the kernels need no branch for it; softcap c gives
+    cap_in = scale / c and cap_out = c * log2(e) (scores c * tanh(scale * s / c), in base 2)."""
+    left, right = (-1, -1) if window is None else window
+    reach = q_len + k_len + 1
+    left = reach if left < 0 else int(left)
+    right = reach if right < 0 else int(right)
+    if softcap is None:
+        return left, right, 0.0, 0.0
+    return left, right, float(scale) / float(softcap), float(softcap) * LOG2E
 
 
 def _output_like(q: torch.Tensor) -> torch.Tensor:
@@ -173,22 +187,23 @@ def _mask_tensors(q, masks: MaskArgs) -> Tuple[torch.Tensor, torch.Tensor, torch
             dummy if masks.bounds is None else masks.bounds)
 
 
-def _forward_launch(q, k, v, out, masks: MaskArgs, is_causal, scale, dropout_p, seed) -> Tuple[PreparedLaunch]:
+def _forward_launch(q, k, v, out, masks: MaskArgs, is_causal, scale, dropout_p, seed, window=None, softcap=None
+                    ) -> Tuple[PreparedLaunch]:
     batch, heads, q_len, head_dim = q.shape
     kv_heads, k_len = k.shape[1], k.shape[2]
     cfg = tile_config("fwd", q.device, head_dim, q.dtype, k_len)
     return (PreparedLaunch(kernel_table()["fwd"], (cdiv(q_len, cfg.block_m), batch * heads), (
-        scale * LOG2E, float(dropout_p), int(seed),
+        scale * LOG2E, float(dropout_p), int(seed), *_window_softcap_scalars(q_len, k_len, scale, window, softcap),
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         *masks.mask_strides, *masks.kpm_strides,
         heads, heads // kv_heads, q_len, k_len),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
         num_stages=cfg.stages(masks.kind != MASK_NONE), SCAN=SCAN_BLOCK,
-        **_common_constexprs(head_dim, masks, is_causal, dropout_p, q.dtype)),)
+        **_common_constexprs(head_dim, masks, is_causal, dropout_p, q.dtype, window, softcap)),)
 
 
 def attention_forward(q, k, v, masks: MaskArgs, is_causal: bool, scale: float, dropout_p: float = 0.0,
-                      seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+                      seed: int = 0, window=None, softcap=None) -> Tuple[torch.Tensor, torch.Tensor]:
     """(out, lse): lse is (B, H, Sq) float32 in base 2, +inf for rows with no key."""
     batch, heads, q_len, _ = q.shape
     out = _output_like(q)
@@ -199,21 +214,23 @@ def attention_forward(q, k, v, masks: MaskArgs, is_causal: bool, scale: float, d
         out.zero_()
         lse.fill_(float("inf"))
         return out, lse
-    (forward,) = _planned(_plan_key(q, k, v, masks, is_causal, scale, dropout_p, ("fwd",)),
-                          lambda: _forward_launch(q, k, v, out, masks, is_causal, scale, dropout_p, seed))
+    (forward,) = _planned(_plan_key(q, k, v, masks, is_causal, scale, dropout_p, ("fwd", window, softcap)),
+                          lambda: _forward_launch(q, k, v, out, masks, is_causal, scale, dropout_p, seed,
+                                                  window, softcap))
     forward(q, k, v, out, lse, *_mask_tensors(q, masks))
     return out, lse
 
 
-def _backward_launches(q, k, v, out, dout, dq, dk, dv, masks: MaskArgs, is_causal, scale, dropout_p, seed
-                       ) -> Tuple[PreparedLaunch, PreparedLaunch]:
+def _backward_launches(q, k, v, out, dout, dq, dk, dv, masks: MaskArgs, is_causal, scale, dropout_p, seed,
+                       window=None, softcap=None) -> Tuple[PreparedLaunch, PreparedLaunch]:
     batch, heads, q_len, head_dim = q.shape
     kv_heads, k_len = k.shape[1], k.shape[2]
-    constexprs = _common_constexprs(head_dim, masks, is_causal, dropout_p, q.dtype)
+    constexprs = _common_constexprs(head_dim, masks, is_causal, dropout_p, q.dtype, window, softcap)
+    extra = _window_softcap_scalars(q_len, k_len, scale, window, softcap)
     dense_mask = masks.kind != MASK_NONE
     cfg = tile_config("dq", q.device, head_dim, q.dtype, k_len)
     dq_launch = PreparedLaunch(kernel_table()["dq"], (cdiv(q_len, cfg.block_m), batch * heads), (
-        scale * LOG2E, scale, float(dropout_p), int(seed),
+        scale * LOG2E, scale, float(dropout_p), int(seed), *extra,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), *dout.stride(), *dq.stride(),
         *masks.mask_strides, *masks.kpm_strides,
         heads, heads // kv_heads, q_len, k_len),
@@ -221,7 +238,7 @@ def _backward_launches(q, k, v, out, dout, dq, dk, dv, masks: MaskArgs, is_causa
         **constexprs)
     cfg = tile_config("dkdv", q.device, head_dim, q.dtype, k_len)
     dkdv_launch = PreparedLaunch(kernel_table()["dkdv"], (cdiv(k_len, cfg.block_n), batch * kv_heads), (
-        scale * LOG2E, scale, float(dropout_p), int(seed),
+        scale * LOG2E, scale, float(dropout_p), int(seed), *extra,
         *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(),
         *masks.mask_strides, *masks.kpm_strides,
         heads, kv_heads, heads // kv_heads, q_len, k_len),
@@ -231,15 +248,15 @@ def _backward_launches(q, k, v, out, dout, dq, dk, dv, masks: MaskArgs, is_causa
 
 
 def attention_backward(dout, q, k, v, out, lse, masks: MaskArgs, is_causal: bool, scale: float,
-                       dropout_p: float = 0.0, seed: int = 0):
+                       dropout_p: float = 0.0, seed: int = 0, window=None, softcap=None):
     batch, heads, q_len, _ = q.shape
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     # out's and dq/dk/dv's strides follow from q's, k's and v's (the key's); dout's do not
-    key = _plan_key(q, k, v, masks, is_causal, scale, dropout_p, ("bwd", dout.stride()))
+    key = _plan_key(q, k, v, masks, is_causal, scale, dropout_p, ("bwd", dout.stride(), window, softcap))
     dq_launch, dkdv_launch = _planned(key, lambda: _backward_launches(
-        q, k, v, out, dout, dq, dk, dv, masks, is_causal, scale, dropout_p, seed))
+        q, k, v, out, dout, dq, dk, dv, masks, is_causal, scale, dropout_p, seed, window, softcap))
     mask, kpm, bounds = _mask_tensors(q, masks)
     delta = torch.empty(batch, heads, q_len, dtype=torch.float32, device=q.device)
     # dq first: it also computes delta = rowsum(out * dout), which the dk/dv kernel reads
@@ -254,20 +271,22 @@ class TritonAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, call):
-        masks, is_causal, scale, dropout_p, seed = call
-        out, lse = attention_forward(q, k, v, masks, is_causal, scale, dropout_p, seed)
+        masks, is_causal, scale, dropout_p, seed, window, softcap = call
+        out, lse = attention_forward(q, k, v, masks, is_causal, scale, dropout_p, seed, window, softcap)
         # the masks go through save_for_backward too: a mask changed in place before the
         # backward then raises (autograd's version check) instead of giving wrong gradients
         ctx.save_for_backward(q, k, v, out, lse, masks.mask, masks.kpm, masks.bounds)
-        ctx.meta = (masks.kind, masks.mask_strides, masks.kpm_strides, is_causal, scale, dropout_p, seed)
+        ctx.meta = (masks.kind, masks.mask_strides, masks.kpm_strides, is_causal, scale, dropout_p, seed, window,
+                    softcap)
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse, mask, kpm, bounds = ctx.saved_tensors
-        kind, mask_strides, kpm_strides, is_causal, scale, dropout_p, seed = ctx.meta
+        kind, mask_strides, kpm_strides, is_causal, scale, dropout_p, seed, window, softcap = ctx.meta
         masks = MaskArgs(kind, mask, mask_strides, kpm, kpm_strides, bounds)
-        dq, dk, dv = attention_backward(dout, q, k, v, out, lse, masks, is_causal, scale, dropout_p, seed)
+        dq, dk, dv = attention_backward(dout, q, k, v, out, lse, masks, is_causal, scale, dropout_p, seed,
+                                        window, softcap)
         return dq, dk, dv, None
 
 
@@ -278,11 +297,14 @@ def deterministic() -> bool:
 
 
 def triton_attention(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None,
-                     key_lengths=None, dropout_p: float = 0.0, seed: Optional[int] = None):
+                     key_lengths=None, dropout_p: float = 0.0, seed: Optional[int] = None, window=None,
+                     softcap=None):
     """The kernel behind backend "triton". Inputs are assumed validated (gpuparity.attention
     does that). key_lengths (B,) int: keys at or past a batch item's length are padding
     (an alternative to key_padding_mask that needs no mask reads). dropout_p applies to the
-    attention probabilities (as nn.MultiheadAttention in training); seed makes it repeatable."""
+    attention probabilities (as nn.MultiheadAttention in training); seed makes it repeatable.
+    window (left, right) and softcap: as gpuparity.attention (validated there; (-1, -1) and a
+    softcap of None mean off)."""
     if attn_mask is not None and attn_mask.dtype != torch.bool and attn_mask.requires_grad:
         raise ValueError("attn_mask: a float mask that requires grad is not supported by the triton "
                          "backend (no gradient for the mask); detach it or use backend='sdpa_math'")
@@ -290,4 +312,7 @@ def triton_attention(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causa
     if dropout_p > 0.0 and seed is None:
         seed = int(torch.randint(0, 2 ** 31 - 1, (1,)).item())
     masks = prepare_masks(q, k, attn_mask, key_padding_mask, key_lengths)
-    return TritonAttention.apply(q, k, v, (masks, bool(is_causal), scale, float(dropout_p), int(seed or 0)))
+    window = None if window is None or tuple(window) == (-1, -1) else (int(window[0]), int(window[1]))
+    softcap = None if not softcap else float(softcap)
+    return TritonAttention.apply(q, k, v, (masks, bool(is_causal), scale, float(dropout_p), int(seed or 0),
+                                           window, softcap))

@@ -7,7 +7,7 @@ from typing import Any, Dict, List
 import torch
 
 from ... import reference
-from ...backends.masks import mask_kind
+from ...backends.masks import attention_kind
 from ...dispatch import Problem
 from ...numerics import matmul_tf32
 from .base import Case, OpSpec, randn, tf32_precision
@@ -15,7 +15,8 @@ from .base import Case, OpSpec, randn, tf32_precision
 
 def _case(name, level="default", **params) -> Case:
     defaults = dict(B=2, H=2, Hkv=None, Sq=16, Sk=None, D=32, mask="none", causal=False, scale=None,
-                    layout="bhsd", logit_scale=1.0, lengths=None, empty_rows=0, mask_shape="b1qk")
+                    layout="bhsd", logit_scale=1.0, lengths=None, empty_rows=0, mask_shape="b1qk",
+                    window=None, softcap=None)
     defaults.update(params)
     defaults["Hkv"] = defaults["Hkv"] or defaults["H"]
     defaults["Sk"] = defaults["Sk"] or defaults["Sq"]
@@ -34,6 +35,14 @@ CASES: List[Case] = [
     _case("large_logits_x30", "quick", Sq=32, logit_scale=30.0, mask="key_padding", lengths=[32, 11]),
     _case("strided_bshd_d40", "quick", D=40, Sq=19, layout="bshd", mask="key_padding", lengths=[19, 6]),
     _case("causal_scale_sq_lt_sk", "quick", Sq=7, Sk=19, causal=True, scale=0.3),
+    # sliding window (FlashAttention's window_size, top-left aligned) and Gemma-2's softcap
+    _case("window_local", "quick", Sq=40, window=(7, 3)),
+    _case("softcap_x30_logits", "quick", Sq=32, logit_scale=30.0, softcap=20.0, mask="key_padding", lengths=[32, 11]),
+    _case("window_softcap_causal_padding", "quick", H=4, Hkv=2, Sq=45, window=(9, 0), softcap=30.0, causal=True,
+          mask="key_padding", lengths=[45, 17]),
+    _case("window_sq_ne_sk_empty_rows", Sq=50, Sk=20, window=(0, 2), mask="key_padding", lengths=[20, 8]),
+    _case("window_bool_mask", Sq=33, window=(4, 4), mask="bool", empty_rows=1),
+    _case("softcap_float_mask_d64", D=64, Sq=24, softcap=5.0, mask="float", mask_shape="qk"),
     # default: sizes and shapes a kernel author must survive
     _case("one_valid_key", B=3, Sq=10, Sk=40, mask="key_padding", lengths=[1, 1, 40]),
     _case("odd_150_aam", B=2, H=4, Sq=150, D=32, mask="key_padding", lengths=[150, 97]),
@@ -67,7 +76,7 @@ class AttentionSpec(OpSpec):
 
     def kind(self, params):
         masks = self._mask_tensors_meta(params)
-        return mask_kind(*masks, params["causal"])
+        return attention_kind(*masks, params["causal"], params.get("window"), params.get("softcap"))
 
     @staticmethod
     def _mask_tensors_meta(params):
@@ -86,6 +95,9 @@ class AttentionSpec(OpSpec):
         features = (("head_dim", params["D"]), ("has_mask", attn is not None or kpm is not None),
                     ("gqa", params["H"] != params["Hkv"]), ("mask_requires_grad", False),
                     ("seq_q", params["Sq"]), ("seq_k", params["Sk"]))
+        for name in ("window", "softcap"):
+            if params.get(name) is not None:
+                features += ((name, params[name]),)
         return Problem("attention", device, dtype, self.kind(params), features)
 
     def make_inputs(self, p, gen):
@@ -129,13 +141,15 @@ class AttentionSpec(OpSpec):
 
     def call(self, fn, inputs, p):
         q, k, v = self._views(inputs, p)
+        # window/softcap only when set: backends that know neither keep their old signature
+        extras = {name: p[name] for name in ("window", "softcap") if p.get(name) is not None}
         return fn(q, k, v, attn_mask=inputs.get("attn_mask"), key_padding_mask=inputs.get("key_padding_mask"),
-                  is_causal=p["causal"], scale=p["scale"])
+                  is_causal=p["causal"], scale=p["scale"], **extras)
 
     def zero_masks(self, inputs, p):
         empty = reference.empty_query_rows(p["Sq"], p["Sk"], p["B"], p["H"], attn_mask=inputs.get("attn_mask"),
                                            key_padding_mask=inputs.get("key_padding_mask"),
-                                           is_causal=p["causal"])
+                                           is_causal=p["causal"], window=p.get("window"))
         if not bool(empty.any()):
             return {}
         masks = {"out": empty}
