@@ -36,10 +36,12 @@ def check(backend, q, k, v, **kwargs):
     """Forward and q/k/v gradients of `backend` against float64 under the tolerance policy."""
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     out = attention(*leaves, backend=backend, **kwargs)
-    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(7))
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(q.dtype)
     out.backward(grad)
     ref_leaves = [t.double().requires_grad_() for t in (q, k, v)]
-    ref = reference.attention(*ref_leaves, **kwargs)
+    ref_kwargs = {name: (value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value)
+                  for name, value in kwargs.items()}
+    ref = reference.attention(*ref_leaves, **ref_kwargs)
     ref.backward(grad.double())
     base_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     base = sdpa.composition(*base_leaves, **kwargs)
@@ -106,6 +108,16 @@ def test_window_and_softcap_with_padding_causal_and_float_mask(backend):
     bias = torch.randn(29, 41, generator=torch.Generator().manual_seed(6))
     check(backend, q, k, v, window=(6, 3), softcap=5.0, is_causal=True, attn_mask=bias,
           key_padding_mask=padding(2, 41, [41, 15]))
+
+
+def test_triton_window_with_padding_holes_gqa_and_bf16():
+    """Key padding with holes (the forward's per-tile padding path) and bf16 under the policy."""
+    q, k, v = (t.to(torch.bfloat16) for t in qkv(batch=2, heads=4, kv_heads=2, q_len=40, k_len=40, seed=8))
+    holes = torch.zeros(2, 40, dtype=torch.bool)
+    holes[0, 5:9] = True
+    holes[1, 0:3] = True
+    holes[1, 30:] = True
+    check("triton", q, k, v, window=(3, 5), softcap=10.0, key_padding_mask=holes)
 
 
 def test_softcap_bounds_the_scores():

@@ -34,7 +34,8 @@ def _signature(kernel, dtype: str, mask_type: str) -> Dict[str, str]:
     return signature
 
 
-def _aot_spec(fam, targets, kernel_name, head_dim, elem, cfg, dropout=False, dense_mask=True) -> AotSpec:
+def _aot_spec(fam, targets, kernel_name, head_dim, elem, cfg, dropout=False, dense_mask=True,
+              window_softcap=False) -> AotSpec:
     dtype = "bf16" if elem == 2 else "fp32"
     kernel = kernel_table()[kernel_name]
     # fp32 on NVIDIA ships split-TF32 tensor-core dots ("tf32x3", dot_precision's choice with
@@ -44,12 +45,13 @@ def _aot_spec(fam, targets, kernel_name, head_dim, elem, cfg, dropout=False, den
     constexprs = dict(HEAD_DIM=head_dim, D_PAD=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                       IS_CAUSAL=True, MASK_KIND=MASK_ADDITIVE if dense_mask else MASK_NONE, HAS_KPM=True,
                       HAS_BOUNDS=True, DROPOUT=dropout, DOT_PRECISION=precision,
-                      HAS_WINDOW=False, SOFTCAP=False)
+                      HAS_WINDOW=window_softcap, SOFTCAP=window_softcap)
     if kernel_name == "fwd":
         constexprs["SCAN"] = SCAN_BLOCK
     return AotSpec(
         name=f"attention.{kernel_name}.{fam}.d{head_dim}.{dtype}.m{cfg.block_m}n{cfg.block_n}"
              f"w{cfg.num_warps}s{cfg.stages(dense_mask)}" + (".dropout" if dropout else "")
+             + (".window_softcap" if window_softcap else "")
              + ("" if dense_mask else ".nomask"),
         kernel=kernel, signature=_signature(kernel, dtype, "*fp32"), constexprs=constexprs,
         num_warps=cfg.num_warps, num_stages=cfg.stages(dense_mask), targets=targets)
@@ -60,7 +62,8 @@ def aot_specs() -> List[AotSpec]:
     the mask flags that cost the most shared memory (additive mask tiles, key padding with
     its two-way loop, causal), and, for a config with fewer stages under a dense mask, also
     without one at its full depth. Dropout adds registers, not shared memory: it is compiled
-    once per family and kernel (at the 64 bf16 config) to prove it builds."""
+    once per family and kernel (at the 64 bf16 config) to prove it builds; so are the sliding
+    window and softcap (a tanh and a few compares per tile: registers too)."""
     specs: List[AotSpec] = []
     for fam, targets in FAMILY_TARGETS.items():
         for kernel_name in ("fwd", "dkdv", "dq"):
@@ -75,4 +78,6 @@ def aot_specs() -> List[AotSpec]:
                     specs.append(_aot_spec(fam, targets, kernel_name, head_dim, elem, cfg, dense_mask=False))
             specs.append(_aot_spec(fam, targets, kernel_name, 64, 2, CONFIGS[fam][kernel_name][(64, 2)],
                                    dropout=True))
+            specs.append(_aot_spec(fam, targets, kernel_name, 64, 2, CONFIGS[fam][kernel_name][(64, 2)],
+                                   window_softcap=True))
     return specs
