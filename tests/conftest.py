@@ -6,18 +6,24 @@ import tempfile
 
 import pytest
 
+# GPU runs of the suite (on a lent machine): GPUPARITY_TEST_DEVICE=cuda. Importing device_env
+# sets TRITON_INTERPRET=1 on the CPU, before any test module can import triton.
+from device_env import TEST_DEVICE, check_interpreter_is_live
+
 os.environ.setdefault("GPUPARITY_CACHE_DIR", tempfile.mkdtemp(prefix="gpuparity-test-cache-"))
-# GPU runs of the suite (on a lent machine): GPUPARITY_TEST_DEVICE=cuda
-TEST_DEVICE = os.environ.get("GPUPARITY_TEST_DEVICE", "cpu")
-# Without a GPU, Triton kernels run in its interpreter; the variable must be set before triton
-# is first imported (the AOT compile test clears it in its own process).
-if TEST_DEVICE == "cpu":
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture
 def test_device() -> str:
     return TEST_DEVICE
+
+
+@pytest.fixture(scope="module")
+def triton_interpreter_is_live():
+    """For Triton kernel test modules (pytestmark = pytest.mark.usefixtures(...)): fail the module
+    at once when the interpreter is not in use on the CPU."""
+    check_interpreter_is_live()
+    yield
 
 
 @pytest.fixture(autouse=True)

@@ -5,18 +5,10 @@ GPUPARITY_TEST_DEVICE=cuda they run compiled on the GPU at realistic sizes."""
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
-
-DEVICE = os.environ.get("GPUPARITY_TEST_DEVICE", "cpu")
-ON_GPU = DEVICE == "cuda"
-if not ON_GPU:
-    # Triton's interpreter only works when the variable is set before triton is first
-    # imported (its own @jit library functions are built at import): set it here, first.
-    os.environ["TRITON_INTERPRET"] = "1"
-
-import torch  # noqa: E402
+import torch
+from device_env import ON_GPU, TEST_DEVICE as DEVICE, require_device, size
 
 pytest.importorskip("triton")
 
@@ -25,24 +17,8 @@ from gpuparity.backends import sdpa, triton_attention  # noqa: E402
 from gpuparity.backends.triton_attention import tiles  # noqa: E402
 from gpuparity.checks.tolerance import compare  # noqa: E402
 
-if ON_GPU and not torch.cuda.is_available():
-    pytest.skip("GPUPARITY_TEST_DEVICE=cuda but no GPU is visible", allow_module_level=True)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def interpreter_is_live():
-    """Fail loudly (not with a cryptic Triton error) when triton was imported before
-    TRITON_INTERPRET=1 was set, e.g. by a test module collected earlier."""
-    if not ON_GPU:
-        import triton.language.standard as standard
-        if "Interpreted" not in type(standard.zeros).__name__:
-            pytest.fail("triton was imported before TRITON_INTERPRET=1 was set; set it in tests/conftest.py "
-                        "before anything imports triton (the interpreter needs it at import time)")
-    yield
-
-
-def size(cpu: int, gpu: int) -> int:
-    return gpu if ON_GPU else cpu
+require_device()
+pytestmark = pytest.mark.usefixtures("triton_interpreter_is_live")
 
 
 def make_inputs(batch, heads, kv_heads, q_len, k_len, head_dim, dtype, *, seed=0, logit_scale=1.0, layout="bhsd"):

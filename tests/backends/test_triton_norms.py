@@ -5,17 +5,10 @@ small shapes; with GPUPARITY_TEST_DEVICE=cuda they run compiled on the GPU at re
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
-
-DEVICE = os.environ.get("GPUPARITY_TEST_DEVICE", "cpu")
-ON_GPU = DEVICE == "cuda"
-if not ON_GPU:
-    # The interpreter must be chosen before triton is first imported.
-    os.environ["TRITON_INTERPRET"] = "1"
-
-import torch  # noqa: E402
+import torch
+from device_env import ON_GPU, TEST_DEVICE as DEVICE, require_device
 
 pytest.importorskip("triton")
 
@@ -23,8 +16,7 @@ from gpuparity import reference  # noqa: E402
 from gpuparity.backends import torch_ops, triton_norms  # noqa: E402
 from gpuparity.checks.tolerance import compare  # noqa: E402
 
-if ON_GPU and not torch.cuda.is_available():
-    pytest.skip("GPUPARITY_TEST_DEVICE=cuda but no GPU is visible", allow_module_level=True)
+require_device()
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # (rows, hidden): odd sizes, one packed-rows size, and one past FUSED_MAX_N (the looped kernels).
@@ -33,14 +25,7 @@ GPU_SHAPES = [(8192, 128), (4097, 768), (1024, 5120), (512, 8192), (16, 100000)]
 SHAPES = GPU_SHAPES if ON_GPU else CPU_SHAPES
 
 
-@pytest.fixture(scope="module", autouse=True)
-def interpreter_is_live():
-    if not ON_GPU:
-        import triton.language.standard as standard
-        if "Interpreted" not in type(standard.zeros).__name__:
-            pytest.fail("triton was imported before TRITON_INTERPRET=1 was set; set it before anything "
-                        "imports triton (tests/conftest.py)")
-    yield
+pytestmark = pytest.mark.usefixtures("triton_interpreter_is_live")
 
 
 def _leaf(t):

@@ -8,13 +8,8 @@ from __future__ import annotations
 import os
 
 import pytest
-
-DEVICE = os.environ.get("GPUPARITY_TEST_DEVICE", "cpu")
-ON_GPU = DEVICE == "cuda"
-if not ON_GPU:
-    os.environ["TRITON_INTERPRET"] = "1"
-
-import torch  # noqa: E402
+import torch
+from device_env import ON_GPU, TEST_DEVICE as DEVICE, require_device
 
 pytest.importorskip("triton")
 
@@ -22,21 +17,13 @@ from gpuparity import reference  # noqa: E402
 from gpuparity.backends import torch_ops, triton_rotary  # noqa: E402
 from gpuparity.checks.tolerance import compare  # noqa: E402
 
-if ON_GPU and not torch.cuda.is_available():
-    pytest.skip("GPUPARITY_TEST_DEVICE=cuda but no GPU is visible", allow_module_level=True)
+require_device()
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 DTYPE_IDS = ["float32", "float16", "bfloat16"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def interpreter_is_live():
-    if not ON_GPU:
-        import triton.language.standard as standard
-        if "Interpreted" not in type(standard.zeros).__name__:
-            pytest.fail("triton was imported before TRITON_INTERPRET=1 was set; set it before anything "
-                        "imports triton (tests/conftest.py)")
-    yield
+pytestmark = pytest.mark.usefixtures("triton_interpreter_is_live")
 
 
 def tables(length, rotary_dim, seed=0, dtype=torch.float32):

@@ -4,25 +4,18 @@ nn.TransformerEncoder, including the inference paths that bypass self_attn.forwa
 from __future__ import annotations
 
 import copy
-import os
 
 import pytest
+import torch
+import torch.nn as nn
+from device_env import TEST_DEVICE as DEVICE, require_device
 
-DEVICE = os.environ.get("GPUPARITY_TEST_DEVICE", "cpu")
-ON_GPU = DEVICE == "cuda"
-if not ON_GPU:
-    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (see tests/backends)
+import gpuparity.nn.attention as gp_attention
+from gpuparity import patch
+from gpuparity.checks.tolerance import compare
+from gpuparity.nn.attention import MultiheadAttention
 
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-
-import gpuparity.nn.attention as gp_attention  # noqa: E402
-from gpuparity import patch  # noqa: E402
-from gpuparity.checks.tolerance import compare  # noqa: E402
-from gpuparity.nn.attention import MultiheadAttention  # noqa: E402
-
-if ON_GPU and not torch.cuda.is_available():
-    pytest.skip("GPUPARITY_TEST_DEVICE=cuda but no GPU is visible", allow_module_level=True)
+require_device()
 
 BACKENDS = ["sdpa_math", "triton"]
 

@@ -3,24 +3,16 @@ from_torch, and gpuparity.patch(model) swapping them in a model that then comput
 outputs and gradients."""
 from __future__ import annotations
 
-import os
-
 import pytest
+import torch
+import torch.nn as nn
+from device_env import TEST_DEVICE as DEVICE, require_device
 
-DEVICE = os.environ.get("GPUPARITY_TEST_DEVICE", "cpu")
-ON_GPU = DEVICE == "cuda"
-if not ON_GPU:
-    os.environ["TRITON_INTERPRET"] = "1"
+from gpuparity.checks.tolerance import compare
+from gpuparity.nn.norms import LayerNorm, RMSNorm
+from gpuparity.nn.patch import patch
 
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-
-from gpuparity.checks.tolerance import compare  # noqa: E402
-from gpuparity.nn.norms import LayerNorm, RMSNorm  # noqa: E402
-from gpuparity.nn.patch import patch  # noqa: E402
-
-if ON_GPU and not torch.cuda.is_available():
-    pytest.skip("GPUPARITY_TEST_DEVICE=cuda but no GPU is visible", allow_module_level=True)
+require_device()
 
 
 def _randomise(module, seed=0):

@@ -3,25 +3,17 @@ validation whose errors name the argument, and dispatch (named backends, reasons
 cannot serve, verified auto-selection, explain_attention)."""
 from __future__ import annotations
 
-import os
-
 import pytest
+import torch
+from device_env import ON_GPU, TEST_DEVICE as DEVICE, require_device
 
-DEVICE = os.environ.get("GPUPARITY_TEST_DEVICE", "cpu")
-ON_GPU = DEVICE == "cuda"
-if not ON_GPU:
-    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (see tests/backends)
+from gpuparity import dispatch, reference
+from gpuparity.checks import verdicts as verdicts_store
+from gpuparity.backends import sdpa
+from gpuparity.checks.tolerance import compare
+from gpuparity.ops.attention import attention, attention_problem, explain_attention
 
-import torch  # noqa: E402
-
-from gpuparity import dispatch, reference  # noqa: E402
-from gpuparity.checks import verdicts as verdicts_store  # noqa: E402
-from gpuparity.backends import sdpa  # noqa: E402
-from gpuparity.checks.tolerance import compare  # noqa: E402
-from gpuparity.ops.attention import attention, attention_problem, explain_attention  # noqa: E402
-
-if ON_GPU and not torch.cuda.is_available():
-    pytest.skip("GPUPARITY_TEST_DEVICE=cuda but no GPU is visible", allow_module_level=True)
+require_device()
 
 
 def qkv(batch=2, heads=2, kv_heads=2, q_len=12, k_len=12, head_dim=16, dtype=torch.float32, seed=0):

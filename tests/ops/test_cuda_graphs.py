@@ -4,12 +4,11 @@ captured once, replayed on new input values, must equal an eager step on those v
 bit (the kernels are deterministic). GPU only: GPUPARITY_TEST_DEVICE=cuda."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from device_env import ON_GPU
 
-if os.environ.get("GPUPARITY_TEST_DEVICE", "cpu") != "cuda" or not torch.cuda.is_available():
+if not ON_GPU or not torch.cuda.is_available():
     pytest.skip("CUDA graphs need a GPU (run with GPUPARITY_TEST_DEVICE=cuda)", allow_module_level=True)
 
 import gpuparity  # noqa: E402

@@ -3,26 +3,18 @@ flash-attn's rotary), input validation whose errors name the argument, and dispa
 backends, reasons when one cannot serve, auto)."""
 from __future__ import annotations
 
-import os
-
 import pytest
+import torch
+import torch.nn.functional as F
+from device_env import TEST_DEVICE as DEVICE, require_device
 
-DEVICE = os.environ.get("GPUPARITY_TEST_DEVICE", "cpu")
-ON_GPU = DEVICE == "cuda"
-if not ON_GPU:
-    os.environ["TRITON_INTERPRET"] = "1"
+from gpuparity import dispatch, reference
+from gpuparity.ops import select
+from gpuparity.checks.tolerance import compare
+from gpuparity.ops.norms import layer_norm, rms_norm
+from gpuparity.ops.rotary import apply_rotary, rotary_kind
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from gpuparity import dispatch, reference  # noqa: E402
-from gpuparity.ops import select  # noqa: E402
-from gpuparity.checks.tolerance import compare  # noqa: E402
-from gpuparity.ops.norms import layer_norm, rms_norm  # noqa: E402
-from gpuparity.ops.rotary import apply_rotary, rotary_kind  # noqa: E402
-
-if ON_GPU and not torch.cuda.is_available():
-    pytest.skip("GPUPARITY_TEST_DEVICE=cuda but no GPU is visible", allow_module_level=True)
+require_device()
 
 NAMED = ["triton", "torch", "composition"]
 
