@@ -1,0 +1,272 @@
+"""Hugging Face transformers: gpuparity's verified attention as attn_implementation="gpuparity",
+and patch_model() (called by gpuparity.patch) swapping transformers' RMSNorms in place."""
+from __future__ import annotations
+
+import inspect
+import re
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn as nn
+
+from ..nn.patch import PatchEntry, PatchSummary
+from ..ops.attention import attention
+from ..ops.norms import rms_norm
+
+NAME = "gpuparity"
+# transformers versions this module is tested with: AttentionInterface (4.48+) and the mask
+# interface that builds a mask for a registered implementation (masking_utils, 4.53+).
+MIN_VERSION = (4, 53)
+MAX_VERSION = (6, 0)  # exclusive; the 6.x API is unknown
+SUPPORTED = ">=4.53,<6"
+
+# model_type -> family name, for the families the tests cover.
+FAMILIES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma",
+            "gemma2": "Gemma-2", "bert": "BERT", "roberta": "RoBERTa", "vit": "ViT", "esm": "ESM"}
+
+# RMSNorm class name -> (eps attribute, computes x * (1 + weight)).
+RMS_NORMS: Dict[str, Tuple[str, bool]] = {
+    "LlamaRMSNorm": ("variance_epsilon", False),
+    "MistralRMSNorm": ("variance_epsilon", False),
+    "Qwen2RMSNorm": ("variance_epsilon", False),
+    "Qwen3RMSNorm": ("variance_epsilon", False),
+    "GemmaRMSNorm": ("eps", True),
+    "Gemma2RMSNorm": ("eps", True),
+}
+_ROTARY = re.compile(r"Rotary(Pos)?Emb(edding)?$")
+
+
+def _import():
+    try:
+        import transformers
+    except ImportError as exc:
+        raise ImportError("transformers is not installed: pip install 'gpuparity[hf]' (transformers "
+                          f"{SUPPORTED})") from exc
+    return transformers
+
+
+def version_tuple(text: str) -> Tuple[int, int]:
+    numbers = re.findall(r"\d+", text)[:2]
+    return tuple(int(n) for n in numbers + ["0"] * (2 - len(numbers)))  # type: ignore[return-value]
+
+
+def register() -> None:
+    """Register "gpuparity" with transformers' AttentionInterface (and its mask interface, so
+    the model builds SDPA-style bool masks for it). Idempotent."""
+    transformers = _import()
+    found = version_tuple(transformers.__version__)
+    if found < MIN_VERSION:
+        raise ImportError(f"transformers: gpuparity's integration needs transformers {SUPPORTED}, "
+                          f"got {transformers.__version__}")
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    AttentionInterface.register(NAME, attention_forward)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+
+
+# --------------------------------------------------------------------------- attention
+def hf_masks(attention_mask: Optional[torch.Tensor], key: torch.Tensor):
+    """transformers' attention_mask -> (attn_mask, key_padding_mask) in gpuparity.attention's terms.
+
+    Takes None; a 4D bool mask (True = attend, as sdpa_mask builds it); a 4D additive float mask
+    (0 = attend, finfo.min = masked, as eager masks are built): values below finfo.min / 2 become
+    -inf, so a row with no key left is empty (zeros from gpuparity.attention, never NaN) instead of
+    a uniform average over masked keys; a 2D (B, Sk) padding mask with 1 = token, 0 = padding.
+    """
+    if attention_mask is None:
+        return None, None
+    k_len = key.shape[-2]
+    if attention_mask.dim() == 2:
+        return None, ~attention_mask[:, -k_len:].bool()
+    if attention_mask.dim() != 4:
+        raise ValueError(f"attention_mask: expected None, a (B, Sk) padding mask or a 4D (B, 1|H, Sq, Sk) mask, "
+                         f"got shape {tuple(attention_mask.shape)}")
+    mask = attention_mask[..., :k_len]  # a static cache's mask may be longer than the keys
+    if mask.dtype == torch.bool:
+        return mask, None
+    if not mask.is_floating_point():  # 1 = attend, 0 = masked
+        return mask.bool(), None
+    masked = mask < torch.finfo(mask.dtype).min / 2
+    return mask.masked_fill(masked, float("-inf")), None
+
+
+def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: Optional[torch.Tensor], dropout: float = 0.0, scaling: Optional[float] = None,
+                      is_causal: Optional[bool] = None, **kwargs):
+    """transformers' attention function signature: query (B, H, Sq, D), key/value (B, Hkv, Sk, D)
+    -> ((B, Sq, H, D), None). GQA goes to gpuparity.attention as is (no repeat_kv)."""
+    for name in ("softcap", "s_aux", "position_bias"):
+        if kwargs.get(name) is not None:
+            raise ValueError(f"{name}: gpuparity.attention does not implement it (got a value for module "
+                             f"{type(module).__name__}); use attn_implementation='eager' or 'sdpa' for this model")
+    if dropout > 0.0:
+        # gpuparity.attention has no dropout: HF's sdpa serves training with attention dropout
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, is_causal=is_causal, **kwargs)
+    attn_mask, key_padding_mask = hf_masks(attention_mask, key)
+    q_len = query.shape[2]
+    causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    # as HF's sdpa: a given mask already holds causality; one query token sees every key
+    causal = bool(q_len > 1) and attention_mask is None and bool(causal)
+    if causal and key.shape[2] > q_len:
+        # prefill into an empty static cache: the keys past q_len are unused slots (HF's sdpa crops too)
+        key, value = key[:, :, :q_len], value[:, :, :q_len]
+    out = attention(query, key, value, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=causal,
+                    scale=scaling, backend=getattr(module, "gpuparity_backend", "auto"))
+    return out.transpose(1, 2).contiguous(), None
+
+
+# --------------------------------------------------------------------------- RMSNorm
+def _rms_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    weight = self.weight
+    if weight.dtype != hidden_states.dtype:
+        # Llama's form multiplies in the weight's dtype (type promotion); keep HF's own there
+        return self.gpuparity_original.forward(self, hidden_states)
+    return rms_norm(hidden_states, weight.shape, weight, getattr(self, self.gpuparity_eps_attr),
+                    backend=self.gpuparity_backend)
+
+
+def _rms_one_plus_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    # Gemma: norm(x) * (1 + w), the sum formed in fp32 (a weight near zero keeps its low bits),
+    # then in x's dtype: one rounding more than Gemma's fp32 product (tested within the policy),
+    # but a weight of x's dtype is what the fused kernels take (mixed dtypes fall off them)
+    weight = (1.0 + self.weight.float()).to(hidden_states.dtype)
+    return rms_norm(hidden_states, weight.shape, weight, getattr(self, self.gpuparity_eps_attr),
+                    backend=self.gpuparity_backend)
+
+
+_SWAPPED_CLASSES: Dict[type, type] = {}
+
+
+def _swapped_class(cls: type) -> type:
+    """A subclass of transformers' RMSNorm whose forward calls gpuparity.rms_norm (isinstance,
+    attributes and state_dict stay those of the original)."""
+    if cls not in _SWAPPED_CLASSES:
+        eps_attr, one_plus = RMS_NORMS[cls.__name__]
+        name = f"Gpuparity{cls.__name__}"
+        new = type(name, (cls,), {
+            "forward": _rms_one_plus_forward if one_plus else _rms_forward,
+            "gpuparity_original": cls, "gpuparity_eps_attr": eps_attr, "__module__": __name__,
+            "__qualname__": name})
+        globals()[name] = new  # pickle finds it by name
+        _SWAPPED_CLASSES[cls] = new
+    return _SWAPPED_CLASSES[cls]
+
+
+# --------------------------------------------------------------------------- patch
+def _calls_attention_interface(module: nn.Module) -> bool:
+    forward = inspect.unwrap(type(module).forward)
+    code = getattr(forward, "__code__", None)
+    return code is not None and "ALL_ATTENTION_FUNCTIONS" in code.co_names
+
+
+def _old_style_attention(model: nn.Module):
+    """Innermost attention modules (class name ending in Attention) of a model whose attention
+    does not call AttentionInterface."""
+    for path, module in model.named_modules():
+        if type(module).__name__.endswith("Attention") and not any(
+                type(child).__name__.endswith("Attention") for child in module.children()):
+            yield path, module
+
+
+def _qualname(module: nn.Module) -> str:
+    cls = type(module)
+    return f"{cls.__module__}.{cls.__name__}"
+
+
+def _attention_left_reason(model: nn.Module) -> Optional[str]:
+    """Why the model's attention stays HF's, or None when gpuparity's may serve it."""
+    config = model.config
+    model_type = getattr(config, "model_type", None)
+    if model_type not in FAMILIES:
+        return (f"model_type {model_type!r} is not a family gpuparity tests ({', '.join(FAMILIES.values())}); "
+                f"attn_implementation='{NAME}' may still be set by hand")
+    softcap = getattr(config, "attn_logit_softcapping", None)
+    if softcap is not None:
+        return (f"config.attn_logit_softcapping={softcap}: gpuparity.attention has no logit softcap yet "
+                "(set it to None to use gpuparity's attention)")
+    return None
+
+
+def _dropout_note(config) -> str:
+    for name in ("attention_dropout", "attention_probs_dropout_prob"):
+        p = getattr(config, name, None)
+        if p:
+            return f"; training with config.{name}={p} falls back to HF's sdpa (gpuparity.attention has no dropout)"
+    return ""
+
+
+def _set_attention(model: nn.Module) -> Optional[str]:
+    """Switch the model to attn_implementation="gpuparity"; returns why not, or None."""
+    register()
+    try:
+        if hasattr(model, "set_attn_implementation"):
+            model.set_attn_implementation(NAME)
+        else:
+            model.config._attn_implementation = NAME
+    except (ValueError, KeyError, ImportError) as exc:
+        return f"transformers refused attn_implementation='{NAME}': {exc}"
+    if getattr(model.config, "_attn_implementation", None) != NAME:
+        return (f"{type(model).__name__} does not take a registered attention implementation "
+                "(transformers kept " + repr(getattr(model.config, "_attn_implementation", None)) + ")")
+    return None
+
+
+def patch_model(model: nn.Module, *, backend: str = "auto", include=None,
+                summary: Optional[PatchSummary] = None) -> PatchSummary:
+    """Patch a transformers PreTrainedModel in place (gpuparity.patch calls this first; the
+    torch drop-ins, nn.LayerNorm included, follow there): RMSNorms of the families in RMS_NORMS
+    become subclasses calling gpuparity.rms_norm; attention switches to "gpuparity" unless the
+    config needs what gpuparity.attention lacks. Rotary embeddings are left (see the reason)."""
+    transformers = _import()
+    summary = PatchSummary() if summary is None else summary
+    found = version_tuple(transformers.__version__)
+    if found >= MAX_VERSION:
+        summary.notes.append(f"transformers {transformers.__version__} is newer than the tested range {SUPPORTED}")
+
+    def wanted(module):
+        return include is None or any(type(module) is cls or
+                                      getattr(type(module), "gpuparity_original", None) is cls for cls in include)
+
+    attention_sites = [(path, m) for path, m in model.named_modules() if _calls_attention_interface(m)]
+    if not attention_sites:
+        for path, module in _old_style_attention(model):
+            if wanted(module):
+                summary.left.append(PatchEntry(path, _qualname(module), (
+                    f"attention: {type(module).__name__} in transformers {transformers.__version__} computes "
+                    "attention itself, not through AttentionInterface (a newer transformers routes it)")))
+    if attention_sites and any(wanted(m) for _, m in attention_sites):
+        reason = _attention_left_reason(model)
+        already = getattr(model.config, "_attn_implementation", None) == NAME
+        if reason is None and not already:
+            reason = _set_attention(model)
+        for path, module in attention_sites:
+            if not wanted(module):
+                continue
+            if reason is not None:
+                summary.left.append(PatchEntry(path, _qualname(module), f"attention: {reason}"))
+            elif not already:
+                module.gpuparity_backend = backend
+                summary.replaced.append(PatchEntry(path, _qualname(module), (
+                    f"attention: attn_implementation='{NAME}' (gpuparity.attention, backend={backend!r})"
+                    + _dropout_note(model.config))))
+
+    for path, module in model.named_modules():
+        cls = type(module)
+        if cls.__name__ in RMS_NORMS and cls.__module__.startswith("transformers."):
+            if not wanted(module):
+                continue
+            original = _qualname(module)
+            module.__class__ = _swapped_class(cls)
+            module.gpuparity_backend = backend
+            formula = "x * (1 + weight)" if RMS_NORMS[cls.__name__][1] else "x * weight"
+            summary.replaced.append(PatchEntry(path, original, f"RMSNorm ({formula}) -> gpuparity.rms_norm"))
+        elif cls.__module__.startswith("transformers.") and cls.__name__.endswith("RMSNorm") \
+                and not hasattr(cls, "gpuparity_original"):
+            summary.left.append(PatchEntry(path, _qualname(module), "RMSNorm of a family gpuparity has not checked"))
+        elif _ROTARY.search(cls.__name__):
+            summary.left.append(PatchEntry(path, _qualname(module), (
+                "rotary: this module only builds cos/sin; the rotation runs in a module-level function "
+                "inside the attention forward, which patch() does not rewrite")))
+    return summary
