@@ -93,6 +93,23 @@ def test_cnn_rejects_an_attention_backend():
         run("cnn", attn="sdpa_math", device="cpu")
 
 
+@pytest.mark.parametrize("name,data_field,model_field", [("aam", "sets", "heads"), ("cnn", "batch", "width")])
+def test_presets_take_overrides_and_name_what_is_wrong(name, data_field, model_field):
+    from gpuparity.workloads.aam import AamWorkload
+    from gpuparity.workloads.cnn import CnnWorkload
+    cls = {"aam": AamWorkload, "cnn": CnnWorkload}[name]
+    small = cls.sizes["small"]
+    workload = cls(size="small", overrides={data_field: 3, model_field: 4})
+    assert (workload.lr, workload.default_steps) == (small["lr"], small["steps"])
+    assert getattr(workload.data_config, data_field) == 3 and getattr(workload.model_config, model_field) == 4
+    assert getattr(small["data"], data_field) != 3  # the preset itself is copied, not changed
+    assert workload.config()["model"][model_field] == 4
+    with pytest.raises(ValueError, match=f"{name}: no setting 'nonsense'"):
+        cls(size="small", overrides={"nonsense": 1})
+    with pytest.raises(ValueError, match="size: expected one of"):
+        cls(size="huge")
+
+
 def test_workload_cli(tmp_path, capsys):
     a, b, c = (str(tmp_path / f"{n}.json") for n in ("a", "b", "c"))
     common = ["--device", "cpu", "--size", "small", "--steps", "4"]

@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .data import IGNORE, PAD, VOCAB, NucleotideConfig, NucleotideSets
+from .preset import PresetWorkload
 
 
 @dataclasses.dataclass
@@ -170,46 +171,24 @@ SIZES = {
 }
 
 
-class AamWorkload:
+class AamWorkload(PresetWorkload):
     name = "aam"
     metrics = ("loss", "loss_nuc", "loss_dist", "nuc_acc")
+    sizes = SIZES
 
     def __init__(self, size: str = "full", seed: int = 0, attn: str = "auto",
                  overrides: Optional[Dict[str, Any]] = None):
-        if size not in SIZES:
-            raise ValueError(f"size: expected one of {sorted(SIZES)}, got {size!r}")
+        self._apply_preset(size, overrides, attn=attn)
         if attn != "auto":
             if attn.startswith("planted"):
                 from . import planted  # noqa: F401 - registers the test-only backends
             from .. import dispatch
             dispatch.get("attention", attn)  # a ValueError listing the names, before any training
-        preset = SIZES[size]
-        self.size = size
-        self.data_config = dataclasses.replace(preset["data"])
-        self.model_config = dataclasses.replace(preset["model"], attn=attn)
-        self.default_steps = preset["steps"]
-        self.lr = preset["lr"]
-        self.eval_batches = preset["eval_batches"]
-        for key, value in (overrides or {}).items():
-            for target in (self.data_config, self.model_config):
-                if hasattr(target, key):
-                    setattr(target, key, value)
-                    break
-            else:
-                raise ValueError(f"aam: no setting {key!r} (data: {list(vars(self.data_config))}, "
-                                 f"model: {list(vars(self.model_config))})")
         self.model_config.positions = self.data_config.pad_len
         self.data = NucleotideSets(self.data_config, seed)
 
-    def config(self) -> Dict[str, Any]:
-        return {"size": self.size, "data": dataclasses.asdict(self.data_config),
-                "model": dataclasses.asdict(self.model_config), "lr": self.lr}
-
     def model(self) -> nn.Module:
         return AAM(self.model_config)
-
-    def batch(self, index: int) -> Dict[str, torch.Tensor]:
-        return self.data.batch(index)
 
     def eval_batch(self, index: int) -> Dict[str, torch.Tensor]:
         return self.data.batch(10_000_000 + index, pad_to=self.data_config.pad_len)

@@ -12,6 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .data import ImageClasses, ImageConfig
+from .preset import PresetWorkload
 
 
 @dataclasses.dataclass
@@ -45,44 +46,22 @@ SIZES = {
 }
 
 
-class CnnWorkload:
+class CnnWorkload(PresetWorkload):
     name = "cnn"
     metrics = ("loss", "acc")
+    sizes = SIZES
 
     def __init__(self, size: str = "full", seed: int = 0, attn: Optional[str] = None,
                  overrides: Optional[Dict[str, Any]] = None):
-        if size not in SIZES:
-            raise ValueError(f"size: expected one of {sorted(SIZES)}, got {size!r}")
+        self._apply_preset(size, overrides)
         if attn not in (None, "auto"):
             raise ValueError(f"attn: the cnn workload has no attention, got --attn {attn!r}")
-        preset = SIZES[size]
-        self.size = size
-        self.data_config = dataclasses.replace(preset["data"])
-        self.model_config = dataclasses.replace(preset["model"])
-        self.default_steps = preset["steps"]
-        self.lr = preset["lr"]
-        self.eval_batches = preset["eval_batches"]
-        for key, value in (overrides or {}).items():
-            for target in (self.data_config, self.model_config):
-                if hasattr(target, key):
-                    setattr(target, key, value)
-                    break
-            else:
-                raise ValueError(f"cnn: no setting {key!r} (data: {list(vars(self.data_config))}, "
-                                 f"model: {list(vars(self.model_config))})")
         self.model_config.classes = self.data_config.classes
         self.model_config.channels = self.data_config.channels
         self.data = ImageClasses(self.data_config, seed)
 
-    def config(self) -> Dict[str, Any]:
-        return {"size": self.size, "data": dataclasses.asdict(self.data_config),
-                "model": dataclasses.asdict(self.model_config), "lr": self.lr}
-
     def model(self) -> nn.Module:
         return SmallCNN(self.model_config)
-
-    def batch(self, index: int) -> Dict[str, torch.Tensor]:
-        return self.data.batch(index)
 
     def eval_batch(self, index: int) -> Dict[str, torch.Tensor]:
         return self.data.batch(10_000_000 + index)
