@@ -9,7 +9,7 @@ from typing import Dict, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from ..nn.patch import PatchEntry, PatchSummary
+from ..nn.summary import PatchEntry, PatchSummary
 from ..ops.attention import attention
 from ..ops.norms import rms_norm
 

@@ -1,3 +1,5 @@
+# long file: one clause language; each clause is a small function beside its sentence, and splitting them
+# across files would separate a clause from the table that names it.
 """The rule language of the known-issue base: declarative clauses over a platform report
 (gpuparity.platform.collect()), each answering match / miss / unknown with a sentence.
 
