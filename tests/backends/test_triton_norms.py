@@ -5,6 +5,7 @@ small shapes; with GPUPARITY_TEST_DEVICE=cuda they run compiled on the GPU at re
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from device_env import ON_GPU, TEST_DEVICE as DEVICE, require_device
 pytest.importorskip("triton")
 
 from gpuparity import reference  # noqa: E402
-from gpuparity.backends import torch_ops, triton_norms  # noqa: E402
+from gpuparity.backends import torch_ops, triton_common, triton_norms  # noqa: E402
 from gpuparity.checks.tolerance import compare  # noqa: E402
 
 require_device()
@@ -177,7 +178,7 @@ def test_backward_tile_walk_both_ways(op, prefetch):
     dy_full = torch.randn(outer, inner + 2, hidden, generator=gen).to(DEVICE)
     dy = dy_full[:, :inner]                            # another split of the same rows
     assert triton_norms.row_layout(x, 1, hidden).two_level and triton_norms.row_layout(dy, 1, hidden).two_level
-    cfg = triton_norms.NormConfig(triton_norms._next_pow2(hidden), 2, 2 if not ON_GPU else 4, False,
+    cfg = triton_norms.NormConfig(triton_common.next_pow2(hidden), 2, 2 if not ON_GPU else 4, False,
                                   programs_per_sm=1, prefetch=prefetch)
     _, stats = triton_norms.norm_forward(x, 1, weight, bias, 1e-5, is_rms)
     dx, dw, db = triton_norms.norm_backward(dy, x, 1, weight, None if is_rms else bias.dtype, stats, is_rms,
@@ -309,6 +310,20 @@ def test_configs_cover_every_family():
                 assert cfg.num_warps <= triton_norms.FAMILIES[fam]["max_warps"]
                 assert cfg.looped == (n > triton_norms.FAMILIES[fam]["fused_max_n"])
                 assert cfg.looped or cfg.block_n >= n
+
+
+def test_shared_kernel_helpers(monkeypatch):
+    """triton_common's pieces the norm and rotary backends share: the family row, powers of two,
+    and the reasons their supports()/availability() give."""
+    assert triton_common.tile_family() in triton_norms.FAMILIES
+    assert [triton_common.next_pow2(n) for n in (1, 2, 3, 17, 64)] == [1, 2, 4, 32, 64]
+    problem = type("P", (), {"device": torch.device("meta")})()
+    monkeypatch.setattr(triton_common, "triton_unavailable_reason", lambda kind: None if kind == "cpu" else kind)
+    assert triton_common.problem_reasons(problem) == ["meta"]
+    assert triton_common.problem_reasons(type("P", (), {"device": torch.device("cpu")})()) == []
+    monkeypatch.undo()
+    monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` now fails
+    assert triton_common.availability() == "triton: the triton package is not importable here"
 
 
 @pytest.mark.skipif(not ON_GPU, reason="needs more than 2^31 elements (8 GiB of bf16 x, y, dy, dx) on a GPU")

@@ -7,6 +7,7 @@ Kernel modules expose `aot_specs() -> list[AotSpec]`: every configuration they s
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Any, Callable, Dict, List, Optional
 
@@ -73,6 +74,34 @@ def device_arch(index: Optional[int] = None) -> str:
     if vendor() == "amd":
         return (getattr(props, "gcnArchName", "") or "").split(":")[0]
     return f"sm_{props.major}{props.minor}"
+
+
+@functools.lru_cache(maxsize=None)
+def tile_family() -> str:
+    """The row of the norm and rotary kernels' FAMILIES tables for the GPU at hand: "nvidia",
+    "cdna" (wave64) or "rdna" (wave32); "nvidia" on the CPU interpreter."""
+    if vendor() == "amd":
+        return "rdna" if device_arch().startswith("gfx1") else "cdna"
+    return "nvidia"
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def problem_reasons(problem) -> List[str]:
+    """A kernel backend's supports(): why Triton cannot run on the problem's device, if it cannot."""
+    reason = triton_unavailable_reason(problem.device.type)
+    return [reason] if reason else []
+
+
+def availability() -> Optional[str]:
+    """A kernel backend's availability(): why Triton cannot run here at all, if it cannot."""
+    try:
+        import triton  # noqa: F401
+    except Exception:  # noqa: BLE001 - any import failure means the same here
+        return "triton: the triton package is not importable here"
+    return triton_unavailable_reason("cuda")
 
 
 def target_key() -> str:

@@ -17,10 +17,10 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from .. import reference
-from .registry import Backend, Problem, register
+from .registry import Backend, register
 from . import triton_common
-from .triton_common import (AotSpec, PlanCache, PreparedLaunch, allocation_template, cdiv, launch,
-                            triton_unavailable_reason)
+from .triton_common import (AotSpec, PlanCache, PreparedLaunch, allocation_template, availability, cdiv,
+                            launch, next_pow2, problem_reasons)
 
 try:
     import triton
@@ -68,14 +68,6 @@ FINISH_FAMILIES = ("nvidia",)
 BWD_PROGRAMS_PER_SM = 2
 
 
-@functools.lru_cache(maxsize=None)
-def family() -> str:
-    """The tile-config family of the GPU at hand ("nvidia" on the CPU interpreter)."""
-    if triton_common.vendor() == "amd":
-        return "rdna" if triton_common.device_arch().startswith("gfx1") else "cdna"
-    return "nvidia"
-
-
 @dataclasses.dataclass(frozen=True)
 class NormConfig:
     block_n: int        # columns per tile (a power of two)
@@ -88,10 +80,6 @@ class NormConfig:
     finish: bool = False       # fused backward: its last program sums dweight/dbias (no 2nd launch)
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
 def _warps(elems: int, per_thread: int, spec) -> int:
     warps = max(1, min(spec["max_warps"], elems // (spec["warp"] * per_thread)))
     return 1 << (warps.bit_length() - 1)  # a power of two
@@ -99,18 +87,18 @@ def _warps(elems: int, per_thread: int, spec) -> int:
 
 @functools.lru_cache(maxsize=1024)
 def norm_config(n: int, backward: bool = False, fam: Optional[str] = None) -> NormConfig:
-    spec = FAMILIES[fam or family()]
+    spec = FAMILIES[fam or triton_common.tile_family()]
     if n > spec["fused_max_n"]:
         block = spec["loop_block"]
         return NormConfig(block, 1, _warps(block, 8, spec), True, 2)
-    block = _next_pow2(n)
+    block = next_pow2(n)
     if not backward:
         rows = max(1, FWD_TILE_ELEMS // block)
         return NormConfig(block, rows, _warps(rows * block, FWD_ELEMS_PER_THREAD, spec), False)
     rows = max(1, BWD_TILE_ELEMS // block)
     per_thread = 32 if block < 4096 else 16
     return NormConfig(block, rows, _warps(rows * block, per_thread, spec), False, programs_per_sm=1, prefetch=True,
-                      finish=block <= FINISH_MAX_N and (fam or family()) in FINISH_FAMILIES)
+                      finish=block <= FINISH_MAX_N and (fam or triton_common.tile_family()) in FINISH_FAMILIES)
 
 
 _SM_COUNT: Dict[int, int] = {}
@@ -737,17 +725,6 @@ def triton_layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     return _run(x, weight, bias, _normalized_ndim(normalized_shape), eps, False)
 
 
-def _supports(problem: Problem) -> List[str]:
-    reason = triton_unavailable_reason(problem.device.type)
-    return [reason] if reason else []
-
-
-def _availability() -> Optional[str]:
-    if triton is None:
-        return "triton: the triton package is not importable here"
-    return triton_unavailable_reason("cuda")
-
-
 # The forward/backward split the torch.library ops call (gpuparity.ops.library): a compiled graph
 # saves the statistics and runs the fused backward, as the autograd.Function above does eagerly.
 def _contiguous(param: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -784,7 +761,7 @@ for _op, _fn, _what, _saving, _from in (
     register(Backend(
         name="triton", op=_op, fn=_fn,
         description=f"gpuparity's fused Triton {_what} (fp32 statistics, forward and backward)",
-        dtypes=KERNEL_DTYPES, availability=_availability, supports=_supports, jit=True,
+        dtypes=KERNEL_DTYPES, availability=availability, supports=problem_reasons, jit=True,
         forward_saving=_saving, backward_from=_from))
 
 

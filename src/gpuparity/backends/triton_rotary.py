@@ -14,9 +14,9 @@ from typing import List, Optional, Union
 
 import torch
 
-from .registry import Backend, Problem, register
+from .registry import Backend, register
 from . import triton_common
-from .triton_common import AotSpec, PlanCache, PreparedLaunch, cdiv, triton_unavailable_reason
+from .triton_common import AotSpec, PlanCache, PreparedLaunch, availability, cdiv, next_pow2, problem_reasons
 
 try:
     import triton
@@ -43,17 +43,6 @@ ELEMS_PER_THREAD = 8
 MAX_BLOCK_H = 8
 
 
-@functools.lru_cache(maxsize=None)
-def family() -> str:
-    if triton_common.vendor() == "amd":
-        return "rdna" if triton_common.device_arch().startswith("gfx1") else "cdna"
-    return "nvidia"
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
 @dataclasses.dataclass(frozen=True)
 class RotaryConfig:
     block_m: int        # positions per program
@@ -66,13 +55,13 @@ class RotaryConfig:
 @functools.lru_cache(maxsize=1024)
 def rotary_config(heads: int, rotary_half: int, pass_dim: int, fam: Optional[str] = None,
                   max_seqlen: Optional[int] = None) -> RotaryConfig:
-    spec = FAMILIES[fam or family()]
-    block_r = _next_pow2(max(rotary_half, 1))
-    block_h = min(_next_pow2(heads), MAX_BLOCK_H)
+    spec = FAMILIES[fam or triton_common.tile_family()]
+    block_r = next_pow2(max(rotary_half, 1))
+    block_h = min(next_pow2(heads), MAX_BLOCK_H)
     block_m = max(1, spec["tile_elems"] // (block_h * 2 * block_r))
     if max_seqlen is not None:
-        block_m = min(block_m, _next_pow2(max(max_seqlen, 1)))
-    block_p = min(_next_pow2(max(pass_dim, 1)), 2 * block_r)
+        block_m = min(block_m, next_pow2(max(max_seqlen, 1)))
+    block_p = min(next_pow2(max(pass_dim, 1)), 2 * block_r)
     elems = block_m * block_h * 2 * block_r
     warps = max(1, min(spec["max_warps"], elems // (spec["warp"] * ELEMS_PER_THREAD)))
     warps = 1 << (warps.bit_length() - 1)
@@ -298,21 +287,10 @@ def triton_apply_rotary(x, cos, sin, *, interleaved=False, seqlen_offsets=0, cu_
 triton_apply_rotary.supports_inplace = True
 
 
-def _supports(problem: Problem) -> List[str]:
-    reason = triton_unavailable_reason(problem.device.type)
-    return [reason] if reason else []
-
-
-def _availability() -> Optional[str]:
-    if triton is None:
-        return "triton: the triton package is not importable here"
-    return triton_unavailable_reason("cuda")
-
-
 register(Backend(
     name="triton", op="rotary", fn=triton_apply_rotary,
     description="gpuparity's Triton rotary (half-split / interleaved / varlen, fp32 math, forward and backward)",
-    dtypes=KERNEL_DTYPES, availability=_availability, supports=_supports, jit=True))
+    dtypes=KERNEL_DTYPES, availability=availability, supports=problem_reasons, jit=True))
 
 
 # ----------------------------------------------------------------------------- AOT

@@ -51,8 +51,8 @@ def norm_peers(op: str, device: torch.device) -> Dict[str, Tuple[Optional[Callab
     import torch.nn.functional as F
     from ..backends import torch_ops
     peers: Dict[str, Tuple[Optional[Callable], str]] = {}
-    from ..backends import triton_norms
-    reason = triton_norms._availability() or triton_norms.triton_unavailable_reason(device.type)
+    from ..backends import triton_common, triton_norms
+    reason = triton_common.availability() or triton_common.triton_unavailable_reason(device.type)
     if op == "rms":
         peers["triton"] = (None, reason) if reason else (
             lambda x, w, b, eps: triton_norms.triton_rms_norm(x, x.shape[-1:], w, eps), "")

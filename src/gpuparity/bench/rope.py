@@ -36,9 +36,9 @@ def _liger_rope():
 
 def rope_peers(device: torch.device) -> Dict[str, Tuple[Optional[Callable], str]]:
     """backend -> (fn(x, cos, sin, **rotary kwargs) or None, reason when None)."""
-    from ..backends import compiled, torch_ops, triton_rotary
+    from ..backends import compiled, torch_ops, triton_common, triton_rotary
     peers: Dict[str, Tuple[Optional[Callable], str]] = {}
-    reason = triton_rotary._availability() or triton_rotary.triton_unavailable_reason(device.type)
+    reason = triton_common.availability() or triton_common.triton_unavailable_reason(device.type)
     peers["triton"] = (None, reason) if reason else (triton_rotary.triton_apply_rotary, "")
     peers["eager"] = (torch_ops.rotary_composition, "")
     reason = compiled.compile_unavailable_reason(device.type)
