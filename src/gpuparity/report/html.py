@@ -17,14 +17,23 @@ code{font-size:.9em}.small{color:#666;font-size:.85em}
 """
 
 
-def _e(value: Any) -> str:
+def esc(value: Any) -> str:
+    """Any value as HTML text (None as nothing); trace_report's pages use it too."""
     return html.escape("" if value is None else str(value))
 
 
-def _table(headers: List[str], rows: List[List[str]]) -> str:
-    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+def html_table(headers: List[str], rows: List[List[str]]) -> str:
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>" for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def page_head(title: str, heading: str, ok: bool, verdict: str) -> List[str]:
+    """The first parts of a report page: its head with the CSS, and an h1 with the verdict in green
+    (ok) or red. Parts, not one string: the doctor joins its parts with newlines, trace pages without."""
+    return [f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)}</title>",
+            f"<style>{CSS}</style></head><body>",
+            f"<h1>{esc(heading)}: <span class='{'ok' if ok else 'bad'}'>{verdict}</span></h1>"]
 
 
 def render_doctor_html(report: Dict[str, Any]) -> str:
@@ -32,41 +41,39 @@ def render_doctor_html(report: Dict[str, Any]) -> str:
     results = [CheckResult.from_dict(r) for r in report["battery"]["results"]]
     tally = report["battery"]["tally"]
     verdict = "all checks passed" if report["exit_code"] == 0 else "problems found"
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>gpuparity doctor: {_e(report['machine'])}</title>",
-             f"<style>{CSS}</style></head><body>",
-             f"<h1>gpuparity doctor: <span class='{'ok' if report['exit_code'] == 0 else 'bad'}'>{verdict}</span></h1>",
-             f"<p>{_e(report['machine'])}<br><span class='small'>created {_e(report['created'])}, gpuparity "
-             f"{_e(report['gpuparity_version'])}, level {_e(report['options']['level'])}, device "
-             f"{_e(report['options']['device'])}, seed {_e(report['options']['seed'])}, "
+    parts = [*page_head(f"gpuparity doctor: {report['machine']}", "gpuparity doctor", report["exit_code"] == 0, verdict),
+             f"<p>{esc(report['machine'])}<br><span class='small'>created {esc(report['created'])}, gpuparity "
+             f"{esc(report['gpuparity_version'])}, level {esc(report['options']['level'])}, device "
+             f"{esc(report['options']['device'])}, seed {esc(report['options']['seed'])}, "
              f"{report['duration_s']:.1f} s</span></p>",
              "<p>" + ", ".join(f"<span class='{k}'>{v} {k.lower()}</span>" for k, v in tally.items()) + "</p>"]
     parts.append("<h2>Recommended configuration</h2><ul>" + "".join(
-        f"<li class='{'bad' if r['avoid'] or not r['use'] else 'ok'}'>{_e(r['text'])}</li>"
+        f"<li class='{'bad' if r['avoid'] or not r['use'] else 'ok'}'>{esc(r['text'])}</li>"
         for r in report.get("recommendations", [])) + "</ul>")
     known = [k for k in report.get("known_issues", []) if k.get("status") not in ("does not apply", "ruled out")]
     parts.append("<h2>Known issues that apply or may apply here</h2>")
     if report.get("known_issues_error"):
-        parts.append(f"<p class='bad'>{_e(report['known_issues_error'])}</p>")
-    parts.append(_table(["id", "status", "why", "remedy", "sources"], [
-        [_e(k.get("id")), _e(k.get("status")), _e("; ".join(k.get("why", []) or [])), _e(k.get("remedy")),
-         _e(", ".join(k.get("sources", []) or []))] for k in known]) if known else "<p>None.</p>")
+        parts.append(f"<p class='bad'>{esc(report['known_issues_error'])}</p>")
+    parts.append(html_table(["id", "status", "why", "remedy", "sources"], [
+        [esc(k.get("id")), esc(k.get("status")), esc("; ".join(k.get("why", []) or [])), esc(k.get("remedy")),
+         esc(", ".join(k.get("sources", []) or []))] for k in known]) if known else "<p>None.</p>")
     parts.append("<h2>Checks against float64 (by op and backend)</h2>")
-    parts.append(_table(["op", "backend", "status", "pass", "fail", "crash/timeout", "skip", "why"], [
-        [_e(r["op"]), _e(r["backend"]), f"<span class='{r['status']}'>{r['status']}</span>", str(r["counts"]["PASS"]),
+    parts.append(html_table(["op", "backend", "status", "pass", "fail", "crash/timeout", "skip", "why"], [
+        [esc(r["op"]), esc(r["backend"]), f"<span class='{r['status']}'>{r['status']}</span>", str(r["counts"]["PASS"]),
          str(r["counts"]["FAIL"] + r["counts"]["ERROR"]), str(r["counts"]["CRASH"] + r["counts"]["TIMEOUT"]),
-         str(r["counts"]["SKIP"]), _e(r["reason"][:300])] for r in summarize(results)]))
+         str(r["counts"]["SKIP"]), esc(r["reason"][:300])] for r in summarize(results)]))
     bad = [r for r in results if r.status.bad]
     parts.append(f"<h2>Failed checks ({len(bad)})</h2>")
-    parts.append(_table(["status", "check", "seed", "error / allowed", "reason", "stderr"], [
-        [f"<span class='{r.status.value}'>{r.status.value}</span>", _e(r.key), _e(r.seed),
-         _e(f"{r.worst_comparison.err:.3g} / {r.worst_comparison.allowed:.3g}" if r.worst_comparison and
+    parts.append(html_table(["status", "check", "seed", "error / allowed", "reason", "stderr"], [
+        [f"<span class='{r.status.value}'>{r.status.value}</span>", esc(r.key), esc(r.seed),
+         esc(f"{r.worst_comparison.err:.3g} / {r.worst_comparison.allowed:.3g}" if r.worst_comparison and
             r.worst_comparison.err is not None else "-"),
-         _e(r.reason[:600]), f"<pre>{_e(r.stderr_tail[-800:])}</pre>" if r.stderr_tail else ""] for r in bad])
+         esc(r.reason[:600]), f"<pre>{esc(r.stderr_tail[-800:])}</pre>" if r.stderr_tail else ""] for r in bad])
                  if bad else "<p>None.</p>")
     parts.append("<h2>Platform</h2>")
     flat = []
     for key, value in platform.items():
-        flat.append([_e(key), f"<code>{_e(value)}</code>"])
-    parts.append(_table(["fact", "value"], flat))
+        flat.append([esc(key), f"<code>{esc(value)}</code>"])
+    parts.append(html_table(["fact", "value"], flat))
     parts.append("</body></html>")
     return "\n".join(parts)

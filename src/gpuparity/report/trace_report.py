@@ -2,14 +2,13 @@
 comparisons: terminal (rich) and self-contained HTML."""
 from __future__ import annotations
 
-import html
 import math
 from typing import Any, Dict, List, Optional, Sequence
 
 from rich.console import Console
 from rich.table import Table
 
-from .html import CSS
+from .html import esc, html_table, page_head
 from .plots import error_along_depth_svg
 
 ROW_LIMIT = 40
@@ -163,28 +162,16 @@ def render_replay(console: Console, data: Dict[str, Any], show_all: bool = False
 
 
 # --------------------------------------------------------------------------- HTML
-def _e(value: Any) -> str:
-    return html.escape("" if value is None else str(value))
-
-
-def _table(headers: List[str], rows: List[List[str]]) -> str:
-    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
 def comparison_html(data: Dict[str, Any]) -> str:
     a, b = data["a"], data["b"]
     verdict = "the traces agree" if data["passed"] else "the traces diverge"
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>gpuparity trace compare</title>"
-             f"<style>{CSS}</style></head><body>",
-             f"<h1>gpuparity trace compare: <span class='{'ok' if data['passed'] else 'bad'}'>{verdict}</span></h1>",
-             f"<p><b>A</b> {_e(a['path'])}: {_e(a['device'])} {_e(a['dtype'])}; {_e(a['machine'])}<br>"
-             f"<b>B</b> {_e(b['path'])}: {_e(b['device'])} {_e(b['dtype'])}; {_e(b['machine'])}<br>"
-             f"weights {_e(data['identity']['weights'])}; inputs {_e(data['identity']['inputs'])}</p>"]
+    parts = [*page_head("gpuparity trace compare", "gpuparity trace compare", data["passed"], verdict),
+             f"<p><b>A</b> {esc(a['path'])}: {esc(a['device'])} {esc(a['dtype'])}; {esc(a['machine'])}<br>"
+             f"<b>B</b> {esc(b['path'])}: {esc(b['device'])} {esc(b['dtype'])}; {esc(b['machine'])}<br>"
+             f"weights {esc(data['identity']['weights'])}; inputs {esc(data['identity']['inputs'])}</p>"]
     parts += _comparison_sections(data, "relative error of B against A")
     if data.get("notes"):
-        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in data["notes"]) + "</ul>")
+        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{esc(n)}</li>" for n in data["notes"]) + "</ul>")
     parts.append("<p class='small'>Rule: err &lt;= max(2 x inherited, floor of the coarser dtype); "
                  "see docs/diverging-runs.md.</p></body></html>")
     return "".join(parts)
@@ -195,13 +182,13 @@ def _comparison_sections(data: Dict[str, Any], what: str) -> List[str]:
     for direction in ("forward", "backward"):
         first = data[f"first_{direction}"]
         parts.append(f"<h2>{direction}</h2><p>first divergent module: " +
-                     (f"<b class='bad'>{_e(_name(first))}</b> ({_e(first.get('type'))}): {_e(first.get('reason'))}"
+                     (f"<b class='bad'>{esc(_name(first))}</b> ({esc(first.get('type'))}): {esc(first.get('reason'))}"
                       if first else "<span class='ok'>none</span>") + "</p>")
         parts.append(error_along_depth_svg(data[direction], f"{direction}: {what}"))
-        parts.append(_table(["#", "module", "type", "what", "rel. error", "inherited", "allowed", "max abs", "verdict"], [
-            [str(r["index"]), _e(r["key"]), _e(r.get("type")), _e(r.get("what")), _num(r.get("err")),
+        parts.append(html_table(["#", "module", "type", "what", "rel. error", "inherited", "allowed", "max abs", "verdict"], [
+            [str(r["index"]), esc(r["key"]), esc(r.get("type")), esc(r.get("what")), _num(r.get("err")),
              _num(r.get("inherited")), _num(r.get("allowed")), _num(r.get("max_abs")),
-             "<span class='ok'>ok</span>" if r["passed"] else f"<span class='bad'>diverges</span> {_e(r.get('reason'))}"]
+             "<span class='ok'>ok</span>" if r["passed"] else f"<span class='bad'>diverges</span> {esc(r.get('reason'))}"]
             for r in data[direction]]))
     return parts
 
@@ -209,29 +196,27 @@ def _comparison_sections(data: Dict[str, Any], what: str) -> List[str]:
 def replay_html(data: Dict[str, Any]) -> str:
     trace, here = data["trace"], data["here"]
     verdict = "every module agrees" if data["passed"] else "a module's own computation differs"
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>gpuparity trace replay</title>"
-             f"<style>{CSS}</style></head><body>",
-             f"<h1>gpuparity trace replay: <span class='{'ok' if data['passed'] else 'bad'}'>{verdict}</span></h1>",
-             f"<p><b>recorded</b> {_e(trace['path'])}: {_e(trace['device'])} {_e(trace['dtype'])}; "
-             f"{_e(trace['machine'])}<br><b>here</b> {_e(here['device'])}; {_e(here['machine'])}</p>"]
+    parts = [*page_head("gpuparity trace replay", "gpuparity trace replay", data["passed"], verdict),
+             f"<p><b>recorded</b> {esc(trace['path'])}: {esc(trace['device'])} {esc(trace['dtype'])}; "
+             f"{esc(trace['machine'])}<br><b>here</b> {esc(here['device'])}; {esc(here['machine'])}</p>"]
     for direction in ("forward", "backward"):
         culprit = data[f"culprit_{direction}"]
         rows = data[direction]
         if not rows:
             continue
         parts.append(f"<h2>{direction}</h2><p>module whose own computation is wrong: " +
-                     (f"<b class='bad'>{_e(culprit['key'])}</b> ({_e(culprit['type'])}): {_e(culprit['reason'])}"
-                      + (f"; {_e(_DEVIATES[culprit['deviates']])}" if culprit.get("deviates") else "")
+                     (f"<b class='bad'>{esc(culprit['key'])}</b> ({esc(culprit['type'])}): {esc(culprit['reason'])}"
+                      + (f"; {esc(_DEVIATES[culprit['deviates']])}" if culprit.get("deviates") else "")
                       if culprit else "<span class='ok'>none</span>") + "</p>")
         plot_rows = [dict(r, passed=r["status"] != "diverged") for r in rows]
         parts.append(error_along_depth_svg(plot_rows, f"{direction}: own error of each module, here vs recorded"))
-        parts.append(_table(["#", "module", "type", "own error", "allowed", "recorded vs f64", "here vs f64", "status"], [
-            [str(r["index"]), _e(r["key"]), _e(r["type"]), _num(r.get("err")), _num(r.get("allowed")),
+        parts.append(html_table(["#", "module", "type", "own error", "allowed", "recorded vs f64", "here vs f64", "status"], [
+            [str(r["index"]), esc(r["key"]), esc(r["type"]), _num(r.get("err")), _num(r.get("allowed")),
              _num(r.get("recorded_err64")), _num(r.get("here_err64")),
-             f"<span class='{'ok' if r['status'] == 'ok' else 'bad'}'>{_e(r['status'])}</span> {_e(r.get('reason'))}"]
+             f"<span class='{'ok' if r['status'] == 'ok' else 'bad'}'>{esc(r['status'])}</span> {esc(r.get('reason'))}"]
             for r in rows]))
     if data.get("notes"):
-        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in data["notes"]) + "</ul>")
+        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{esc(n)}</li>" for n in data["notes"]) + "</ul>")
     parts.append("</body></html>")
     return "".join(parts)
 
@@ -283,25 +268,23 @@ def render_model_check(console: Console, data: Dict[str, Any], show_all: bool = 
 
 def model_check_html(data: Dict[str, Any]) -> str:
     verdict = "agrees with float64" if data["passed"] else "a module's own computation diverges"
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>gpuparity model</title>"
-             f"<style>{CSS}</style></head><body>",
-             f"<h1>gpuparity model: <span class='{'ok' if data['passed'] else 'bad'}'>{verdict}</span></h1>",
-             f"<p>{_e(_model_header(data))}</p>"]
+    parts = [*page_head("gpuparity model", "gpuparity model", data["passed"], verdict),
+             f"<p>{esc(_model_header(data))}</p>"]
     for direction in ("forward", "backward"):
         culprit = data[f"culprit_{direction}"]
         parts.append(f"<h2>{direction}: own computation</h2><p>module whose own computation diverges: " +
-                     (f"<b class='bad'>{_e(culprit['key'])}</b> ({_e(culprit['type'])}): {_e(culprit['reason'])}"
+                     (f"<b class='bad'>{esc(culprit['key'])}</b> ({esc(culprit['type'])}): {esc(culprit['reason'])}"
                       if culprit else "<span class='ok'>none</span>") + "</p>")
-        parts.append(_table(["#", "module", "type", "own error", "inherited", "allowed", "status"], [
-            [str(r["index"]), _e(r["key"]), _e(r["type"]), _num(r.get("err")), _num(r.get("inherited")),
+        parts.append(html_table(["#", "module", "type", "own error", "inherited", "allowed", "status"], [
+            [str(r["index"]), esc(r["key"]), esc(r["type"]), _num(r.get("err")), _num(r.get("inherited")),
              _num(r.get("allowed")),
-             f"<span class='{'ok' if r['status'] == 'ok' else 'bad'}'>{_e(r['status'])}</span> {_e(r.get('reason'))}"]
+             f"<span class='{'ok' if r['status'] == 'ok' else 'bad'}'>{esc(r['status'])}</span> {esc(r.get('reason'))}"]
             for r in data[direction]]))
     if data.get("comparison"):
         parts += _comparison_sections(data["comparison"], "relative error against float64")
     notes = data.get("notes", []) + (data.get("comparison") or {}).get("notes", [])
     if notes:
-        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
+        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>")
     parts.append("</body></html>")
     return "".join(parts)
 
