@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from .checks import tolerance
+from .model_inputs import as_call, map_tensors
 
 DEFAULT_BACKENDS = ("inductor", "aot_eager", "eager")
 COMPILE_ISSUES = ("COMPILE-ROCM-LOOPCARRIED", "COMPILE-ROCM-MI3XX", "COMPILE-SM120-BF16", "COMPILE-PRE-VOLTA")
@@ -79,24 +80,6 @@ def _flatten(value) -> List[torch.Tensor]:
     return []
 
 
-def _map_inputs(value, fn):
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_map_inputs(v, fn) for v in value)
-    if isinstance(value, dict):
-        return {k: _map_inputs(v, fn) for k, v in value.items()}
-    return value
-
-
-def _as_call(inputs) -> Tuple[tuple, dict]:
-    if isinstance(inputs, dict):
-        return (), dict(inputs)
-    if isinstance(inputs, (list, tuple)):
-        return tuple(inputs), {}
-    return (inputs,), {}
-
-
 def _backend_name(backend: BackendSpec) -> str:
     return backend if isinstance(backend, str) else getattr(backend, "__name__", type(backend).__name__)
 
@@ -118,7 +101,7 @@ def _float64_reference(model, args, kwargs, device) -> Tuple[Optional[List[torch
             model64 = copy.deepcopy(model).to(device=where, dtype=torch.float64)
             cast = (lambda t, where=where: t.to(where, torch.float64) if t.is_floating_point() else t.to(where))
             with torch.no_grad():
-                out = model64(*_map_inputs(args, cast), **_map_inputs(kwargs, cast))
+                out = model64(*map_tensors(args, cast), **map_tensors(kwargs, cast))
             return [t.detach() for t in _flatten(out)], f"float64 on {where.type}", notes
         except Exception as exc:  # noqa: BLE001 - fall back to the next referee
             notes.append(f"float64 run on {where.type} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
@@ -205,7 +188,7 @@ def compile_check(model: Union[torch.nn.Module, Callable], example_inputs, *,
         raise TypeError(f"model: expected a torch.nn.Module or a function, got {type(model).__name__}")
     if not backends:
         raise ValueError("backends: expected at least one backend, got an empty list")
-    args, kwargs = _as_call(example_inputs)
+    args, kwargs = as_call(example_inputs)
     device = _device_of(model, example_inputs)
     notes: List[str] = []
     module = model if isinstance(model, torch.nn.Module) else None

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from .. import platform
+from ..model_inputs import as_call, map_tensors
 from . import store
 
 ROOT = "(model)"
@@ -279,27 +280,15 @@ def _named_inputs(inputs) -> List[Tuple[str, torch.Tensor]]:
     return named
 
 
-def _as_call(inputs) -> Tuple[tuple, dict]:
-    if isinstance(inputs, dict):
-        return (), dict(inputs)
-    if isinstance(inputs, (list, tuple)):
-        return tuple(inputs), {}
-    return (inputs,), {}
-
-
 def _grad_ready(value, grads: bool):
     """A copy of the inputs whose floating tensors require grad, so their gradients are recorded
     without touching the caller's tensors. The model gets a non-leaf clone, so an in-place op on
     its input still works."""
-    if isinstance(value, torch.Tensor):
-        if grads and value.is_floating_point() and not value.requires_grad:
-            return value.detach().clone().requires_grad_(True).clone()
-        return value
-    if isinstance(value, (list, tuple)):
-        return type(value)(_grad_ready(v, grads) for v in value)
-    if isinstance(value, dict):
-        return {k: _grad_ready(v, grads) for k, v in value.items()}
-    return value
+    def ready(t: torch.Tensor) -> torch.Tensor:
+        if grads and t.is_floating_point() and not t.requires_grad:
+            return t.detach().clone().requires_grad_(True).clone()
+        return t
+    return map_tensors(value, ready)
 
 
 def record(model: torch.nn.Module, inputs, path: str, **options) -> store.Trace:
@@ -334,7 +323,7 @@ def record_in_memory(model: torch.nn.Module, inputs, *, grads: bool = True,
     weights = store.fingerprint(list(model.named_parameters()) + list(model.named_buffers()))
     input_fingerprint = store.fingerprint(_named_inputs(inputs))
     inputs = _grad_ready(inputs, grads)
-    args, kwargs = _as_call(inputs)
+    args, kwargs = as_call(inputs)
 
     recorder = _Recorder(model, include, max_elements)
     if not recorder.names:
