@@ -50,6 +50,16 @@ def test_replay_exit_codes(recorded, capsys):
     assert "blocks.2.act" in capsys.readouterr().out
 
 
+def test_replay_writes_html_and_plot_and_refuses_an_unreadable_trace(recorded, tmp_path, capsys):
+    out_html, out_png = str(tmp_path / "r.html"), str(tmp_path / "r.png")
+    assert cli.main(["trace", "replay", recorded["bad"], "--device", "cpu", "--factory-arg", "bug=none",
+                     "--html", out_html, "--plot", out_png]) == 1
+    assert "a module's own computation differs" in open(out_html).read()
+    assert os.path.getsize(out_png) > 1000 and f"wrote {out_png}" in capsys.readouterr().out
+    assert cli.main(["trace", "replay", str(tmp_path), "--device", "cpu"]) == 2
+    assert "gpuparity trace replay: error:" in capsys.readouterr().err
+
+
 def test_bad_spec_is_a_usage_error(tmp_path, capsys):
     assert cli.main(["trace", "record", "no_such_module_xyz:factory", "--out", str(tmp_path / "t")]) == 2
     assert "cannot import" in capsys.readouterr().err

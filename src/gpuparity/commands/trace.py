@@ -113,62 +113,58 @@ def _emit(args, data, render, html_fn, con) -> None:
             con.print(f"[dim]wrote {args.html}[/]")
 
 
-def handle_compare(args) -> int:
+def _verdict_command(args, command: str, run, render, html_fn, plot_panels) -> int:
+    """compare and replay: refuse --plot without matplotlib, run, show/write the data, draw the
+    plot; 2 for a usage error or a trace that cannot be read or paired, else the verdict."""
     from ..report import plots
-    from ..report.trace_report import comparison_html, render_comparison
-    from ..trace import compare
     from ..trace.store import TraceCorrupt, TraceMismatch
     try:
         _plot_or_usage(args.plot)
     except plots.PlotUnavailable as exc:
-        print(f"gpuparity trace compare: error: {exc}", file=sys.stderr)
+        print(f"gpuparity trace {command}: error: {exc}", file=sys.stderr)
         return 2
     con = console()
     try:
-        result = compare(args.a, args.b)
+        result = run()
     except (TraceMismatch, TraceCorrupt) as exc:
-        print(f"gpuparity trace compare: error: {exc}", file=sys.stderr)
+        print(f"gpuparity trace {command}: error: {exc}", file=sys.stderr)
         return 2
     data = result.to_dict()
-    _emit(args, data, render_comparison, comparison_html, con)
+    _emit(args, data, render, html_fn, con)
     if args.plot:
-        plots.error_along_depth_png(
-            [("forward: relative error of B against A", data["forward"], data["first_forward"]),
-             ("backward (own backward of each call)", data["backward"], data["first_backward"])],
-            args.plot, f"{data['a']['path']} vs {data['b']['path']}")
+        panels, title = plot_panels(data)
+        plots.error_along_depth_png(panels, args.plot, title)
         if args.json != "-":
             con.print(f"[dim]wrote {args.plot}[/]")
     return 0 if result.passed else 1
 
 
+def handle_compare(args) -> int:
+    from ..report.trace_report import comparison_html, render_comparison
+    from ..trace import compare
+
+    def panels(data):
+        return ([("forward: relative error of B against A", data["forward"], data["first_forward"]),
+                 ("backward (own backward of each call)", data["backward"], data["first_backward"])],
+                f"{data['a']['path']} vs {data['b']['path']}")
+    return _verdict_command(args, "compare", lambda: compare(args.a, args.b), render_comparison, comparison_html,
+                            panels)
+
+
 def handle_replay(args) -> int:
-    from ..report import plots
     from ..report.trace_report import render_replay, replay_html
     from ..trace import replay, spec
-    from ..trace.store import TraceCorrupt, TraceMismatch
-    try:
-        _plot_or_usage(args.plot)
-    except plots.PlotUnavailable as exc:
-        print(f"gpuparity trace replay: error: {exc}", file=sys.stderr)
-        return 2
-    con = console()
-    try:
-        result = replay(args.trace, args.spec, device=args.device,
-                        factory_args=spec.parse_factory_args(args.factory_arg), referee=not args.no_referee,
-                        grads=not args.no_grads)
-    except (TraceMismatch, TraceCorrupt) as exc:
-        print(f"gpuparity trace replay: error: {exc}", file=sys.stderr)
-        return 2
-    data = result.to_dict()
-    _emit(args, data, render_replay, replay_html, con)
-    if args.plot:
-        panels = []
+
+    def run():
+        return replay(args.trace, args.spec, device=args.device, factory_args=spec.parse_factory_args(args.factory_arg),
+                      referee=not args.no_referee, grads=not args.no_grads)
+
+    def panels(data):
+        out = []
         for direction in ("forward", "backward"):
             rows = [dict(r, passed=r["status"] != "diverged") for r in data[direction]]
             culprit = data[f"culprit_{direction}"]
             first = next((r for r in rows if culprit and r["key"] == culprit["key"]), None)
-            panels.append((f"{direction}: each module's own error, here vs recorded", rows, first))
-        plots.error_along_depth_png(panels, args.plot, f"replay of {data['trace']['path']} on {data['here']['device']}")
-        if args.json != "-":
-            con.print(f"[dim]wrote {args.plot}[/]")
-    return 0 if result.passed else 1
+            out.append((f"{direction}: each module's own error, here vs recorded", rows, first))
+        return out, f"replay of {data['trace']['path']} on {data['here']['device']}"
+    return _verdict_command(args, "replay", run, render_replay, replay_html, panels)
