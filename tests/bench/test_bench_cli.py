@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 
 def bench(*args, timeout=300):
     return subprocess.run([sys.executable, "-m", "gpuparity", "bench", *args], capture_output=True, text=True,
@@ -49,3 +51,22 @@ def test_bad_bench_arguments_are_usage_errors():
     assert proc.returncode == 2 and "--modes" in proc.stderr and "bogus" in proc.stderr
     proc = bench("attention", "--shapes", "nope", timeout=120)
     assert proc.returncode == 2 and "unknown shape 'nope'" in proc.stderr
+
+
+def test_time_row_times_each_mode_and_turns_a_raising_peer_into_an_error_row():
+    import torch
+    from gpuparity.bench import common
+    calls = []
+
+    def make_step():
+        calls.append("built")
+        return lambda: calls.append("step")
+    rows = {mode: common.BenchRow("x", "s", "b", "float32", mode) for mode in ("fwd", "fwd+bwd", "fwd:graph")}
+    for mode, row in rows.items():
+        common.time_row(row, mode, torch.device("cpu"), 1.0, lambda: None, make_step, 1000, 3000)
+    assert rows["fwd"].gbps * rows["fwd"].time_ms == pytest.approx(1000 / 1e6)
+    assert rows["fwd+bwd"].gbps * rows["fwd+bwd"].time_ms == pytest.approx(3000 / 1e6) and calls[0] == "built"
+    assert rows["fwd:graph"].status == "skip" and rows["fwd:graph"].time_ms is None
+    broken = common.BenchRow("x", "s", "b", "float32", "fwd")
+    common.time_row(broken, "fwd", torch.device("cpu"), 1.0, lambda: 1 / 0, make_step, 1, 1)
+    assert broken.status == "error" and "ZeroDivisionError" in broken.reason

@@ -166,6 +166,27 @@ def timed(fn: Callable[[], object], rep_ms: float, graph: bool = False) -> float
     return time_ms(fn, warmup_ms=max(10.0, rep_ms / 4), rep_ms=rep_ms)
 
 
+def time_row(row: "BenchRow", mode: str, device: torch.device, rep_ms: float, forward: Callable[[], object],
+             make_step: Callable[[], Callable[[], object]], bytes_fwd: int, bytes_fwd_bwd: int) -> None:
+    """Time one GB/s row in its mode: `forward` under no_grad, or the forward+backward step that
+    make_step() builds; GB/s from the bytes the mode moves. A CUDA-graph mode off the GPU is a
+    skip, a peer that raises is the row's error (see record_failure)."""
+    base, graph = split_mode(mode)
+    if graph_unavailable(row, graph, device):
+        return
+    try:
+        if base == "fwd":
+            with torch.no_grad():
+                row.time_ms = timed(forward, rep_ms, graph)
+            moved = bytes_fwd
+        else:
+            row.time_ms = timed(make_step(), rep_ms, graph)
+            moved = bytes_fwd_bwd
+        row.gbps = moved / row.time_ms / 1e6
+    except Exception as exc:  # noqa: BLE001 - one failing peer is a row, not the end
+        record_failure(row, exc, graph)
+
+
 def fresh_compile() -> None:
     """Forget torch.compile's graphs so each shape gets its own static compile (as a user
     compiling one model would), rather than dynamo's dynamic-shape fallback or, past its

@@ -12,7 +12,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from . import common
-from .common import DTYPES, BenchResult, BenchRow, fresh_compile, timed
+from .common import DTYPES, BenchResult, BenchRow, fresh_compile
 
 NORM_BACKENDS = ("triton", "torch", "eager", "compile", "liger")
 OPS = ("rms", "ln")
@@ -102,24 +102,15 @@ def run_norm_bench(ops: Sequence[str], shapes: Sequence[Tuple[int, int]], dtype:
                     if fn is None:
                         row.status, row.reason = "skip", reason
                         continue
-                    base, graph = common.split_mode(mode)
-                    if common.graph_unavailable(row, graph, device):
-                        continue
-                    try:
-                        if base == "fwd":
-                            with torch.no_grad():
-                                row.time_ms = timed(lambda: fn(x, weight, bias, eps), rep_ms, graph)
-                            moved = 2 * x.numel() * elem
-                        else:
-                            xg = x.detach().requires_grad_()
-                            wg = weight.detach().requires_grad_()
-                            bg = bias.detach().requires_grad_() if bias is not None else None
-                            leaves = [t for t in (xg, wg, bg) if t is not None]
-                            row.time_ms = timed(fwd_bwd_step(lambda: fn(xg, wg, bg, eps), dy, leaves), rep_ms, graph)
-                            moved = 5 * x.numel() * elem
-                        row.gbps = moved / row.time_ms / 1e6
-                    except Exception as exc:  # noqa: BLE001 - one failing peer is a row, not the end
-                        common.record_failure(row, exc, graph)
+
+                    def step(fn=fn):
+                        xg = x.detach().requires_grad_()
+                        wg = weight.detach().requires_grad_()
+                        bg = bias.detach().requires_grad_() if bias is not None else None
+                        leaves = [t for t in (xg, wg, bg) if t is not None]
+                        return fwd_bwd_step(lambda: fn(xg, wg, bg, eps), dy, leaves)
+                    common.time_row(row, mode, device, rep_ms, lambda: fn(x, weight, bias, eps), step,
+                                    2 * x.numel() * elem, 5 * x.numel() * elem)
             del x, dy
     return rows
 

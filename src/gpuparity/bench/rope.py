@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from . import common
-from .common import DTYPES, BenchResult, BenchRow, fresh_compile, timed
+from .common import DTYPES, BenchResult, BenchRow, fresh_compile
 
 ROPE_BACKENDS = ("triton", "eager", "compile", "liger")
 LAYOUTS = ("half", "interleaved", "varlen")
@@ -94,21 +94,10 @@ def run_rope_bench(shapes: Sequence[Tuple[int, int, int, int]], layouts: Sequenc
                     else:
                         def pair(x1, x2, run=fn, kw=kwargs):
                             return run(x1, cos, sin, **kw), run(x2, cos, sin, **kw)
-                    base, graph = common.split_mode(mode)
-                    if common.graph_unavailable(row, graph, device):
-                        continue
-                    try:
-                        if base == "fwd":
-                            with torch.no_grad():
-                                row.time_ms = timed(lambda: pair(qv, kv), rep_ms, graph)
-                            moved = 4 * q.numel() * elem
-                        else:
-                            qg, kg = qv.detach().requires_grad_(), kv.detach().requires_grad_()
-                            row.time_ms = timed(_rope_step(pair, qg, kg, dqv, dkv), rep_ms, graph)
-                            moved = 8 * q.numel() * elem
-                        row.gbps = moved / row.time_ms / 1e6
-                    except Exception as exc:  # noqa: BLE001 - one failing peer is a row, not the end
-                        common.record_failure(row, exc, graph)
+                    common.time_row(row, mode, device, rep_ms, lambda: pair(qv, kv),
+                                    lambda: _rope_step(pair, qv.detach().requires_grad_(), kv.detach().requires_grad_(),
+                                                       dqv, dkv),
+                                    4 * q.numel() * elem, 8 * q.numel() * elem)
         del q, k, dq, dk
     return rows
 
