@@ -182,3 +182,15 @@ def test_cli_memory_bad_usage(tmp_path):
     assert main(["profile", "memory"]) == 2
     assert main(["profile", "memory", "--", "python", str(tmp_path / "missing.py")]) == 2
     assert main(["profile", "memory", "--", "python", "-X", "dev", "t.py"]) == 2
+
+
+def test_phase_rows_and_format_table_show_the_columns_of_the_device():
+    from gpuparity.profile.memory import format_table, phase_rows
+    phase = {"name": "forward", "depth": 1, "calls": 2, "duration_s": 0.5, "peak_allocated_bytes": 2**21,
+             "peak_reserved_bytes": 2**22, "allocated_bytes": 2**20, "allocated_delta_bytes": 0,
+             "peak_rss_bytes": 3 * 2**20, "rss_bytes": None, "host_available_bytes": 2**30}
+    cpu = {"device": {"device": "cpu"}, "phases": [phase]}
+    assert phase_rows(cpu) == [["  forward", "2", "0.500", "3.0", "-", "0.0"]]
+    apu = {"device": {"device": "cuda:0", "is_apu": True}, "phases": [phase]}
+    assert phase_rows(apu) == [["  forward", "2", "0.500", "2.0", "4.0", "1.0", "0.0", "3.0", "1,024.0"]]
+    assert "host avail MiB" in format_table(apu) and "1,024.0" in format_table(apu)

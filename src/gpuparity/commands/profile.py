@@ -82,6 +82,7 @@ def _mib(value) -> str:
 
 def render_memory(con, report) -> None:
     from rich.table import Table
+    from ..profile.memory import phase_rows
     on_gpu = report["device"]["device"].startswith("cuda")
     apu = report["device"].get("is_apu")
     table = Table(title=f"Memory by phase on {report['device']['device']} ({report['device'].get('name')}); "
@@ -93,15 +94,7 @@ def render_memory(con, report) -> None:
         columns += ["peak host RSS MiB", "host available MiB"]
     for index, column in enumerate(columns):
         table.add_column(column, justify="left" if index == 0 else "right")
-    for phase in report["phases"]:
-        row = ["  " * phase["depth"] + phase["name"], str(phase["calls"]), f"{phase['duration_s']:.3f}"]
-        if on_gpu:
-            row += [_mib(phase["peak_allocated_bytes"]), _mib(phase["peak_reserved_bytes"]),
-                    _mib(phase["allocated_bytes"]), _mib(phase["allocated_delta_bytes"])]
-        else:
-            row += [_mib(phase["peak_rss_bytes"]), _mib(phase["rss_bytes"]), _mib(phase["allocated_delta_bytes"])]
-        if apu:
-            row += [_mib(phase["peak_rss_bytes"]), _mib(phase["host_available_bytes"])]
+    for row in phase_rows(report):
         table.add_row(*row)
     con.print(table)
     total = report["device"].get("total_bytes")

@@ -379,18 +379,14 @@ def _mib(value: Optional[int]) -> str:
     return "-" if value is None else f"{value / 2**20:,.1f}"
 
 
-def format_table(report: Dict[str, Any]) -> str:
+def phase_rows(report: Dict[str, Any]) -> List[List[str]]:
+    """One row of text per phase (indented by depth): calls, seconds, then MiB columns: device
+    memory on a GPU, RSS on the CPU, plus host RSS and available memory on an APU."""
     on_gpu = report["device"]["device"].startswith("cuda")
     apu = report["device"].get("is_apu")
-    columns = ["phase", "calls", "time s"]
-    columns += ["peak alloc MiB", "peak reserved MiB", "alloc MiB", "delta MiB"] if on_gpu else \
-        ["peak RSS MiB", "RSS MiB", "delta MiB"]
-    if apu:
-        columns += ["peak host RSS MiB", "host avail MiB"]
     rows = []
     for phase in report["phases"]:
-        name = "  " * phase["depth"] + phase["name"]
-        row = [name, str(phase["calls"]), f"{phase['duration_s']:.3f}"]
+        row = ["  " * phase["depth"] + phase["name"], str(phase["calls"]), f"{phase['duration_s']:.3f}"]
         if on_gpu:
             row += [_mib(phase["peak_allocated_bytes"]), _mib(phase["peak_reserved_bytes"]),
                     _mib(phase["allocated_bytes"]), _mib(phase["allocated_delta_bytes"])]
@@ -399,6 +395,18 @@ def format_table(report: Dict[str, Any]) -> str:
         if apu:
             row += [_mib(phase["peak_rss_bytes"]), _mib(phase["host_available_bytes"])]
         rows.append(row)
+    return rows
+
+
+def format_table(report: Dict[str, Any]) -> str:
+    on_gpu = report["device"]["device"].startswith("cuda")
+    apu = report["device"].get("is_apu")
+    columns = ["phase", "calls", "time s"]
+    columns += ["peak alloc MiB", "peak reserved MiB", "alloc MiB", "delta MiB"] if on_gpu else \
+        ["peak RSS MiB", "RSS MiB", "delta MiB"]
+    if apu:
+        columns += ["peak host RSS MiB", "host avail MiB"]
+    rows = phase_rows(report)
     widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(columns)]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(columns, widths)))]
     for row in rows:
