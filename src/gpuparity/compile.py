@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from .checks import tolerance
-from .model_inputs import as_call, map_tensors
+from .model_inputs import as_call, flatten_tensors, map_tensors
 
 DEFAULT_BACKENDS = ("inductor", "aot_eager", "eager")
 COMPILE_ISSUES = ("COMPILE-ROCM-LOOPCARRIED", "COMPILE-ROCM-MI3XX", "COMPILE-SM120-BF16", "COMPILE-PRE-VOLTA")
@@ -70,23 +70,13 @@ class CompileChoice:
 
 
 # --------------------------------------------------------------------------- helpers
-def _flatten(value) -> List[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _flatten(v)]
-    if isinstance(value, dict):
-        return [t for k in sorted(value, key=str) for t in _flatten(value[k])]
-    return []
-
-
 def _backend_name(backend: BackendSpec) -> str:
     return backend if isinstance(backend, str) else getattr(backend, "__name__", type(backend).__name__)
 
 
 def _device_of(model, inputs) -> torch.device:
     params = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
-    for tensor in params + _flatten(inputs):
+    for tensor in params + flatten_tensors(inputs, sort_keys=True):
         return tensor.device
     return torch.device("cpu")
 
@@ -102,7 +92,7 @@ def _float64_reference(model, args, kwargs, device) -> Tuple[Optional[List[torch
             cast = (lambda t, where=where: t.to(where, torch.float64) if t.is_floating_point() else t.to(where))
             with torch.no_grad():
                 out = model64(*map_tensors(args, cast), **map_tensors(kwargs, cast))
-            return [t.detach() for t in _flatten(out)], f"float64 on {where.type}", notes
+            return [t.detach() for t in flatten_tensors(out, sort_keys=True)], f"float64 on {where.type}", notes
         except Exception as exc:  # noqa: BLE001 - fall back to the next referee
             notes.append(f"float64 run on {where.type} failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
     return None, "eager (the model did not run in float64)", notes
@@ -110,7 +100,7 @@ def _float64_reference(model, args, kwargs, device) -> Tuple[Optional[List[torch
 
 def _judge(name: str, outputs, eager: List[torch.Tensor], ref64: Optional[List[torch.Tensor]]) -> Attempt:
     attempt = Attempt(name, "ok")
-    got = _flatten(outputs)
+    got = flatten_tensors(outputs, sort_keys=True)
     if len(got) != len(eager):
         attempt.status, attempt.reason = "wrong", f"returned {len(got)} tensors, eager returns {len(eager)}"
         return attempt
@@ -202,7 +192,7 @@ def compile_check(model: Union[torch.nn.Module, Callable], example_inputs, *,
         notes.append("the model has active dropout: checked in eval mode")
     try:
         with torch.no_grad():
-            eager = [t.detach() for t in _flatten(model(*args, **kwargs))]
+            eager = [t.detach() for t in flatten_tensors(model(*args, **kwargs), sort_keys=True)]
         ref64, referee, ref_notes = _float64_reference(model, args, kwargs, device)
         notes.extend(ref_notes)
         attempts: List[Attempt] = []

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from .. import platform
-from ..model_inputs import as_call, map_tensors
+from ..model_inputs import as_call, flatten_tensors, map_tensors
 from . import store
 
 ROOT = "(model)"
@@ -35,16 +35,6 @@ def probe_weights(shape: Sequence[int]) -> torch.Tensor:
     seed = zlib.crc32(f"gpuparity-probe-loss-{tuple(int(s) for s in shape)}".encode())
     values = np.random.RandomState(seed).standard_normal(numel).astype(np.float32)
     return torch.from_numpy(values).reshape(tuple(shape))
-
-
-def flatten_tensors(value) -> List[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in flatten_tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in flatten_tensors(v)]
-    return []
 
 
 def probe_loss(output) -> Optional[torch.Tensor]:
