@@ -56,10 +56,16 @@ def test_record_writes_sizes_and_checksums(good):
     assert load(good).integrity.startswith("verified")
 
 
-def test_truncated_tensor_file(good, copy, capsys):
-    tensor_path = os.path.join(copy, TENSOR_FILE)
+def _truncate_tensor_file(trace_dir: str) -> str:
+    """Cut the trace's tensor file to half its size, as an interrupted copy leaves it; its path."""
+    tensor_path = os.path.join(trace_dir, TENSOR_FILE)
     with open(tensor_path, "r+b") as handle:
         handle.truncate(os.path.getsize(tensor_path) // 2)
+    return tensor_path
+
+
+def test_truncated_tensor_file(good, copy, capsys):
+    tensor_path = _truncate_tensor_file(copy)
     _both_commands(good, copy, capsys, tensor_path, "truncated")
 
 
@@ -69,9 +75,7 @@ def test_truncated_tensor_file_of_an_old_trace_is_still_refused(good, copy, caps
     meta = json.load(open(meta_path))
     del meta["integrity"]
     json.dump(meta, open(meta_path, "w"))
-    tensor_path = os.path.join(copy, TENSOR_FILE)
-    with open(tensor_path, "r+b") as handle:
-        handle.truncate(os.path.getsize(tensor_path) // 2)
+    tensor_path = _truncate_tensor_file(copy)
     _both_commands(good, copy, capsys, tensor_path, "cannot be read")
 
 
