@@ -39,7 +39,8 @@ def test_library_versions_are_decoded():
     assert cudnn_version("91002") == (9, 10, 2)
     assert cudnn_version("8907") == (8, 9, 7)
     assert cudnn_version("9.15.1") == (9, 15, 1)
-    assert miopen_version("3002000") == (3, 2, 0)
+    assert miopen_version("3002000") == (3, 2, 0) and miopen_version("6.2.1") == (6, 2, 1)
+    assert cudnn_version(None) == () and miopen_version("unknown") == ()
     assert rocm_release(amd_report()) == (6, 2)
     assert rocm_release(amd_report(torch={"version": "2.6.0+rocm6.2.4", "hip": "6.2.41134"})) == (6, 2, 4)
 

@@ -119,28 +119,27 @@ def _range_clause(label: str, version: Optional[tuple], shown: str, spec: Dict[s
     return Verdict.MISS, f"{label} {shown} is not {range_text(spec)}"
 
 
-def cudnn_version(text: Any) -> tuple:
-    """torch.backends.cudnn.version() as a tuple: 91002 -> (9, 10, 2); 8907 -> (8, 9, 7)."""
+def _packed_version(text: Any, unpack: Callable[[int], tuple]) -> tuple:
+    """A version given dotted ("9.10.2") or packed into one number (unpacked by `unpack`); ()
+    when it is neither."""
     text = str(text)
     if "." in text:
         return parse_version(text)
-    if not text.isdigit():
-        return ()
-    number = int(text)
-    if number >= 90000:
-        return (number // 10000, number % 10000 // 100, number % 100)
-    return (number // 1000, number % 1000 // 100, number % 100)
+    return unpack(int(text)) if text.isdigit() else ()
+
+
+def cudnn_version(text: Any) -> tuple:
+    """torch.backends.cudnn.version() as a tuple: 91002 -> (9, 10, 2); 8907 -> (8, 9, 7)."""
+    def unpack(number: int) -> tuple:
+        if number >= 90000:
+            return (number // 10000, number % 10000 // 100, number % 100)
+        return (number // 1000, number % 1000 // 100, number % 100)
+    return _packed_version(text, unpack)
 
 
 def miopen_version(text: Any) -> tuple:
     """MIOpen through the cudnn API on ROCm: MAJOR*1000000 + MINOR*1000 + PATCH."""
-    text = str(text)
-    if "." in text:
-        return parse_version(text)
-    if not text.isdigit():
-        return ()
-    number = int(text)
-    return (number // 1000000, number % 1000000 // 1000, number % 1000)
+    return _packed_version(text, lambda number: (number // 1000000, number % 1000000 // 1000, number % 1000))
 
 
 LIBRARY_LABELS = {"cudnn": "cuDNN", "miopen": "MIOpen", "nccl": "NCCL", "rccl": "RCCL", "aotriton": "aotriton"}
