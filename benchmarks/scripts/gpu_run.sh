@@ -93,9 +93,9 @@ for STEP in "$@"; do
     run rope "${LIMIT:-150}" $PY -m gpuparity bench rope --modes fwd,fwd+bwd,fwd+bwd:graph \
         --json "$D/rope.json" --md "$D/rope.md" --plot "$D/rope.png" ;;
   host)
-    ab host 3 $PY benchmarks/host_overhead.py --backends triton,cudnn ;;
+    ab host ${ROUNDS:-3} $PY benchmarks/host_overhead.py --backends triton,cudnn ;;
   host-norms)
-    ab host_norms 3 $PY benchmarks/host_overhead.py --norms ;;
+    ab host_norms ${ROUNDS:-3} $PY benchmarks/host_overhead.py --norms ;;
   host-breakdown)
     run host_breakdown "${LIMIT:-120}" $PY benchmarks/host_breakdown.py --profile ;;
   decode)

@@ -4,13 +4,9 @@ policy (Triton under the interpreter, composition and sdpa_math on the CPU), edg
 argument errors, the dispatcher's reasons and the torch.library op under torch.compile."""
 from __future__ import annotations
 
-import os
-
 import pytest
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (see tests/backends)
-
-import torch  # noqa: E402
+import torch
+from device_env import TEST_DEVICE  # sets TRITON_INTERPRET=1 on the CPU before triton imports
 
 import gpuparity  # noqa: E402
 from gpuparity import dispatch, reference  # noqa: E402
@@ -20,41 +16,49 @@ from gpuparity.checks.tolerance import compare  # noqa: E402
 from gpuparity.ops.attention import attention, attention_problem  # noqa: E402
 
 
+DEVICE = torch.device(TEST_DEVICE)
+
+
 def qkv(batch=1, heads=2, kv_heads=1, q_len=20, k_len=20, head_dim=16, logit_scale=1.0, seed=0):
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(batch, heads, q_len, head_dim, generator=gen) * logit_scale
     k = torch.randn(batch, kv_heads, k_len, head_dim, generator=gen)
     v = torch.randn(batch, kv_heads, k_len, head_dim, generator=gen)
-    return q, k, v
+    return q.to(DEVICE), k.to(DEVICE), v.to(DEVICE)
 
 
 def padding(batch, k_len, lengths):
-    return torch.arange(k_len).view(1, k_len) >= torch.tensor(lengths).view(batch, 1)
+    return (torch.arange(k_len).view(1, k_len) >= torch.tensor(lengths).view(batch, 1)).to(DEVICE)
+
+
+def cpu(value):
+    return value.detach().cpu() if isinstance(value, torch.Tensor) else value
 
 
 def check(backend, q, k, v, **kwargs):
     """Forward and q/k/v gradients of `backend` against float64 under the tolerance policy."""
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     out = attention(*leaves, backend=backend, **kwargs)
-    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(q.dtype)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(q.dtype).to(DEVICE)
     out.backward(grad)
-    ref_leaves = [t.double().requires_grad_() for t in (q, k, v)]
-    ref_kwargs = {name: (value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value)
-                  for name, value in kwargs.items()}
+    # the referee: float64 on the CPU
+    ref_leaves = [cpu(t).double().requires_grad_() for t in (q, k, v)]
+    ref_kwargs = {name: (cpu(value).double() if isinstance(value, torch.Tensor) and value.is_floating_point()
+                         else cpu(value)) for name, value in kwargs.items()}
     ref = reference.attention(*ref_leaves, **ref_kwargs)
-    ref.backward(grad.double())
+    ref.backward(cpu(grad).double())
     base_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     base = sdpa.composition(*base_leaves, **kwargs)
     base.backward(grad)
     assert not torch.isnan(out).any()
-    masks = {name: kwargs[name] for name in ("key_padding_mask", "is_causal", "window") if name in kwargs}
+    masks = {name: cpu(kwargs[name]) for name in ("key_padding_mask", "is_causal", "window") if name in kwargs}
     empty = reference.empty_query_rows(q.shape[2], k.shape[2], q.shape[0], q.shape[1], **masks)
-    results = [compare("out", out, ref, base, q.dtype, valid=~empty, must_be_zero=empty)]
+    results = [compare("out", cpu(out), ref, cpu(base), q.dtype, valid=~empty, must_be_zero=empty)]
     for name, mine, theirs, baseline in zip(("dq", "dk", "dv"), leaves, ref_leaves, base_leaves):
-        results.append(compare(name, mine.grad, theirs.grad, baseline.grad, q.dtype))
+        results.append(compare(name, cpu(mine.grad), theirs.grad, cpu(baseline.grad), q.dtype))
     for result in results:
         assert result.passed, result.reason
-    return out, empty
+    return cpu(out), empty
 
 
 BACKENDS = ["triton", "composition", "sdpa_math"]
@@ -105,7 +109,7 @@ def test_softcap_matches_the_reference_with_hostile_logits(backend):
 @pytest.mark.parametrize("backend", ["triton", "composition"])
 def test_window_and_softcap_with_padding_causal_and_float_mask(backend):
     q, k, v = qkv(batch=2, heads=4, kv_heads=2, q_len=29, k_len=41, seed=5)
-    bias = torch.randn(29, 41, generator=torch.Generator().manual_seed(6))
+    bias = torch.randn(29, 41, generator=torch.Generator().manual_seed(6)).to(DEVICE)
     check(backend, q, k, v, window=(6, 3), softcap=5.0, is_causal=True, attn_mask=bias,
           key_padding_mask=padding(2, 41, [41, 15]))
 
@@ -113,7 +117,7 @@ def test_window_and_softcap_with_padding_causal_and_float_mask(backend):
 def test_triton_window_with_padding_holes_gqa_and_bf16():
     """Key padding with holes (the forward's per-tile padding path) and bf16 under the policy."""
     q, k, v = (t.to(torch.bfloat16) for t in qkv(batch=2, heads=4, kv_heads=2, q_len=40, k_len=40, seed=8))
-    holes = torch.zeros(2, 40, dtype=torch.bool)
+    holes = torch.zeros(2, 40, dtype=torch.bool, device=DEVICE)
     holes[0, 5:9] = True
     holes[1, 0:3] = True
     holes[1, 30:] = True
@@ -126,7 +130,8 @@ def test_softcap_bounds_the_scores():
     out = attention(q, k, v, softcap=0.5, backend="composition")
     plain = attention(q, k, v, backend="composition")
     assert (out - v.mean(2, keepdim=True).expand_as(out)).abs().max() < (plain - v.mean(2, keepdim=True)).abs().max()
-    torch.testing.assert_close(out, reference.attention(q.double(), k.double(), v.double(), softcap=0.5).float(),
+    torch.testing.assert_close(cpu(out), reference.attention(cpu(q).double(), cpu(k).double(), cpu(v).double(),
+                                                             softcap=0.5).float(),
                                atol=1e-5, rtol=1e-5)
 
 

@@ -12,7 +12,7 @@ from gpuparity import dispatch
 from gpuparity.checks import probe
 from gpuparity.ops import library
 
-from conftest import TEST_DEVICE
+from device_env import TEST_DEVICE
 
 DEVICE = torch.device(TEST_DEVICE)
 # Named backends keep these tests free of probing; one test below goes through "auto".
