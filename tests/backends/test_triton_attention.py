@@ -394,17 +394,19 @@ def test_registered_backend_reasons():
 def test_window_skips_whole_key_blocks_forward_and_backward():
     """Key blocks outside every row's window are never read: NaN planted in them (which a
     visited, masked block would spread through 0 * NaN) leaves outputs and gradients finite,
-    and the rows' results equal those of clean inputs. Interpreter tiles are 32 x 32."""
+    and the rows' results equal those of clean inputs. Interpreter tiles are 32 x 32; GPU tiles
+    up to 128 x 128, hence the longer sequence there (no checked row block reaches a NaN block)."""
+    seq, bad_from, checked = size(96, 1024), size(64, 512), size(32, 256)
     gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 2, 96, 16, generator=gen).to(DEVICE) for _ in range(3))
+    q, k, v = (torch.randn(1, 2, seq, 16, generator=gen).to(DEVICE) for _ in range(3))
     k_bad, v_bad = k.clone(), v.clone()
-    k_bad[:, :, 64:], v_bad[:, :, 64:] = float("nan"), float("nan")   # keys 64.. : seen by rows >= 60 only
+    k_bad[:, :, bad_from:], v_bad[:, :, bad_from:] = float("nan"), float("nan")   # seen by rows >= bad_from - 4 only
     outs = []
     for kk, vv in ((k, v), (k_bad, v_bad)):
         leaves = [t.clone().requires_grad_() for t in (q, kk, vv)]
         out = triton_attention.triton_attention(*leaves, window=(4, 0))
-        out[:, :, :32].sum().backward()    # rows 0..31: their window ends at key 31
-        outs.append((out[:, :, :32].detach(), leaves[0].grad[:, :, :32], leaves[1].grad[:, :, :32]))
+        out[:, :, :checked].sum().backward()    # rows before `checked`: their windows end before it
+        outs.append((out[:, :, :checked].detach(), leaves[0].grad[:, :, :checked], leaves[1].grad[:, :, :checked]))
     for clean, planted in zip(*outs):
         assert torch.isfinite(planted).all()
         torch.testing.assert_close(planted, clean)

@@ -107,6 +107,7 @@ def run(model, batch, valid, dtype):
 # Per-head q/k norms (hidden 8, 120 rows) in bf16: the weight gradient of F.rms_norm and of the
 # Triton kernel lands at 1.0-1.13x the policy bound (the plain composition at 0.6x); held to
 # 1.5x here and reported, not hidden (see docs/transformers.md).
+KEY_BIASES = ("k_proj.bias", "key.bias")
 MARGINAL = {("qwen3", torch.bfloat16): ("q_norm.weight", "k_norm.weight")}
 
 
@@ -124,7 +125,10 @@ def check_family(family, dtype, backend="auto", **overrides):
     assert torch.isfinite(our_logits).all(), f"{family}: NaN/Inf in the patched logits (padding rows included)"
     results = [compare("logits", our_logits, ref_logits, base_logits, dtype, valid=keep.unsqueeze(-1))]
     assert our_grads.keys() == ref_grads.keys()
-    results += [compare(f"d{n}", our_grads[n], ref_grads[n], base_grads.get(n), dtype) for n in ref_grads]
+    # A key projection's bias has an exactly zero gradient (softmax is shift-invariant per query
+    # row): its rounding noise has no relative error to speak of, so it is not compared.
+    results += [compare(f"d{n}", our_grads[n], ref_grads[n], base_grads.get(n), dtype) for n in ref_grads
+                if not n.endswith(KEY_BIASES)]
     marginal = MARGINAL.get((family, dtype), ())
     failed = [r.reason for r in results if not r.passed and not (
         r.name.endswith(marginal) and r.err <= 1.5 * r.allowed)] if marginal else \
@@ -264,7 +268,7 @@ def test_attn_implementation_by_name():
     gp_hf.register()
     config_cls, model_cls, kwargs = FAMILIES["qwen2"]
     config = getattr(transformers, config_cls)(**kwargs)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="gpuparity").eval()
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="gpuparity").eval().to(DEVICE)
     assert model.config._attn_implementation == "gpuparity"
     reference = copy.deepcopy(model)
     if hasattr(reference, "set_attn_implementation"):
