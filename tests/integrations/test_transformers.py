@@ -323,3 +323,22 @@ def test_forced_triton_backend_on_a_tiny_model():
     summary = check_family("llama", torch.float32, backend="triton")
     assert all("backend='triton'" in e.reason for e in summary.replaced if e.reason.startswith("attention:"))
     assert time.monotonic() - start < 120
+
+
+def test_padded_causal_batches_reach_the_kernel_as_key_padding_not_a_dense_mask(monkeypatch):
+    """compact_mask: a plain causal model with padding and no cache hands gpuparity.attention a
+    (B, Sk) key_padding_mask and is_causal=True, which the Triton kernel serves from per-item key
+    bounds, instead of a dense (B, 1, Sq, Sk) mask it would read tile by tile."""
+    seen = []
+    real = gp_hf.attention
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs.get("attn_mask"), kwargs.get("key_padding_mask"), kwargs.get("is_causal")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gp_hf, "attention", spy)
+    model = build("llama")
+    gpuparity.patch(model)
+    batch, _ = inputs("llama", torch.float32)
+    model(**batch)
+    assert seen and all(mask is None and kpm is not None and causal for mask, kpm, causal in seen)

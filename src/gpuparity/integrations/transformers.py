@@ -59,9 +59,31 @@ def register() -> None:
         raise ImportError(f"transformers: gpuparity's integration needs transformers {SUPPORTED}, "
                           f"got {transformers.__version__}")
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
     AttentionInterface.register(NAME, attention_forward)
-    AttentionMaskInterface.register(NAME, sdpa_mask)
+    AttentionMaskInterface.register(NAME, compact_mask)
+
+
+def compact_mask(*args, **kwargs):
+    """The mask transformers builds for "gpuparity": for a plain causal (or bidirectional) mask
+    without a cache (Sq == Sk), the (B, Sk) padding mask as it came (1 = token), or None without
+    one; attention_forward turns it into key_padding_mask + is_causal, which the Triton kernel
+    serves from per-item key bounds instead of reading a dense (B, 1, Sq, Sk) mask. Anything else
+    (sliding windows, chunks, packed sequences, a cache) gets transformers' own SDPA bool mask."""
+    from transformers.masking_utils import bidirectional_mask_function, causal_mask_function, sdpa_mask
+    mask_function = kwargs.get("mask_function", causal_mask_function)
+    kv_length = kwargs.get("kv_length")
+    if "q_length" in kwargs:
+        q_length = kwargs["q_length"]
+    else:  # transformers < 5: cache_position holds the query positions
+        positions = kwargs.get("cache_position")
+        q_length = None if positions is None else positions.shape[0]
+    padding = kwargs.get("attention_mask")
+    plain = mask_function in (causal_mask_function, bidirectional_mask_function)
+    if (not args and plain and kv_length is not None and q_length == kv_length and kwargs.get("kv_offset", 0) == 0
+            and (padding is None or (padding.dim() == 2 and padding.shape[-1] == kv_length))):
+        return None if padding is None else padding.bool()
+    return sdpa_mask(*args, **kwargs)
 
 
 # --------------------------------------------------------------------------- attention
@@ -102,13 +124,21 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     if dropout > 0.0:
         # gpuparity.attention has no dropout: HF's sdpa serves training with attention dropout
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
+        if attention_mask is not None and attention_mask.dim() == 2:   # compact_mask's: SDPA wants 4D
+            keep = attention_mask.bool()[:, None, None, -key.shape[2]:]
+            if getattr(module, "is_causal", True) and query.shape[2] > 1:
+                keep = keep & torch.ones(query.shape[2], key.shape[2], dtype=torch.bool,
+                                         device=keep.device).tril(key.shape[2] - query.shape[2])
+            attention_mask = keep
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
     attn_mask, key_padding_mask = hf_masks(attention_mask, key)
     q_len = query.shape[2]
     causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
-    # as HF's sdpa: a given mask already holds causality; one query token sees every key
-    causal = bool(q_len > 1) and attention_mask is None and bool(causal)
+    # as HF's sdpa: a 4D mask already holds causality; one query token sees every key. A (B, Sk)
+    # padding mask with Sq == Sk (compact_mask's) holds none: causality comes from the module.
+    compact = attention_mask is not None and attention_mask.dim() == 2 and key.shape[2] == q_len
+    causal = bool(q_len > 1) and (attention_mask is None or compact) and bool(causal)
     if causal and key.shape[2] > q_len:
         # prefill into an empty static cache: the keys past q_len are unused slots (HF's sdpa crops too)
         key, value = key[:, :, :q_len], value[:, :, :q_len]
