@@ -1,0 +1,317 @@
+"""Decode attention against a KV cache (op "attention_decode"): a split-KV (flash-decoding) Triton
+kernel, SDPA with a bool mask, and the plain composition that is the trusted fallback."""
+# The Triton kernels are defined on first launch (`_build`), so this module, imported by
+# backends.load_all, imports without triton and does not pay for importing it.
+#
+# Flash-decoding: a decode step has 1-16 queries per head and a long cache, so one program per
+# query block (FlashAttention) leaves most of the GPU idle at small batch. Here the grid is
+# (B * Hkv, num_splits): each program holds the GROUP = H / Hkv query heads x Sq queries that
+# share one KV head (K and V are read once per KV head, not once per query head), walks its
+# share of that item's cache in BLOCK_N tiles (only up to cache_seqlens[b]: tiles past it are
+# never loaded) with an online softmax in fp32, and writes (out, lse) per split; a second small
+# kernel combines the splits by their log-sum-exp. With one split the first kernel writes the
+# output directly.
+from __future__ import annotations
+
+import functools
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+
+from . import triton_common
+from .registry import Backend, Problem, register
+
+LOG2E = 1.4426950408889634
+MAX_QUERIES = 16          # new queries per step the kernel's query block is sized for
+MAX_HEAD_DIM = 256
+MAX_SPLITS = 128
+
+
+# ----------------------------------------------------------------------------- masks
+def decode_allowed(cache_seqlens: torch.Tensor, q_len: int, s_max: int) -> torch.Tensor:
+    """(B, 1, Sq, S_max) bool: query i of item b sees key j when j < L_b - Sq + 1 + i
+    (bottom-right causal, L_b = cache_seqlens[b] clamped to [0, S_max])."""
+    lengths = cache_seqlens.to(torch.int64).clamp(0, s_max).view(-1, 1, 1, 1)
+    rows = torch.arange(q_len, device=cache_seqlens.device).view(1, 1, q_len, 1)
+    cols = torch.arange(s_max, device=cache_seqlens.device).view(1, 1, 1, s_max)
+    return cols < lengths - q_len + 1 + rows
+
+
+def _repeat_kv(q, k_cache, v_cache):
+    group = q.shape[1] // k_cache.shape[1]
+    if group == 1:
+        return k_cache, v_cache
+    return k_cache.repeat_interleave(group, dim=1), v_cache.repeat_interleave(group, dim=1)
+
+
+def decode_composition(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None):
+    """repeat_kv, scores over the whole cache, masked softmax in fp32: the trusted baseline."""
+    k, v = _repeat_kv(q, k_cache, v_cache)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    scores = torch.matmul(q, k.transpose(-2, -1)).float() * scale
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    allowed = decode_allowed(cache_seqlens, q.shape[2], k.shape[2])
+    empty = ~allowed.any(-1, keepdim=True)
+    scores = scores.masked_fill(~allowed, float("-inf")).masked_fill(empty, 0.0)
+    probs = torch.softmax(scores, dim=-1).masked_fill(empty, 0.0)
+    return torch.matmul(probs.to(q.dtype), v)
+
+
+def decode_sdpa(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None):
+    """F.scaled_dot_product_attention with the decode mask as a bool mask (GQA by enable_gqa
+    where torch has it); rows with no key give zeros, as everywhere in gpuparity."""
+    if softcap is not None:
+        raise ValueError(f"softcap: SDPA has no logit softcap, got softcap={softcap}; use backend='triton' "
+                         f"or 'composition'")
+    allowed = decode_allowed(cache_seqlens, q.shape[2], k_cache.shape[2])
+    empty = ~allowed.any(-1, keepdim=True)
+    if _sdpa_has_gqa():
+        out = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=allowed | empty, scale=scale,
+                                             enable_gqa=k_cache.shape[1] != q.shape[1])
+    else:
+        k, v = _repeat_kv(q, k_cache, v_cache)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | empty, scale=scale)
+    return out.masked_fill(empty, 0.0)
+
+
+@functools.lru_cache(maxsize=None)
+def _sdpa_has_gqa() -> bool:
+    import inspect
+    try:
+        return "enable_gqa" in inspect.signature(F.scaled_dot_product_attention).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: try it
+        try:
+            x = torch.zeros(1, 2, 1, 8)
+            F.scaled_dot_product_attention(x, x[:, :1], x[:, :1], enable_gqa=True)
+            return True
+        except TypeError:
+            return False
+
+
+# ----------------------------------------------------------------------------- Triton kernels
+def _build() -> Dict[str, Any]:
+    # triton and tl become module globals here: Triton resolves the names a kernel uses through
+    # the kernel's __globals__ (this module), so they must be bound before the first compile.
+    global triton, tl
+    import triton
+    import triton.language as tl
+
+    @triton.jit(do_not_specialize=("num_kv_heads", "q_len", "s_max", "num_splits"))
+    def decode_split(Q, K, V, SEQLENS, O, LSE,
+                     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, so_row, so_split,
+                     num_kv_heads, q_len, s_max, num_splits, qk_scale, cap_in, cap_out,
+                     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SOFTCAP: tl.constexpr,
+                     DOT_PRECISION: tl.constexpr, FINAL: tl.constexpr):
+        pid_bh = tl.program_id(0)
+        split = tl.program_id(1)
+        b = pid_bh // num_kv_heads
+        hkv = pid_bh % num_kv_heads
+        seqlen = tl.load(SEQLENS + b).to(tl.int32)
+        seqlen = tl.minimum(tl.maximum(seqlen, 0), s_max)
+        # rows of the query block: (head within the group, query) pairs, GROUP * Sq of them
+        rows = tl.arange(0, BLOCK_M)
+        n_rows = GROUP * q_len
+        row_ok = rows < n_rows
+        head = hkv * GROUP + rows // q_len
+        qi = rows % q_len
+        dims = tl.arange(0, BLOCK_D)
+        dim_ok = dims < HEAD_DIM
+        q_ptrs = (Q + b.to(tl.int64) * sqb + head[:, None].to(tl.int64) * sqh + qi[:, None].to(tl.int64) * sqs
+                  + dims[None, :])
+        q = tl.load(q_ptrs, mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+        limit = seqlen - q_len + 1 + qi          # bottom-right causal: row sees keys < limit
+        # this item's keys split evenly (whole tiles) over the splits: a short item still
+        # spreads over every program of its row, and splits past its length do nothing
+        per_split = tl.cdiv(tl.cdiv(seqlen, num_splits), BLOCK_N) * BLOCK_N
+        lo = split * per_split
+        hi = tl.minimum(lo + per_split, seqlen)
+        k_base = K + b.to(tl.int64) * skb + hkv.to(tl.int64) * skh
+        v_base = V + b.to(tl.int64) * svb + hkv.to(tl.int64) * svh
+        offs_n = tl.arange(0, BLOCK_N)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        for start in range(lo, hi, BLOCK_N):
+            cols = start + offs_n
+            col_ok = cols < hi
+            kt = tl.load(k_base + cols[None, :].to(tl.int64) * sks + dims[:, None],
+                         mask=col_ok[None, :] & dim_ok[:, None], other=0.0)
+            if DOT_PRECISION == "upcast":   # the interpreter's bf16 dot is broken; products are exact in fp32
+                qk = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
+            else:
+                qk = tl.dot(q, kt, input_precision=DOT_PRECISION)
+            if SOFTCAP:   # c * tanh(scale * s / c), tanh as 1 - 2 / (exp(2x) + 1) (no libdevice)
+                qk = (1.0 - 2.0 / (tl.math.exp2(qk * cap_in * 2.8853900817779268) + 1.0)) * cap_out
+            else:
+                qk = qk * qk_scale                  # base-2 scores: scale * log2(e) folded in
+            keep = col_ok[None, :] & (cols[None, :] < limit[:, None])
+            qk = tl.where(keep, qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)   # a row with nothing yet: no inf - inf
+            alpha = tl.math.exp2(m_i - m_safe)
+            p = tl.math.exp2(qk - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(v_base + cols[:, None].to(tl.int64) * svs + dims[None, :],
+                        mask=col_ok[:, None] & dim_ok[None, :], other=0.0)
+            acc = acc * alpha[:, None]
+            if DOT_PRECISION == "upcast":
+                acc = tl.dot(p, v.to(tl.float32), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+            m_i = m_new
+        l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+        out = acc / l_safe[:, None]             # zeros where the row saw no key
+        out_rows = (pid_bh * n_rows + rows).to(tl.int64)   # (b, h, i) flattened: out is (B, H, Sq, D)
+        o_ptrs = O + out_rows[:, None] * so_row + split * so_split + dims[None, :]
+        tl.store(o_ptrs, out, mask=row_ok[:, None] & dim_ok[None, :])
+        if not FINAL:
+            lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.math.log2(l_safe))
+            tl.store(LSE + out_rows * num_splits + split, lse, mask=row_ok)
+
+    @triton.jit(do_not_specialize=("num_splits",))
+    def decode_combine(OP, LSE, OUT, so_row, so_split, num_splits,
+                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        splits = tl.arange(0, BLOCK_S)
+        s_ok = splits < num_splits
+        lse = tl.load(LSE + row * num_splits + splits, mask=s_ok, other=float("-inf"))
+        m = tl.max(lse, 0)
+        m = tl.where(m == float("-inf"), 0.0, m)
+        weight = tl.math.exp2(lse - m)          # 0 for splits that saw no key
+        total = tl.sum(weight, 0)
+        dims = tl.arange(0, BLOCK_D)
+        dim_ok = dims < HEAD_DIM
+        parts = tl.load(OP + row * so_row + splits[:, None] * so_split + dims[None, :],
+                        mask=s_ok[:, None] & dim_ok[None, :], other=0.0)
+        out = tl.sum(parts * weight[:, None], 0) / tl.where(total == 0.0, 1.0, total)
+        tl.store(OUT + row * HEAD_DIM + dims, out, mask=dim_ok)
+
+    return {"split": decode_split, "combine": decode_combine}
+
+
+kernel_table = triton_common.lazy_kernel(_build)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def choose_splits(batch: int, kv_heads: int, s_max: int, block_n: int, device: torch.device) -> int:
+    """Splits per (item, KV head) so that B * Hkv * splits fills about twice the GPU's SMs
+    (2 "SMs" in the interpreter, so the CPU tests split too), never more than the cache has tiles."""
+    if device.type == "cuda" and not triton_common.interpreting():
+        target = 2 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    else:
+        target = 2
+    splits = triton_common.cdiv(target, max(1, batch * kv_heads))
+    return max(1, min(splits, triton_common.cdiv(max(s_max, 1), block_n), MAX_SPLITS))
+
+
+def _config(device: torch.device) -> Dict[str, int]:
+    """Tile and launch settings. Decode is bound by reading K and V, so the key tile is wide
+    enough for long coalesced reads and a few stages keep loads in flight."""
+    if triton_common.interpreting() or device.type != "cuda":
+        return {"block_n": 16, "num_warps": 1, "num_stages": 1}
+    if triton_common.vendor() == "amd":
+        return {"block_n": 64, "num_warps": 4, "num_stages": 1}
+    return {"block_n": 64, "num_warps": 4, "num_stages": 3}
+
+
+def triton_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, num_splits=None,
+                  block_n=None):
+    """Split-KV decode attention (see the module comment). num_splits / block_n: chosen here
+    unless given (tests and tuning)."""
+    from .triton_attention.launch import dot_precision   # torch's TF32 switch, as the attention kernels read it
+    batch, heads, q_len, head_dim = q.shape
+    kv_heads, s_max = k_cache.shape[1], k_cache.shape[2]
+    group = heads // kv_heads
+    config = _config(q.device)
+    block_n = int(block_n or config["block_n"])
+    splits = int(num_splits or choose_splits(batch, kv_heads, s_max, block_n, q.device))
+    scale = head_dim ** -0.5 if scale is None else float(scale)
+    out = torch.empty((batch, heads, q_len, head_dim), dtype=q.dtype, device=q.device)
+    if out.numel() == 0:
+        return out
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    k_cache = k_cache if k_cache.stride(-1) == 1 else k_cache.contiguous()
+    v_cache = v_cache if v_cache.stride(-1) == 1 else v_cache.contiguous()
+    seqlens = cache_seqlens if cache_seqlens.is_contiguous() else cache_seqlens.contiguous()
+    block_d = max(16, triton_common.next_pow2(head_dim))
+    block_m = max(16, triton_common.next_pow2(group * q_len))
+    final = splits == 1
+    if final:
+        partial, lse, so_row, so_split = out, out, head_dim, 0
+    else:
+        rows = batch * heads * q_len
+        partial = torch.empty((rows, splits, head_dim), dtype=torch.float32, device=q.device)
+        lse = torch.empty((rows, splits), dtype=torch.float32, device=q.device)
+        so_row, so_split = splits * head_dim, head_dim
+    if softcap is not None:
+        qk_scale, cap_in, cap_out = 1.0, scale / softcap, softcap * LOG2E
+    else:
+        qk_scale, cap_in, cap_out = scale * LOG2E, 1.0, 1.0
+    kernels = kernel_table()
+    triton_common.launch(
+        kernels["split"], (batch * kv_heads, splits),
+        (q, k_cache, v_cache, seqlens, partial, lse,
+         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), so_row, so_split,
+         kv_heads, q_len, s_max, splits, qk_scale, cap_in, cap_out),
+        num_warps=config["num_warps"], num_stages=config["num_stages"],
+        GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, BLOCK_D=block_d,
+        SOFTCAP=softcap is not None, DOT_PRECISION=dot_precision(q.dtype), FINAL=final)
+    if not final:
+        triton_common.launch(
+            kernels["combine"], (batch * heads * q_len,), (partial, lse, out, so_row, so_split, splits),
+            num_warps=1 if triton_common.interpreting() else 4, num_stages=None,
+            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=max(2, triton_common.next_pow2(splits)))
+    return out
+
+
+# ----------------------------------------------------------------------------- registration
+def _triton_supports(problem: Problem) -> List[str]:
+    reasons = triton_common.problem_reasons(problem)
+    if reasons:
+        return reasons
+    if problem.feature("head_dim", 64) > MAX_HEAD_DIM:
+        reasons.append(f"triton: head_dim {problem.feature('head_dim')} > {MAX_HEAD_DIM} (the query block "
+                       f"and a K/V tile must fit in registers)")
+    if problem.feature("q_len", 1) > MAX_QUERIES:
+        reasons.append(f"triton: {problem.feature('q_len')} new queries > {MAX_QUERIES} (the decode kernel "
+                       f"holds all of a KV head's queries in one block; use gpuparity.attention for prefill)")
+    return reasons
+
+
+def _sdpa_supports(problem: Problem) -> List[str]:
+    if problem.feature("softcap") is not None:
+        return [f"sdpa: SDPA has no logit softcap (softcap={problem.feature('softcap')})"]
+    return []
+
+
+def _triton_availability() -> Optional[str]:
+    try:
+        import triton  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any import failure means the same here
+        return f"triton: not importable ({type(exc).__name__}: {exc})"
+    return None
+
+
+def _backend_triton(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None):
+    return triton_decode(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap)
+
+
+register(Backend("triton", "attention_decode", _backend_triton,
+                 "split-KV (flash-decoding) Triton kernel: K/V read once per KV head, tiles past "
+                 "cache_seqlens never loaded, splits combined by log-sum-exp",
+                 device_types=("cuda", "cpu"), dtypes=(torch.float16, torch.bfloat16, torch.float32),
+                 availability=_triton_availability, supports=_triton_supports, jit=True))
+register(Backend("sdpa", "attention_decode", decode_sdpa,
+                 "torch SDPA over the whole cache with a bool mask (GQA through enable_gqa)",
+                 supports=_sdpa_supports))
+register(Backend("composition", "attention_decode", decode_composition,
+                 "repeat_kv, masked softmax in fp32 over the whole cache: the trusted fallback",
+                 fallback=True))

@@ -1,0 +1,221 @@
+"""`gpuparity.attention_decode` and `gpuparity.kv_cache_append`: a few new queries against a KV
+cache with per-item lengths (FlashAttention's flash_attn_with_kvcache contract, causal=True)."""
+from __future__ import annotations
+
+import numbers
+import threading
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+
+from .. import dispatch
+from ..backends.registry import Backend, Problem
+from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_same_dtype, expect_tensor
+from .calls import check_softcap
+
+__all__ = ["attention_decode", "kv_cache_append", "decode_problem", "decode_reference", "explain_attention_decode",
+           "MAX_NEW_QUERIES"]
+
+MAX_NEW_QUERIES = 16
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _capturing(device: torch.device) -> bool:
+    return torch.compiler.is_compiling() or (device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+
+
+def _check_cache(k_cache, v_cache, cache_seqlens) -> Tuple[int, int, int, int]:
+    expect_tensor("k_cache", k_cache, ndim=(4,), dtypes=FLOAT_DTYPES)
+    expect_tensor("v_cache", v_cache, ndim=(4,), dtypes=FLOAT_DTYPES)
+    expect_same_dtype("k_cache", k_cache, v_cache=v_cache)
+    expect_same_device("k_cache", k_cache, v_cache=v_cache)
+    if tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise ValueError(f"v_cache: expected the shape of k_cache {tuple(k_cache.shape)} (B, Hkv, S_max, D), "
+                         f"got {describe(v_cache)}")
+    batch, kv_heads, s_max, head_dim = k_cache.shape
+    expect_tensor("cache_seqlens", cache_seqlens, ndim=(1,), dtypes=INDEX_DTYPES)
+    if cache_seqlens.shape[0] != batch:
+        raise ValueError(f"cache_seqlens: expected one length per batch item, shape ({batch},), "
+                         f"got {describe(cache_seqlens)}")
+    expect_same_device("k_cache", k_cache, cache_seqlens=cache_seqlens)
+    return batch, kv_heads, s_max, head_dim
+
+
+def decode_problem(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None) -> Problem:
+    """Validate the inputs of `attention_decode` and describe the call for the dispatcher.
+    Raises TypeError/ValueError naming the argument, what it got and what it needs."""
+    expect_tensor("q", q, ndim=(4,), dtypes=FLOAT_DTYPES)
+    batch, kv_heads, s_max, head_dim = _check_cache(k_cache, v_cache, cache_seqlens)
+    expect_same_dtype("q", q, k_cache=k_cache, v_cache=v_cache)
+    expect_same_device("q", q, k_cache=k_cache, v_cache=v_cache)
+    if q.shape[0] != batch or q.shape[3] != head_dim:
+        raise ValueError(f"q: expected shape (B={batch}, H, Sq, D={head_dim}) to match k_cache (B, Hkv, S_max, D), "
+                         f"got {describe(q)}")
+    heads, q_len = q.shape[1], q.shape[2]
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(f"k_cache: expected a number of heads Hkv that divides q's H={heads} (GQA/MQA), "
+                         f"got Hkv={kv_heads} in {describe(k_cache)}")
+    if not 1 <= q_len <= MAX_NEW_QUERIES:
+        raise ValueError(f"q: expected 1 to {MAX_NEW_QUERIES} new queries (dim 2) for decode, got Sq={q_len} in "
+                         f"{describe(q)}; use gpuparity.attention for prefill")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)):
+        raise TypeError(f"scale: expected None or a real number, got {describe(scale)}")
+    softcap = check_softcap(softcap)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache)):
+        name = next(n for n, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)) if t.requires_grad)
+        raise ValueError(f"{name}: attention_decode is inference only (no backward), got a tensor that requires "
+                         f"grad; call it under torch.no_grad() / torch.inference_mode() or pass {name}.detach()")
+    if cache_seqlens.device.type == "cpu" and cache_seqlens.numel():   # free to check (no device sync)
+        low, high = int(cache_seqlens.min()), int(cache_seqlens.max())
+        if low < 0 or high > s_max:
+            raise ValueError(f"cache_seqlens: expected lengths in [0, S_max={s_max}], got min {low}, max {high}")
+    features = (("head_dim", int(head_dim)), ("gqa", kv_heads != heads), ("q_len", int(q_len)))
+    if softcap is not None:
+        features += (("softcap", softcap),)
+    return Problem(op="attention_decode", device=q.device, dtype=q.dtype,
+                   kind="softcap" if softcap is not None else "default", features=features)
+
+
+# ----------------------------------------------------------------------------- verification
+# The check battery (checks/specs) has no attention_decode spec yet, so "auto" verifies each
+# candidate here: once per (device, dtype, kind, backend), a small decode call (GQA, Sq 3,
+# an empty item, a full one, several splits) against the float64 reference under the tolerance
+# policy. When a battery spec exists, its stored probe verdicts are used instead.
+_VERDICTS: Dict[tuple, Dict[str, Any]] = {}
+_VERDICT_LOCK = threading.Lock()
+
+
+def _self_check(problem: Problem, backend: Backend) -> Dict[str, Any]:
+    from ..checks.tolerance import compare
+    gen = torch.Generator().manual_seed(0)
+    softcap = problem.feature("softcap")
+    head_dim = min(int(problem.feature("head_dim", 16)), 64)
+    shape_q, shape_kv = (3, 4, 3, head_dim), (3, 2, 70, head_dim)
+    q = torch.randn(shape_q, generator=gen)
+    k = torch.randn(shape_kv, generator=gen)
+    v = torch.randn(shape_kv, generator=gen)
+    lengths = torch.tensor([0, 70, 37], dtype=torch.int32)
+    device, dtype = problem.device, problem.dtype
+    args = [t.to(device=device, dtype=dtype) for t in (q, k, v)] + [lengths.to(device)]
+    try:
+        with torch.no_grad():
+            out = backend.fn(*args, softcap=softcap)
+            base = dispatch.get("attention_decode", "composition").fn(*args, softcap=softcap)
+    except Exception as exc:  # noqa: BLE001 - a crash is a failed verdict, with its reason
+        return {"passed": False, "reason": f"self-check raised {type(exc).__name__}: {str(exc)[:200]}"}
+    ref = decode_reference(q.double(), k.double(), v.double(), lengths, softcap=softcap)
+    empty = ref.abs().sum(-1, keepdim=True) == 0
+    result = compare("out", out.cpu(), ref, base.cpu(), dtype, valid=~empty, must_be_zero=empty)
+    return {"passed": result.passed, "reason": result.reason or "passed the decode self-check", "time_ms": None}
+
+
+def verdict(problem: Problem, backend: Backend) -> Dict[str, Any]:
+    from ..checks import probe
+    from ..checks.specs import SPECS
+    if problem.op in SPECS:
+        return probe.probe_verdict(problem, backend)
+    key = (str(problem.device), problem.dtype, problem.kind, problem.feature("head_dim"), backend.name)
+    with _VERDICT_LOCK:
+        if key not in _VERDICTS:
+            _VERDICTS[key] = _self_check(problem, backend)
+        return _VERDICTS[key]
+
+
+def _resolve(problem: Problem, backend: str) -> Backend:
+    return dispatch.resolve(problem, backend, verdict=verdict)
+
+
+# ----------------------------------------------------------------------------- public API
+def attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, backend: str = "auto"):
+    """Attention of Sq (1-16) new queries per item against a KV cache.
+
+    q: (B, H, Sq, D); k_cache, v_cache: (B, Hkv, S_max, D), H % Hkv == 0 (GQA);
+    cache_seqlens: (B,) int32/int64, item b attends keys 0..cache_seqlens[b]-1, which already
+    include the new tokens (append them first with kv_cache_append). The Sq queries are the
+    last Sq positions of each item: query i sees keys < cache_seqlens[b] - Sq + 1 + i
+    (bottom-right causal, as flash_attn_with_kvcache(causal=True)); a query that sees no key
+    returns zeros. Lengths are clamped to [0, S_max] (checked only when cache_seqlens is on the
+    CPU: a check of device values would cost a sync per step). softcap=c: scores become
+    c * tanh(s / c). Inference only: raises if a tensor requires grad. Returns (B, H, Sq, D).
+    backend: "auto" or a name from gpuparity.dispatch.backends("attention_decode").
+    """
+    if not isinstance(backend, str):
+        raise TypeError(f"backend: expected a backend name (str) or 'auto', got {describe(backend)}")
+    problem = decode_problem(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap)
+    chosen = _resolve(problem, backend)
+    return chosen.fn(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=problem.feature("softcap"))
+
+
+def explain_attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None) -> Dict[str, Any]:
+    """Why each backend would or would not serve this call under backend="auto"."""
+    problem = decode_problem(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap)
+    return dispatch.explain(problem, verdict=verdict)
+
+
+def kv_cache_append(k_cache, v_cache, k_new, v_new, cache_seqlens):
+    """Write k_new/v_new (B, Hkv, Sn, D) into the caches at positions cache_seqlens[b].. in place;
+    returns cache_seqlens + Sn (a new tensor, same dtype and device).
+
+    Overflow (cache_seqlens + Sn > S_max) raises ValueError naming cache_seqlens; checking it
+    reads the lengths on the host (one sync when they live on the GPU), skipped while a CUDA
+    graph is captured or torch.compile traces (an overflow is then scatter's device-side
+    index error).
+    """
+    batch, kv_heads, s_max, head_dim = _check_cache(k_cache, v_cache, cache_seqlens)
+    for name, new in (("k_new", k_new), ("v_new", v_new)):
+        expect_tensor(name, new, ndim=(4,), dtypes=FLOAT_DTYPES)
+        if new.shape[0] != batch or new.shape[1] != kv_heads or new.shape[3] != head_dim:
+            raise ValueError(f"{name}: expected shape (B={batch}, Hkv={kv_heads}, Sn, D={head_dim}) to match the "
+                             f"cache, got {describe(new)}")
+    if tuple(v_new.shape) != tuple(k_new.shape):
+        raise ValueError(f"v_new: expected the shape of k_new {tuple(k_new.shape)}, got {describe(v_new)}")
+    expect_same_dtype("k_cache", k_cache, k_new=k_new, v_new=v_new)
+    expect_same_device("k_cache", k_cache, k_new=k_new, v_new=v_new)
+    new_len = k_new.shape[2]
+    lengths = cache_seqlens.to(torch.int64)
+    if not _capturing(k_cache.device) and batch:
+        low, high = (int(x) for x in torch.stack([lengths.min(), lengths.max()]).tolist())
+        if low < 0 or high + new_len > s_max:
+            raise ValueError(f"cache_seqlens: appending Sn={new_len} tokens needs cache_seqlens + Sn <= S_max="
+                             f"{s_max} and cache_seqlens >= 0, got cache_seqlens min {low}, max {high} "
+                             f"(overflow by {max(0, high + new_len - s_max)})")
+    if new_len:
+        positions = lengths.view(batch, 1) + torch.arange(new_len, device=k_cache.device).view(1, new_len)
+        index = positions.view(batch, 1, new_len, 1).expand(batch, kv_heads, new_len, head_dim)
+        k_cache.scatter_(2, index, k_new)
+        v_cache.scatter_(2, index, v_new)
+    return cache_seqlens + new_len
+
+
+# ----------------------------------------------------------------------------- reference
+def decode_reference(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None) -> torch.Tensor:
+    """The float64 referee, written item by item and query by query (independent of the
+    backends' mask construction): out[b, h, i] = softmax over keys j < L_b - Sq + 1 + i."""
+    q, k_cache, v_cache = (t.detach().to("cpu", torch.float64) for t in (q, k_cache, v_cache))
+    batch, heads, q_len, head_dim = q.shape
+    group = heads // k_cache.shape[1]
+    scale = head_dim ** -0.5 if scale is None else float(scale)
+    out = torch.zeros_like(q)
+    s_max = k_cache.shape[2]
+    for b in range(batch):
+        length = min(max(int(cache_seqlens[b]), 0), s_max)
+        for i in range(q_len):
+            visible = length - q_len + 1 + i
+            if visible <= 0:
+                continue
+            for h in range(heads):
+                keys = k_cache[b, h // group, :visible]
+                scores = keys @ q[b, h, i] * scale
+                if softcap is not None:
+                    scores = softcap * torch.tanh(scores / softcap)
+                weights = torch.softmax(scores, dim=0)
+                out[b, h, i] = weights @ v_cache[b, h // group, :visible]
+    return out
+
+
+def decode_bytes(k_cache: torch.Tensor, cache_seqlens) -> int:
+    """Bytes of K and V a decode call must read (the lengths summed over items): the
+    denominator of its bandwidth."""
+    total = int(torch.as_tensor(cache_seqlens).clamp(0, k_cache.shape[2]).sum())
+    return 2 * total * k_cache.shape[1] * k_cache.shape[3] * k_cache.element_size()
+
