@@ -15,6 +15,7 @@ __version__ = "0.1.0"
 # light (and so a missing optional piece does not break the rest).
 _LAZY = {
     "attention": "gpuparity.ops.attention",
+    "attention_decode": "gpuparity.ops.decode", "kv_cache_append": "gpuparity.ops.decode",
     "rms_norm": "gpuparity.ops.norms",
     "layer_norm": "gpuparity.ops.norms",
     "apply_rotary": "gpuparity.ops.rotary",

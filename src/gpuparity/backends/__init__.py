@@ -10,6 +10,7 @@ MODULES = (
     "gpuparity.backends.sdpa",
     "gpuparity.backends.torch_ops",
     "gpuparity.backends.triton_attention",
+    "gpuparity.backends.triton_decode",
     "gpuparity.backends.triton_norms",
     "gpuparity.backends.triton_rotary",
     "gpuparity.backends.flex",
