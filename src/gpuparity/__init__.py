@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "attention": "gpuparity.ops.attention",
     "attention_decode": "gpuparity.ops.decode", "kv_cache_append": "gpuparity.ops.decode",
+    "attention_varlen": "gpuparity.ops.varlen",
     "rms_norm": "gpuparity.ops.norms",
     "layer_norm": "gpuparity.ops.norms",
     "apply_rotary": "gpuparity.ops.rotary",

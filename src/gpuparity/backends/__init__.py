@@ -11,6 +11,7 @@ MODULES = (
     "gpuparity.backends.torch_ops",
     "gpuparity.backends.triton_attention",
     "gpuparity.backends.triton_decode",
+    "gpuparity.backends.varlen_composition",
     "gpuparity.backends.triton_norms",
     "gpuparity.backends.triton_rotary",
     "gpuparity.backends.flex",

@@ -14,6 +14,7 @@ from .aot import aot_specs
 from .launch import (LOG2E, MASK_ADDITIVE, MASK_BOOL, MASK_NONE, MaskArgs, TritonAttention, attention_backward,
                      attention_forward, deterministic, dot_precision, kernel_table, prepare_masks, strict_fp32_dot,
                      triton_attention)
+from .varlen import TritonAttentionVarlen, triton_attention_varlen, varlen_backward, varlen_forward
 from .tiles import (BUCKETS, CONFIGS, FAMILY_TARGETS, MAX_HEAD_DIM, SCAN_BLOCK, SHORT_CONFIGS, SHORT_KEYS, TileConfig,
                     _bucket, family, load_overrides, padded_head_dim, tile_config, triton_next_pow2)
 
@@ -22,7 +23,8 @@ __all__ = [
     "SCAN_BLOCK", "SHORT_CONFIGS", "SHORT_KEYS", "MaskArgs", "TileConfig", "TritonAttention", "_bucket",
     "aot_specs", "attention_backward", "attention_forward", "clear_plans", "deterministic", "dot_precision",
     "family", "kernel_table", "load_overrides", "padded_head_dim", "prepare_masks", "strict_fp32_dot",
-    "tile_config", "triton_attention", "triton_common", "triton_next_pow2",
+    "tile_config", "triton_attention", "triton_attention_varlen", "triton_common", "triton_next_pow2",
+    "TritonAttentionVarlen", "varlen_backward", "varlen_forward",
 ]
 
 _IMPORT_ERROR: List[str] = []   # filled on the first availability question: "" when triton imports
@@ -107,3 +109,19 @@ register(Backend("triton", "attention", _backend_fn,
                  device_types=("cuda", "cpu"), dtypes=(torch.float16, torch.bfloat16, torch.float32),
                  availability=_availability, supports=_supports, jit=True,
                  forward_saving=_forward_saving, backward_from=_backward_from))
+
+
+def _varlen_supports(problem: Problem) -> List[str]:
+    absent = _unavailable_reason(problem.device.type)
+    if absent:
+        return [f"triton: {absent}" if not absent.startswith("triton") else absent]
+    head_dim = problem.feature("head_dim", 64)
+    return [f"triton: head_dim {head_dim} > {MAX_HEAD_DIM}"] if head_dim > MAX_HEAD_DIM else []
+
+
+# Not probed (probed=False) until the check battery has an "attention_varlen" spec to verify it
+# against: until then backend="auto" takes the composition fallback and "triton" must be named.
+register(Backend("triton", "attention_varlen", triton_attention_varlen,
+                 "gpuparity's fused Triton kernels over packed sequences (no padding computed)",
+                 device_types=("cuda", "cpu"), dtypes=(torch.float16, torch.bfloat16, torch.float32),
+                 availability=_availability, supports=_varlen_supports, jit=True, probed=False))

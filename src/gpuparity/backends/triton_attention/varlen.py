@@ -1,0 +1,147 @@
+"""Launching the packed variable-length attention kernels: varlen_forward/varlen_backward, the
+autograd Function and triton_attention_varlen, the function behind backend "triton" of op
+"attention_varlen"."""
+from __future__ import annotations
+
+from typing import Any, Dict, Tuple
+
+import torch
+
+from ...numerics import matmul_tf32
+from .. import triton_common
+from ..triton_common import PlanCache, PreparedLaunch, cdiv, lazy_kernel
+from .launch import LOG2E, _window_softcap_scalars, dot_precision
+from .tiles import padded_head_dim, tile_config
+
+
+def _load_kernels() -> Dict[str, Any]:
+    from .varlen_kernels import VARLEN_KERNELS  # imports triton: on first launch only
+    return VARLEN_KERNELS
+
+
+varlen_kernel_table = lazy_kernel(_load_kernels)
+
+# Prepared launches per call signature (shapes, strides, max lengths, flags), as launch.py's.
+_PLANS = PlanCache()
+
+
+def _constexprs(head_dim, causal, dtype, window, softcap):
+    return dict(HEAD_DIM=head_dim, D_PAD=padded_head_dim(head_dim), IS_CAUSAL=bool(causal),
+                DOT_PRECISION=dot_precision(dtype), HAS_WINDOW=window is not None, SOFTCAP=softcap is not None)
+
+
+def _key(q, k, v, cu_q, max_q, max_k, causal, scale, window, softcap, extra=()) -> tuple:
+    return (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, cu_q.shape[0], max_q, max_k,
+            causal, scale, window, softcap, triton_common.interpreting(),
+            matmul_tf32() if q.dtype == torch.float32 else None, *extra)
+
+
+def _planned(key, build):
+    plan = _PLANS.get(key)
+    return plan if plan is not None else _PLANS.keep(key, build())
+
+
+def _forward_launch(q, k, v, out, batch, max_q, max_k, causal, scale, window, softcap):
+    total_q, heads, head_dim = q.shape
+    kv_heads = k.shape[1]
+    cfg = tile_config("fwd", q.device, head_dim, q.dtype, max_k)
+    return PreparedLaunch(varlen_kernel_table()["varlen_fwd"], (cdiv(max_q, cfg.block_m), batch * heads), (
+        scale * LOG2E, *_window_softcap_scalars(max_q, max_k, scale, window, softcap),
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        heads, heads // kv_heads, total_q),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.stages(False),
+        **_constexprs(head_dim, causal, q.dtype, window, softcap))
+
+
+def varlen_forward(q, k, v, cu_q, cu_k, max_q: int, max_k: int, causal: bool, scale: float, window=None,
+                   softcap=None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse): out like q (total_q, H, D); lse (H, total_q) float32 in base 2, +inf for rows
+    with no key. Inputs validated (gpuparity.attention_varlen); rows of one head are contiguous."""
+    total_q, heads, _ = q.shape
+    batch = cu_q.shape[0] - 1
+    out = torch.empty_like(q)
+    lse = torch.empty(heads, total_q, dtype=torch.float32, device=q.device)
+    if out.numel() == 0 or batch == 0 or max_q == 0:
+        return out.zero_(), lse.fill_(float("inf"))
+    if k.shape[0] == 0 or max_k == 0:  # no sequence has a key: every row is empty
+        return out.zero_(), lse.fill_(float("inf"))
+    forward = _planned(_key(q, k, v, cu_q, max_q, max_k, causal, scale, window, softcap, ("fwd",)),
+                       lambda: _forward_launch(q, k, v, out, batch, max_q, max_k, causal, scale, window, softcap))
+    forward(q, k, v, out, lse, cu_q, cu_k)
+    return out, lse
+
+
+def _backward_launches(q, k, v, out, dout, dq, dk, dv, batch, max_q, max_k, causal, scale, window, softcap):
+    total_q, heads, head_dim = q.shape
+    kv_heads = k.shape[1]
+    constexprs = _constexprs(head_dim, causal, q.dtype, window, softcap)
+    extra = _window_softcap_scalars(max_q, max_k, scale, window, softcap)
+    cfg = tile_config("dq", q.device, head_dim, q.dtype, max_k)
+    dq_launch = PreparedLaunch(varlen_kernel_table()["varlen_dq"], (cdiv(max_q, cfg.block_m), batch * heads), (
+        scale * LOG2E, scale, *extra,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(), *dout.stride(), *dq.stride(),
+        heads, heads // kv_heads, total_q),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.stages(False),
+        **constexprs)
+    cfg = tile_config("dkdv", q.device, head_dim, q.dtype, max_k)
+    dkdv_launch = PreparedLaunch(varlen_kernel_table()["varlen_dkdv"], (cdiv(max_k, cfg.block_n), batch * kv_heads), (
+        scale * LOG2E, scale, *extra,
+        *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(),
+        heads, kv_heads, heads // kv_heads, total_q),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.stages(False),
+        **constexprs)
+    return dq_launch, dkdv_launch
+
+
+def varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q: int, max_k: int, causal: bool, scale: float,
+                    window=None, softcap=None):
+    """(dq, dk, dv) like q, k, v; deterministic (no atomics)."""
+    batch = cu_q.shape[0] - 1
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if q.numel() == 0 or k.numel() == 0 or batch == 0 or max_q == 0 or max_k == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    dout = dout.contiguous() if dout.stride(-1) != 1 else dout
+    key = _key(q, k, v, cu_q, max_q, max_k, causal, scale, window, softcap, ("bwd", dout.stride()))
+    dq_launch, dkdv_launch = _planned(key, lambda: _backward_launches(
+        q, k, v, out, dout, dq, dk, dv, batch, max_q, max_k, causal, scale, window, softcap))
+    delta = torch.empty_like(lse)
+    dq_launch(q, k, v, out, dout, lse, delta, dq, cu_q, cu_k)  # first: it writes delta
+    dkdv_launch(q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k)
+    return dq, dk, dv
+
+
+class TritonAttentionVarlen(torch.autograd.Function):
+    """Inputs q, k, v, the cumulative lengths and one tuple of everything else."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, call):
+        max_q, max_k, causal, scale, window, softcap = call
+        out, lse = varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+        ctx.call = call
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        max_q, max_k, causal, scale, window, softcap = ctx.call
+        dq, dk, dv = varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale,
+                                     window, softcap)
+        return dq, dk, dv, None, None, None
+
+
+def triton_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
+                            window=None, softcap=None, scale=None):
+    """The kernel behind backend "triton" of "attention_varlen"; inputs validated by
+    gpuparity.attention_varlen (window (-1, -1) and softcap None mean off)."""
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    window = None if window is None or tuple(window) == (-1, -1) else (int(window[0]), int(window[1]))
+    softcap = None if not softcap else float(softcap)
+    # the kernels step through rows and heads by stride; the head dim must be unit-stride to vectorize
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    return TritonAttentionVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                       (int(max_seqlen_q), int(max_seqlen_k), bool(causal), scale, window, softcap))
+
+
+__all__ = ["TritonAttentionVarlen", "triton_attention_varlen", "varlen_backward", "varlen_forward",
+           "varlen_kernel_table"]
