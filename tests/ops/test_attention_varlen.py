@@ -10,11 +10,11 @@ from device_env import ON_GPU, TEST_DEVICE, require_device, size  # sets TRITON_
 
 import gpuparity  # noqa: E402
 from gpuparity.checks.tolerance import compare  # noqa: E402
-from gpuparity.ops import select  # noqa: E402
+from gpuparity.backends.registry import Backend, register, unregister  # noqa: E402
 from gpuparity.ops.attention import attention  # noqa: E402
-from gpuparity.ops.varlen import (attention_varlen, attention_varlen_problem, attention_varlen_reference,  # noqa: E402
-                                  empty_rows)
-from gpuparity.backends.varlen_composition import bottom_right_allowed  # noqa: E402
+from gpuparity.ops.varlen import (attention_varlen, attention_varlen_reference, empty_rows,  # noqa: E402
+                                  explain_attention_varlen)
+from gpuparity.backends.varlen_composition import bottom_right_allowed, composition_varlen  # noqa: E402
 
 require_device()
 DEVICE = torch.device(TEST_DEVICE)
@@ -140,12 +140,28 @@ def test_equal_lengths_match_dense_causal_and_window():
         torch.testing.assert_close(out[lo:hi], alone, atol=1e-5, rtol=1e-5)
 
 
-def test_auto_uses_the_composition_until_triton_is_verified():
+def test_auto_uses_triton_once_its_self_check_passes():
     qkv, cu_q, cu_k = packed_inputs()
-    problem = attention_varlen_problem(*qkv, cu_q, cu_k, max(Q_LENS), max(K_LENS), causal=True)
-    assert select.explain(problem)["chosen"] == "composition"
-    out = gpuparity.attention_varlen(*qkv, cu_q, cu_k, max(Q_LENS), max(K_LENS), causal=True)
+    explained = explain_attention_varlen(*qkv, cu_q, cu_k, max(Q_LENS), max(K_LENS), causal=True, softcap=3.0)
+    assert explained["chosen"] == "triton", explained["candidates"]
+    out = gpuparity.attention_varlen(*qkv, cu_q, cu_k, max(Q_LENS), max(K_LENS), causal=True, softcap=3.0)
     assert out.shape == qkv[0].shape
+
+
+def test_auto_never_picks_a_backend_that_fails_the_self_check():
+    def off_by_a_bit(q, k, v, *args, **kwargs):
+        return composition_varlen(q, k, v, *args, **kwargs) * 1.01
+
+    register(Backend("planted_wrong", "attention_varlen", off_by_a_bit, "a planted wrong backend",
+                     device_types=("cpu", "cuda")))
+    try:
+        qkv, cu_q, cu_k = packed_inputs()
+        explained = explain_attention_varlen(*qkv, cu_q, cu_k, max(Q_LENS), max(K_LENS))
+        rows = {row["name"]: row for row in explained["candidates"]}
+        assert rows["planted_wrong"]["status"] == "failed-probe"
+        assert explained["chosen"] != "planted_wrong"
+    finally:
+        unregister("attention_varlen", "planted_wrong")
 
 
 def _bad(**changes):

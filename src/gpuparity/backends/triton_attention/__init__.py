@@ -119,9 +119,8 @@ def _varlen_supports(problem: Problem) -> List[str]:
     return [f"triton: head_dim {head_dim} > {MAX_HEAD_DIM}"] if head_dim > MAX_HEAD_DIM else []
 
 
-# Not probed (probed=False) until the check battery has an "attention_varlen" spec to verify it
-# against: until then backend="auto" takes the composition fallback and "triton" must be named.
+# backend="auto" verifies it first (gpuparity.ops.varlen.verdict: the battery, or a self-check)
 register(Backend("triton", "attention_varlen", triton_attention_varlen,
                  "gpuparity's fused Triton kernels over packed sequences (no padding computed)",
                  device_types=("cuda", "cpu"), dtypes=(torch.float16, torch.bfloat16, torch.float32),
-                 availability=_availability, supports=_varlen_supports, jit=True, probed=False))
+                 availability=_availability, supports=_varlen_supports, jit=True))
