@@ -8,6 +8,8 @@ import pytest
 import torch
 from device_env import ON_GPU, TEST_DEVICE, require_device, size  # sets TRITON_INTERPRET=1 on the CPU
 
+pytest.importorskip("triton")
+
 import gpuparity  # noqa: E402
 from gpuparity.checks.tolerance import compare  # noqa: E402
 from gpuparity.backends.registry import Backend, register, unregister  # noqa: E402
@@ -17,6 +19,7 @@ from gpuparity.ops.varlen import (attention_varlen, attention_varlen_reference, 
 from gpuparity.backends.varlen_composition import bottom_right_allowed, composition_varlen  # noqa: E402
 
 require_device()
+pytestmark = pytest.mark.usefixtures("triton_interpreter_is_live")
 DEVICE = torch.device(TEST_DEVICE)
 # One sequence of a single query, one of 17, an empty query sequence (with keys), Sq > Sk (rows
 # before the diagonal see nothing under causal) and one longer than a tile (several q/k blocks).
