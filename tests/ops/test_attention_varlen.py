@@ -167,6 +167,18 @@ def test_auto_never_picks_a_backend_that_fails_the_self_check():
         unregister("attention_varlen", "planted_wrong")
 
 
+def test_runs_under_torch_compile_through_a_graph_break():
+    qkv, cu_q, cu_k = packed_inputs()
+    leaves = [t.clone().requires_grad_() for t in qkv]
+    compiled = torch.compile(lambda q, k, v: attention_varlen(q, k, v, cu_q, cu_k, max(Q_LENS), max(K_LENS),
+                                                              causal=True, backend="triton") * 2)
+    out = compiled(*leaves)
+    out.sum().backward()
+    eager = run("triton", qkv, cu_q, cu_k, torch.full_like(qkv[0], 2.0), causal=True)
+    torch.testing.assert_close(out.detach().cpu(), eager[0] * 2)
+    torch.testing.assert_close(leaves[0].grad.cpu(), eager[1])
+
+
 def _bad(**changes):
     qkv, cu_q, cu_k = packed_inputs(q_lens=[3, 5], k_lens=[4, 6])
     args = dict(q=qkv[0], k=qkv[1], v=qkv[2], cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=5, max_seqlen_k=6)

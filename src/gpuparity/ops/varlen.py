@@ -109,6 +109,15 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     s become c * tanh(s / c) (Gemma-2). Returns (total_q, H, D) in q's dtype. backend: "auto" or a
     name from gpuparity.dispatch.backends("attention_varlen").
     """
+    if torch.compiler.is_compiling():
+        # no torch.library op yet: a graph break, the call runs eagerly (checks included)
+        return _eager(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal, window=window,
+                      softcap=softcap, scale=scale, backend=backend)
+    return _call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal, window=window,
+                 softcap=softcap, scale=scale, backend=backend)
+
+
+def _call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal, window, softcap, scale, backend):
     if not isinstance(backend, str):
         raise TypeError(f"backend: expected a backend name (str) or 'auto', got {describe(backend)}")
     problem = attention_varlen_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -116,6 +125,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     chosen = dispatch.resolve(problem, backend, verdict=verdict)
     return chosen.fn(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal=causal,
                      window=problem.feature("window"), softcap=problem.feature("softcap"), scale=scale)
+
+
+_eager = torch.compiler.disable(_call)
 
 
 def explain_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
