@@ -53,3 +53,25 @@ def test_signature_mismatch_binds_every_call_shape():
     assert "unexpected keyword argument 'is_causal'" in signature_mismatch(no_is_causal, "attention")
     # rotary's varlen cases pass cu_seqlens and max_seqlen: two call shapes
     assert len(call_shapes("rotary")) == 2
+
+
+def test_an_impl_without_window_or_softcap_skips_those_cases_with_the_reason():
+    """The window/softcap cases pass those keywords; a user's kernel with the classic signature
+    is not wrong for lacking them: its signature passes and those cases are SKIP, with why."""
+    import torch
+
+    from gpuparity.backends.registry import BackendUnavailable
+    from gpuparity.checks.signature import signature_mismatch
+    from gpuparity.checks.specs import get_spec
+
+    def classic(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None):
+        return q
+
+    assert signature_mismatch(classic, "attention") is None
+    spec = get_spec("attention")
+    case = next(c for c in spec.cases() if c.params.get("window") is not None)
+    inputs = spec.make_inputs(case.params, torch.Generator().manual_seed(0))
+    with pytest.raises(BackendUnavailable, match="classic: takes no window"):
+        spec.call(classic, inputs, case.params)
+    plain = next(c for c in spec.cases() if c.params.get("window") is None and c.params.get("softcap") is None)
+    spec.call(classic, spec.make_inputs(plain.params, torch.Generator().manual_seed(0)), plain.params)

@@ -39,8 +39,10 @@ def signature_mismatch(fn: Callable, op: str, name: str = "the implementation") 
     except (TypeError, ValueError):
         return None
     problems: List[str] = []
+    optional = set(getattr(get_spec(op), "optional_keywords", ()))   # their cases SKIP without them
     for shape in sorted(call_shapes(op)):
         positional, keywords = shape
+        keywords = tuple(k for k in keywords if k not in optional)
         try:
             signature.bind(*([None] * positional), **{k: None for k in keywords})
         except TypeError as exc:

@@ -2,13 +2,14 @@
 custom scale, hostile values and layouts (DESIGN.md)."""
 from __future__ import annotations
 
+import inspect
 from typing import Any, Dict, List
 
 import torch
 
 from ... import reference
 from ...backends.masks import attention_kind
-from ...dispatch import Problem
+from ...backends.registry import BackendUnavailable, Problem
 from ...numerics import matmul_tf32
 from .base import Case, OpSpec, randn, tf32_precision
 
@@ -66,6 +67,9 @@ CASES: List[Case] = [
 
 
 class AttentionSpec(OpSpec):
+    # keywords of cases that need a feature an implementation may lack (signature.py, call)
+    optional_keywords = ("window", "softcap")
+
     op = "attention"
     signature = "fn(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None)"
     grad_inputs = ("q", "k", "v")
@@ -141,8 +145,13 @@ class AttentionSpec(OpSpec):
 
     def call(self, fn, inputs, p):
         q, k, v = self._views(inputs, p)
-        # window/softcap only when set: backends that know neither keep their old signature
-        extras = {name: p[name] for name in ("window", "softcap") if p.get(name) is not None}
+        # window/softcap only when set: backends that know neither keep their old signature, and
+        # a user's --impl without them gets those cases as SKIP with the reason, not as errors
+        extras = {name: p[name] for name in self.optional_keywords if p.get(name) is not None}
+        missing = [name for name in extras if not _takes(fn, name)]
+        if missing:
+            raise BackendUnavailable(f"{getattr(fn, '__name__', 'the implementation')}: takes no "
+                                     f"{' or '.join(missing)} argument, which this case needs")
         return fn(q, k, v, attn_mask=inputs.get("attn_mask"), key_padding_mask=inputs.get("key_padding_mask"),
                   is_causal=p["causal"], scale=p["scale"], **extras)
 
@@ -165,3 +174,16 @@ class AttentionSpec(OpSpec):
 
 
 SPEC = AttentionSpec()
+
+
+def _takes(fn, name: str) -> bool:
+    """Whether fn accepts keyword `name` (or **kwargs); True when Python cannot tell."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return True
+    try:
+        signature.bind_partial(**{name: None})
+    except TypeError:
+        return False
+    return True
