@@ -178,16 +178,22 @@ def test_summary_lists_replaced_and_left():
     assert gpuparity.patch(model) == [], "patching twice must not replace anything again"
 
 
-def test_gemma2_softcap_leaves_attention_with_reason():
-    model = build("gemma2", attn_logit_softcapping=50.0)
-    summary = gpuparity.patch(model)
-    attention_left = [e for e in summary.left if e.reason.startswith("attention:")]
-    assert len(attention_left) == 2 and all("softcap" in e.reason for e in attention_left)
-    assert model.config._attn_implementation == "eager"
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_gemma2_with_its_logit_softcap_is_served_and_matches_float64(dtype):
+    """Gemma-2 at its default softcap (attn_logit_softcapping=50; small here so that it bites):
+    gpuparity.attention's softcap serves it, logits and gradients under the policy."""
+    summary = check_family("gemma2", dtype, attn_logit_softcapping=2.0)
+    assert not [e for e in summary.left if e.reason.startswith("attention:")]
     norms = [e for e in summary.replaced if "1 + weight" in e.reason]
     assert len(norms) >= 5  # 4 per layer and the final norm
-    with pytest.raises(ValueError, match="softcap"):
-        gp_hf.attention_forward(model.model.layers[0].self_attn, *[torch.randn(1, 4, 3, 8)] * 3, None, softcap=50.0)
+
+
+def test_softcap_reaches_gpuparity_attention(monkeypatch):
+    seen = []
+    monkeypatch.setattr(gp_hf, "attention", lambda *a, **k: seen.append(k.get("softcap")) or a[0])
+    model = build("gemma2", attn_logit_softcapping=50.0)
+    gp_hf.attention_forward(model.model.layers[0].self_attn, *[torch.randn(1, 4, 3, 8)] * 3, None, softcap=50.0)
+    assert seen == [50.0]
 
 
 def test_attention_dropout_named_in_summary_and_falls_back(monkeypatch):

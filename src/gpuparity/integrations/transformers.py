@@ -117,7 +117,7 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
                       is_causal: Optional[bool] = None, **kwargs):
     """transformers' attention function signature: query (B, H, Sq, D), key/value (B, Hkv, Sk, D)
     -> ((B, Sq, H, D), None). GQA goes to gpuparity.attention as is (no repeat_kv)."""
-    for name in ("softcap", "s_aux", "position_bias"):
+    for name in ("s_aux", "position_bias"):
         if kwargs.get(name) is not None:
             raise ValueError(f"{name}: gpuparity.attention does not implement it (got a value for module "
                              f"{type(module).__name__}); use attn_implementation='eager' or 'sdpa' for this model")
@@ -142,8 +142,9 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     if causal and key.shape[2] > q_len:
         # prefill into an empty static cache: the keys past q_len are unused slots (HF's sdpa crops too)
         key, value = key[:, :, :q_len], value[:, :, :q_len]
+    extra = {"softcap": kwargs["softcap"]} if kwargs.get("softcap") else {}   # Gemma-2's logit softcap
     out = attention(query, key, value, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=causal,
-                    scale=scaling, backend=getattr(module, "gpuparity_backend", "auto"))
+                    scale=scaling, backend=getattr(module, "gpuparity_backend", "auto"), **extra)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -212,10 +213,6 @@ def _attention_left_reason(model: nn.Module) -> Optional[str]:
     if model_type not in FAMILIES:
         return (f"model_type {model_type!r} is not a family gpuparity tests ({', '.join(FAMILIES.values())}); "
                 f"attn_implementation='{NAME}' may still be set by hand")
-    softcap = getattr(config, "attn_logit_softcapping", None)
-    if softcap is not None:
-        return (f"config.attn_logit_softcapping={softcap}: gpuparity.attention has no logit softcap yet "
-                "(set it to None to use gpuparity's attention)")
     return None
 
 
