@@ -2,7 +2,8 @@
 # Sets up .venv for gpuparity. Keeps a vendor torch that is already importable (CUDA or ROCm
 # wheels bring their own Triton: never replace them); otherwise installs torch 2.13.0.
 #   bash scripts/setup.sh          # for running gpuparity
-#   bash scripts/setup.sh --test   # plus pytest and, only if missing, triton (for the interpreter tests)
+#   bash scripts/setup.sh --test   # plus pytest, hypothesis, transformers (the [hf] tests) and, only if
+#                                  # missing, triton (for the interpreter tests)
 # PYTHON=/path/to/python picks the interpreter (default python3). When it imports torch (a
 # venv, a conda env, a module-provided install, a container), .venv sees that interpreter's own
 # packages and needs no network for torch.
@@ -75,7 +76,7 @@ if "$VPY" -c "import setuptools, sys; sys.exit(int(setuptools.__version__.split(
   PIP_ARGS+=(--no-build-isolation)
 fi
 if [ "${1:-}" = "--test" ]; then
-  "$VPY" -m pip install -q ${PIP_ARGS[@]+"${PIP_ARGS[@]}"} -e ".[test,plot]"
+  "$VPY" -m pip install -q ${PIP_ARGS[@]+"${PIP_ARGS[@]}"} -e ".[test,plot,hf]"
   if ! "$VPY" -c "import triton" >/dev/null 2>&1; then
     "$VPY" -m pip install -q triton
   fi
