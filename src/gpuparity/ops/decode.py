@@ -3,12 +3,12 @@ cache with per-item lengths (FlashAttention's flash_attn_with_kvcache contract, 
 from __future__ import annotations
 
 import numbers
-import threading
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Tuple
 
 import torch
 
 from .. import dispatch
+from . import select
 from ..backends.registry import Backend, Problem
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_same_dtype, expect_tensor
 from .calls import check_softcap
@@ -81,10 +81,6 @@ def decode_problem(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=No
 # candidate here: once per (device, dtype, kind, backend), a small decode call (GQA, Sq 3,
 # an empty item, a full one, several splits) against the float64 reference under the tolerance
 # policy. When a battery spec exists, its stored probe verdicts are used instead.
-_VERDICTS: Dict[tuple, Dict[str, Any]] = {}
-_VERDICT_LOCK = threading.Lock()
-
-
 def _self_check(problem: Problem, backend: Backend) -> Dict[str, Any]:
     from ..checks.tolerance import compare
     gen = torch.Generator().manual_seed(0)
@@ -109,16 +105,7 @@ def _self_check(problem: Problem, backend: Backend) -> Dict[str, Any]:
     return {"passed": result.passed, "reason": result.reason or "passed the decode self-check", "time_ms": None}
 
 
-def verdict(problem: Problem, backend: Backend) -> Dict[str, Any]:
-    from ..checks import probe
-    from ..checks.specs import SPECS
-    if problem.op in SPECS:
-        return probe.probe_verdict(problem, backend)
-    key = (str(problem.device), problem.dtype, problem.kind, problem.feature("head_dim"), backend.name)
-    with _VERDICT_LOCK:
-        if key not in _VERDICTS:
-            _VERDICTS[key] = _self_check(problem, backend)
-        return _VERDICTS[key]
+verdict = select.self_checked(_self_check, lambda p: (str(p.device), p.dtype, p.kind, p.feature("head_dim")))
 
 
 def _resolve(problem: Problem, backend: str) -> Backend:

@@ -3,12 +3,12 @@ flash_attn_varlen_func), its argument checks, its Problem for the dispatcher and
 from __future__ import annotations
 
 import numbers
-import threading
 from typing import Any, Dict, Optional, Tuple
 
 import torch
 
 from .. import dispatch
+from . import select
 from .calls import INDEX_DTYPES, _capturing, check_softcap, check_window
 from ..backends.masks import attention_kind
 from ..backends.registry import Backend, Problem
@@ -168,8 +168,6 @@ def empty_rows(cu_seqlens_q, cu_seqlens_k, *, causal=False, window=None) -> torc
 # Until the check battery has an "attention_varlen" spec, backend="auto" verifies a backend with
 # a self-check: a small packed batch with this call's flags against float64 under the tolerance
 # policy, forward and backward, once per process and (device, dtype, flags, head_dim).
-_VERDICTS: Dict[tuple, Dict[str, Any]] = {}
-_VERDICT_LOCK = threading.Lock()
 _CHECK_Q_LENS, _CHECK_K_LENS = [1, 17, 0, 5, 40], [4, 17, 3, 2, 70]
 
 
@@ -208,15 +206,7 @@ def _self_check(problem: Problem, backend: Backend) -> Dict[str, Any]:
     return {"passed": not failed, "reason": failed[0] if failed else "passed the varlen self-check", "time_ms": None}
 
 
-def verdict(problem: Problem, backend: Backend) -> Dict[str, Any]:
-    """The battery's probe verdict once it has an attention_varlen spec, the self-check until then."""
-    from ..checks import probe
-    from ..checks.specs import SPECS
-    if problem.op in SPECS:
-        return probe.probe_verdict(problem, backend)
-    key = (str(problem.device), problem.dtype, problem.kind, problem.feature("head_dim"), problem.feature("gqa"),
-           problem.feature("window"), problem.feature("softcap"), backend.name)
-    with _VERDICT_LOCK:
-        if key not in _VERDICTS:
-            _VERDICTS[key] = _self_check(problem, backend)
-        return _VERDICTS[key]
+# The battery's probe verdict once it has an attention_varlen spec, the self-check until then.
+verdict = select.self_checked(_self_check, lambda p: (
+    str(p.device), p.dtype, p.kind, p.feature("head_dim"), p.feature("gqa"), p.feature("window"),
+    p.feature("softcap")))
