@@ -21,6 +21,8 @@ import sys
 import time
 
 VARIANTS = ("sdpa", "liger", "liger-norm-rope", "gpuparity")
+# gpuparity with one kind of module swapped, to tell the ops' shares apart (not in the default run)
+PARTIAL = {"gpuparity-attn": "LlamaAttention", "gpuparity-norm": "LlamaRMSNorm"}
 MODES = ("eager", "compile")
 
 
@@ -42,6 +44,9 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
     p.add_argument("--out", default="out/model", help="folder for model.json and model.md")
+    p.add_argument("--profile", action="store_true",
+                   help="also write profile-VARIANT-MODE-SEQ.txt under --out: host ms per step (the time "
+                        "step() takes to return) and torch.profiler's top kernels over 3 steps")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)   # VARIANT:MODE:SEQ, run in this process
     return p.parse_args(argv)
 
@@ -79,9 +84,11 @@ def run_one(args, variant, mode, seq):
         vocab_size=args.vocab, max_position_embeddings=max(8192, seq), attn_implementation="sdpa")
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).to(device=device, dtype=dtype)
-    if variant == "gpuparity":
+    if variant == "gpuparity" or variant in PARTIAL:
         import gpuparity
-        summary = gpuparity.patch(model)
+        from transformers.models.llama import modeling_llama
+        include = (getattr(modeling_llama, PARTIAL[variant]),) if variant in PARTIAL else None
+        summary = gpuparity.patch(model, include=include)
         notes.append(f"patched {len(summary)} modules, left {len(getattr(summary, 'left', []))}")
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
@@ -112,9 +119,33 @@ def run_one(args, variant, mode, seq):
     elapsed = time.perf_counter() - started
     losses += [float(t) for t in timed]
     peak = torch.cuda.max_memory_allocated() / 2 ** 30 if device.type == "cuda" else None
+    if args.profile:
+        write_profile(args, f"{variant}-{mode}-{seq}", step, sync, torch)
     return {"variant": variant, "mode": mode, "seq": seq, "tokens_per_step": tokens,
             "tokens_per_s": tokens * args.steps / elapsed, "step_ms": 1e3 * elapsed / args.steps,
             "peak_gib": peak, "warmup_s": warm_s, "losses": losses, "notes": notes}
+
+
+def write_profile(args, label, step, sync, torch):
+    """Host time per step (how long step() takes to return, the GPU left to run behind it) and
+    the profiler's kernels by device time, so a slow row says whether host or device is why."""
+    host = []
+    for _ in range(5):
+        sync()
+        started = time.perf_counter()
+        step()
+        host.append(1e3 * (time.perf_counter() - started))
+    sync()
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(3):
+            step()
+        sync()
+    sort = "self_cuda_time_total" if args.device == "cuda" else "self_cpu_time_total"
+    with open(os.path.join(args.out, f"profile-{label}.txt"), "w") as handle:
+        handle.write(f"host ms per step (returned, not synced), 5 steps: {[round(h, 2) for h in host]}\n")
+        handle.write(prof.key_averages().table(sort_by=sort, row_limit=30, max_name_column_width=70))
 
 
 def versions():
@@ -170,6 +201,9 @@ def main(argv=None):
     for seq in (int(s) for s in args.seqs.split(",")):
         for mode in args.modes.split(","):
             for variant in args.variants.split(","):
+                if variant not in VARIANTS and variant not in PARTIAL:
+                    raise SystemExit(f"--variants: unknown {variant!r}; expected names from "
+                                     f"{list(VARIANTS) + list(PARTIAL)}")
                 cmd = [sys.executable, os.path.abspath(__file__), *child_argv, "--one", f"{variant}:{mode}:{seq}"]
                 proc = subprocess.run(cmd, capture_output=True, text=True)
                 if proc.returncode == 0:
