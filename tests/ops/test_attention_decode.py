@@ -177,7 +177,9 @@ def test_auto_skips_a_candidate_that_fails_its_check():
         dispatch.forget()
         table = decode.explain_attention_decode(*args)
         rows = {row["name"]: row for row in table["candidates"]}
-        assert rows["broken"]["status"] == "failed-probe" and rows["broken"]["reason"].startswith("out: ")
+        # the battery's verdict: its attention_decode cases failed, with the first one's reason
+        assert rows["broken"]["status"] == "failed-probe"
+        assert rows["broken"]["reason"].startswith("failed ") and "FAIL out: " in rows["broken"]["reason"]
         assert table["chosen"] != "broken"
     finally:
         unregister("attention_decode", "broken")

@@ -143,7 +143,7 @@ def test_equal_lengths_match_dense_causal_and_window():
         torch.testing.assert_close(out[lo:hi], alone, atol=1e-5, rtol=1e-5)
 
 
-def test_auto_uses_triton_once_its_self_check_passes():
+def test_auto_uses_triton_once_the_battery_verified_it():
     qkv, cu_q, cu_k = packed_inputs()
     explained = explain_attention_varlen(*qkv, cu_q, cu_k, max(Q_LENS), max(K_LENS), causal=True, softcap=3.0)
     assert explained["chosen"] == "triton", explained["candidates"]
@@ -151,7 +151,7 @@ def test_auto_uses_triton_once_its_self_check_passes():
     assert out.shape == qkv[0].shape
 
 
-def test_auto_never_picks_a_backend_that_fails_the_self_check():
+def test_auto_never_picks_a_backend_that_fails_the_battery():
     def off_by_a_bit(q, k, v, *args, **kwargs):
         return composition_varlen(q, k, v, *args, **kwargs) * 1.01
 
@@ -162,6 +162,7 @@ def test_auto_never_picks_a_backend_that_fails_the_self_check():
         explained = explain_attention_varlen(*qkv, cu_q, cu_k, max(Q_LENS), max(K_LENS))
         rows = {row["name"]: row for row in explained["candidates"]}
         assert rows["planted_wrong"]["status"] == "failed-probe"
+        assert rows["planted_wrong"]["reason"].startswith("failed "), rows["planted_wrong"]
         assert explained["chosen"] != "planted_wrong"
     finally:
         unregister("attention_varlen", "planted_wrong")

@@ -1,11 +1,13 @@
 """Backend "composition" of op "attention_varlen": each packed sequence through the dense
-composition with its bottom-right aligned mask; the trusted fallback of the varlen kernels."""
+composition with its bottom-right aligned mask, the trusted fallback of the varlen kernels; and
+the op's float64 reference (per sequence through gpuparity.reference), which the battery uses."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
+from .. import reference
 from .registry import Backend, register
 from .sdpa import composition
 
@@ -58,6 +60,30 @@ def composition_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
                        window=None, softcap=None, scale=None):
     """Matmul-softmax-matmul per sequence in q's dtype (softmax in fp32); max_seqlen_* unused."""
     return packed(composition, q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, scale, softcap)
+
+
+def attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False,
+                               window: Optional[Tuple[int, int]] = None, softcap=None, scale=None):
+    """The float64 referee: each sequence through gpuparity.reference.attention (float64 on q's
+    device, differentiable) with its bottom-right mask. Inputs are upcast; returns float64."""
+    def dense(q_i, k_i, v_i, *, attn_mask=None, scale=None, softcap=None):
+        return reference.attention(q_i, k_i, v_i, attn_mask=attn_mask, scale=scale, softcap=softcap)
+
+    return packed(dense, q.double(), k.double(), v.double(), cu_seqlens_q, cu_seqlens_k, causal, window, scale,
+                  softcap)
+
+
+def empty_rows(cu_seqlens_q, cu_seqlens_k, *, causal=False, window=None) -> torch.Tensor:
+    """Bool (total_q,): the rows that see no key (their output and gradients must be exactly 0)."""
+    starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    rows = []
+    for b in range(len(starts_q) - 1):
+        q_len, k_len = starts_q[b + 1] - starts_q[b], starts_k[b + 1] - starts_k[b]
+        allowed = bottom_right_allowed(q_len, k_len, causal, window, "cpu")
+        if allowed is None:
+            allowed = torch.ones(q_len, k_len, dtype=torch.bool)
+        rows.append(~allowed.any(-1))
+    return torch.cat(rows) if rows else torch.zeros(0, dtype=torch.bool)
 
 
 register(Backend("composition", "attention_varlen", composition_varlen,

@@ -7,9 +7,9 @@ from typing import Any, Dict, Tuple
 
 import torch
 
-from .. import dispatch
 from . import select
-from ..backends.registry import Backend, Problem
+from ..backends.registry import Problem
+from ..backends.triton_decode import decode_reference
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_same_dtype, expect_tensor
 from .calls import check_softcap
 
@@ -76,42 +76,6 @@ def decode_problem(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=No
                    kind="softcap" if softcap is not None else "default", features=features)
 
 
-# ----------------------------------------------------------------------------- verification
-# The check battery (checks/specs) has no attention_decode spec yet, so "auto" verifies each
-# candidate here: once per (device, dtype, kind, backend), a small decode call (GQA, Sq 3,
-# an empty item, a full one, several splits) against the float64 reference under the tolerance
-# policy. When a battery spec exists, its stored probe verdicts are used instead.
-def _self_check(problem: Problem, backend: Backend) -> Dict[str, Any]:
-    from ..checks.tolerance import compare
-    gen = torch.Generator().manual_seed(0)
-    softcap = problem.feature("softcap")
-    head_dim = min(int(problem.feature("head_dim", 16)), 64)
-    shape_q, shape_kv = (3, 4, 3, head_dim), (3, 2, 70, head_dim)
-    q = torch.randn(shape_q, generator=gen)
-    k = torch.randn(shape_kv, generator=gen)
-    v = torch.randn(shape_kv, generator=gen)
-    lengths = torch.tensor([0, 70, 37], dtype=torch.int32)
-    device, dtype = problem.device, problem.dtype
-    args = [t.to(device=device, dtype=dtype) for t in (q, k, v)] + [lengths.to(device)]
-    try:
-        with torch.no_grad():
-            out = backend.fn(*args, softcap=softcap)
-            base = dispatch.get("attention_decode", "composition").fn(*args, softcap=softcap)
-    except Exception as exc:  # noqa: BLE001 - a crash is a failed verdict, with its reason
-        return {"passed": False, "reason": f"self-check raised {type(exc).__name__}: {str(exc)[:200]}"}
-    ref = decode_reference(q.double(), k.double(), v.double(), lengths, softcap=softcap)
-    empty = ref.abs().sum(-1, keepdim=True) == 0
-    result = compare("out", out.cpu(), ref, base.cpu(), dtype, valid=~empty, must_be_zero=empty)
-    return {"passed": result.passed, "reason": result.reason or "passed the decode self-check", "time_ms": None}
-
-
-verdict = select.self_checked(_self_check, lambda p: (str(p.device), p.dtype, p.kind, p.feature("head_dim")))
-
-
-def _resolve(problem: Problem, backend: str) -> Backend:
-    return dispatch.resolve(problem, backend, verdict=verdict)
-
-
 # ----------------------------------------------------------------------------- public API
 def attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, backend: str = "auto"):
     """Attention of Sq (1-16) new queries per item against a KV cache.
@@ -129,14 +93,15 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=
     if not isinstance(backend, str):
         raise TypeError(f"backend: expected a backend name (str) or 'auto', got {describe(backend)}")
     problem = decode_problem(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap)
-    chosen = _resolve(problem, backend)
+    chosen = select.resolve(problem, backend)
     return chosen.fn(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=problem.feature("softcap"))
 
 
 def explain_attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None) -> Dict[str, Any]:
-    """Why each backend would or would not serve this call under backend="auto"."""
+    """Why each backend would or would not serve this call under backend="auto": the reasons in
+    words of those that cannot, and the battery's verdict (probed on a miss) of those that can."""
     problem = decode_problem(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap)
-    return dispatch.explain(problem, verdict=verdict)
+    return select.explain(problem)
 
 
 def kv_cache_append(k_cache, v_cache, k_new, v_new, cache_seqlens):
@@ -172,32 +137,6 @@ def kv_cache_append(k_cache, v_cache, k_new, v_new, cache_seqlens):
         k_cache.scatter_(2, index, k_new)
         v_cache.scatter_(2, index, v_new)
     return cache_seqlens + new_len
-
-
-# ----------------------------------------------------------------------------- reference
-def decode_reference(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None) -> torch.Tensor:
-    """The float64 referee, written item by item and query by query (independent of the
-    backends' mask construction): out[b, h, i] = softmax over keys j < L_b - Sq + 1 + i."""
-    q, k_cache, v_cache = (t.detach().to("cpu", torch.float64) for t in (q, k_cache, v_cache))
-    batch, heads, q_len, head_dim = q.shape
-    group = heads // k_cache.shape[1]
-    scale = head_dim ** -0.5 if scale is None else float(scale)
-    out = torch.zeros_like(q)
-    s_max = k_cache.shape[2]
-    for b in range(batch):
-        length = min(max(int(cache_seqlens[b]), 0), s_max)
-        for i in range(q_len):
-            visible = length - q_len + 1 + i
-            if visible <= 0:
-                continue
-            for h in range(heads):
-                keys = k_cache[b, h // group, :visible]
-                scores = keys @ q[b, h, i] * scale
-                if softcap is not None:
-                    scores = softcap * torch.tanh(scores / softcap)
-                weights = torch.softmax(scores, dim=0)
-                out[b, h, i] = weights @ v_cache[b, h // group, :visible]
-    return out
 
 
 def decode_bytes(k_cache: torch.Tensor, cache_seqlens) -> int:

@@ -3,19 +3,21 @@ flash_attn_varlen_func), its argument checks, its Problem for the dispatcher and
 from __future__ import annotations
 
 import numbers
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict
 
 import torch
 
-from .. import dispatch
 from . import select
 from .calls import INDEX_DTYPES, _capturing, check_softcap, check_window
 from ..backends.masks import attention_kind
-from ..backends.registry import Backend, Problem
-from ..backends.varlen_composition import bottom_right_allowed, packed
+from ..backends.registry import Problem
+from ..backends.varlen_composition import attention_varlen_reference, empty_rows
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_same_dtype, expect_tensor
 
-__all__ = ["attention_varlen", "attention_varlen_problem", "attention_varlen_reference", "explain_attention_varlen"]
+# attention_varlen_reference and empty_rows live with the composition (the battery, below ops,
+# uses them); re-exported here, their public path.
+__all__ = ["attention_varlen", "attention_varlen_problem", "attention_varlen_reference", "empty_rows",
+           "explain_attention_varlen"]
 
 OP = "attention_varlen"
 
@@ -122,7 +124,7 @@ def _call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, ca
         raise TypeError(f"backend: expected a backend name (str) or 'auto', got {describe(backend)}")
     problem = attention_varlen_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                        causal=causal, window=window, softcap=softcap, scale=scale)
-    chosen = dispatch.resolve(problem, backend, verdict=verdict)
+    chosen = select.resolve(problem, backend)
     return chosen.fn(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal=causal,
                      window=problem.feature("window"), softcap=problem.feature("softcap"), scale=scale)
 
@@ -132,81 +134,8 @@ _eager = torch.compiler.disable(_call)
 
 def explain_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
                              window=None, softcap=None, scale=None) -> Dict[str, Any]:
-    """Why each backend would or would not serve this call under backend="auto" (dispatch.explain)."""
+    """Why each backend would or would not serve this call under backend="auto": the reasons in
+    words of those that cannot, and the battery's verdict (probed on a miss) of those that can."""
     problem = attention_varlen_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                        causal=causal, window=window, softcap=softcap, scale=scale)
-    return dispatch.explain(problem, verdict=verdict)
-
-
-def attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False,
-                               window: Optional[Tuple[int, int]] = None, softcap=None, scale=None):
-    """The float64 referee: each sequence through gpuparity.reference.attention (float64 on q's
-    device, differentiable) with its bottom-right mask. Inputs are upcast; returns float64."""
-    from .. import reference
-
-    def dense(q_i, k_i, v_i, *, attn_mask=None, scale=None, softcap=None):
-        return reference.attention(q_i, k_i, v_i, attn_mask=attn_mask, scale=scale, softcap=softcap)
-
-    return packed(dense, q.double(), k.double(), v.double(), cu_seqlens_q, cu_seqlens_k, causal, window, scale,
-                  softcap)
-
-
-def empty_rows(cu_seqlens_q, cu_seqlens_k, *, causal=False, window=None) -> torch.Tensor:
-    """Bool (total_q,): the rows that see no key (their output and gradients must be exactly 0)."""
-    starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-    rows = []
-    for b in range(len(starts_q) - 1):
-        q_len, k_len = starts_q[b + 1] - starts_q[b], starts_k[b + 1] - starts_k[b]
-        allowed = bottom_right_allowed(q_len, k_len, causal, window, "cpu")
-        if allowed is None:
-            allowed = torch.ones(q_len, k_len, dtype=torch.bool)
-        rows.append(~allowed.any(-1))
-    return torch.cat(rows) if rows else torch.zeros(0, dtype=torch.bool)
-
-
-# ----------------------------------------------------------------------------- auto's verdicts
-# Until the check battery has an "attention_varlen" spec, backend="auto" verifies a backend with
-# a self-check: a small packed batch with this call's flags against float64 under the tolerance
-# policy, forward and backward, once per process and (device, dtype, flags, head_dim).
-_CHECK_Q_LENS, _CHECK_K_LENS = [1, 17, 0, 5, 40], [4, 17, 3, 2, 70]
-
-
-def _run(fn, qkv, cu_q, cu_k, grad, flags):
-    leaves = [t.clone().requires_grad_() for t in qkv]
-    out = fn(*leaves, cu_q, cu_k, max(_CHECK_Q_LENS), max(_CHECK_K_LENS), **flags)
-    out.backward(grad)
-    return [out.detach().cpu()] + [t.grad.detach().cpu() for t in leaves]
-
-
-def _self_check(problem: Problem, backend: Backend) -> Dict[str, Any]:
-    from ..backends.varlen_composition import composition_varlen
-    from ..checks.tolerance import compare
-    gen = torch.Generator().manual_seed(0)
-    heads, kv_heads, head_dim = 4, (2 if problem.feature("gqa") else 4), problem.feature("head_dim")
-    qkv = [torch.randn(sum(lens), h, head_dim, generator=gen).to(problem.device, problem.dtype)
-           for lens, h in ((_CHECK_Q_LENS, heads), (_CHECK_K_LENS, kv_heads), (_CHECK_K_LENS, kv_heads))]
-    cu_q, cu_k = (torch.tensor([0] + lens).cumsum(0).to(problem.device, torch.int32)
-                  for lens in (_CHECK_Q_LENS, _CHECK_K_LENS))
-    grad = torch.randn(qkv[0].shape, generator=gen).to(problem.device, problem.dtype)
-    flags = dict(causal=bool(problem.feature("is_causal")), window=problem.feature("window"),
-                 softcap=problem.feature("softcap"))
-    try:
-        mine = _run(backend.fn, qkv, cu_q, cu_k, grad, flags)
-    except Exception as exc:  # noqa: BLE001 - a crash is a failed check, with its reason
-        return {"passed": False, "reason": f"self-check raised {type(exc).__name__}: {str(exc)[:200]}"}
-    base = _run(composition_varlen, qkv, cu_q, cu_k, grad, flags)
-    leaves = [t.detach().cpu().double().requires_grad_() for t in qkv]
-    ref = attention_varlen_reference(*leaves, cu_q.cpu(), cu_k.cpu(), **flags)
-    ref.backward(grad.cpu().double())
-    empty = empty_rows(cu_q.cpu(), cu_k.cpu(), causal=flags["causal"], window=flags["window"]).view(-1, 1, 1)
-    results = [compare("out", mine[0], ref, base[0], problem.dtype, valid=~empty, must_be_zero=empty)]
-    results += [compare(name, got, leaf.grad, baseline, problem.dtype)
-                for name, got, leaf, baseline in zip(("dq", "dk", "dv"), mine[1:], leaves, base[1:])]
-    failed = [r.reason for r in results if not r.passed]
-    return {"passed": not failed, "reason": failed[0] if failed else "passed the varlen self-check", "time_ms": None}
-
-
-# The battery's probe verdict once it has an attention_varlen spec, the self-check until then.
-verdict = select.self_checked(_self_check, lambda p: (
-    str(p.device), p.dtype, p.kind, p.feature("head_dim"), p.feature("gqa"), p.feature("window"),
-    p.feature("softcap")))
+    return select.explain(problem)

@@ -8,9 +8,12 @@ from .base import LEVELS, Case, OpSpec
 from .basic import CONV2D_SPEC, CROSS_ENTROPY_SPEC, MATMUL_SPEC, SOFTMAX_SPEC
 from .norms import LN_SPEC, RMS_SPEC
 from .rotary import SPEC as ROTARY
+from .decode import SPEC as DECODE
+from .varlen import SPEC as VARLEN
 
 SPECS: Dict[str, OpSpec] = {spec.op: spec for spec in (
     ATTENTION, SOFTMAX_SPEC, LN_SPEC, RMS_SPEC, ROTARY, MATMUL_SPEC, CONV2D_SPEC, CROSS_ENTROPY_SPEC)}
+SPECS.update({spec.op: spec for spec in (VARLEN, DECODE)})
 OPS = tuple(SPECS)
 
 

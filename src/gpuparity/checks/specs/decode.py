@@ -1,0 +1,85 @@
+"""Battery cases for attention_decode (new queries against a KV cache, inference only): cache
+lengths of 0, 1 and full, fewer keys than new queries, 1 to 16 new queries, GQA/MQA, softcap on
+large logits; the forward against the float64 item-by-item reference."""
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+import torch
+
+from ...backends.registry import Problem
+from ...backends.triton_decode import decode_reference
+from ...numerics import matmul_tf32
+from .base import Case, OpSpec, randn, tf32_precision
+
+
+def _case(name, level="default", **params) -> Case:
+    defaults = dict(B=3, H=4, Hkv=2, Sq=1, S_max=40, D=32, lengths=None, softcap=None, scale=None,
+                    logit_scale=1.0, seqlens_dtype="int32", layout="bhsd", forward_only=True)
+    defaults.update(params)
+    if defaults["lengths"] is None:
+        defaults["lengths"] = [0, 1, defaults["S_max"]][:defaults["B"]]
+    return Case(name, defaults, level)
+
+
+CASES: List[Case] = [
+    # quick: the hostile core (small: the probe runs these under Triton's interpreter on a CPU)
+    _case("lengths_0_1_full", "quick"),
+    _case("sq4_fewer_keys_than_queries", "quick", Sq=4, lengths=[0, 3, 40]),
+    _case("sq16_mqa", "quick", Sq=16, H=4, Hkv=1, lengths=[16, 40, 7]),
+    _case("softcap_x30_logits", "quick", Sq=2, logit_scale=30.0, softcap=20.0, lengths=[40, 23, 2]),
+    _case("scale_int64_lengths", "quick", Sq=3, scale=0.2, seqlens_dtype="int64", lengths=[5, 0, 33]),
+    # default: realistic head dims and longer caches
+    _case("d64_gqa_long", B=4, H=8, Hkv=2, D=64, S_max=300, Sq=1, lengths=[300, 1, 0, 157]),
+    _case("d128_sq8", B=2, H=4, Hkv=4, D=128, S_max=200, Sq=8, lengths=[200, 64]),
+    _case("d256_mqa", B=2, H=4, Hkv=1, D=256, S_max=70, Sq=1, lengths=[70, 35]),
+    _case("d80_softcap_sq5", B=2, H=6, Hkv=3, D=80, S_max=90, Sq=5, softcap=30.0, lengths=[90, 4]),
+    _case("strided_cache_bshd", B=2, H=4, Hkv=2, D=64, S_max=50, Sq=2, layout="bshd", lengths=[50, 17]),
+    # full: a long cache
+    _case("long_4096", "full", B=2, H=8, Hkv=1, D=128, S_max=4096, Sq=1, lengths=[4096, 2500]),
+]
+
+
+class DecodeSpec(OpSpec):
+    op = "attention_decode"
+    signature = "fn(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None)"
+    grad_inputs = ()            # inference only: the op refuses tensors that require grad
+    reference_fn = staticmethod(decode_reference)
+
+    def cases(self):
+        return CASES
+
+    def kind(self, p):
+        return "softcap" if p["softcap"] is not None else "default"
+
+    def problem(self, p, dtype, device):
+        # the features ops.decode.decode_problem gives the dispatcher
+        features = (("head_dim", p["D"]), ("gqa", p["H"] != p["Hkv"]), ("q_len", p["Sq"]))
+        if p["softcap"] is not None:
+            features += (("softcap", float(p["softcap"])),)
+        return Problem(self.op, device, dtype, self.kind(p), features)
+
+    def make_inputs(self, p, gen) -> Dict[str, Any]:
+        B, H, Hkv, Sq, S, D = p["B"], p["H"], p["Hkv"], p["Sq"], p["S_max"], p["D"]
+        cache_shape = (B, S, Hkv, D) if p["layout"] == "bshd" else (B, Hkv, S, D)
+        return {"q": randn(gen, B, H, Sq, D) * p["logit_scale"], "k_cache": randn(gen, *cache_shape),
+                "v_cache": randn(gen, *cache_shape),
+                "cache_seqlens": torch.tensor(p["lengths"], dtype=getattr(torch, p["seqlens_dtype"]))}
+
+    def call(self, fn, inputs, p):
+        k_cache, v_cache = inputs["k_cache"], inputs["v_cache"]
+        if p["layout"] == "bshd":   # a (B, S_max, Hkv, D) cache viewed as (B, Hkv, S_max, D)
+            k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
+        return fn(inputs["q"], k_cache, v_cache, inputs["cache_seqlens"], scale=p["scale"], softcap=p["softcap"])
+
+    def zero_masks(self, inputs, p):
+        lengths = inputs["cache_seqlens"].long().clamp(0, p["S_max"]).view(-1, 1, 1, 1)
+        visible = lengths - p["Sq"] + 1 + torch.arange(p["Sq"]).view(1, 1, -1, 1)
+        empty = visible <= 0   # (B, 1, Sq, 1): queries that see no key return zeros
+        return {"out": empty} if bool(empty.any()) else {}
+
+    def precision(self, dtype, device):
+        return tf32_precision(dtype, device, matmul_tf32())
+
+
+SPEC = DecodeSpec()

@@ -1,0 +1,121 @@
+"""Battery cases for attention_varlen (packed sequences, flash_attn_varlen_func's layout): empty
+and length-1 sequences, Sq != Sk per sequence under bottom-right causal and window, GQA/MQA,
+softcap on large logits, forward and backward against the float64 per-sequence reference."""
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+import torch
+
+from ...backends.masks import attention_kind
+from ...backends.registry import Problem
+from ...backends.varlen_composition import attention_varlen_reference, empty_rows
+from ...numerics import matmul_tf32
+from .base import Case, OpSpec, randn, tf32_precision
+
+
+def _case(name, level="default", **params) -> Case:
+    # params travel to the workers as JSON: lists, not tuples
+    defaults = dict(q_lens=[5, 9], k_lens=None, H=2, Hkv=None, D=16, causal=False, window=None, softcap=None,
+                    scale=None, logit_scale=1.0, cu_dtype="int32", layout="packed")
+    defaults.update(params)
+    defaults["Hkv"] = defaults["Hkv"] or defaults["H"]
+    defaults["k_lens"] = defaults["k_lens"] or list(defaults["q_lens"])
+    return Case(name, defaults, level)
+
+
+CASES: List[Case] = [
+    # quick: the hostile core (small: the probe runs these under Triton's interpreter on a CPU)
+    _case("empty_and_single_sequences", "quick", q_lens=[1, 17, 0, 5, 3], k_lens=[4, 17, 3, 2, 0], H=4, Hkv=2),
+    _case("length_1_everywhere", "quick", q_lens=[1, 1, 1], k_lens=[1, 1, 1], causal=True),
+    _case("causal_sq_ne_sk_bottom_right", "quick", q_lens=[7, 3, 12], k_lens=[19, 3, 5], causal=True),
+    _case("gqa_window", "quick", q_lens=[9, 20], k_lens=[20, 9], H=4, Hkv=2, window=[3, 2]),
+    _case("causal_window_scale", "quick", q_lens=[6, 15], k_lens=[10, 15], causal=True, window=[6, -1], scale=0.3),
+    _case("softcap_x30_logits", "quick", q_lens=[8, 13], k_lens=[13, 8], logit_scale=30.0, softcap=20.0, D=32),
+    _case("mqa_causal_softcap_int64", "quick", q_lens=[4, 11], k_lens=[11, 11], H=3, Hkv=1, causal=True,
+          softcap=5.0, cu_dtype="int64"),
+    # default: head dims and lengths a kernel author must survive
+    _case("strided_packed_qkv_d40", q_lens=[13, 6], D=40, layout="qkv_view", causal=True),
+    _case("window_sq_gt_sk_empty_rows", q_lens=[30, 4], k_lens=[8, 4], window=[0, 2], causal=True),
+    _case("odd_150_d64_gqa", q_lens=[150, 97, 1], k_lens=[150, 120, 33], H=4, Hkv=2, D=64, causal=True),
+    _case("d128_mixed", q_lens=[65, 0, 31], k_lens=[65, 7, 40], H=2, D=128),
+    _case("d256_window_softcap", q_lens=[33, 18], D=256, window=[8, 8], softcap=30.0, H=1),
+    _case("many_short_sequences", q_lens=[1, 2, 3, 4, 5, 6, 7, 8, 0, 9], H=2, Hkv=1, causal=True),
+    # full: longer sequences
+    _case("long_2049_causal", "full", q_lens=[2049, 700], k_lens=[2049, 1500], H=2, D=64, causal=True),
+    _case("long_window_gqa", "full", q_lens=[1000, 513], H=4, Hkv=1, D=64, window=[128, 0], causal=True),
+]
+
+
+def _cumulative(lengths, dtype: str) -> torch.Tensor:
+    return torch.tensor([0] + list(lengths), dtype=torch.int64).cumsum(0).to(getattr(torch, dtype))
+
+
+def _window(p):
+    return None if p["window"] is None else tuple(p["window"])
+
+
+def _reference(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, window=None,
+               softcap=None, scale=None):
+    return attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, window=window,
+                                      softcap=softcap, scale=scale)
+
+
+class VarlenSpec(OpSpec):
+    op = "attention_varlen"
+    signature = ("fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, "
+                 "window=None, softcap=None, scale=None)")
+    grad_inputs = ("q", "k", "v", "qkv")   # qkv: the one buffer of the strided-view case
+    reference_fn = staticmethod(_reference)
+
+    def cases(self):
+        return CASES
+
+    def kind(self, p):
+        return attention_kind(None, None, p["causal"], p["window"], p["softcap"])
+
+    def problem(self, p, dtype, device):
+        # the features ops.varlen.attention_varlen_problem gives the dispatcher
+        features = (("head_dim", p["D"]), ("gqa", p["H"] != p["Hkv"]), ("is_causal", p["causal"]),
+                    ("q_len", max(p["q_lens"])), ("k_len", max(p["k_lens"])))
+        if p["window"] is not None:
+            features += (("window", _window(p)),)
+        if p["softcap"] is not None:
+            features += (("softcap", float(p["softcap"])),)
+        return Problem(self.op, device, dtype, self.kind(p), features)
+
+    def make_inputs(self, p, gen) -> Dict[str, Any]:
+        H, Hkv, D = p["H"], p["Hkv"], p["D"]
+        total_q, total_k = sum(p["q_lens"]), sum(p["k_lens"])
+        inputs: Dict[str, Any] = {"cu_seqlens_q": _cumulative(p["q_lens"], p["cu_dtype"]),
+                                  "cu_seqlens_k": _cumulative(p["k_lens"], p["cu_dtype"])}
+        if p["layout"] == "qkv_view":  # one (total, 3, H, D) buffer, as a fused qkv projection leaves it
+            inputs["qkv"] = randn(gen, total_q, 3, H, D)
+            inputs["qkv"][:, 0] *= p["logit_scale"]
+            return inputs
+        inputs["q"] = randn(gen, total_q, H, D) * p["logit_scale"]
+        inputs["k"] = randn(gen, total_k, Hkv, D)
+        inputs["v"] = randn(gen, total_k, Hkv, D)
+        return inputs
+
+    def call(self, fn, inputs, p):
+        if p["layout"] == "qkv_view":
+            qkv = inputs["qkv"]
+            q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+        else:
+            q, k, v = inputs["q"], inputs["k"], inputs["v"]
+        return fn(q, k, v, inputs["cu_seqlens_q"], inputs["cu_seqlens_k"], max(p["q_lens"]), max(p["k_lens"]),
+                  causal=p["causal"], window=_window(p), softcap=p["softcap"], scale=p["scale"])
+
+    def zero_masks(self, inputs, p):
+        empty = empty_rows(inputs["cu_seqlens_q"], inputs["cu_seqlens_k"], causal=p["causal"], window=_window(p))
+        if not bool(empty.any()) or p["layout"] == "qkv_view":
+            return {}
+        rows = empty.view(-1, 1, 1)
+        return {"out": rows, "grad_q": rows}   # rows that see no key: zero output, zero dq
+
+    def precision(self, dtype, device):
+        return tf32_precision(dtype, device, matmul_tf32())
+
+
+SPEC = VarlenSpec()
