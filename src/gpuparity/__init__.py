@@ -14,12 +14,13 @@ __version__ = "0.1.0"
 # Public name -> module that defines it; imported on first use so `import gpuparity` stays
 # light (and so a missing optional piece does not break the rest).
 _LAZY = {
-    "attention": "gpuparity.ops.attention",
+    "attention": "gpuparity.ops.attention", "attention_dropout_mask": "gpuparity.ops.attention",
     "attention_decode": "gpuparity.ops.decode", "kv_cache_append": "gpuparity.ops.decode",
     "attention_varlen": "gpuparity.ops.varlen",
     "rms_norm": "gpuparity.ops.norms",
     "layer_norm": "gpuparity.ops.norms",
     "apply_rotary": "gpuparity.ops.rotary",
+    "linear_cross_entropy": "gpuparity.ops.linear_cross_entropy",
     "check": "gpuparity.api",
     "get_device": "gpuparity.device",
     "patch": "gpuparity.nn.patch",

@@ -83,6 +83,22 @@ def attention(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False
     return torch.matmul(probs, v)
 
 
+def attention_dropout(q, k, v, keep, dropout_p: float, **masks):
+    """`attention` with dropout on the probabilities: those where `keep` (bool, broadcastable
+    to (B, H, Sq, Sk), True = kept) is False are zeroed, the rest scaled by 1 / (1 - dropout_p).
+    masks: attention's keyword arguments. The probabilities are attention's own, read through an
+    identity value matrix (a product with 1 and 0s is exact), so the two cannot disagree."""
+    batch, heads, _, _ = q.shape
+    kv_heads, k_len = k.shape[1], k.shape[2]
+    eye = torch.eye(k_len, dtype=q.dtype, device=q.device).expand(batch, kv_heads, k_len, k_len)
+    probs = attention(q, k, eye, **masks)
+    dropped = torch.where(keep.to(q.device), probs / (1.0 - dropout_p), torch.zeros((), dtype=probs.dtype,
+                                                                                     device=q.device))
+    if heads != kv_heads:
+        v = v.repeat_interleave(heads // kv_heads, dim=1)
+    return torch.matmul(dropped, v)
+
+
 # --------------------------------------------------------------------------- softmax
 def softmax(x, dim: int = -1):
     return torch.softmax(x, dim=dim)

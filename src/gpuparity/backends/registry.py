@@ -15,6 +15,10 @@ _LOCK = threading.Lock()
 _LISTENERS: List[Callable[[], None]] = []
 
 
+# Features a backend serves only when it says so (Backend.opt_in): "dropout" (attention dropout p > 0).
+OPT_IN = ("dropout",)
+
+
 @dataclasses.dataclass(frozen=True)
 class Problem:
     """What a call needs, as far as choosing a backend goes."""
@@ -53,6 +57,9 @@ class Backend:
     #   backward_from(grad_out, saved, *op args) -> tuple of input gradients (None where none)
     forward_saving: Optional[Callable] = None
     backward_from: Optional[Callable] = None
+    # Problem features in OPT_IN that this backend implements; a call with one it does not
+    # name is refused (a backend that never heard of dropout must not ignore it silently).
+    opt_in: Tuple[str, ...] = ()
 
     def unavailable_reason(self) -> Optional[str]:
         if self.availability is None:
@@ -72,6 +79,9 @@ class Backend:
         if problem.dtype not in self.dtypes:
             names = ", ".join(str(d).replace("torch.", "") for d in self.dtypes)
             reasons.append(f"{self.name}: no {str(problem.dtype).replace('torch.', '')} kernel (has {names})")
+        for feature in OPT_IN:
+            if problem.feature(feature) and feature not in self.opt_in:
+                reasons.append(f"{self.name}: does not implement {feature} ({feature}={problem.feature(feature)})")
         if not reasons and self.supports is not None:
             reasons.extend(self.supports(problem))
         return reasons

@@ -64,8 +64,10 @@ def _make_sdpa(name: str):
 
 
 def composition(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None, window=None,
-                softcap=None):
-    """matmul-softmax-matmul in q's dtype with the softmax in fp32: the trusted baseline."""
+                softcap=None, dropout_p=0.0, seed=None):
+    """matmul-softmax-matmul in q's dtype with the softmax in fp32: the trusted baseline. Dropout
+    (p > 0) keeps probabilities where torch.rand from a generator seeded with `seed` is >= p:
+    repeatable for a seed (the recomputing backward draws the same mask), not the Triton mask."""
     head_dim = q.shape[-1]
     k, v = _expand_kv(q, k, v)
     scale = head_dim ** -0.5 if scale is None else scale
@@ -83,6 +85,10 @@ def composition(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=Fal
         probs = torch.softmax(scores, dim=-1).masked_fill(empty, 0.0)
     else:
         probs = torch.softmax(scores, dim=-1)
+    if dropout_p > 0.0:
+        generator = torch.Generator(device=q.device).manual_seed(int(seed or 0))
+        keep = torch.rand(probs.shape, generator=generator, device=q.device) >= dropout_p
+        probs = torch.where(keep, probs / (1.0 - dropout_p), 0.0)
     return torch.matmul(probs.to(q.dtype), v)
 
 
@@ -160,4 +166,5 @@ register(Backend("sdpa_cudnn", "attention", _make_sdpa("sdpa_cudnn"),
                                        else "sdpa_cudnn: needs an NVIDIA GPU"),
                  supports=_no_mask_grad(_cudnn_supports)))
 register(Backend("composition", "attention", composition,
-                 "matmul-softmax-matmul, fp32 softmax (trusted baseline)", dtypes=ALL, fallback=True))
+                 "matmul-softmax-matmul, fp32 softmax (trusted baseline)", dtypes=ALL, fallback=True,
+                 opt_in=("dropout",)))

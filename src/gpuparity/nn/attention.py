@@ -4,8 +4,9 @@ dispatcher, in training and in inference alike.
 
 need_weights=True, add_bias_kv and add_zero_attn fall back to torch's own implementation
 (the weights must be materialised anyway); everything else runs through
-`gpuparity.attention`, attention dropout included (the triton kernel applies it inside the
-kernel; other backends use the plain composition).
+`gpuparity.attention`, attention dropout included (gpuparity.attention(dropout_p=...): the
+triton kernel applies it inside the kernel; backend="auto" takes it only once its same-mask
+self-check passed, else the plain composition's dropout).
 """
 from __future__ import annotations
 
@@ -15,9 +16,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .. import dispatch
-from ..checks import probe
-from ..backends import masks as mask_utils
 from ..ops import attention as attention_ops
 
 
@@ -32,26 +30,6 @@ def _keep_off_torch_fast_path(module, args):
 def _attention(q, k, v, **kwargs):
     """The one call site of gpuparity.attention (a seam tests use to count calls)."""
     return attention_ops.attention(q, k, v, **kwargs)
-
-
-def _dropout_composition(q, k, v, *, attn_mask, key_padding_mask, is_causal, scale, dropout_p):
-    """matmul-softmax-dropout-matmul with an fp32 softmax; empty rows are zero."""
-    heads, kv_heads = q.shape[1], k.shape[1]
-    if heads != kv_heads:
-        k = k.repeat_interleave(heads // kv_heads, dim=1)
-        v = v.repeat_interleave(heads // kv_heads, dim=1)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    scores = torch.matmul(q, k.transpose(-2, -1)).float() * scale
-    if attn_mask is not None and attn_mask.dtype != torch.bool:
-        scores = scores + attn_mask.float()
-    allowed = mask_utils.allowed_mask(q.shape[-2], k.shape[-2], q.device, attn_mask=attn_mask,
-                                      key_padding_mask=key_padding_mask, is_causal=is_causal)
-    allowed = ~torch.isneginf(scores) if allowed is None else allowed & ~torch.isneginf(scores)
-    empty = ~allowed.any(-1, keepdim=True)
-    scores = scores.masked_fill(~allowed, float("-inf")).masked_fill(empty, 0.0)
-    probs = torch.softmax(scores, dim=-1).masked_fill(empty, 0.0)
-    probs = F.dropout(probs, p=dropout_p, training=True)
-    return torch.matmul(probs.to(q.dtype), v)
 
 
 class MultiheadAttention(nn.MultiheadAttention):
@@ -161,33 +139,10 @@ class MultiheadAttention(nn.MultiheadAttention):
             # the is_causal hint: attn_mask is the causal mask (torch drops it likewise)
             attn_mask = None
         dropout_p = self.dropout if self.training else 0.0
-        kwargs = dict(attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=bool(is_causal))
-        if dropout_p > 0.0:
-            out = self._attend_with_dropout(q, k, v, dropout_p, kwargs)
-        else:
-            out = _attention(q, k, v, backend=self.backend, **kwargs)
+        out = _attention(q, k, v, backend=self.backend, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                         is_causal=bool(is_causal), dropout_p=float(dropout_p))
         out = out.transpose(1, 2).reshape(batch, q_len, self.embed_dim)
         return self.out_proj(out)
-
-    def _attend_with_dropout(self, q, k, v, dropout_p, kwargs):
-        """Dropout on the attention probabilities: the triton kernel when it may serve this call
-        (named, or verified for auto), else the plain composition."""
-        problem = attention_ops.attention_problem(q, k, v, **kwargs)
-        use_triton = False
-        if self.backend in ("auto", "triton"):
-            triton_backend = dispatch.get("attention", "triton")
-            reasons = triton_backend.reasons(problem)
-            if self.backend == "triton":
-                if reasons:
-                    raise dispatch.BackendUnavailable("backend='triton' cannot serve this attention call: "
-                                                      + "; ".join(reasons))
-                use_triton = True
-            elif not reasons:
-                use_triton = bool(probe.probe_verdict(problem, triton_backend).get("passed"))
-        if use_triton:
-            from ..backends.triton_attention import triton_attention
-            return triton_attention(q, k, v, dropout_p=dropout_p, **kwargs)
-        return _dropout_composition(q, k, v, scale=None, dropout_p=dropout_p, **kwargs)
 
     def _forward_nested(self, query, key, value, attn_mask, is_causal):
         """nn.TransformerEncoder turns padded batches into nested tensors in inference; run

@@ -6,15 +6,18 @@ from typing import Any, Dict
 
 import torch
 
-from . import library, select
+from .. import dispatch
+from ..backends.triton_attention.launch import SEED_LIMIT  # seeds below 2**30: the kernels add B * H in int32
+from . import dropout, library, select
 from .calls import attention_extras, attention_problem
+from .dropout import attention_dropout_mask
 from ..validation import describe
 
-__all__ = ["attention", "explain_attention", "attention_problem"]
+__all__ = ["attention", "attention_dropout_mask", "explain_attention", "attention_problem"]
 
 
 def attention(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None,
-              window=None, softcap=None, backend: str = "auto"):
+              window=None, softcap=None, dropout_p: float = 0.0, generator=None, backend: str = "auto"):
     """Scaled dot-product attention, q: (B, H, Sq, D); k, v: (B, Hkv, Sk, D), H % Hkv == 0.
 
     attn_mask: as in F.scaled_dot_product_attention (bool: True = attend; float: added to the
@@ -23,26 +26,43 @@ def attention(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False
     attends key j only when i - left <= j <= i + right (FlashAttention's window_size; -1 leaves
     that side unbounded; top-left aligned like is_causal when Sq != Sk). softcap=c > 0: the scaled
     scores s become c * tanh(s / c) (Gemma-2) before masks are applied. A query row with no key left
-    returns zeros and zero gradients. backend: "auto" (the fastest backend verified on this
-    machine) or a name from `gpuparity.dispatch.backends("attention")`, which is forced and
-    raises with its reasons when it cannot serve the call.
+    returns zeros and zero gradients. dropout_p in [0, 1): dropout on the attention probabilities
+    (kept ones scaled by 1 / (1 - p)), with a seed drawn from `generator` (else torch's default
+    generator for q's device, without a device sync), so torch.manual_seed(s) repeats a call; the
+    backward replays the same mask. Only backends that implement dropout serve it ("triton", whose
+    mask `attention_dropout_mask` regenerates, and the "composition" fallback); pass 0.0 in eval.
+    backend: "auto" (the fastest backend verified on this machine) or a name from
+    `gpuparity.dispatch.backends("attention")`, which is forced and raises with its reasons when it
+    cannot serve the call.
     """
     if not isinstance(backend, str):
         raise TypeError(f"backend: expected a backend name (str) or 'auto', got {describe(backend)}")
     problem = attention_problem(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-                                is_causal=is_causal, scale=scale, window=window, softcap=softcap)
+                                is_causal=is_causal, scale=scale, window=window, softcap=softcap,
+                                dropout_p=dropout_p)
+    p = problem.feature("dropout")
     if torch.compiler.is_compiling():  # traced: one torch.library op that chooses its backend when it runs
+        # the seed is a tensor drawn in the graph, so each run of the compiled graph gets a new one
+        seed = None if p is None else torch.randint(0, SEED_LIMIT, (), dtype=torch.int64,
+                                                     generator=generator)
         return library.attention(q, k, v, attn_mask, key_padding_mask, is_causal, scale, backend,
-                                 problem.feature("window"), problem.feature("softcap"))
-    chosen = select.resolve(problem, backend)
+                                 problem.feature("window"), problem.feature("softcap"), p or 0.0, seed)
+    if p is None:
+        chosen = select.resolve(problem, backend)
+        return chosen.fn(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
+                         scale=scale, **attention_extras(problem))
+    chosen = dropout.resolve(problem, backend)
     return chosen.fn(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
-                     scale=scale, **attention_extras(problem))
+                     scale=scale, seed=dropout.draw_seed(q.device, generator), **attention_extras(problem))
 
 
 def explain_attention(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None,
-                      window=None, softcap=None) -> Dict[str, Any]:
+                      window=None, softcap=None, dropout_p: float = 0.0) -> Dict[str, Any]:
     """Why each backend would or would not serve this call under backend="auto"
     (see dispatch.explain): {"chosen", "chosen_backend", "candidates": [...]}."""
     problem = attention_problem(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-                                is_causal=is_causal, scale=scale, window=window, softcap=softcap)
+                                is_causal=is_causal, scale=scale, window=window, softcap=softcap,
+                                dropout_p=dropout_p)
+    if problem.feature("dropout") is not None:
+        return dispatch.explain(problem, verdict=dropout.verdict)
     return select.explain(problem)

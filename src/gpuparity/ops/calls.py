@@ -51,8 +51,19 @@ def check_softcap(softcap) -> Optional[float]:
     return value
 
 
+def check_dropout(dropout_p) -> float:
+    """`dropout_p` as a float in [0, 1)."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
+        raise TypeError(f"dropout_p: expected a float in [0, 1), got {describe(dropout_p)}")
+    value = float(dropout_p)
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"dropout_p: expected a probability 0 <= dropout_p < 1, got {dropout_p!r}")
+    return value
+
+
 def attention_problem(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None,
-                      mask_requires_grad: Optional[bool] = None, window=None, softcap=None) -> Problem:
+                      mask_requires_grad: Optional[bool] = None, window=None, softcap=None,
+                      dropout_p=0.0) -> Problem:
     """Validate the inputs of `attention` and describe the call for the dispatcher.
     mask_requires_grad overrides what attn_mask.requires_grad says (inside a torch.library op,
     where tensors carry no autograd state, the traced call's answer is passed down).
@@ -107,6 +118,7 @@ def attention_problem(q, k, v, *, attn_mask=None, key_padding_mask=None, is_caus
         expect_same_device("q", q, key_padding_mask=key_padding_mask)
     window = check_window(window, q_len, k_len)
     softcap = check_softcap(softcap)
+    dropout_p = check_dropout(dropout_p)
 
     features = (
         ("head_dim", int(head_dim)),
@@ -121,14 +133,18 @@ def attention_problem(q, k, v, *, attn_mask=None, key_padding_mask=None, is_caus
         features += (("window", window),)
     if softcap is not None:
         features += (("softcap", softcap),)
+    if dropout_p > 0.0:   # an OPT_IN feature: only backends that implement dropout serve it
+        features += (("dropout", dropout_p),)
     return Problem(op="attention", device=q.device, dtype=q.dtype,
                    kind=attention_kind(attn_mask, key_padding_mask, is_causal, window, softcap), features=features)
 
 
 def attention_extras(problem: Problem) -> Dict[str, Any]:
-    """window/softcap as backend functions take them, only when set: a backend that knows
-    neither (a planted or third-party one) keeps its old signature for plain calls."""
+    """window/softcap/dropout_p as backend functions take them, only when set: a backend that
+    knows none (a planted or third-party one) keeps its old signature for plain calls."""
     extras: Dict[str, Any] = {}
+    if problem.feature("dropout") is not None:
+        extras["dropout_p"] = problem.feature("dropout")
     if problem.feature("window") is not None:
         extras["window"] = problem.feature("window")
     if problem.feature("softcap") is not None:
@@ -314,3 +330,34 @@ def _check_positions(lowest_offset: int, end: int, table_len: int) -> None:
     if end > table_len:
         raise ValueError(f"cos: positions reach {end - 1} (sequence length + seqlen_offsets) but the cos/sin table "
                          f"has {table_len} rows; expected cos.shape[0] >= {end}")
+
+
+# ----------------------------------------------------------------------------- linear cross entropy
+def linear_cross_entropy_problem(hidden, weight, target, bias, ignore_index, reduction, softcap) -> Problem:
+    """Validate linear_cross_entropy's arguments and describe the call for the dispatcher."""
+    expect_tensor("hidden", hidden, dtypes=FLOAT_DTYPES)
+    expect_tensor("weight", weight, ndim=(2,), dtypes=FLOAT_DTYPES)
+    if hidden.dim() < 1 or hidden.shape[-1] != weight.shape[1]:
+        raise ValueError(f"weight: expected shape (V, H) with H = hidden.shape[-1], got {describe(weight)} "
+                         f"for hidden {describe(hidden)}")
+    expect_tensor("target", target, dtypes=INDEX_DTYPES)
+    if tuple(target.shape) != tuple(hidden.shape[:-1]):
+        raise ValueError(f"target: expected shape {tuple(hidden.shape[:-1])} (hidden's without its last dim), "
+                         f"got {describe(target)}")
+    if bias is not None:
+        expect_tensor("bias", bias, ndim=(1,), dtypes=FLOAT_DTYPES)
+        if bias.shape[0] != weight.shape[0]:
+            raise ValueError(f"bias: expected shape ({weight.shape[0]},) (V), got {describe(bias)}")
+    expect_same_dtype("hidden", hidden, weight=weight, bias=bias)
+    expect_same_device("hidden", hidden, weight=weight, target=target, bias=bias)
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
+        raise TypeError(f"ignore_index: expected an int, got {describe(ignore_index)}")
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"reduction: expected 'mean', 'sum' or 'none', got {reduction!r}")
+    softcap = check_softcap(softcap)
+    features = (("vocab", int(weight.shape[0])), ("hidden", int(weight.shape[1])), ("bias", bias is not None),
+                ("reduction", reduction))
+    if softcap is not None:
+        features += (("softcap", softcap),)
+    return Problem("linear_cross_entropy", hidden.device, hidden.dtype,
+                   "softcap" if softcap is not None else "default", features)

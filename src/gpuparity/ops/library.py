@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from ..backends.registry import Backend, Problem
-from . import select
+from . import dropout, select
 from .calls import attention_extras, attention_problem, check_rotary_inputs, norm_problem, rotary_problem
 
 __all__ = ["attention", "layer_norm", "rms_norm", "apply_rotary"]
@@ -38,7 +38,7 @@ _SERVED_MAX = 4096
 
 
 def _serve(problem: Problem, backend: str) -> Backend:
-    chosen = select.resolve(problem, backend)
+    chosen = dropout.resolve(problem, backend)
     if _SERVED.get((problem, backend)) is not chosen:
         if len(_SERVED) >= _SERVED_MAX:
             _SERVED.clear()
@@ -47,7 +47,7 @@ def _serve(problem: Problem, backend: str) -> Backend:
 
 
 def _served(problem: Problem, backend: str) -> Backend:
-    return _SERVED.get((problem, backend)) or select.resolve(problem, backend)
+    return _SERVED.get((problem, backend)) or dropout.resolve(problem, backend)
 
 
 @contextlib.contextmanager
@@ -212,20 +212,35 @@ def layer_norm(x: Tensor, normalized_shape: Sequence[int], weight: Optional[Tens
 
 
 # ----------------------------------------------------------------------------- attention
-def _attention_problem(q, k, v, attn_mask, key_padding_mask, is_causal, scale, mask_grad, window, softcap) -> Problem:
+def _attention_problem(q, k, v, attn_mask, key_padding_mask, is_causal, scale, mask_grad, window, softcap,
+                       dropout_p=0.0) -> Problem:
     return attention_problem(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
                              is_causal=is_causal, scale=scale, mask_requires_grad=mask_grad,
-                             window=None if window is None else tuple(window), softcap=softcap)
+                             window=None if window is None else tuple(window), softcap=softcap, dropout_p=dropout_p)
+
+
+def _attention_extras(problem: Problem, seed: Optional[Tensor]):
+    """The backend's keyword arguments beyond the masks; the seed (a CPU int64 scalar drawn in
+    the traced graph: reading it is no device sync) only with dropout."""
+    extras = attention_extras(problem)
+    if "dropout_p" in extras:
+        if seed is None:
+            raise ValueError("seed: gpuparity::attention with dropout_p > 0 needs a seed tensor, got None")
+        extras["seed"] = int(seed)
+    return extras
 
 
 @torch.library.custom_op("gpuparity::attention", mutates_args=())
 def attention_op(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor],
                  is_causal: bool, scale: Optional[float], mask_grad: bool, backend: str,
-                 window: Optional[List[int]] = None, softcap: Optional[float] = None) -> Tuple[Tensor, Tensor]:
-    """(out, lse): lse (B, H, Sq) float32 is what a split backend's backward reads (zeros else)."""
-    problem = _attention_problem(q, k, v, attn_mask, key_padding_mask, is_causal, scale, mask_grad, window, softcap)
+                 window: Optional[List[int]] = None, softcap: Optional[float] = None, dropout_p: float = 0.0,
+                 seed: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """(out, lse): lse (B, H, Sq) float32 is what a split backend's backward reads (zeros else).
+    dropout_p > 0 needs `seed`, an int64 scalar tensor (the backward gets the same one)."""
+    problem = _attention_problem(q, k, v, attn_mask, key_padding_mask, is_causal, scale, mask_grad, window, softcap,
+                                 dropout_p)
     chosen = _serve(problem, backend)
-    extras = attention_extras(problem)
+    extras = _attention_extras(problem, seed)
     if chosen.forward_saving is not None:
         out, (lse,) = chosen.forward_saving(q, k, v, attn_mask, key_padding_mask, is_causal, scale, **extras)
     else:
@@ -237,7 +252,7 @@ def attention_op(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], k
 
 @attention_op.register_fake
 def _attention_fake(q, k, v, attn_mask, key_padding_mask, is_causal, scale, mask_grad, backend, window=None,
-                    softcap=None):
+                    softcap=None, dropout_p=0.0, seed=None):
     return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
@@ -245,12 +260,14 @@ def _attention_fake(q, k, v, attn_mask, key_padding_mask, is_causal, scale, mask
 def attention_backward_op(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                           attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], is_causal: bool,
                           scale: Optional[float], mask_grad: bool, backend: str,
-                          window: Optional[List[int]] = None, softcap: Optional[float] = None
+                          window: Optional[List[int]] = None, softcap: Optional[float] = None,
+                          dropout_p: float = 0.0, seed: Optional[Tensor] = None
                           ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, d attn_mask); the mask's gradient is an empty tensor unless mask_grad."""
-    problem = _attention_problem(q, k, v, attn_mask, key_padding_mask, is_causal, scale, mask_grad, window, softcap)
+    problem = _attention_problem(q, k, v, attn_mask, key_padding_mask, is_causal, scale, mask_grad, window, softcap,
+                                 dropout_p)
     chosen = _served(problem, backend)
-    extras = attention_extras(problem)
+    extras = _attention_extras(problem, seed)
     if chosen.backward_from is not None and not mask_grad:
         dq, dk, dv = chosen.backward_from(grad, (out, lse), q, k, v, attn_mask, key_padding_mask, is_causal, scale,
                                           **extras)
@@ -266,35 +283,37 @@ def attention_backward_op(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Te
 
 @attention_backward_op.register_fake
 def _attention_backward_fake(grad, q, k, v, out, lse, attn_mask, key_padding_mask, is_causal, scale, mask_grad,
-                             backend, window=None, softcap=None):
+                             backend, window=None, softcap=None, dropout_p=0.0, seed=None):
     dmask = (torch.empty(attn_mask.shape, dtype=attn_mask.dtype, device=q.device) if mask_grad
              else q.new_empty(0, dtype=torch.float32))
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dmask
 
 
 def _attention_setup(ctx, inputs, output):
-    q, k, v, attn_mask, key_padding_mask, is_causal, scale, mask_grad, backend, window, softcap = inputs
-    ctx.save_for_backward(q, k, v, output[0], output[1], attn_mask, key_padding_mask)
-    ctx.spec = (is_causal, scale, mask_grad, backend, window, softcap)
+    q, k, v, attn_mask, key_padding_mask, is_causal, scale, mask_grad, backend, window, softcap, dropout_p, seed = inputs
+    ctx.save_for_backward(q, k, v, output[0], output[1], attn_mask, key_padding_mask, seed)
+    ctx.spec = (is_causal, scale, mask_grad, backend, window, softcap, dropout_p)
 
 
 def _attention_backward(ctx, grad, _grad_lse):
-    q, k, v, out, lse, attn_mask, key_padding_mask = ctx.saved_tensors
-    is_causal, scale, mask_grad, backend, window, softcap = ctx.spec
+    q, k, v, out, lse, attn_mask, key_padding_mask, seed = ctx.saved_tensors
+    is_causal, scale, mask_grad, backend, window, softcap, dropout_p = ctx.spec
     dq, dk, dv, dmask = torch.ops.gpuparity.attention_backward(
-        grad, q, k, v, out, lse, attn_mask, key_padding_mask, is_causal, scale, mask_grad, backend, window, softcap)
-    return dq, dk, dv, (dmask if mask_grad else None), None, None, None, None, None, None, None
+        grad, q, k, v, out, lse, attn_mask, key_padding_mask, is_causal, scale, mask_grad, backend, window, softcap,
+        dropout_p, seed)
+    return dq, dk, dv, (dmask if mask_grad else None), None, None, None, None, None, None, None, None, None
 
 
 attention_op.register_autograd(_attention_backward, setup_context=_attention_setup)
 
 
-def attention(q, k, v, attn_mask, key_padding_mask, is_causal, scale, backend, window=None, softcap=None) -> Tensor:
+def attention(q, k, v, attn_mask, key_padding_mask, is_causal, scale, backend, window=None, softcap=None,
+              dropout_p: float = 0.0, seed: Optional[Tensor] = None) -> Tensor:
     mask_grad = attn_mask is not None and attn_mask.is_floating_point() and attn_mask.requires_grad
     return torch.ops.gpuparity.attention(q, k, v, attn_mask, key_padding_mask, bool(is_causal),
                                          None if scale is None else float(scale), bool(mask_grad), backend,
                                          None if window is None else [int(w) for w in window],
-                                         None if softcap is None else float(softcap))[0]
+                                         None if softcap is None else float(softcap), float(dropout_p), seed)[0]
 
 
 # ----------------------------------------------------------------------------- rotary

@@ -12,8 +12,8 @@ from .. import triton_common
 from ..triton_common import clear_plans
 from .aot import aot_specs
 from .launch import (LOG2E, MASK_ADDITIVE, MASK_BOOL, MASK_NONE, MaskArgs, TritonAttention, attention_backward,
-                     attention_forward, deterministic, dot_precision, kernel_table, prepare_masks, strict_fp32_dot,
-                     triton_attention)
+                     attention_forward, deterministic, dot_precision, dropout_mask, dropout_seed, kernel_table,
+                     prepare_masks, strict_fp32_dot, triton_attention)
 from .varlen import TritonAttentionVarlen, triton_attention_varlen, varlen_backward, varlen_forward
 from .tiles import (BUCKETS, CONFIGS, FAMILY_TARGETS, MAX_HEAD_DIM, SCAN_BLOCK, SHORT_CONFIGS, SHORT_KEYS, TileConfig,
                     _bucket, family, load_overrides, padded_head_dim, tile_config, triton_next_pow2)
@@ -22,7 +22,7 @@ __all__ = [
     "BUCKETS", "CONFIGS", "FAMILY_TARGETS", "LOG2E", "MASK_ADDITIVE", "MASK_BOOL", "MASK_NONE", "MAX_HEAD_DIM",
     "SCAN_BLOCK", "SHORT_CONFIGS", "SHORT_KEYS", "MaskArgs", "TileConfig", "TritonAttention", "_bucket",
     "aot_specs", "attention_backward", "attention_forward", "clear_plans", "deterministic", "dot_precision",
-    "family", "kernel_table", "load_overrides", "padded_head_dim", "prepare_masks", "strict_fp32_dot",
+    "dropout_mask", "dropout_seed", "family", "kernel_table", "load_overrides", "padded_head_dim", "prepare_masks", "strict_fp32_dot",
     "tile_config", "triton_attention", "triton_attention_varlen", "triton_common", "triton_next_pow2",
     "TritonAttentionVarlen", "varlen_backward", "varlen_forward",
 ]
@@ -70,17 +70,19 @@ def _availability() -> Optional[str]:
 
 
 def _backend_fn(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None, window=None,
-                softcap=None):
+                softcap=None, dropout_p=0.0, seed=None):
     return triton_attention(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-                            is_causal=is_causal, scale=scale, window=window, softcap=softcap)
+                            is_causal=is_causal, scale=scale, window=window, softcap=softcap, dropout_p=dropout_p,
+                            seed=seed)
 
 
 # The forward/backward split the torch.library ops call (gpuparity.ops.library): a compiled graph
 # saves (out, lse) and runs the fused backward, as TritonAttention does eagerly.
-def _forward_saving(q, k, v, attn_mask, key_padding_mask, is_causal, scale, window=None, softcap=None):
+def _forward_saving(q, k, v, attn_mask, key_padding_mask, is_causal, scale, window=None, softcap=None,
+                    dropout_p=0.0, seed=None):
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     out, lse = attention_forward(q, k, v, prepare_masks(q, k, attn_mask, key_padding_mask, None), bool(is_causal),
-                                 scale, window=window, softcap=softcap)
+                                 scale, float(dropout_p), int(seed or 0), window=window, softcap=softcap)
     return out, (lse,)
 
 
@@ -95,20 +97,22 @@ def _padding_bounds(masks: MaskArgs, batch: int, k_len: int) -> torch.Tensor:
     return torch.stack([first, last, holes.to(last.dtype)], dim=1).to(torch.int32).expand(batch, 3).contiguous()
 
 
-def _backward_from(dout, saved, q, k, v, attn_mask, key_padding_mask, is_causal, scale, window=None, softcap=None):
+def _backward_from(dout, saved, q, k, v, attn_mask, key_padding_mask, is_causal, scale, window=None, softcap=None,
+                   dropout_p=0.0, seed=None):
     out, lse = saved
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     masks = prepare_masks(q, k, attn_mask, key_padding_mask, None)
     if masks.kpm is not None and k.shape[2] > 0:   # the forward's bounds were not kept: derive them again
         masks.bounds = _padding_bounds(masks, q.shape[0], k.shape[2])
-    return attention_backward(dout, q, k, v, out, lse, masks, bool(is_causal), scale, window=window, softcap=softcap)
+    return attention_backward(dout, q, k, v, out, lse, masks, bool(is_causal), scale, float(dropout_p), int(seed or 0),
+                              window=window, softcap=softcap)
 
 
 register(Backend("triton", "attention", _backend_fn,
                  "gpuparity's fused Triton kernel (forward and backward, masks read in tiles)",
                  device_types=("cuda", "cpu"), dtypes=(torch.float16, torch.bfloat16, torch.float32),
                  availability=_availability, supports=_supports, jit=True,
-                 forward_saving=_forward_saving, backward_from=_backward_from))
+                 forward_saving=_forward_saving, backward_from=_backward_from, opt_in=("dropout",)))
 
 
 def _varlen_supports(problem: Problem) -> List[str]:

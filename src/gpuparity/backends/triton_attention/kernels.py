@@ -20,6 +20,14 @@ _NO_SPECIALIZE = ("seed", "num_heads", "num_kv_heads", "q_len", "k_len", "window
 
 
 @triton.jit
+def dropout_keep(seed_bh, rows, cols, k_len, dropout_p):
+    """The dropout keep mask of one (batch, head) tile: Philox at counter row * k_len + col,
+    seeded with seed + batch * H + head. The one formula: the forward, both backward kernels and
+    _dropout_mask_kernel (gpuparity.attention_dropout_mask) all call it."""
+    return tl.rand(seed_bh, rows * k_len + cols) >= dropout_p
+
+
+@triton.jit
 def _scan_padding(kpm_base, stride_pn, k_len, SCAN: tl.constexpr):
     """One batch item's key padding: the first and one-past-the-last kept key, and
     whether the kept keys have holes (anything but keys 0..last-1 kept).
@@ -154,7 +162,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_base, kpm_base,
         acc = acc * alpha[:, None]
         if DROPOUT:
             # the normaliser l_i counts every key; dropout only thins what reaches v
-            keep = tl.rand(seed_bh, rows[:, None] * k_len + cols[None, :]) >= dropout_p
+            keep = dropout_keep(seed_bh, rows[:, None], cols[None, :], k_len, dropout_p)
             p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
         acc = _mma(p.to(v.dtype), v, acc, DOT_PRECISION)
         m_i = m_new
@@ -301,7 +309,7 @@ def _bwd_dkdv_inner(dk, dv, k, v, key_kept, q_base, do_base, lse_base, delta_bas
             p_t = tl.where(in_window_t, p_t, 0.0)
         dp_t = _mma(v, tl.trans(do), None, DOT_PRECISION)
         if DROPOUT:
-            keep_t = tl.rand(seed_bh, rows[None, :] * k_len + cols[:, None]) >= dropout_p
+            keep_t = dropout_keep(seed_bh, rows[None, :], cols[:, None], k_len, dropout_p)
             scale_keep = 1.0 / (1.0 - dropout_p)
             p_dropped_t = tl.where(keep_t, p_t * scale_keep, 0.0)
             dv = _mma(p_dropped_t.to(do.dtype), do, dv, DOT_PRECISION)
@@ -456,7 +464,7 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base,
             p = tl.where(in_window, p, 0.0)
         dp = _mma(do, v_t, None, DOT_PRECISION)
         if DROPOUT:
-            keep = tl.rand(seed_bh, rows[:, None] * k_len + cols[None, :]) >= dropout_p
+            keep = dropout_keep(seed_bh, rows[:, None], cols[None, :], k_len, dropout_p)
             dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
         ds = p * (dp - delta[:, None])
         if SOFTCAP:
@@ -538,8 +546,25 @@ def _attn_bwd_dq_kernel(
 
 
 # What the launchers and the AOT specs look kernels up by: the names are part of the AOT spec names.
+@triton.jit(do_not_specialize=("seed", "q_len", "k_len"))
+def _dropout_mask_kernel(Keep, dropout_p, seed, q_len, k_len, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Keep (B * H, Sq, Sk) int8: the mask the attention kernels apply for (seed, dropout_p),
+    through the same dropout_keep and the same seed + batch_head as they use."""
+    start_m = tl.program_id(0)
+    batch_head = tl.program_id(1)
+    seed_bh = seed + batch_head
+    rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    base = Keep + batch_head.to(tl.int64) * q_len * k_len
+    for start_n in range(0, k_len, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        keep = dropout_keep(seed_bh, rows[:, None], cols[None, :], k_len, dropout_p)
+        tl.store(base + rows[:, None].to(tl.int64) * k_len + cols[None, :], keep.to(tl.int8),
+                 mask=(rows[:, None] < q_len) & (cols[None, :] < k_len))
+
+
 KERNELS = {
     "fwd": _attn_fwd_kernel,
     "dkdv": _attn_bwd_dkdv_kernel,
     "dq": _attn_bwd_dq_kernel,
+    "dropout_mask": _dropout_mask_kernel,
 }
