@@ -71,8 +71,8 @@ def test_attention_tables_show_one_line_per_backend_with_skips_and_targets():
     assert "flex" in text and "no GPU here" in text
     assert "vs_best_peer 2.00" in text  # the ANCHORS.md targets: cudnn 2 ms, triton 1 ms
     md = bench_table.markdown(result)
-    assert "| (2,2,32,16) | 0.25 | triton | 0.500 | 1.000 | skip | 1 | 2 | 8.0 | 2.0e-03 |" in md
-    assert "| (2,2,32,16) | 0.25 | flex | skip: no GPU here | | | | | | |" in md
+    assert "| (2,2,32,16) | 0.25 | triton | 0.500 | 1.000 | - | skip | 1 | - | 2 | 8.0 | 2.0e-03 |" in md
+    assert "| (2,2,32,16) | 0.25 | flex | skip: no GPU here | | | | | | | | |" in md
     assert "## Targets (triton, forward+backward)" in md and "2.00x (cudnn)" in md
     assert "flash: ignores the mask" in md
 

@@ -1,20 +1,27 @@
 """`gpuparity bench attention`: every attention backend side by side on the ANCHORS.md shape
-suite (or user shapes) with key-padding masks: forward and forward+backward time,
-dense-equivalent TFLOP/s, peak memory, speedup over SDPA math and error against float64.
+suite (or user shapes) with key-padding masks: forward and forward+backward time, host time per
+step, dense-equivalent TFLOP/s, peak memory, speedup over SDPA math and error against float64;
+with --suite, also the sliding-window, packed-varlen and decode suites (attention_suites.py).
 
 Peers are timed as a user would call them (torch SDPA under one forced backend with a
-broadcast bool mask; FlexAttention compiled, with a key-padding block mask built once);
+broadcast bool mask; FlexAttention compiled, with a key-padding block mask built once;
+FlashAttention 2/4 through flash_attn_varlen_func on sequences packed once, where installed);
 gpuparity's kernel is timed through `gpuparity.attention(..., backend="triton")`.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-from .common import (DTYPES, GRAPH, BenchResult, BenchRow, graphed, measure_ceilings, metadata, peak_memory_bytes,
-                     time_ms)
+from .attention_measure import (BWD_FLOPS, GRAPH_MODE, SDPA_NAMES, Progress, Setup, Workload, cumulative, flash_varlen,
+                                flex, key_lengths, packed, run_workloads, sdpa)
+from .attention_suites import DECODE_KV_HEADS, SUITES, WINDOWS, suite_workloads
+from .common import DTYPES, BenchResult, BenchRow, measure_ceilings, metadata
+
+__all__ = ["SHAPES", "BACKENDS", "PEERS", "SUITES", "GRAPH_MODE", "NOTES", "Case", "make_case", "key_lengths",
+           "runner", "relative_error", "flops", "run_bench", "target_summary", "bench_attention"]
 
 # name -> (B, H, S, D), from ../shared/ANCHORS.md
 SHAPES: Dict[str, Tuple[int, int, int, int]] = {
@@ -24,24 +31,11 @@ SHAPES: Dict[str, Tuple[int, int, int, int]] = {
     "llm-4k": (4, 16, 4096, 64),
     "llm-8k": (2, 16, 8192, 128),
 }
-BACKENDS = ("math", "efficient", "cudnn", "flex", "flash", "triton")
-PEERS = ("cudnn", "flex")            # the targets: at least as fast as the best of these
-SDPA_NAMES = {"math": "MATH", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION",
-              "flash": "FLASH_ATTENTION"}
+BACKENDS = ("math", "efficient", "cudnn", "flex", "flash", "triton", "fa2", "fa4")
+PEERS = ("cudnn", "flex", "fa2", "fa4")   # the targets: at least as fast as the best of these
 NOTES = {"flash": "ignores the mask: a speed reference only, wrong for padded inputs"}
 
-
 # --------------------------------------------------------------------------- inputs
-def key_lengths(batch: int, seq: int, pad: float, seed: int) -> torch.Tensor:
-    """Per-item valid lengths whose padded fractions average `pad` (evenly spread over
-    [0, 2 * pad], shuffled), each at least one key."""
-    if pad == 0.0:
-        return torch.full((batch,), seq, dtype=torch.long)
-    fractions = torch.linspace(0.0, min(2 * pad, 1.0), batch) if batch > 1 else torch.tensor([pad])
-    fractions = fractions[torch.randperm(batch, generator=torch.Generator().manual_seed(seed))]
-    return (seq - torch.round(fractions * seq).long()).clamp(1, seq)
-
-
 @dataclasses.dataclass
 class Case:
     label: str
@@ -65,54 +59,38 @@ def make_case(label, dims, pad, dtype, device, seed) -> Case:
 
 
 # --------------------------------------------------------------------------- backends
-def _sdpa_runner(name: str, case: Case) -> Callable:
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    member = getattr(SDPBackend, SDPA_NAMES[name])
-    mask = None if name == "flash" else (~case.key_padding_mask).view(case.dims[0], 1, 1, case.dims[2])
-
-    def run(q, k, v):
-        with sdpa_kernel([member]):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    return run
-
-
-def _flex_runner(case: Case) -> Callable:
-    from ..backends import flex as flex_backend
-    reason = flex_backend._availability()
-    if reason:
-        raise RuntimeError(reason)
-    from torch.nn.attention.flex_attention import create_block_mask
-    padding = case.key_padding_mask
-    batch, _, seq, _ = case.dims
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        return ~padding[b, kv_idx]
-    block_mask = create_block_mask(mask_mod, batch, None, seq, seq, device=case.q.device, _compile=True)
-    compiled = flex_backend._compiled_flex()
-
-    def run(q, k, v):
-        return compiled(q, k, v, block_mask=block_mask)
-    return run
-
-
-def _triton_runner(case: Case) -> Callable:
-    from ..ops.attention import attention
-    kpm = case.key_padding_mask
-
-    def run(q, k, v):
-        return attention(q, k, v, key_padding_mask=kpm, backend="triton")
-    return run
-
-
 def runner(name: str, case: Case) -> Callable:
+    """fn(q, k, v) of an SDPA backend, flex or ours on the case's (B, H, S, D) tensors."""
+    batch, _, seq, _ = case.dims
     if name in SDPA_NAMES:
-        return _sdpa_runner(name, case)
+        return sdpa(name, None if name == "flash" else (~case.key_padding_mask).view(batch, 1, 1, seq))
     if name == "flex":
-        return _flex_runner(case)
+        padding = case.key_padding_mask
+        return flex(lambda b, h, q_idx, kv_idx: ~padding[b, kv_idx], batch, seq, seq, case.q.device)
     if name == "triton":
-        return _triton_runner(case)
+        from ..ops.attention import attention
+        kpm = case.key_padding_mask
+        return lambda q, k, v: attention(q, k, v, key_padding_mask=kpm, backend="triton")
     raise ValueError(f"backend: unknown {name!r}")
+
+
+def _flash_setup(name: str, case: Case) -> Setup:
+    """fa2/fa4: the keys of each item packed once (no padding computed), every query kept."""
+    batch, heads, seq, head_dim = case.dims
+    valid = ~case.key_padding_mask
+    every = torch.ones_like(valid)
+    cu_q = torch.arange(batch + 1, device=valid.device, dtype=torch.int32) * seq
+    fn = flash_varlen(name, cu_q, cumulative(valid.sum(1)), seq, seq)
+    inputs = (packed(case.q, every), packed(case.k, valid), packed(case.v, valid))
+    return Setup(fn, inputs, packed(case.dout, every),
+                 lambda out: relative_error(out.view(batch, seq, heads, head_dim).transpose(1, 2), case, True))
+
+
+def setup(name: str, case: Case) -> Setup:
+    if name in ("fa2", "fa4"):
+        return _flash_setup(name, case)
+    return Setup(runner(name, case), (case.q, case.k, case.v), case.dout,
+                 lambda out: relative_error(out, case, masked=name != "flash"))
 
 
 def relative_error(out: torch.Tensor, case: Case, masked: bool) -> float:
@@ -133,56 +111,16 @@ def flops(dims: Tuple[int, int, int, int], mode: str) -> float:
     2.5x that for the backward (FlashAttention's convention)."""
     batch, heads, seq, head_dim = dims
     forward = 4.0 * batch * heads * seq * seq * head_dim
-    return forward if mode == "fwd" else 3.5 * forward
+    return forward if mode == "fwd" else BWD_FLOPS * forward
 
 
-GRAPH_MODE = "fwd+bwd" + GRAPH
-
-
-def bench_case(name: str, case: Case, dtype_name: str, *, fwd_only=False, with_error=True,
-               graph=False) -> List[BenchRow]:
-    params = {"shape": list(case.dims), "pad": case.pad}
-    if name in NOTES:
-        params["note"] = NOTES[name]
-    base = dict(bench="attention", shape=case.label, backend=name, dtype=dtype_name)
-    modes = ("fwd",) if fwd_only else ("fwd", "fwd+bwd") + ((GRAPH_MODE,) if graph else ())
-    try:
-        run = runner(name, case)
-        q, k, v = (t.detach().requires_grad_() for t in (case.q, case.k, case.v))
-        with torch.no_grad():
-            out = run(case.q, case.k, case.v)    # compile / warm up; raise here if unsupported
-        if with_error:
-            params["rel_err"] = relative_error(out, case, masked=name != "flash")
-        del out
-    except Exception as exc:  # noqa: BLE001 - a backend that cannot run is a row that says why
-        reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
-        return [BenchRow(**base, mode=m, params=dict(params), status="skip", reason=reason) for m in modes]
-
-    rows = []
-    for mode in modes:
-        if mode == "fwd":
-            def step():
-                with torch.no_grad():
-                    run(case.q, case.k, case.v)
-        else:
-            def step():
-                out = run(q, k, v)
-                torch.autograd.grad(out, (q, k, v), case.dout)
-        try:
-            if mode == GRAPH_MODE:
-                elapsed, peak = time_ms(graphed(step)), None
-            else:
-                elapsed = time_ms(step)
-                peak = peak_memory_bytes(step)
-        except Exception as exc:  # noqa: BLE001
-            # a peer that cannot be captured in a graph is a gap in that column, not a failure
-            rows.append(BenchRow(**base, mode=mode, params=dict(params), status="skip" if mode == GRAPH_MODE else "error",
-                                 reason=("cannot be captured in a CUDA graph: " if mode == GRAPH_MODE else "")
-                                 + f"{type(exc).__name__}: {str(exc)[:200]}"))
-            continue
-        rows.append(BenchRow(**base, mode=mode, params=dict(params), time_ms=elapsed,
-                             tflops=flops(case.dims, mode) / elapsed / 1e9, peak_mem_bytes=peak))
-    return rows
+def dense_workloads(shapes, pads, dtype, device: str, seed: int) -> Iterator[Workload]:
+    for label, dims in shapes:
+        for pad in pads:
+            case = make_case(label, dims, pad, dtype, device, seed)
+            params = {"shape": list(case.dims), "pad": case.pad}
+            yield Workload(label, params, lambda name, case=case: setup(name, case), flops_fwd=flops(dims, "fwd"))
+            del case
 
 
 def add_speedups(rows: List[BenchRow]) -> None:
@@ -192,16 +130,28 @@ def add_speedups(rows: List[BenchRow]) -> None:
         base = math_times.get((r.shape, r.params.get("pad"), r.mode))
         if base and r.time_ms:
             r.params["speedup_vs_math"] = base / r.time_ms
+        if r.backend in NOTES:
+            r.params["note"] = NOTES[r.backend]
 
 
-# progress(label, None) before a backend runs on a case, progress(label, its rows) after
-Progress = Callable[[str, Optional[List[BenchRow]]], None]
+def add_ceiling_fractions(rows: List[BenchRow], ceilings: Dict[str, float]) -> None:
+    """params["of_ceiling"]: a row's TFLOP/s over the measured bf16 matmul rate, or for a GB/s
+    row (decode) its bytes read per second over the measured copy rate (read + write)."""
+    for r in rows:
+        if r.status != "ok":
+            continue
+        if r.gbps and ceilings.get("copy_tbps"):
+            r.params["of_ceiling"] = r.gbps / (ceilings["copy_tbps"] * 1e3)
+        elif r.tflops and ceilings.get("bf16_matmul_tflops"):
+            r.params["of_ceiling"] = r.tflops / ceilings["bf16_matmul_tflops"]
 
 
 def run_bench(shapes, pads, backends, dtype_name: str, device: str, *, fwd_only=False, with_error=True,
-              seed=0, progress: Optional[Progress] = None, graph: bool = False) -> List[BenchRow]:
+              seed=0, progress: Optional[Progress] = None, graph: bool = False, suites: Sequence[str] = ("dense",),
+              windows: Sequence[int] = WINDOWS, kv_heads: int = DECODE_KV_HEADS,
+              suite_shapes: Optional[Dict[str, Sequence]] = None) -> List[BenchRow]:
+    """The rows of every suite asked for; suite_shapes gives a suite its own shapes (else `shapes`)."""
     dtype = DTYPES[dtype_name]
-    rows: List[BenchRow] = []
     if "flex" in backends:
         # one compiled flex_attention per shape and grad mode: more than dynamo's default
         # recompile limit (8) for the whole suite; past it flex silently runs uncompiled
@@ -210,38 +160,38 @@ def run_bench(shapes, pads, backends, dtype_name: str, device: str, *, fwd_only=
                      "accumulated_recompile_limit"):
             if hasattr(dynamo_config, name):
                 setattr(dynamo_config, name, max(256, getattr(dynamo_config, name)))
-    for label, dims in shapes:
-        for pad in pads:
-            case = make_case(label, dims, pad, dtype, device, seed)
-            for name in backends:
-                step = f"{label} pad {pad} {name}"
-                if progress:
-                    progress(step, None)
-                new_rows = bench_case(name, case, dtype_name, fwd_only=fwd_only, with_error=with_error,
-                                      graph=graph and torch.device(device).type == "cuda")
-                rows.extend(new_rows)
-                if progress:
-                    progress(step, new_rows)
-                if device == "cuda":
-                    torch.cuda.empty_cache()
-            del case
+    rows: List[BenchRow] = []
+    for suite in suites:
+        own = (suite_shapes or {}).get(suite, shapes)
+        work = dense_workloads(own, pads, dtype, device, seed) if suite == "dense" else suite_workloads(
+            suite, own, pads, dtype, device, seed, windows=windows, kv_heads=kv_heads)
+        rows.extend(run_workloads(work, backends, dtype_name, device, fwd_only=fwd_only, with_error=with_error,
+                                  graph=graph, progress=progress))
     add_speedups(rows)
     return rows
 
 
 # --------------------------------------------------------------------------- targets
+DECODE_PEERS = ("math", "efficient", "cudnn", "flex", "fa2", "fa4")
+
+
+def _fastest(table, shape, pad, mode, names) -> Optional[BenchRow]:
+    found = [table[key] for key in ((shape, pad, name, mode) for name in names) if key in table]
+    return min(found, key=lambda r: r.time_ms) if found else None
+
+
 def target_summary(rows: List[BenchRow]) -> List[Dict[str, object]]:
-    """ANCHORS.md targets for the triton rows (fwd+bwd, the highest pad per shape for speed,
-    memory and 10x; llm shapes for the padding ratio)."""
+    """ANCHORS.md targets for the triton rows (fwd+bwd, or fwd for decode; the highest pad per
+    shape for speed, memory and 10x; llm shapes for the padding ratio); host_vs_cudnn is our
+    host time per eager step over cuDNN SDPA's (target <= 1)."""
     table = {(r.shape, r.params.get("pad"), r.backend, r.mode): r for r in rows if r.status == "ok"}
     checks = []
     for (shape, pad, backend, mode), row in sorted(table.items(), key=lambda item: (item[0][0], item[0][1] or 0)):
-        if backend != "triton" or mode != "fwd+bwd":
+        decode = row.params.get("suite") == "decode"
+        if backend != "triton" or mode != ("fwd" if decode else "fwd+bwd"):
             continue
-        peers = [table.get((shape, pad, p, mode)) for p in PEERS]
-        peers = [p for p in peers if p is not None]
-        best = min(peers, key=lambda p: p.time_ms) if peers else None
         entry: Dict[str, object] = {"shape": shape, "pad": pad, "time_ms": row.time_ms}
+        best = _fastest(table, shape, pad, mode, DECODE_PEERS if decode else PEERS)
         if best is not None:
             entry["best_peer"] = best.backend
             entry["vs_best_peer"] = best.time_ms / row.time_ms  # > 1: faster than the best peer
@@ -251,14 +201,16 @@ def target_summary(rows: List[BenchRow]) -> List[Dict[str, object]]:
         cudnn = table.get((shape, pad, "cudnn", mode))
         if cudnn is not None and cudnn.peak_mem_bytes and row.peak_mem_bytes is not None:
             entry["mem_vs_cudnn"] = row.peak_mem_bytes / cudnn.peak_mem_bytes
+        if cudnn is not None and cudnn.params.get("host_ms") and row.params.get("host_ms") is not None:
+            entry["host_vs_cudnn"] = row.params["host_ms"] / cudnn.params["host_ms"]
+        if row.params.get("of_ceiling") is not None:
+            entry["of_ceiling"] = row.params["of_ceiling"]
         dense = table.get((shape, 0.0, "triton", mode))
         if pad and dense is not None:
             entry["pad_vs_dense_time"] = row.time_ms / dense.time_ms
         ours_graph = table.get((shape, pad, "triton", GRAPH_MODE))
-        peers_graph = [table.get((shape, pad, p, GRAPH_MODE)) for p in PEERS]
-        peers_graph = [p for p in peers_graph if p is not None]
-        if ours_graph is not None and peers_graph:
-            best_graph = min(peers_graph, key=lambda p: p.time_ms)
+        best_graph = _fastest(table, shape, pad, GRAPH_MODE, PEERS)
+        if ours_graph is not None and best_graph is not None:
             entry["best_peer_graph"] = best_graph.backend
             entry["vs_best_peer_graph"] = best_graph.time_ms / ours_graph.time_ms
         checks.append(entry)
@@ -268,12 +220,19 @@ def target_summary(rows: List[BenchRow]) -> List[Dict[str, object]]:
 def bench_attention(shapes: Sequence[Tuple[str, Tuple[int, int, int, int]]], pads: Sequence[float],
                     backends: Sequence[str], dtype_name: str, device: str, *, fwd_only: bool = False,
                     with_error: bool = True, seed: int = 0, graph: bool = False,
-                    progress: Optional[Progress] = None, command: str = "") -> BenchResult:
+                    progress: Optional[Progress] = None, command: str = "", suites: Sequence[str] = ("dense",),
+                    windows: Sequence[int] = WINDOWS, kv_heads: int = DECODE_KV_HEADS,
+                    suite_shapes: Optional[Dict[str, Sequence]] = None) -> BenchResult:
     """run_bench's rows with the run's metadata: platform, the ceilings measured after the rows
-    (GPU only) and the ANCHORS.md targets; `command` is the command line recorded in it."""
+    (GPU only; each row's fraction of them in params["of_ceiling"]) and the ANCHORS.md targets;
+    `command` is the command line recorded in it."""
     rows = run_bench(shapes, pads, backends, dtype_name, device, fwd_only=fwd_only, with_error=with_error,
-                     seed=seed, progress=progress, graph=graph)
+                     seed=seed, progress=progress, graph=graph, suites=suites, windows=windows, kv_heads=kv_heads,
+                     suite_shapes=suite_shapes)
     meta = metadata(command)
     meta["ceilings"] = measure_ceilings()
+    add_ceiling_fractions(rows, meta["ceilings"])
     meta["targets"] = target_summary(rows)
-    return BenchResult("attention", rows, meta, list(backends), f"attention {dtype_name}, key padding")
+    meta["suites"] = list(suites)
+    title = "key padding" if list(suites) == ["dense"] else ", ".join(suites)
+    return BenchResult("attention", rows, meta, list(backends), f"attention {dtype_name}, {title}")

@@ -66,6 +66,25 @@ def time_ms(fn: Callable[[], Any], *, warmup_ms: float = 25, rep_ms: float = 100
     return statistics.median(samples)
 
 
+def host_time_ms(fn: Callable[[], Any], *, calls: int = 20) -> float:
+    """Host (CPU) time to issue one fn() in ms: after a synchronize, `calls` back-to-back calls on
+    the host clock with no synchronize between them, divided by `calls`. Few enough calls that a
+    GPU's launch queue never fills (a full queue would make the host wait for the device, and
+    this would read device time). On the CPU, where fn runs to completion, it is the wall time."""
+    if calls < 1:
+        raise ValueError(f"calls: expected at least 1, got {calls}")
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    if cuda:
+        torch.cuda.synchronize()   # drain the queue: the next measurement starts idle
+    return elapsed * 1e3 / calls
+
+
 GRAPH = ":graph"
 
 

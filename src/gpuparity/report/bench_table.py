@@ -62,6 +62,26 @@ def _graph_cell(graph: Optional[BenchRow]) -> str:
     return "-" if graph is None else (_fmt(graph.time_ms) if graph.status == "ok" else graph.status)
 
 
+def _attention_cells(modes: Dict[str, BenchRow]) -> List[str]:
+    """fwd ms, fwd+bwd ms, host ms, graph ms, TFLOP/s (or GB/s), % of ceiling, peak MB, x math,
+    rel err of one (shape, pad, backend) whose rows ran. host ms and the rest are of the main
+    mode: forward+backward, or the forward where that is all (decode, --fwd-only)."""
+    fwd, both = modes.get("fwd"), modes.get("fwd+bwd")
+    main = both or fwd
+    peak = main.peak_mem_bytes
+    rate = _fmt(main.tflops, "{:.0f}") if main.tflops else _fmt(main.gbps, "{:.0f} GB/s")
+    ceiling = main.params.get("of_ceiling")
+    return [_fmt(fwd.time_ms if fwd else None), _fmt(both.time_ms if both else None),
+            _fmt(main.params.get("host_ms")), _graph_cell(modes.get(GRAPH_MODE)), rate,
+            _fmt(100 * ceiling if ceiling is not None else None, "{:.0f}%"),
+            _fmt(peak / 2 ** 20 if peak is not None else None, "{:.0f}"),
+            _fmt(main.params.get("speedup_vs_math"), "{:.1f}"), _fmt((fwd or both).params.get("rel_err"), "{:.1e}")]
+
+
+ATTENTION_COLUMNS = ("fwd ms", "fwd+bwd ms", "host ms", "graph f+b ms", "TFLOP/s", "% ceil", "peak MB", "x math",
+                     "rel err")
+
+
 def _attention_markdown(rows: List[BenchRow], meta: Dict[str, object]) -> str:
     lines = [f"# Attention benchmark: {meta.get('machine', '')}", "",
              f"- date: {meta.get('date')}", f"- command: `{meta.get('command')}`"]
@@ -69,40 +89,36 @@ def _attention_markdown(rows: List[BenchRow], meta: Dict[str, object]) -> str:
     if ceilings:
         lines.append(f"- ceilings measured in the same run: bf16 matmul {ceilings.get('bf16_matmul_tflops', 0):.0f} "
                      f"TFLOP/s, copy {ceilings.get('copy_tbps', 0):.2f} TB/s")
-    lines += ["", "Times in ms (median of triton.testing.do_bench), forward / forward+backward; TFLOP/s "
-              "dense-equivalent for forward+backward; peak = extra memory of forward+backward; "
-              "rel err = forward vs float64 (first batch item).", "",
-              "| shape (B,H,S,D) | pad | backend | fwd ms | fwd+bwd ms | f+b in a CUDA graph ms | TFLOP/s f+b | "
-              "peak MB | x math f+b | rel err |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", "Times in ms (median of triton.testing.do_bench), forward / forward+backward; host ms = host time "
+              "to issue one eager step (forward+backward, or the forward where only it runs); TFLOP/s "
+              "dense-equivalent for the dense suite, attended pairs only for window/varlen; decode: GB/s of K+V "
+              "read; % ceil = of the bf16 matmul rate (of the copy rate for GB/s) measured in the run; "
+              "peak = extra memory; rel err = forward vs float64 (first batch item).", "",
+              "| shape (B,H,S,D) | pad | backend | fwd ms | fwd+bwd ms | host ms | f+b in a CUDA graph ms | "
+              "TFLOP/s (GB/s) | % ceil | peak MB | x math f+b | rel err |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for (shape, pad, backend), modes in _by_backend(rows).items():
-        fwd, both = modes.get("fwd"), modes.get("fwd+bwd")
-        any_row = fwd or both
+        any_row = modes.get("fwd") or modes.get("fwd+bwd")
         if any_row.status != "ok":
-            lines.append(f"| {shape} | {pad} | {backend} | {any_row.status}: {any_row.reason[:80]} | | | | | | |")
+            lines.append(f"| {shape} | {pad} | {backend} | {any_row.status}: {any_row.reason[:120]} |"
+                         + " |" * (len(ATTENTION_COLUMNS) - 1))
             continue
-        peak = both.peak_mem_bytes if both and both.peak_mem_bytes is not None else None
-        lines.append("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |".format(
-            shape, pad, backend, _fmt(fwd.time_ms if fwd else None), _fmt(both.time_ms if both else None),
-            _graph_cell(modes.get(GRAPH_MODE)), _fmt(both.tflops if both else None, "{:.0f}"),
-            _fmt(peak / 2 ** 20 if peak is not None else None, "{:.0f}"),
-            _fmt(both.params.get("speedup_vs_math") if both else None, "{:.1f}"),
-            _fmt(any_row.params.get("rel_err"), "{:.1e}")))
+        lines.append(f"| {shape} | {pad} | {backend} | " + " | ".join(_attention_cells(modes)) + " |")
     summary = target_summary(rows)
     if summary:
-        lines += ["", "## Targets (triton, forward+backward)", "",
+        lines += ["", "## Targets (triton, forward+backward), decode rows: forward", "",
                   "| shape | pad | vs best peer (>= 1) | same, in CUDA graphs | vs math (>= 10) | memory vs cuDNN (<= 1.25) "
-                  "| pad/dense time (<= 0.8, llm) |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| host vs cuDNN (<= 1) | pad/dense time (<= 0.8, llm) |",
+                  "|---|---|---|---|---|---|---|---|"]
         for entry in summary:
             peer = entry.get("vs_best_peer")
             peer_graph = entry.get("vs_best_peer_graph")
-            lines.append("| {} | {} | {} | {} | {} | {} | {} |".format(
+            lines.append("| {} | {} | {} | {} | {} | {} | {} | {} |".format(
                 entry["shape"], entry["pad"],
                 f"{peer:.2f}x ({entry['best_peer']})" if peer is not None else "-",
                 f"{peer_graph:.2f}x ({entry['best_peer_graph']})" if peer_graph is not None else "-",
                 _fmt(entry.get("vs_math"), "{:.1f}x"), _fmt(entry.get("mem_vs_cudnn"), "{:.2f}"),
-                _fmt(entry.get("pad_vs_dense_time"), "{:.2f}")))
+                _fmt(entry.get("host_vs_cudnn"), "{:.2f}"), _fmt(entry.get("pad_vs_dense_time"), "{:.2f}")))
     for name, note in NOTES.items():
         lines.append(f"\n{name}: {note}.")
     return "\n".join(lines) + "\n"
@@ -110,22 +126,17 @@ def _attention_markdown(rows: List[BenchRow], meta: Dict[str, object]) -> str:
 
 def _attention_terminal(rows: List[BenchRow], console: Console) -> None:
     table = Table(title="gpuparity bench attention")
-    for column in ("shape", "pad", "backend", "fwd ms", "fwd+bwd ms", "graph f+b ms", "TFLOP/s", "peak MB", "x math",
-                   "rel err"):
+    for column in ("shape", "pad", "backend") + ATTENTION_COLUMNS:
         table.add_column(column, justify="left" if column in ("shape", "backend") else "right")
     for (shape, pad, backend), modes in _by_backend(rows).items():
-        fwd, both = modes.get("fwd"), modes.get("fwd+bwd")
-        any_row = fwd or both
+        any_row = modes.get("fwd") or modes.get("fwd+bwd")
         if any_row.status != "ok":
-            table.add_row(shape, str(pad), backend, f"[yellow]{any_row.status}[/]: {any_row.reason[:60]}")
+            table.add_row(shape, str(pad), backend, f"[yellow]{any_row.status}[/]")
             continue
-        main = both or fwd
-        peak = main.peak_mem_bytes
-        table.add_row(shape, str(pad), backend, _fmt(fwd.time_ms if fwd else None), _fmt(both.time_ms if both else None),
-                      _graph_cell(modes.get(GRAPH_MODE)),
-                      _fmt(main.tflops, "{:.0f}"), _fmt(peak / 2 ** 20 if peak is not None else None, "{:.0f}"),
-                      _fmt(main.params.get("speedup_vs_math"), "{:.1f}"), _fmt(any_row.params.get("rel_err"), "{:.1e}"))
+        table.add_row(shape, str(pad), backend, *_attention_cells(modes))
     console.print(table)
+    for backend, reason in _not_measured(rows):
+        console.print(f"[yellow]{backend}[/]: {reason}")
     for entry in target_summary(rows):
         console.print("triton {shape} pad {pad}: ".format(**entry) + ", ".join(
             f"{k} {v:.2f}" for k, v in entry.items() if isinstance(v, float) and k not in ("time_ms", "pad")))

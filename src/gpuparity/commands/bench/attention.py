@@ -1,23 +1,33 @@
-"""`gpuparity bench attention`: its arguments, and the run that calls gpuparity.bench.attention
-(progress on stderr, one line per backend and case)."""
+"""`gpuparity bench attention`: its arguments (suites, shapes, pads, backends), and the run that
+calls gpuparity.bench.attention (progress on stderr, one line per backend and case)."""
 from __future__ import annotations
 
 import argparse
-from typing import List, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 from rich.console import Console
 
 from ...bench.attention import BACKENDS, SHAPES, bench_attention
+from ...bench.attention_suites import DECODE_KV_HEADS, DECODE_SHAPES, SUITES, WINDOW_SHAPES, WINDOWS
 from ...bench.common import DTYPES, BenchResult
 from ...report.bench_table import attention_progress
 from ._args import BenchUsageError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--shapes", default=",".join(SHAPES),
-                        help="comma-separated names (%s) or B,H,S,D groups separated by ';' or spaces "
-                             "(default: all named shapes)" % ", ".join(SHAPES))
+    parser.add_argument("--suite", default="dense",
+                        help="comma-separated suites: %s, or all (default dense: key padding). window: causal "
+                             "sliding window; varlen: packed sequences; decode: one query against a KV cache "
+                             "(B,H,S,D = B, query heads, cache length, head dim)" % ", ".join(SUITES))
+    parser.add_argument("--shapes", default=None,
+                        help="comma-separated names (%s, decode: %s) or B,H,S,D groups separated by ';' or "
+                             "spaces (default: all ANCHORS shapes; window: %s; decode: the decode grid)"
+                             % (", ".join(SHAPES), ", ".join(DECODE_SHAPES), ", ".join(WINDOW_SHAPES)))
+    parser.add_argument("--windows", default=",".join(map(str, WINDOWS)),
+                        help="window suite: comma-separated left window sizes (default %(default)s)")
+    parser.add_argument("--kv-heads", type=int, default=DECODE_KV_HEADS,
+                        help="decode suite: KV heads (GQA; must divide H, default %(default)s)")
     parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     parser.add_argument("--pad", default="0,0.25",
                         help="mean fractions of padded keys per batch item, comma-separated (default 0,0.25)")
@@ -50,10 +60,11 @@ def parse_shapes(text: str) -> List[Tuple[str, Tuple[int, int, int, int]]]:
                     raise ValueError(f"--shapes: dimensions must be >= 1, got {dims}")
                 shapes.append((f"({','.join(map(str, dims))})", dims))
             continue
+        named = {**SHAPES, **DECODE_SHAPES}
         for name in parts:
-            if name not in SHAPES:
-                raise ValueError(f"--shapes: unknown shape {name!r}; expected one of {sorted(SHAPES)} or B,H,S,D")
-            shapes.append((f"{name} ({','.join(map(str, SHAPES[name]))})", SHAPES[name]))
+            if name not in named:
+                raise ValueError(f"--shapes: unknown shape {name!r}; expected one of {sorted(named)} or B,H,S,D")
+            shapes.append((f"{name} ({','.join(map(str, named[name]))})", named[name]))
     if not shapes:
         raise ValueError("--shapes: expected at least one shape")
     return shapes
@@ -77,24 +88,58 @@ def parse_backends(text: str) -> List[str]:
     return names
 
 
+def parse_suites(text: str) -> List[str]:
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    if names == ["all"]:
+        return list(SUITES)
+    if not names or any(name not in SUITES for name in names):
+        raise ValueError(f"--suite: expected all or a comma-separated subset of {list(SUITES)}, got {text!r}")
+    return names
+
+
+def parse_windows(text: str) -> List[int]:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"--windows: expected comma-separated positive integers, got {text!r}")
+    return [int(p) for p in parts]
+
+
+def suite_shapes(suites: List[str], text, kv_heads: int) -> Dict[str, list]:
+    """Each suite's shapes: the --shapes given (for every suite), else the suite's default."""
+    defaults = {"dense": ",".join(SHAPES), "varlen": ",".join(SHAPES), "window": ",".join(WINDOW_SHAPES),
+                "decode": ",".join(DECODE_SHAPES)}
+    out = {suite: parse_shapes(text or defaults[suite]) for suite in suites}
+    for label, dims in out.get("decode", []):
+        if kv_heads < 1 or dims[1] % kv_heads:
+            raise ValueError(f"--kv-heads: expected a divisor of the decode shape's H={dims[1]} ({label}), "
+                             f"got {kv_heads}")
+    return out
+
+
 def command_line(args: argparse.Namespace) -> str:
     """The `gpuparity bench attention ...` that reproduces this run."""
-    return (f"gpuparity bench attention --shapes '{args.shapes}' --dtype {args.dtype} --pad {args.pad} "
-            f"--backends {args.backends}" + (" --fwd-only" if args.fwd_only else "") + (" --graph" if args.graph else "")
+    return (f"gpuparity bench attention --suite {args.suite}" + (f" --shapes '{args.shapes}'" if args.shapes else "")
+            + f" --dtype {args.dtype} --pad {args.pad} --backends {args.backends}"
+            + (f" --windows {args.windows}" if "window" in parse_suites(args.suite) else "")
+            + (f" --kv-heads {args.kv_heads}" if "decode" in parse_suites(args.suite) else "")
+            + (" --fwd-only" if args.fwd_only else "") + (" --graph" if args.graph else "")
             + "".join(f" --{flag} {value}" for flag, value in (("json", args.json_path), ("markdown", args.markdown_path),
                                                              ("plot", args.plot_path)) if value))
 
 
 def run(args: argparse.Namespace) -> BenchResult:
     try:
-        shapes = parse_shapes(args.shapes)
+        suites = parse_suites(args.suite)
+        shapes = suite_shapes(suites, args.shapes, args.kv_heads)
         pads = parse_pads(args.pad)
         backends = parse_backends(args.backends)
+        windows = parse_windows(args.windows)
     except ValueError as exc:
         raise BenchUsageError(str(exc)) from None
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     console = Console(stderr=True)
-    return bench_attention(shapes, pads, backends, args.dtype, device, fwd_only=args.fwd_only,
+    return bench_attention(shapes[suites[0]], pads, backends, args.dtype, device, fwd_only=args.fwd_only,
                            with_error=not args.no_error, seed=args.seed, graph=args.graph,
                            progress=lambda step, rows: console.log(attention_progress(step, rows)),
-                           command=command_line(args))
+                           command=command_line(args), suites=suites, windows=windows, kv_heads=args.kv_heads,
+                           suite_shapes=shapes)
