@@ -196,22 +196,30 @@ def test_softcap_reaches_gpuparity_attention(monkeypatch):
     assert seen == [50.0]
 
 
-def test_attention_dropout_named_in_summary_and_falls_back(monkeypatch):
+def test_attention_dropout_named_in_summary_and_served_by_gpuparity(monkeypatch):
     model = build("llama", attention_dropout=0.1)
     summary = gpuparity.patch(model)
-    assert all("falls back to HF's sdpa" in e.reason for e in summary.replaced if e.reason.startswith("attention:"))
-    calls = []
+    attention_entries = [e for e in summary.replaced if e.reason.startswith("attention:")]
+    assert attention_entries and all("gpuparity.attention(dropout_p=0.1)" in e.reason for e in attention_entries)
+    calls, sdpa_calls = [], []
+    real = gp_hf.attention
+    monkeypatch.setattr(gp_hf, "attention", lambda *a, **k: calls.append(k.get("dropout_p")) or real(*a, **k))
     import transformers.integrations.sdpa_attention as hf_sdpa
-    real = hf_sdpa.sdpa_attention_forward
-    monkeypatch.setattr(hf_sdpa, "sdpa_attention_forward", lambda *a, **k: calls.append(k["dropout"]) or real(*a, **k))
+    monkeypatch.setattr(hf_sdpa, "sdpa_attention_forward", lambda *a, **k: sdpa_calls.append(1))
     model.train()
     batch, _ = inputs("llama", torch.float32)
-    model(**batch)
-    assert calls == [0.1, 0.1]
+    torch.manual_seed(5)
+    first = model(**batch).logits
+    torch.manual_seed(5)
+    again = model(**batch).logits
+    torch.manual_seed(6)
+    other = model(**batch).logits
+    assert calls == [0.1] * 6 and not sdpa_calls
+    assert torch.equal(first, again) and not torch.equal(first, other)   # repeatable for a seed
     calls.clear()
     model.eval()
     model(**batch)
-    assert calls == [], "inference must use gpuparity.attention"
+    assert calls == [None, None], "inference: no dropout"
 
 
 # --------------------------------------------------------------------------- masks, GQA

@@ -121,17 +121,6 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
         if kwargs.get(name) is not None:
             raise ValueError(f"{name}: gpuparity.attention does not implement it (got a value for module "
                              f"{type(module).__name__}); use attn_implementation='eager' or 'sdpa' for this model")
-    if dropout > 0.0:
-        # gpuparity.attention has no dropout: HF's sdpa serves training with attention dropout
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-        if attention_mask is not None and attention_mask.dim() == 2:   # compact_mask's: SDPA wants 4D
-            keep = attention_mask.bool()[:, None, None, -key.shape[2]:]
-            if getattr(module, "is_causal", True) and query.shape[2] > 1:
-                keep = keep & torch.ones(query.shape[2], key.shape[2], dtype=torch.bool,
-                                         device=keep.device).tril(key.shape[2] - query.shape[2])
-            attention_mask = keep
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, is_causal=is_causal, **kwargs)
     attn_mask, key_padding_mask = hf_masks(attention_mask, key)
     q_len = query.shape[2]
     causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
@@ -143,6 +132,8 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
         # prefill into an empty static cache: the keys past q_len are unused slots (HF's sdpa crops too)
         key, value = key[:, :, :q_len], value[:, :, :q_len]
     extra = {"softcap": kwargs["softcap"]} if kwargs.get("softcap") else {}   # Gemma-2's logit softcap
+    if dropout > 0.0:   # HF passes the config's attention dropout in training only
+        extra["dropout_p"] = float(dropout)
     out = attention(query, key, value, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=causal,
                     scale=scaling, backend=getattr(module, "gpuparity_backend", "auto"), **extra)
     return out.transpose(1, 2).contiguous(), None
@@ -220,7 +211,8 @@ def _dropout_note(config) -> str:
     for name in ("attention_dropout", "attention_probs_dropout_prob"):
         p = getattr(config, name, None)
         if p:
-            return f"; training with config.{name}={p} falls back to HF's sdpa (gpuparity.attention has no dropout)"
+            return (f"; training with config.{name}={p}: dropout in gpuparity.attention(dropout_p={p}) "
+                    "(Philox in the kernel, replayed in the backward)")
     return ""
 
 
