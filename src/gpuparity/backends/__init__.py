@@ -14,6 +14,8 @@ MODULES = (
     "gpuparity.backends.varlen_composition",
     "gpuparity.backends.triton_norms",
     "gpuparity.backends.triton_rotary",
+    "gpuparity.backends.ce_composition",
+    "gpuparity.backends.triton_cross_entropy",
     "gpuparity.backends.flex",
     "gpuparity.backends.compiled",
 )

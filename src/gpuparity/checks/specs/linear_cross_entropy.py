@@ -1,0 +1,111 @@
+"""Battery cases for linear_cross_entropy (an LM head's loss without the logits): ignored and
+all-ignored targets, large logits, a vocabulary past one kernel block, a biting softcap, many
+chunks, every reduction; gradients of hidden, weight and bias against float64."""
+from __future__ import annotations
+
+from typing import List
+
+import torch
+import torch.nn.functional as F
+
+from .base import Case, OpSpec, randn
+
+
+def reference_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-100, reduction="mean",
+                                   softcap=None):
+    """The float64 referee: the whole logits, log_softmax, the mean over targets not ignored
+    (0 when every target is)."""
+    logits = F.linear(hidden.double(), weight.double(), None if bias is None else bias.double())
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    flat = target.reshape(-1).long()
+    valid = flat != ignore_index
+    logp = torch.log_softmax(logits.reshape(-1, weight.shape[0]), dim=-1)
+    losses = -logp.gather(1, flat.masked_fill(~valid, 0)[:, None])[:, 0] * valid
+    if reduction == "none":
+        return losses.reshape(target.shape)
+    if reduction == "sum":
+        return losses.sum()
+    return losses.sum() / valid.sum().clamp(min=1)
+
+
+def _case(name, level="default", **params) -> Case:
+    defaults = dict(shape=(13,), vocab=50, hidden=16, bias=True, scale=2.0, ignore="none", reduction="mean",
+                    softcap=None)
+    defaults.update(params)
+    return Case(name, defaults, level, kind="softcap" if defaults["softcap"] else None)
+
+
+CASES: List[Case] = [
+    _case("basic", "quick"),
+    _case("ignored_rows", "quick", shape=(20,), vocab=37, hidden=8, bias=False, ignore="every_third"),
+    # every target ignored: the mean is 0 (not NaN) and every gradient exactly 0
+    _case("all_ignored", "quick", shape=(6,), vocab=20, hidden=8, ignore="all"),
+    # logits with a spread of ~40: a logsumexp without its running max overflows exp in fp32
+    _case("large_logits", "quick", shape=(12,), vocab=64, scale=40.0, ignore="every_third"),
+    # a vocabulary one block of the Triton kernel (4096) and 37 past it: the last block is partial
+    _case("vocab_past_block", "quick", shape=(5,), vocab=4133, hidden=8),
+    # logits of ~20 capped at 5: the cap bites, and so does its slope in the gradient
+    _case("softcap", "quick", shape=(12,), vocab=40, scale=20.0, softcap=5.0, ignore="every_third"),
+    _case("reduction_sum", shape=(11,), vocab=30, reduction="sum", ignore="every_third"),
+    _case("reduction_none", shape=(9,), vocab=33, reduction="none", ignore="every_third"),
+    _case("batched_3d", shape=(2, 7), vocab=45, hidden=12, ignore="every_third"),
+    # 150 tokens, 64 classes, hidden 8: 32 tokens per chunk, five chunks (the last partial)
+    _case("many_chunks", shape=(150,), vocab=64, hidden=8, ignore="every_third"),
+    _case("softcap_none_reduction", shape=(2, 5), vocab=70, scale=15.0, softcap=3.0, reduction="none"),
+    _case("vocab_32000", "full", shape=(16,), vocab=32000, hidden=64, ignore="every_third"),
+]
+
+
+class LinearCrossEntropySpec(OpSpec):
+    op = "linear_cross_entropy"
+    signature = "fn(hidden, weight, target, bias=None, ignore_index=-100, reduction='mean', softcap=None)"
+    grad_inputs = ("hidden", "weight", "bias")
+    reference_fn = staticmethod(reference_linear_cross_entropy)
+    # The plain composition that materialises the logits: the chunked "composition" is a
+    # candidate like the kernel, measured against it.
+    baseline_backend = "torch"
+
+    def cases(self):
+        return CASES
+
+    def kind(self, params):
+        return "softcap" if params.get("softcap") else "default"
+
+    def timing_params(self):
+        return _case("timing", shape=(512,), vocab=8192, hidden=256).params
+
+    def make_inputs(self, p, gen):
+        shape, vocab, hidden = tuple(p["shape"]), p["vocab"], p["hidden"]
+        inputs = {"hidden": randn(gen, *shape, hidden, scale=p["scale"]),
+                  "weight": randn(gen, vocab, hidden, scale=hidden ** -0.5),
+                  "target": torch.randint(0, vocab, shape, generator=gen)}
+        if p["bias"]:
+            inputs["bias"] = randn(gen, vocab, scale=0.5)
+        flat = inputs["target"].view(-1)
+        if p["ignore"] == "every_third":
+            flat[::3] = -100
+        elif p["ignore"] == "all":
+            flat[:] = -100
+        return inputs
+
+    def call(self, fn, inputs, p):
+        out = fn(inputs["hidden"], inputs["weight"], inputs["target"], inputs.get("bias"), -100, p["reduction"],
+                 p["softcap"])
+        # The op's loss is fp32 for half inputs (transformers' upcast loss); the battery compares
+        # outputs in the dtype under test.
+        return out.to(inputs["hidden"].dtype)
+
+    def zero_masks(self, inputs, p):
+        ignored = inputs["target"] == -100
+        masks = {"grad_hidden": ignored[..., None]}
+        if p["reduction"] == "none":
+            masks["out"] = ignored
+        elif bool(ignored.all()):
+            masks["out"] = torch.ones((), dtype=torch.bool)
+            masks["grad_weight"] = torch.ones((1, 1), dtype=torch.bool)
+            masks["grad_bias"] = torch.ones((1,), dtype=torch.bool)
+        return masks
+
+
+SPEC = LinearCrossEntropySpec()
