@@ -16,7 +16,12 @@ import sys
 
 MARKER = "GPUPARITY-AOT "
 # Modules that must take part: a kernel module without aot_specs() would escape the check.
-REQUIRED = ("gpuparity.backends.triton_norms", "gpuparity.backends.triton_rotary")
+REQUIRED = ("gpuparity.backends.triton_norms", "gpuparity.backends.triton_rotary", "gpuparity.backends.triton_attention",
+            "gpuparity.backends.triton_decode")
+# Kernels that must be compiled for every target (name prefixes of the AotSpecs).
+REQUIRED_KERNELS = ("attention.fwd.", "attention.dq.", "attention.dkdv.", "attention_varlen.fwd.",
+                    "attention_varlen.dq.", "attention_varlen.dkdv.", "attention_decode.split.",
+                    "attention_decode.combine.")
 
 
 def _kernel_modules():
@@ -89,6 +94,9 @@ def test_every_kernel_configuration_compiles_for_every_target():
     from gpuparity.backends.triton_common import AOT_TARGETS
     targets_seen = {r["target"] for r in report["results"]}
     assert targets_seen == set(AOT_TARGETS), f"targets compiled {sorted(targets_seen)}, expected {AOT_TARGETS}"
+    missing = [(kernel, target) for kernel in REQUIRED_KERNELS for target in AOT_TARGETS
+               if not any(r["name"].startswith(kernel) and r["target"] == target for r in report["results"])]
+    assert not missing, f"kernels never compiled for a target: {missing}"
     failures = [r for r in report["results"] if not r["ok"]]
     assert not failures, "configurations that do not build:\n" + "\n".join(
         f"  {r['name']} on {r['target']}: {r['error']}" for r in failures)
@@ -128,3 +136,24 @@ def test_hook_chains_without_functions_allow_direct_launches():
     assert not _hook_active(Chain([]))
     assert _hook_active(Chain([print]))
     assert _hook_active(print)
+
+
+def test_varlen_and_decode_kernels_are_listed_for_every_target():
+    """Without compiling (the test above does): the varlen forward/dq/dk-dv kernels and the decode
+    split/combine kernels have an AotSpec on every AOT target, with every constexpr bound."""
+    import inspect
+
+    import pytest
+    pytest.importorskip("triton")
+    from gpuparity.backends import triton_decode
+    from gpuparity.backends.triton_attention import aot_specs
+    from gpuparity.backends.triton_common import AOT_TARGETS
+    specs = aot_specs() + triton_decode.aot_specs()
+    for kernel in REQUIRED_KERNELS:
+        for target in AOT_TARGETS:
+            assert any(s.name.startswith(kernel) and target in s.targets for s in specs), (kernel, target)
+    for spec in specs:
+        if spec.name.startswith(("attention_varlen.", "attention_decode.")):
+            params = inspect.signature(getattr(spec.kernel, "fn", spec.kernel)).parameters
+            assert set(spec.signature) == set(params), spec.name
+            assert {n for n, t in spec.signature.items() if t == "constexpr"} == set(spec.constexprs), spec.name

@@ -244,9 +244,11 @@ def _config(device: torch.device) -> Dict[str, int]:
     enough for long coalesced reads and a few stages keep loads in flight."""
     if triton_common.interpreting() or device.type != "cuda":
         return {"block_n": 16, "num_warps": 1, "num_stages": 1}
-    if triton_common.vendor() == "amd":
-        return {"block_n": 64, "num_warps": 4, "num_stages": 1}
-    return {"block_n": 64, "num_warps": 4, "num_stages": 3}
+    return VENDOR_CONFIGS["amd" if triton_common.vendor() == "amd" else "nvidia"]
+
+
+VENDOR_CONFIGS = {"nvidia": {"block_n": 64, "num_warps": 4, "num_stages": 3},
+                  "amd": {"block_n": 64, "num_warps": 4, "num_stages": 1}}
 
 
 def triton_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, num_splits=None,
@@ -298,6 +300,49 @@ def triton_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=Non
             num_warps=1 if triton_common.interpreting() else 4, num_stages=None,
             HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=max(2, triton_common.next_pow2(splits)))
     return out
+
+
+# ----------------------------------------------------------------------------- ahead of time
+# (head_dim, GROUP = H / Hkv, new queries, dtype, softcap, final): Llama-style GQA decode at the
+# common head dims, the largest query block (8 heads x 16 new queries) and the widest head dim
+# the kernel takes, fp32 (the tf32x3 dot on NVIDIA); BLOCK_M and BLOCK_D as triton_decode sizes them.
+AOT_CASES = ((128, 8, 1, "bf16", False, False), (128, 8, 16, "bf16", True, False), (256, 4, 16, "bf16", False, False),
+             (256, 1, 1, "bf16", True, True), (64, 1, 1, "fp32", False, False))
+
+
+def aot_specs() -> List[Any]:
+    """The split kernel at AOT_CASES and the combine kernel at the widest head dim and most
+    splits, for every AOT target with its vendor's launch settings (tests/backends/test_aot.py)."""
+    if _triton_availability():
+        return []
+    from .triton_common import AOT_TARGETS, AotSpec
+    kernels = kernel_table()
+    specs = []
+    for target in AOT_TARGETS:
+        vendor = "amd" if target.startswith("hip") else "nvidia"
+        cfg = VENDOR_CONFIGS[vendor]
+        for head_dim, group, q_len, dtype, softcap, final in AOT_CASES:
+            precision = "tf32x3" if dtype == "fp32" and vendor == "nvidia" else "ieee"
+            signature = {name: f"*{dtype}" for name in ("Q", "K", "V")}
+            signature.update(SEQLENS="*i32", O=f"*{dtype}" if final else "*fp32", LSE="*fp32")
+            signature.update({name: "i32" for name in ("sqb", "sqh", "sqs", "skb", "skh", "sks", "svb", "svh", "svs",
+                                                        "so_row", "so_split", "num_kv_heads", "q_len", "s_max",
+                                                        "num_splits")})
+            signature.update(qk_scale="fp32", cap_in="fp32", cap_out="fp32")
+            constexprs = dict(GROUP=group, BLOCK_M=max(16, triton_common.next_pow2(group * q_len)),
+                              BLOCK_N=cfg["block_n"], HEAD_DIM=head_dim, BLOCK_D=max(16, triton_common.next_pow2(head_dim)),
+                              SOFTCAP=softcap, DOT_PRECISION=precision, FINAL=final)
+            signature.update({name: "constexpr" for name in constexprs})
+            specs.append(AotSpec(f"attention_decode.split.{target}.d{head_dim}.{dtype}.g{group}q{q_len}"
+                                 + (".softcap" if softcap else "") + (".final" if final else ""),
+                                 kernels["split"], signature, constexprs, num_warps=cfg["num_warps"],
+                                 num_stages=cfg["num_stages"], targets=(target,)))
+        constexprs = dict(HEAD_DIM=MAX_HEAD_DIM, BLOCK_D=MAX_HEAD_DIM, BLOCK_S=MAX_SPLITS)
+        signature = dict(OP="*fp32", LSE="*fp32", OUT="*bf16", so_row="i32", so_split="i32", num_splits="i32",
+                         **{name: "constexpr" for name in constexprs})
+        specs.append(AotSpec(f"attention_decode.combine.{target}.d{MAX_HEAD_DIM}.s{MAX_SPLITS}", kernels["combine"],
+                             signature, constexprs, num_warps=4, num_stages=1, targets=(target,)))
+    return specs
 
 
 # ----------------------------------------------------------------------------- registration

@@ -1,5 +1,6 @@
-"""Ahead-of-time compile specs of the attention kernels: every shipped tile configuration, with
-the mask flags that cost the most shared memory, as triton_common.AotSpec for tests/backends/test_aot.py."""
+"""Ahead-of-time compile specs of the attention kernels, dense and packed variable-length: every
+shipped tile configuration, with the flags that cost the most shared memory, as
+triton_common.AotSpec for tests/backends/test_aot.py."""
 from __future__ import annotations
 
 import inspect
@@ -10,7 +11,7 @@ from .launch import MASK_ADDITIVE, MASK_NONE, kernel_table
 from .tiles import CONFIGS, FAMILY_TARGETS, SCAN_BLOCK, SHORT_CONFIGS, TileConfig
 
 _POINTER_TYPES = {
-    "LSE": "*fp32", "Delta": "*fp32", "Bounds": "*i32", "KPM": "*u8",
+    "LSE": "*fp32", "Delta": "*fp32", "Bounds": "*i32", "KPM": "*u8", "CuQ": "*i32", "CuK": "*i32",
 }
 _FLOAT_SCALARS = {"qk_scale", "sm_scale", "dropout_p", "cap_in", "cap_out"}
 
@@ -80,4 +81,40 @@ def aot_specs() -> List[AotSpec]:
                                    dropout=True))
             specs.append(_aot_spec(fam, targets, kernel_name, 64, 2, CONFIGS[fam][kernel_name][(64, 2)],
                                    window_softcap=True))
+    return specs + varlen_aot_specs()
+
+
+# The varlen kernels (varlen_kernels.py) launch with the dense kernels' tile tables
+# (varlen.py: tile_config) and never a dense mask, so the stages are cfg.stages(False).
+_VARLEN_KERNELS = {"fwd": "varlen_fwd", "dq": "varlen_dq", "dkdv": "varlen_dkdv"}
+
+
+def _varlen_spec(fam, targets, kernel_name, head_dim, elem, cfg) -> AotSpec:
+    from .varlen import varlen_kernel_table
+    dtype = "bf16" if elem == 2 else "fp32"
+    kernel = varlen_kernel_table()[_VARLEN_KERNELS[kernel_name]]
+    precision = "tf32x3" if elem == 4 and fam.startswith("nvidia") else "ieee"
+    # causal, window and softcap all on: the most registers; shared memory is the tiles'
+    constexprs = dict(HEAD_DIM=head_dim, D_PAD=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=True,
+                      DOT_PRECISION=precision, HAS_WINDOW=True, SOFTCAP=True)
+    return AotSpec(
+        name=f"attention_varlen.{kernel_name}.{fam}.d{head_dim}.{dtype}.m{cfg.block_m}n{cfg.block_n}"
+             f"w{cfg.num_warps}s{cfg.stages(False)}",
+        kernel=kernel, signature=_signature(kernel, dtype, "*fp32"), constexprs=constexprs,
+        num_warps=cfg.num_warps, num_stages=cfg.stages(False), targets=targets)
+
+
+def varlen_aot_specs() -> List[AotSpec]:
+    """The varlen forward, dq and dk/dv kernels at every tile configuration they can be given
+    (the dense tables, short-key entries included), each at the largest head dim that uses it."""
+    specs: List[AotSpec] = []
+    for fam, targets in FAMILY_TARGETS.items():
+        for kernel_name in _VARLEN_KERNELS:
+            largest: Dict[Tuple[int, TileConfig], int] = {}
+            entries = list(CONFIGS[fam][kernel_name].items())
+            entries += list(SHORT_CONFIGS.get(fam, {}).get(kernel_name, {}).items())
+            for (bucket, elem), cfg in entries:
+                largest[(elem, cfg)] = max(bucket, largest.get((elem, cfg), 0))
+            specs.extend(_varlen_spec(fam, targets, kernel_name, head_dim, elem, cfg)
+                         for (elem, cfg), head_dim in largest.items())
     return specs
