@@ -124,6 +124,8 @@ def test_append_overflow_names_cache_seqlens():
     assert (k_cache == 0).all()                                   # nothing written
     assert kv_cache_append(k_cache, v_cache, k_new, k_new, torch.tensor([0, 5])).tolist() == [3, 8]
     assert k_cache[1, 0, 5:].eq(1).all() and k_cache[1, 0, :5].eq(0).all() and k_cache[0, 0, 3:].eq(0).all()
+    with pytest.raises(ValueError, match=r"^cache_seqlens: .*cache_seqlens >= 0, got cache_seqlens min -1"):
+        kv_cache_append(k_cache, v_cache, k_new, k_new, torch.tensor([-1, 0]))
 
 
 @pytest.mark.parametrize("call, pattern", [

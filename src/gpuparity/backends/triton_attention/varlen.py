@@ -130,18 +130,43 @@ class TritonAttentionVarlen(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
-def triton_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
-                            window=None, softcap=None, scale=None):
-    """The kernel behind backend "triton" of "attention_varlen"; inputs validated by
-    gpuparity.attention_varlen (window (-1, -1) and softcap None mean off)."""
+def _normalized(q, k, v, scale, window, softcap):
+    """(q, k, v, scale, window, softcap) as the kernels take them: window (-1, -1) and softcap
+    None/0 mean off; the kernels step through rows and heads by stride, but the head dim must be
+    unit-stride to vectorize."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     window = None if window is None or tuple(window) == (-1, -1) else (int(window[0]), int(window[1]))
     softcap = None if not softcap else float(softcap)
-    # the kernels step through rows and heads by stride; the head dim must be unit-stride to vectorize
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    return q, k, v, scale, window, softcap
+
+
+def triton_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
+                            window=None, softcap=None, scale=None):
+    """The kernel behind backend "triton" of "attention_varlen"; inputs validated by
+    gpuparity.attention_varlen."""
+    q, k, v, scale, window, softcap = _normalized(q, k, v, scale, window, softcap)
     return TritonAttentionVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k,
                                        (int(max_seqlen_q), int(max_seqlen_k), bool(causal), scale, window, softcap))
 
 
-__all__ = ["TritonAttentionVarlen", "triton_attention_varlen", "varlen_backward", "varlen_forward",
-           "varlen_kernel_table"]
+# The forward/backward split the torch.library op calls (gpuparity.ops.library_varlen): a compiled
+# graph saves (out, lse) and runs the fused backward kernels, as TritonAttentionVarlen does eagerly.
+def varlen_forward_saving(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
+                          window=None, softcap=None, scale=None):
+    q, k, v, scale, window, softcap = _normalized(q, k, v, scale, window, softcap)
+    out, lse = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+                              bool(causal), scale, window, softcap)
+    return out, (lse,)
+
+
+def varlen_backward_from(dout, saved, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                         causal=False, window=None, softcap=None, scale=None):
+    out, lse = saved
+    q, k, v, scale, window, softcap = _normalized(q, k, v, scale, window, softcap)
+    return varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
+                           int(max_seqlen_k), bool(causal), scale, window, softcap)
+
+
+__all__ = ["TritonAttentionVarlen", "triton_attention_varlen", "varlen_backward", "varlen_backward_from",
+           "varlen_forward", "varlen_forward_saving", "varlen_kernel_table"]
