@@ -1,7 +1,8 @@
-"""`gpuparity::attention_varlen` (ops/library_varlen.py): opcheck passes on the Triton split
-(fused backward from the saved lse) and on the composition (backward by recomputation);
-torch.compile(fullgraph=True) over gpuparity.attention_varlen has no graph break and gives eager's
-output and gradients; cu_seqlens' values are checked when the compiled op runs."""
+"""`gpuparity::attention_varlen` (ops/library_varlen.py) and `gpuparity::attention_decode`
+(ops/decode.py): opcheck passes (varlen: on the Triton split, fused backward from the saved lse,
+and on the composition, backward by recomputation); torch.compile(fullgraph=True) over the public
+functions has no graph break and gives eager's output (and varlen's gradients); the checks of
+argument values run when the compiled op runs."""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 from device_env import TEST_DEVICE  # sets TRITON_INTERPRET=1 on the CPU before triton imports
 
 import gpuparity  # noqa: E402
-from gpuparity.ops import library_varlen  # noqa: E402
+from gpuparity.ops import decode, library_varlen  # noqa: E402,F401 - decode registers gpuparity::attention_decode
 
 pytest.importorskip("triton")
 pytestmark = pytest.mark.usefixtures("triton_interpreter_is_live")
@@ -88,3 +89,38 @@ def test_compiled_call_checks_cu_seqlens_when_it_runs():
                              fullgraph=True, backend="aot_eager")
     with pytest.raises(ValueError, match="^cu_seqlens_q: expected a non-decreasing"):
         compiled(q, k, v, bad)
+
+
+# ----------------------------------------------------------------------------- attention_decode (forward only)
+def decode_inputs():
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(3, 4, 2, 16, generator=gen)
+    k, v = (torch.randn(3, 2, 9, 16, generator=gen) for _ in range(2))
+    return [t.to(DEVICE) for t in (q, k, v)] + [torch.tensor([0, 9, 4], dtype=torch.int32, device=DEVICE)]
+
+
+@pytest.mark.parametrize("backend", ["triton", "composition"])
+def test_decode_opcheck(backend):
+    torch.library.opcheck(torch.ops.gpuparity.attention_decode, (*decode_inputs(), None, 5.0, backend))
+
+
+@pytest.mark.parametrize("backend", ["triton", "sdpa"])
+def test_decode_fullgraph_compile_has_no_graph_break(backend):
+    fn = lambda q, k, v, lengths: gpuparity.attention_decode(q, k, v, lengths, backend=backend) + 1  # noqa: E731
+    args = decode_inputs()
+    torch._dynamo.reset()
+    assert torch._dynamo.explain(fn)(*args).graph_break_count == 0
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(*args), fn(*args), atol=1e-6, rtol=1e-6)
+
+
+def test_compiled_decode_checks_cpu_lengths_when_it_runs():
+    if DEVICE.type != "cpu":
+        pytest.skip("the length check reads CPU lengths only")
+    q, k, v, _ = decode_inputs()
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *a: gpuparity.attention_decode(*a, backend="composition"), fullgraph=True,
+                             backend="aot_eager")
+    with pytest.raises(ValueError, match=r"^cache_seqlens: expected lengths in \[0, S_max=9\]"):
+        compiled(q, k, v, torch.tensor([0, 10, 4], dtype=torch.int32))

@@ -3,15 +3,17 @@ cache with per-item lengths (FlashAttention's flash_attn_with_kvcache contract, 
 from __future__ import annotations
 
 import numbers
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
+from torch import Tensor
 
 from . import select
 from ..backends.registry import Problem
 from ..backends.triton_decode import decode_reference
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_same_dtype, expect_tensor
 from .calls import check_softcap
+from .library import _like
 
 __all__ = ["attention_decode", "kv_cache_append", "decode_problem", "decode_reference", "explain_attention_decode",
            "MAX_NEW_QUERIES"]
@@ -65,7 +67,8 @@ def decode_problem(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=No
         name = next(n for n, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)) if t.requires_grad)
         raise ValueError(f"{name}: attention_decode is inference only (no backward), got a tensor that requires "
                          f"grad; call it under torch.no_grad() / torch.inference_mode() or pass {name}.detach()")
-    if cache_seqlens.device.type == "cpu" and cache_seqlens.numel():   # free to check (no device sync)
+    # free to check on the CPU (no device sync); while traced, the library op checks it when it runs
+    if cache_seqlens.device.type == "cpu" and cache_seqlens.numel() and not _capturing(q.device):
         low, high = int(cache_seqlens.min()), int(cache_seqlens.max())
         if low < 0 or high > s_max:
             raise ValueError(f"cache_seqlens: expected lengths in [0, S_max={s_max}], got min {low}, max {high}")
@@ -93,8 +96,29 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=
     if not isinstance(backend, str):
         raise TypeError(f"backend: expected a backend name (str) or 'auto', got {describe(backend)}")
     problem = decode_problem(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap)
+    if torch.compiler.is_compiling():  # traced: one torch.library op that chooses its backend when it runs
+        return torch.ops.gpuparity.attention_decode(q, k_cache, v_cache, cache_seqlens,
+                                                    None if scale is None else float(scale),
+                                                    problem.feature("softcap"), backend)
     chosen = select.resolve(problem, backend)
     return chosen.fn(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=problem.feature("softcap"))
+
+
+# `gpuparity::attention_decode`, what attention_decode becomes under torch.compile / torch.export:
+# a fake implementation and a body that resolves the backend when it runs (as ops/library.py's
+# dense ops); forward only, as the op is (no autograd formula: the public function refuses
+# tensors that require grad before tracing reaches it).
+@torch.library.custom_op("gpuparity::attention_decode", mutates_args=())
+def attention_decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, scale: Optional[float],
+                        softcap: Optional[float], backend: str) -> Tensor:
+    problem = decode_problem(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap)
+    out = select.resolve(problem, backend).fn(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap)
+    return _like(out, q)
+
+
+@attention_decode_op.register_fake
+def _attention_decode_fake(q, k_cache, v_cache, cache_seqlens, scale, softcap, backend):
+    return torch.empty_like(q)
 
 
 def explain_attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None) -> Dict[str, Any]:
