@@ -128,3 +128,34 @@ def test_resolutions_are_remembered_until_what_decides_them_changes(fresh_cache,
     finally:
         dispatch.unregister("softmax", "planted_fast")
         verdicts.clear_cache()
+
+
+def test_large_calls_are_ranked_by_the_large_timing(fresh_cache, monkeypatch):
+    # A backend that wins the small timing case (host-bound on a GPU) must not be picked for a
+    # training-size call that another backend serves faster: the large timing ranks those.
+    from gpuparity.checks.specs import get_spec
+    from gpuparity.ops.calls import norm_problem
+    monkeypatch.setenv("GPUPARITY_TRUST_UNPROBED", "0")
+    small = norm_problem("rms_norm", torch.zeros(4, 64), (64,), None, None)
+    large = norm_problem("rms_norm", torch.zeros(1).expand(4096, 1024), (1024,), None, None)
+    assert not get_spec("rms_norm").is_large(small) and get_spec("rms_norm").is_large(large)
+    stored = {}
+    for backend in dispatch.backends("rms_norm"):
+        times = {"torch": (1.0, 9.0), "compile": (2.0, 3.0)}.get(backend.name, (5.0, 5.0))
+        stored[verdicts.probe_key(small, backend)] = {"passed": backend.name in ("torch", "compile"), "reason": "",
+                                                      "time_ms": times[0], "time_ms_large": times[1]}
+    verdicts.store_verdicts(torch.device("cpu"), stored)
+    assert select.resolve(small).name == "torch"
+    assert select.resolve(large).name == "compile"
+    rows = {row["name"]: row for row in select.explain(large)["candidates"]}
+    assert rows["compile"]["time_ms"] == 3.0 and rows["torch"]["time_ms"] == 9.0
+
+
+def test_large_timing_cases_run_on_gpus_only():
+    from gpuparity.checks.plan import timing_tasks
+    keys = [("attention", "sdpa_math", "float32"), ("attention", "triton", "float32"),
+            ("rms_norm", "torch", "float32"), ("rms_norm", "triton", "float32")]
+    on_cpu = {(t.op, t.case) for t in timing_tasks(keys, "cpu")}
+    on_gpu = {(t.op, t.case) for t in timing_tasks(keys, "cuda:0")}
+    assert on_cpu == {("attention", "timing"), ("rms_norm", "timing")}
+    assert on_gpu == on_cpu | {("attention", "timing-large"), ("rms_norm", "timing-large")}

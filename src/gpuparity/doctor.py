@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from . import __version__, platform
 from .checks.battery import (BatteryRun, Budget, WorkerPool, as_budget, estimate_seconds, normalize_device, plan,
                              run_battery, run_tasks, timing_tasks, validate_device, verdicts_from_results)
+from .checks.plan import timing_field
 from .checks.verdicts import store_verdicts
 from .known import avoid as known_avoid
 from .checks.results import CheckResult, Status, tally
@@ -83,7 +84,9 @@ def _timings(results: List[CheckResult], device: str, timeout: Optional[float],
     times = {}
     for result in run_tasks(tasks, timeout=timeout, workers=1, pool=pool, budget=budget):  # alone on the GPU
         if result.status == Status.PASS:
-            times[(result.op, result.backend, result.dtype)] = result.params.get("time_ms")
+            # (op, backend, dtype): the timing case; (op, backend, dtype, "large"): the large one
+            suffix = ("large",) if timing_field(result.case) == "time_ms_large" else ()
+            times[(result.op, result.backend, result.dtype) + suffix] = result.params.get("time_ms")
     return times
 
 
@@ -198,6 +201,9 @@ def run_doctor(options: DoctorOptions, *, progress: Optional[Callable[[int, int,
         for key, verdict in verdicts.items():
             op, backend, dtype, _kind = key.split("|")
             verdict["time_ms"] = times.get((op, backend, dtype.split("+")[0]))  # "float32+tf32": timed as float32
+            large = times.get((op, backend, dtype.split("+")[0], "large"))
+            if large is not None:
+                verdict["time_ms_large"] = large
         try:
             import torch
             cache_path = store_verdicts(torch.device(device), verdicts)

@@ -157,8 +157,24 @@ def timing_tasks(keys: Iterable[tuple], device: str, mode: str = "time", first_i
         if len(backends) < 2:
             continue
         for backend in backends:
-            task = Task(first_id + len(tasks), op, backend, "timing", get_spec(op).timing_params(), dtype, device, 0,
-                        mode=mode)
-            if only is None or only(task):
-                tasks.append(task)
+            for case, params in timing_cases(op, device):
+                task = Task(first_id + len(tasks), op, backend, case, params, dtype, device, 0, mode=mode)
+                if only is None or only(task):
+                    tasks.append(task)
     return tasks
+
+
+def timing_cases(op: str, device: str) -> List[tuple]:
+    """(case name, params) of the op's timing runs on `device`: "timing", plus "timing-large"
+    on a GPU where the spec has one (specs/base.py large_timing_params)."""
+    spec = get_spec(op)
+    cases = [("timing", spec.timing_params())]
+    large = spec.large_timing_params()
+    if large is not None and not str(device).startswith("cpu"):
+        cases.append(("timing-large", large))
+    return cases
+
+
+def timing_field(case: str) -> str:
+    """The verdict field a timing case's milliseconds go to."""
+    return "time_ms_large" if case == "timing-large" else "time_ms"

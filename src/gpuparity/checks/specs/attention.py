@@ -172,6 +172,13 @@ class AttentionSpec(OpSpec):
     def timing_params(self):
         return _case("timing", B=4, H=4, Sq=256, D=64, mask="key_padding", lengths=[256, 200, 131, 64]).params
 
+    def large_timing_params(self):
+        return _case("timing-large", B=2, H=8, Sq=2048, D=64, mask="key_padding", lengths=[2048, 1536]).params
+
+    def is_large(self, problem):
+        # at 1024 x 1024 keys per head the kernels' time outweighs the host's
+        return problem.feature("q_len", 0) * problem.feature("k_len", 0) >= 1024 * 1024
+
 
 SPEC = AttentionSpec()
 

@@ -77,6 +77,16 @@ class OpSpec:
         """A representative mid-size case for ranking verified backends by speed."""
         return None
 
+    def large_timing_params(self) -> Optional[Dict[str, Any]]:
+        """A training-size case that ranks the backends for calls `is_large` says are large, on a
+        GPU (where a small case measures launch and host time, not the kernel: a backend that
+        wins there can lose by 2x on long sequences). None: one timing ranks every call."""
+        return None
+
+    def is_large(self, problem: Problem) -> bool:
+        """Whether the large timing case ranks the backends for `problem`."""
+        return False
+
     def cast_inputs(self, inputs: Dict[str, Any], dtype: torch.dtype, device) -> Dict[str, Any]:
         """Floating tensors -> dtype on device, except those named in `keep_float64`."""
         out = {}

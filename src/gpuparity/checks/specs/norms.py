@@ -55,6 +55,12 @@ class _NormSpec(OpSpec):
     def timing_params(self):
         return _case("timing", shape=(1024, 1024)).params
 
+    def large_timing_params(self):
+        return _case("timing-large", shape=(8192, 4096)).params
+
+    def is_large(self, problem):
+        return bool(problem.feature("large", False))
+
     def make_inputs(self, p, gen):
         shape = tuple(p["shape"])
         if p["layout"] == "row_stride":
