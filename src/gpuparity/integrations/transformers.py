@@ -12,6 +12,7 @@ import torch.nn as nn
 from ..nn.summary import PatchEntry, PatchSummary
 from ..ops.attention import attention
 from ..ops.norms import rms_norm
+from .transformers_loss import patch_causal_lm_loss
 
 NAME = "gpuparity"
 # transformers versions this module is tested with: AttentionInterface (4.48+) and the mask
@@ -288,4 +289,5 @@ def patch_model(model: nn.Module, *, backend: str = "auto", include=None,
             summary.left.append(PatchEntry(path, _qualname(module), (
                 "rotary: this module only builds cos/sin; the rotation runs in a module-level function "
                 "inside the attention forward, which patch() does not rewrite")))
+    patch_causal_lm_loss(model, backend=backend, summary=summary, wanted=wanted)
     return summary
