@@ -124,3 +124,16 @@ def test_compiled_decode_checks_cpu_lengths_when_it_runs():
                              backend="aot_eager")
     with pytest.raises(ValueError, match=r"^cache_seqlens: expected lengths in \[0, S_max=9\]"):
         compiled(q, k, v, torch.tensor([0, 10, 4], dtype=torch.int32))
+
+
+def test_export_gives_a_graph_of_the_gpuparity_ops():
+    cu_q, cu_k = cumulative(Q_LENS), cumulative(K_LENS)
+
+    class Both(torch.nn.Module):
+        def forward(self, q, k, v, dq, dk, dv, lengths):
+            packed = gpuparity.attention_varlen(q, k, v, cu_q, cu_k, max(Q_LENS), max(K_LENS), causal=True,
+                                                backend="composition")
+            return packed, gpuparity.attention_decode(dq, dk, dv, lengths, backend="composition")
+    program = torch.export.export(Both(), (*inputs(grad=False), *decode_inputs()))
+    targets = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
+    assert {"gpuparity.attention_varlen.default", "gpuparity.attention_decode.default"} <= targets, targets
