@@ -84,6 +84,18 @@ def test_split_count_fills_the_machine_and_stays_within_the_tiles():
     assert td.choose_splits(64, 8, 10 ** 6, 16, cpu) == 1
 
 
+def test_split_rule_on_a_132_sm_gpu_is_the_measured_best(monkeypatch):
+    # benchmarks/records/h100/decode-2026-11-24.md, CUDA-graph timings (Hkv 8, BLOCK_N 64): few rows
+    # with long caches split to 128, many rows still split in 2-3 (1 split lost 7-11% at B=64)
+    from gpuparity.backends import triton_common
+    monkeypatch.setattr(td, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(triton_common, "interpreting", lambda: False)
+    gpu = torch.device("cuda", 0)
+    grid = {batch: [td.choose_splits(batch, 8, seq, 64, gpu) for seq in (4096, 16384, 65536, 131072)]
+            for batch in (1, 4, 16, 64)}
+    assert grid == {1: [33, 33, 128, 128], 4: [9, 32, 33, 33], 16: [3, 3, 3, 3], 64: [2, 2, 3, 3]}
+
+
 def test_append_then_decode_equals_attention_over_the_whole_sequence():
     batch, kv_heads, heads, head_dim, s_max = 2, 2, 4, 16, size(40, 512)
     prefix = [size(7, 300), size(20, 100)]

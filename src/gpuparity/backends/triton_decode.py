@@ -229,13 +229,22 @@ def _sm_count(index: int) -> int:
 
 
 def choose_splits(batch: int, kv_heads: int, s_max: int, block_n: int, device: torch.device) -> int:
-    """Splits per (item, KV head) so that B * Hkv * splits fills about twice the GPU's SMs
-    (2 "SMs" in the interpreter, so the CPU tests split too), never more than the cache has tiles."""
+    """Splits per (item, KV head): B * Hkv * splits fills about twice the GPU's SMs; a few
+    (item, KV head) rows with a long cache split further (each split keeping >= 512 keys, up to
+    8 programs per SM) so that enough loads are in flight; many rows still split in 2-3, which
+    evens out the last wave. Never more splits than the cache has tiles. From CUDA-graph timings
+    on the H100 (benchmarks/records/h100/decode-*.md: B 1-64, Hkv 8, Sk 4k-128k). The
+    interpreter counts 2 "SMs", so the CPU tests split too."""
+    rows = max(1, batch * kv_heads)
     if device.type == "cuda" and not triton_common.interpreting():
-        target = 2 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+        sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+        splits = triton_common.cdiv(2 * sms, rows)
+        if 2 * rows < sms:
+            splits = max(splits, min(triton_common.cdiv(s_max, 512), triton_common.cdiv(8 * sms, rows)))
+        elif rows >= 2 * sms:
+            splits = max(splits, 2 if s_max < 32768 else 3)
     else:
-        target = 2
-    splits = triton_common.cdiv(target, max(1, batch * kv_heads))
+        splits = triton_common.cdiv(2, rows)
     return max(1, min(splits, triton_common.cdiv(max(s_max, 1), block_n), MAX_SPLITS))
 
 
