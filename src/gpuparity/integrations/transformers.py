@@ -13,6 +13,7 @@ from ..nn.summary import PatchEntry, PatchSummary
 from ..ops.attention import attention
 from ..ops.norms import rms_norm
 from .transformers_loss import patch_causal_lm_loss
+from .transformers_rotary import patch_rotary
 
 NAME = "gpuparity"
 # transformers versions this module is tested with: AttentionInterface (4.48+) and the mask
@@ -34,7 +35,6 @@ RMS_NORMS: Dict[str, Tuple[str, bool]] = {
     "GemmaRMSNorm": ("eps", True),
     "Gemma2RMSNorm": ("eps", True),
 }
-_ROTARY = re.compile(r"Rotary(Pos)?Emb(edding)?$")
 
 
 def _import():
@@ -238,7 +238,8 @@ def patch_model(model: nn.Module, *, backend: str = "auto", include=None,
     """Patch a transformers PreTrainedModel in place (gpuparity.patch calls this first; the
     torch drop-ins, nn.LayerNorm included, follow there): RMSNorms of the families in RMS_NORMS
     become subclasses calling gpuparity.rms_norm; attention switches to "gpuparity" unless the
-    config needs what gpuparity.attention lacks. Rotary embeddings are left (see the reason)."""
+    config needs what gpuparity.attention lacks; the attention's apply_rotary_pos_emb goes to
+    gpuparity.apply_rotary (transformers_rotary)."""
     transformers = _import()
     summary = PatchSummary() if summary is None else summary
     found = version_tuple(transformers.__version__)
@@ -285,9 +286,6 @@ def patch_model(model: nn.Module, *, backend: str = "auto", include=None,
         elif cls.__module__.startswith("transformers.") and cls.__name__.endswith("RMSNorm") \
                 and not hasattr(cls, "gpuparity_original"):
             summary.left.append(PatchEntry(path, _qualname(module), "RMSNorm of a family gpuparity has not checked"))
-        elif _ROTARY.search(cls.__name__):
-            summary.left.append(PatchEntry(path, _qualname(module), (
-                "rotary: this module only builds cos/sin; the rotation runs in a module-level function "
-                "inside the attention forward, which patch() does not rewrite")))
+    patch_rotary(model, backend=backend, summary=summary, wanted=wanted)
     patch_causal_lm_loss(model, backend=backend, summary=summary, wanted=wanted)
     return summary
