@@ -244,3 +244,18 @@ def test_patched_llama_compiles_fullgraph_with_gpuparity_rotary():
         grads.append(model.model.layers[0].self_attn.q_proj.weight.grad)
     torch.testing.assert_close(grads[1], grads[0], atol=1e-5, rtol=1e-4)
     torch._dynamo.reset()
+
+
+def test_generate_with_left_padding_matches_unpatched(served):
+    """Prefill and one-token decode steps with a cache, left padding: greedy tokens as unpatched."""
+    model = build("llama")
+    base = copy.deepcopy(model)
+    gpuparity.patch(model)
+    ids = torch.randint(3, 100, (2, 6), generator=torch.Generator().manual_seed(9)).to(DEVICE)
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    options = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    ours = model.generate(ids, **options)
+    assert [shape[:2] for shape in served[-2:]] in ([(2, 1)] * 2, [(1, 2)] * 2)   # a decode step was served
+    served.clear()
+    assert torch.equal(ours, base.generate(ids, **options)) and not served
