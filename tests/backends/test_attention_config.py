@@ -65,8 +65,11 @@ def test_lengths_and_seed_are_not_specialized_but_strides_are():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     params = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert set(params) == {"fwd", "dq", "dkdv"}
+    assert set(params) == {"fwd", "dq", "dkdv", "dropout_mask"}
     for name, table in params.items():
+        if name == "dropout_mask":   # (Keep, dropout_p, seed, q_len, k_len): one compile for every shape and seed
+            assert all(table[arg] is True for arg in ("seed", "q_len", "k_len")), table
+            continue
         for arg in ("q_len", "k_len", "seed", "num_heads"):
             assert table[arg] is True, (name, arg)
         assert table["stride_qm"] is False and table["group_size"] is False
@@ -98,4 +101,4 @@ def test_package_import_leaves_the_kernels_module_unloaded_and_launch_loads_it()
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip().splitlines()[-1] == "False ['dkdv', 'dq', 'fwd'] True"
+    assert proc.stdout.strip().splitlines()[-1] == "False ['dkdv', 'dq', 'dropout_mask', 'fwd'] True"

@@ -211,7 +211,7 @@ def test_cos_sin_without_equal_halves_is_left_with_reason():
 
     def uneven(x, position_ids):
         cos, sin = real(x, position_ids)
-        return cos * torch.linspace(0.5, 1.0, cos.shape[-1]), sin
+        return cos * torch.linspace(0.5, 1.0, cos.shape[-1], device=cos.device), sin
     model.model.rotary_emb.forward = uneven
     summary = gpuparity.patch(model)
     left = [e for e in summary.left if e.path.endswith("self_attn") and e.reason.startswith("rotary:")]

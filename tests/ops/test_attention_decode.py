@@ -181,7 +181,9 @@ def test_dispatcher_reasons_in_words():
     assert rows["triton"]["status"] == "verified" and table["chosen"] == "triton"
 
 
-def test_auto_skips_a_candidate_that_fails_its_check():
+def test_auto_skips_a_candidate_that_fails_its_check(monkeypatch):
+    # probed in this process: a crash-isolating child (the default on a GPU) has no planted backend
+    monkeypatch.setenv("GPUPARITY_PROBE", "inprocess")
     def broken(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None):
         return torch.zeros_like(q) + 1.0
     from gpuparity.backends.registry import Backend, register, unregister
