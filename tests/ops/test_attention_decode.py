@@ -204,3 +204,12 @@ def test_auto_skips_a_candidate_that_fails_its_check(monkeypatch):
 def test_sdpa_peer_matches_the_reference():
     args = make(q_len=4)
     check(attention_decode(*args, backend="sdpa"), *args)
+
+
+def test_tiles_fit_shared_memory_for_wide_heads_in_fp32():
+    # the H100 battery: D=256 fp32 at 3 stages x 64 keys asked for 296 KB of shared memory
+    nvidia = td.TILE_BYTES["nvidia"]
+    assert td.fit_tiles(64, 3, 128, 2, nvidia) == (64, 3)          # the tuned bf16 D=128 config stays
+    block_n, stages = td.fit_tiles(64, 3, 256, 4, nvidia)
+    assert stages * 2 * block_n * 256 * 4 <= nvidia and block_n >= 16
+    assert td.fit_tiles(64, 1, 256, 4, td.TILE_BYTES["amd"]) == (32, 1)      # 2 x 32 x 256 x 4 = 64 KB

@@ -15,7 +15,7 @@ float64 reference (the battery's)."""
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -258,6 +258,20 @@ def _config(device: torch.device) -> Dict[str, int]:
 
 VENDOR_CONFIGS = {"nvidia": {"block_n": 64, "num_warps": 4, "num_stages": 3},
                   "amd": {"block_n": 64, "num_warps": 4, "num_stages": 1}}
+# Bytes of K and V tiles the pipeline may hold at once (stages x 2 x BLOCK_N x BLOCK_D x element):
+# what fits beside the query tile in shared memory on every target (an H100 has 227 KB, an A100
+# 163 KB, an MI300 64 KB of LDS); D=256 in fp32 with 3 stages asked for 296 KB on the H100.
+TILE_BYTES = {"nvidia": 100 * 1024, "amd": 64 * 1024}
+
+
+def fit_tiles(block_n: int, num_stages: int, head_dim: int, element_size: int, budget: int) -> Tuple[int, int]:
+    """(block_n, num_stages) shrunk, stages first, until the K and V tiles fit `budget` bytes."""
+    block_d = max(16, triton_common.next_pow2(head_dim))
+    while num_stages > 1 and num_stages * 2 * block_n * block_d * element_size > budget:
+        num_stages -= 1
+    while block_n > 16 and num_stages * 2 * block_n * block_d * element_size > budget:
+        block_n //= 2
+    return block_n, num_stages
 
 
 def triton_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, num_splits=None,
@@ -268,7 +282,11 @@ def triton_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=Non
     batch, heads, q_len, head_dim = q.shape
     kv_heads, s_max = k_cache.shape[1], k_cache.shape[2]
     group = heads // kv_heads
-    config = _config(q.device)
+    config = dict(_config(q.device))
+    if not triton_common.interpreting() and q.device.type == "cuda":
+        budget = TILE_BYTES["amd" if triton_common.vendor() == "amd" else "nvidia"]
+        config["block_n"], config["num_stages"] = fit_tiles(int(block_n or config["block_n"]), config["num_stages"],
+                                                            head_dim, k_cache.element_size(), budget)
     block_n = int(block_n or config["block_n"])
     splits = int(num_splits or choose_splits(batch, kv_heads, s_max, block_n, q.device))
     scale = head_dim ** -0.5 if scale is None else float(scale)
