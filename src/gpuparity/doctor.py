@@ -90,6 +90,16 @@ def _timings(results: List[CheckResult], device: str, timeout: Optional[float],
     return times
 
 
+def _auto_may_pick(op: str, backend: str) -> bool:
+    """Whether backend="auto" may choose this backend (a baseline registered with probed=False,
+    e.g. linear_cross_entropy's materialising "torch", is checked but never chosen)."""
+    from . import dispatch
+    try:
+        return dispatch.get(op, backend).probed
+    except (KeyError, ValueError):
+        return True
+
+
 def recommendations(results: List[CheckResult], times: Dict[tuple, float], avoids: Sequence = (),
                     device_type: str = "cpu") -> List[Dict[str, Any]]:
     """Per op and dtype: the fastest backend that passed everything, and the ones to avoid
@@ -118,13 +128,17 @@ def recommendations(results: List[CheckResult], times: Dict[tuple, float], avoid
                 kinds = sorted({m.status.value for m in bad})
                 avoid.append({"backend": name, "failed": len(bad), "of": len(ran), "statuses": kinds,
                               "example": f"{bad[0].case}: {bad[0].reason[:160]}"})
-            else:
-                good.append({"backend": name, "checks": len(ran), "time_ms": times.get((op, name, dtype))})
+            elif _auto_may_pick(op, name):
+                good.append({"backend": name, "checks": len(ran), "time_ms": times.get((op, name, dtype)),
+                             "time_ms_large": times.get((op, name, dtype, "large"))})
         good.sort(key=lambda g: (g["time_ms"] is None, g["time_ms"] or 0.0))
         use = good[0]["backend"] if good else None
         text = f"{op} ({dtype}): " + (f"use {use}" if use else "no backend passed every check")
         if good and good[0]["time_ms"] is not None:
             text += f" ({good[0]['time_ms']:.3g} ms on the timing case)"
+        large = sorted((g for g in good if g["time_ms_large"] is not None), key=lambda g: g["time_ms_large"])
+        if large:   # what backend="auto" takes for training-size calls (checks/specs/base.py is_large)
+            text += f", {large[0]['backend']} for training-size calls ({large[0]['time_ms_large']:.3g} ms on the large case)"
         if avoid:
             text += "; avoid " + ", ".join(
                 f"{a['backend']}: known issue {a['known_issue']} confirmed here" if a.get("known_issue")

@@ -114,3 +114,21 @@ def test_budget_object_counts_down():
     assert not budget.spent and budget.remaining() > 0
     time.sleep(0.06)
     assert budget.spent and "budget of 0.05 s" in budget.reason
+
+
+def test_recommendation_names_the_training_size_choice_and_skips_baselines_auto_never_picks():
+    from gpuparity.checks.results import CheckResult, Status
+    from gpuparity.doctor import recommendations
+
+    def passed(op, backend):
+        return CheckResult(op=op, backend=backend, dtype="bfloat16", case="basic", status=Status.PASS, device="cuda")
+    results = [passed("rms_norm", "torch"), passed("rms_norm", "triton")]
+    times = {("rms_norm", "torch", "bfloat16"): 0.05, ("rms_norm", "triton", "bfloat16"): 0.08,
+             ("rms_norm", "torch", "bfloat16", "large"): 0.9, ("rms_norm", "triton", "bfloat16", "large"): 0.4}
+    (rec,) = recommendations(results, times)
+    assert rec["use"] == "torch" and "triton for training-size calls (0.4 ms" in rec["text"]
+    # linear_cross_entropy's "torch" materialises the logits: checked, never chosen by auto
+    results = [passed("linear_cross_entropy", "torch"), passed("linear_cross_entropy", "triton")]
+    times = {("linear_cross_entropy", "torch", "bfloat16"): 1.0, ("linear_cross_entropy", "triton", "bfloat16"): 2.0}
+    (rec,) = recommendations(results, times)
+    assert rec["use"] == "triton"
