@@ -23,6 +23,8 @@ import time
 VARIANTS = ("sdpa", "liger", "liger-norm-rope", "gpuparity")
 # gpuparity with one kind of module swapped, to tell the ops' shares apart (not in the default run)
 PARTIAL = {"gpuparity-attn": "LlamaAttention", "gpuparity-norm": "LlamaRMSNorm"}
+# gpuparity with every op forced to one backend instead of backend="auto"'s verified choice
+FORCED = {"gpuparity-triton": "triton"}
 MODES = ("eager", "compile")
 
 
@@ -84,11 +86,11 @@ def run_one(args, variant, mode, seq):
         vocab_size=args.vocab, max_position_embeddings=max(8192, seq), attn_implementation="sdpa")
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).to(device=device, dtype=dtype)
-    if variant == "gpuparity" or variant in PARTIAL:
+    if variant == "gpuparity" or variant in PARTIAL or variant in FORCED:
         import gpuparity
         from transformers.models.llama import modeling_llama
         include = (getattr(modeling_llama, PARTIAL[variant]),) if variant in PARTIAL else None
-        summary = gpuparity.patch(model, include=include)
+        summary = gpuparity.patch(model, include=include, backend=FORCED.get(variant, "auto"))
         notes.append(f"patched {len(summary)} modules, left {len(getattr(summary, 'left', []))}")
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
@@ -201,9 +203,9 @@ def main(argv=None):
     for seq in (int(s) for s in args.seqs.split(",")):
         for mode in args.modes.split(","):
             for variant in args.variants.split(","):
-                if variant not in VARIANTS and variant not in PARTIAL:
+                if variant not in VARIANTS and variant not in PARTIAL and variant not in FORCED:
                     raise SystemExit(f"--variants: unknown {variant!r}; expected names from "
-                                     f"{list(VARIANTS) + list(PARTIAL)}")
+                                     f"{list(VARIANTS) + list(PARTIAL) + list(FORCED)}")
                 cmd = [sys.executable, os.path.abspath(__file__), *child_argv, "--one", f"{variant}:{mode}:{seq}"]
                 proc = subprocess.run(cmd, capture_output=True, text=True)
                 if proc.returncode == 0:
