@@ -143,3 +143,12 @@ def test_return_dict_false_gives_a_tuple_with_the_loss_first():
     out = model(**batch, labels=labels, return_dict=False)
     assert isinstance(out, tuple)
     torch.testing.assert_close(out[0], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_patched_forward_with_labels_compiles_without_a_graph_break():
+    # the replaced forward (labels -> linear_cross_entropy, output assembly) traces as one graph
+    model = build("llama")
+    gpuparity.patch(model)
+    batch, labels = labelled("llama", torch.float32)
+    explanation = torch._dynamo.explain(lambda: model(**batch, labels=labels).loss)()
+    assert explanation.graph_break_count == 0, explanation.break_reasons

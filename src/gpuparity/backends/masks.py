@@ -73,20 +73,18 @@ def sdpa_arguments(q, k, attn_mask=None, key_padding_mask=None, is_causal=False,
         return None, bool(is_causal), None
     allowed = allowed_mask(q_len, k_len, q.device, attn_mask=attn_mask,
                            key_padding_mask=key_padding_mask, is_causal=is_causal, window=window)
+    # Unconditionally, not behind `if empty.any()`: that test is a device-to-host sync on every
+    # call (and inside a compiled graph's custom op, on every layer); with no empty row each step
+    # below leaves the mask and the output as they were.
     empty = ~allowed.any(-1, keepdim=True)
-    has_empty = bool(empty.any())
-    if has_empty:
-        first_key = torch.zeros(1, 1, 1, k_len, dtype=torch.bool, device=q.device)
-        first_key[..., 0] = True
-        safe_allowed = allowed | (empty & first_key)
-    else:
-        safe_allowed = allowed
-        empty = None
+    first_key = torch.zeros(1, 1, 1, k_len, dtype=torch.bool, device=q.device)
+    first_key[..., 0] = True
+    safe_allowed = allowed | (empty & first_key)
     if attn_mask is not None and attn_mask.dtype != torch.bool:
         # Additive mask in q's dtype (a mismatched mask dtype gave NaN on ROCm: SDPA-MASK-DTYPE-ROCM).
         additive = attn_mask.to(q.dtype)
-        if has_empty:  # the key unmasked for an empty row must add 0, not -inf
-            additive = torch.where(safe_allowed & ~allowed, torch.zeros((), dtype=q.dtype, device=q.device), additive)
+        # the key unmasked for an empty row must add 0, not -inf
+        additive = torch.where(safe_allowed & ~allowed, torch.zeros((), dtype=q.dtype, device=q.device), additive)
         neg_inf = torch.full((), float("-inf"), dtype=q.dtype, device=q.device)
         return torch.where(safe_allowed, additive, neg_inf), False, empty
     return safe_allowed, False, empty

@@ -73,7 +73,7 @@ def causal_lm_forward(self, *args, **kwargs):
     carried = {name: getattr(outputs, name, None) for name in ("cache", "past_key_values", "hidden_states",
                                                                  "attentions") if name in fields}
     result = CausalLMOutputWithPast(loss=loss, logits=None, **carried)
-    if return_dict is False or (return_dict is None and not getattr(self.config, "use_return_dict", True)):
+    if return_dict is False or (return_dict is None and not getattr(self.config, "return_dict", True)):
         return result.to_tuple()
     return result
 
