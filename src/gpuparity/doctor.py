@@ -100,6 +100,12 @@ def _auto_may_pick(op: str, backend: str) -> bool:
         return True
 
 
+def _registration_index(op: str, backend: str) -> int:
+    from . import dispatch
+    names = [b.name for b in dispatch.backends(op)]
+    return names.index(backend) if backend in names else len(names)
+
+
 def recommendations(results: List[CheckResult], times: Dict[tuple, float], avoids: Sequence = (),
                     device_type: str = "cpu") -> List[Dict[str, Any]]:
     """Per op and dtype: the fastest backend that passed everything, and the ones to avoid
@@ -131,7 +137,9 @@ def recommendations(results: List[CheckResult], times: Dict[tuple, float], avoid
             elif _auto_may_pick(op, name):
                 good.append({"backend": name, "checks": len(ran), "time_ms": times.get((op, name, dtype)),
                              "time_ms_large": times.get((op, name, dtype, "large"))})
-        good.sort(key=lambda g: (g["time_ms"] is None, g["time_ms"] or 0.0))
+        # as dispatch ranks them: by time, then (untimed, e.g. an op with no timing case) in the
+        # order the backends registered
+        good.sort(key=lambda g: (g["time_ms"] is None, g["time_ms"] or 0.0, _registration_index(op, g["backend"])))
         use = good[0]["backend"] if good else None
         text = f"{op} ({dtype}): " + (f"use {use}" if use else "no backend passed every check")
         if good and good[0]["time_ms"] is not None:

@@ -132,3 +132,17 @@ def test_recommendation_names_the_training_size_choice_and_skips_baselines_auto_
     times = {("linear_cross_entropy", "torch", "bfloat16"): 1.0, ("linear_cross_entropy", "triton", "bfloat16"): 2.0}
     (rec,) = recommendations(results, times)
     assert rec["use"] == "triton"
+
+
+def test_untimed_recommendation_follows_dispatch_order():
+    # attention_decode has no timing case: dispatch takes the first verified backend in
+    # registration order (triton before sdpa), and the doctor must name the same one
+    from gpuparity import dispatch
+    from gpuparity.checks.results import CheckResult, Status
+    from gpuparity.doctor import recommendations
+    order = [b.name for b in dispatch.backends("attention_decode") if not b.fallback]
+    assert order.index("triton") < order.index("sdpa")
+    results = [CheckResult(op="attention_decode", backend=name, dtype="bfloat16", case="c", status=Status.PASS,
+                           device="cuda") for name in ("sdpa", "triton")]
+    (rec,) = recommendations(results, {})
+    assert rec["use"] == "triton"
