@@ -37,7 +37,10 @@ def parse(argv=None):
     parser.add_argument("--graph", action="store_true",
                         help="time each call replayed from a CUDA graph (device time; without it the "
                              "smallest rows measure the host's launch time too)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not all(f.isdigit() and int(f) > 0 for f in args.splits_per_sm.split(",") if f):
+        parser.error(f"--splits-per-sm: expected comma-separated positive integers, got {args.splits_per_sm!r}")
+    return args
 
 
 def gpu_time_us(fn, torch, min_reps=5, target_ms=40.0):
@@ -63,20 +66,6 @@ def gpu_time_us(fn, torch, min_reps=5, target_ms=40.0):
     return 1000.0 * times[len(times) // 2]
 
 
-def graph_of(fn, torch):
-    """fn captured once in a CUDA graph; returns its replay (warm-up off the capture stream)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
 def copy_bandwidth(torch) -> float:
     """GB/s of a device-to-device copy of 2 GiB (bytes read + bytes written)."""
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
@@ -94,6 +83,7 @@ def main(argv=None) -> int:
         return 2
     os.environ.pop("TRITON_INTERPRET", None)
     from gpuparity.backends import triton_decode as td
+    from gpuparity.bench.common import graphed
 
     started = time.monotonic()
     props = torch.cuda.get_device_properties(0)
@@ -124,7 +114,7 @@ def main(argv=None) -> int:
                 torch.cuda.empty_cache()
                 continue
             lengths = torch.full((batch,), seq, dtype=torch.int32, device="cuda")
-            timed = (lambda fn: gpu_time_us(graph_of(fn, torch), torch)) if args.graph else \
+            timed = (lambda fn: gpu_time_us(graphed(fn), torch)) if args.graph else \
                 (lambda fn: gpu_time_us(fn, torch))
             best = None
             for block in blocks:
