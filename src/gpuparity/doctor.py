@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from . import __version__, platform
+from . import __version__, dispatch, platform
 from .checks.battery import (BatteryRun, Budget, WorkerPool, as_budget, estimate_seconds, normalize_device, plan,
                              run_battery, run_tasks, timing_tasks, validate_device, verdicts_from_results)
 from .checks.plan import timing_field
@@ -93,7 +93,6 @@ def _timings(results: List[CheckResult], device: str, timeout: Optional[float],
 def _auto_may_pick(op: str, backend: str) -> bool:
     """Whether backend="auto" may choose this backend (a baseline registered with probed=False,
     e.g. linear_cross_entropy's materialising "torch", is checked but never chosen)."""
-    from . import dispatch
     try:
         return dispatch.get(op, backend).probed
     except (KeyError, ValueError):
@@ -101,7 +100,6 @@ def _auto_may_pick(op: str, backend: str) -> bool:
 
 
 def _registration_index(op: str, backend: str) -> int:
-    from . import dispatch
     names = [b.name for b in dispatch.backends(op)]
     return names.index(backend) if backend in names else len(names)
 
