@@ -123,6 +123,10 @@ def run_one(args, variant, mode, seq):
     peak = torch.cuda.max_memory_allocated() / 2 ** 30 if device.type == "cuda" else None
     if args.profile:
         write_profile(args, f"{variant}-{mode}-{seq}", step, sync, torch)
+    if mode == "compile":
+        from torch._dynamo.utils import counters
+        notes.append(f"dynamo: {sum(counters['graph_break'].values())} graph breaks, "
+                     f"{counters['stats'].get('unique_graphs', 0)} graphs")
     return {"variant": variant, "mode": mode, "seq": seq, "tokens_per_step": tokens,
             "tokens_per_s": tokens * args.steps / elapsed, "step_ms": 1e3 * elapsed / args.steps,
             "peak_gib": peak, "warmup_s": warm_s, "losses": losses, "notes": notes}
@@ -148,6 +152,10 @@ def write_profile(args, label, step, sync, torch):
     with open(os.path.join(args.out, f"profile-{label}.txt"), "w") as handle:
         handle.write(f"host ms per step (returned, not synced), 5 steps: {[round(h, 2) for h in host]}\n")
         handle.write(prof.key_averages().table(sort_by=sort, row_limit=30, max_name_column_width=70))
+        if args.device == "cuda":   # where the host time goes (ops by their own CPU time)
+            handle.write("\n\nby self CPU time:\n")
+            handle.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30,
+                                                   max_name_column_width=70))
 
 
 def versions():

@@ -50,11 +50,12 @@ def test_battery_default_cases_pass(backend, case):
 
 def test_a_wrong_gradient_fails_the_battery():
     def slope_dropped(hidden, weight, target, bias=None, ignore_index=-100, reduction="mean", softcap=None):
-        def rows(logits, tgt, loss_out, scale, ignore, cap, write_grad):
-            ce_composition.torch_rows(logits, tgt, loss_out, scale, ignore, cap, write_grad)
+        def rows(logits, tgt, loss_out, lse_out, scale, ignore, cap, write_grad):
+            ce_composition.torch_rows(logits, tgt, loss_out, lse_out, scale, ignore, cap, write_grad)
             if write_grad and cap is not None:
                 logits.mul_(1.25)  # off by the slope's order of magnitude, as a dropped factor would be
-        return ce_composition.run(rows, hidden, weight, target, bias, ignore_index, reduction, softcap)
+        steps = ce_composition.Steps(rows, ce_composition.torch_cols)
+        return ce_composition.run(steps, hidden, weight, target, bias, ignore_index, reduction, softcap)
 
     status, comparisons, reason = run_case(slope_dropped, "softcap", torch.float32)
     assert status == Status.FAIL
@@ -107,6 +108,27 @@ def test_memory_does_not_grow_with_tokens_times_vocab(backend):
     with LargestAllocation() as materialized:
         gpuparity.linear_cross_entropy(hidden, weight, target, backend="torch").backward()
     assert materialized.largest >= 4 * tokens * vocab  # the check sees a materialised (tokens, vocab)
+
+
+@pytest.mark.parametrize("backend", ["composition", "triton"])
+def test_half_weight_gradient_needs_no_fp32_weight_sized_buffer(backend):
+    """grad_weight comes from one GEMM per vocab block in the weight's dtype: no fp32 accumulator
+    of the weight's size (the one-pass form held one, 2x a bf16 weight, at the loss's peak)."""
+    tokens, vocab, hidden_size = 64, 512, 64
+    hidden = torch.randn(tokens, hidden_size, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    weight = (0.1 * torch.randn(vocab, hidden_size, device=DEVICE, dtype=torch.bfloat16)).requires_grad_()
+    target = torch.randint(0, vocab, (tokens,), device=DEVICE)
+    with LargestAllocation() as mode:
+        gpuparity.linear_cross_entropy(hidden, weight, target, backend=backend).backward()
+    assert ce_composition.chunk_rows(tokens, vocab, hidden_size) * vocab < vocab * hidden_size
+    assert mode.largest == 2 * vocab * hidden_size
+    assert weight.grad.dtype == torch.bfloat16
+
+
+def test_vocab_blocks_hold_a_chunk_of_logits():
+    assert ce_composition.vocab_cols(8192, 32000, 512) == 1984          # 512 * 32000 / 8192, to a multiple of 64
+    assert ce_composition.vocab_cols(4, 10, 4) == 10                    # small vocab: one block
+    assert ce_composition.vocab_cols(1000, 50, 1) == 1
 
 
 def test_chunk_rows_follows_liger_and_is_capped():

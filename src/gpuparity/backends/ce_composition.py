@@ -1,15 +1,23 @@
 """Linear cross entropy without the (tokens, vocab) logits: the chunked driver both backends share
 (forward computes the loss and, when wanted, the gradients chunk by chunk; backward scales them),
-its torch-ops row step ("composition", the trusted fallback) and the materialising baseline ("torch").
+its torch-ops steps ("composition", the trusted fallback) and the materialising baseline ("torch").
 
-Memory: one chunk of fp32 logits (rows x vocab) at a time, reused in place for the gradient;
-grad_weight / grad_bias accumulate in fp32 and are cast to the parameters' dtypes at the end of
-the forward. The row count follows Liger-Kernel's heuristic (tokens / ceil(vocab / hidden), a
-power of two), capped at CHUNK_BYTES of fp32 logits.
+Two passes, each holding one logits block of at most a chunk's size (fp32, or the GEMM's dtype
+for native steps, see Steps):
+1. token chunks (rows x vocab): the loss and logsumexp of each row and, when grad_hidden is
+   wanted, the row's gradient in place, then grad_hidden = grad @ W for the chunk (one GEMM);
+2. vocab blocks (tokens x cols), only when grad_weight / grad_bias are wanted: the block's logits
+   again, its gradient from the saved logsumexp, then grad_weight[block] = grad.T @ hidden, one
+   GEMM over every token straight into the parameter's dtype.
+So every gradient element is rounded once (fp32 accumulation inside the GEMM), nothing is
+accumulated across chunks (no fp32 weight-sized buffer, no elementwise adds: the one-pass form
+spent ~4 ms of a Llama step on them), at the price of one more logits GEMM. The row count
+follows Liger-Kernel's heuristic (tokens / ceil(vocab / hidden), a power of two), capped at
+CHUNK_BYTES of fp32 logits; a vocab block takes the same bytes.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Tuple
+from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -20,12 +28,28 @@ from .registry import Backend, register
 CHUNK_BYTES = 256 * 1024 * 1024
 REDUCTIONS = ("mean", "sum", "none")
 
-# rows_fn(logits, target, loss_out, scale, ignore_index, softcap, write_grad): per row of the
+# rows(logits, target, loss_out, lse_out, scale, ignore_index, softcap, write_grad): per row of the
 # chunk `logits` (rows, V) in the compute dtype (contiguous, owned by the caller): loss_out[r] =
-# logsumexp(z_r) - z_r[target_r] with z = softcap * tanh(logits / softcap) when softcap is set,
-# 0 where target == ignore_index; when write_grad, logits is overwritten with
-# d(loss_r)/d(logits_r) * scale[r] (scale: a 0-d or (rows,) tensor), zero rows where ignored.
-RowsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, Optional[float], bool], None]
+# logsumexp(z_r) - z_r[target_r] and lse_out[r] = logsumexp(z_r), with z = softcap *
+# tanh(logits / softcap) when softcap is set; loss 0 where target == ignore_index (lse then
+# unspecified); when write_grad, logits is overwritten with d(loss_r)/d(logits_r) * scale[r]
+# (scale: a 0-d or (rows,) tensor), zero rows where ignored.
+RowsFn = Callable[..., None]
+# cols(logits, target, lse, scale, ignore_index, softcap, start): `logits` (N, C) are columns
+# start..start+C of every row's logits; overwritten with the gradient as rows would write it,
+# from the lse of pass 1 (scale a 0-d or (N,) tensor).
+ColsFn = Callable[..., None]
+
+
+class Steps(NamedTuple):
+    """A backend's two kernels-or-torch-ops steps (see RowsFn / ColsFn). native: the steps take
+    the logits in the GEMM's own dtype (bf16 / fp16 / fp32) and do their math in fp32 registers
+    (the Triton kernels): no fp32 copy of a chunk, and the gradient is rounded to that dtype once,
+    where the GEMM that reads it would round it anyway. Else the logits are converted to the
+    compute dtype first (the torch ops' steps)."""
+    rows: RowsFn
+    cols: ColsFn
+    native: bool = False
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -41,77 +65,112 @@ def chunk_rows(n: int, vocab: int, hidden: int) -> int:
     return max(1, min(rows, CHUNK_BYTES // (4 * max(vocab, 1)), max(n, 1)))
 
 
-def torch_rows(logits, target, loss_out, scale, ignore_index, softcap, write_grad) -> None:
+def vocab_cols(n: int, vocab: int, rows: int) -> int:
+    """Columns per vocab block of pass 2: the bytes of a (rows, vocab) chunk, a multiple of 64
+    when that many fit (GEMM tiles), at least 1, at most vocab."""
+    cols = max(1, rows * vocab // max(n, 1))
+    if cols >= 64:
+        cols -= cols % 64
+    return min(cols, vocab)
+
+
+def _capped(logits: torch.Tensor, softcap: Optional[float], write_grad: bool) -> Optional[torch.Tensor]:
+    """logits <- softcap * tanh(logits / softcap) in place; returns the slope 1 - tanh^2 (when
+    write_grad), d(c tanh(y/c))/dy."""
+    if softcap is None:
+        return None
+    logits.div_(softcap).tanh_()
+    slope = (1.0 - logits.square()) if write_grad else None
+    logits.mul_(softcap)
+    return slope
+
+
+def _finish_grad(probs: torch.Tensor, slope, scale: torch.Tensor, valid: torch.Tensor) -> None:
+    if slope is not None:
+        probs.mul_(slope)
+    probs.mul_(scale.reshape(-1, 1) if scale.dim() else scale)
+    probs.masked_fill_(~valid[:, None], 0.0)
+
+
+def torch_rows(logits, target, loss_out, lse_out, scale, ignore_index, softcap, write_grad) -> None:
     """The row step in torch ops (one extra chunk-sized temporary for logsumexp / the softcap slope)."""
     valid = target != ignore_index
     safe = target.masked_fill(~valid, 0).long()
-    if softcap is not None:
-        logits.div_(softcap).tanh_()
-        slope = (1.0 - logits.square()) if write_grad else None   # d(c tanh(y/c))/dy = 1 - tanh^2
-        logits.mul_(softcap)
+    slope = _capped(logits, softcap, write_grad)
     lse = torch.logsumexp(logits, dim=-1)
+    lse_out.copy_(lse)
     picked = logits.gather(1, safe[:, None])[:, 0]
     loss_out.copy_((lse - picked).masked_fill(~valid, 0.0))
     if not write_grad:
         return
     logits.sub_(lse[:, None]).exp_()
     logits.scatter_add_(1, safe[:, None], torch.full_like(picked[:, None], -1.0))
-    if softcap is not None:
-        logits.mul_(slope)
-    logits.mul_(scale.reshape(-1, 1) if scale.dim() else scale)
-    logits.masked_fill_(~valid[:, None], 0.0)
+    _finish_grad(logits, slope, scale, valid)
 
 
-def _accumulate(acc: torch.Tensor, grad: torch.Tensor, rows: torch.Tensor) -> None:
-    """acc (V, H) += grad(rows, V).T @ rows(rows, H) in acc's dtype. Half inputs: per block of
-    vocab rows, each product a temporary no larger than the logits chunk (no fp32 copy of them)."""
-    if grad.dtype == acc.dtype:
-        acc.addmm_(grad.t(), rows)
-        return
-    vocab, hidden = acc.shape
-    block = max(1, min(vocab, grad.numel() // max(hidden, 1)))
-    for start in range(0, vocab, block):
-        acc[start:start + block].add_(torch.mm(grad[:, start:start + block].t(), rows))
+def torch_cols(logits, target, lse, scale, ignore_index, softcap, start) -> None:
+    """The vocab-block step in torch ops."""
+    valid = target != ignore_index
+    slope = _capped(logits, softcap, True)
+    logits.sub_(lse[:, None].to(logits.dtype)).exp_()
+    local = target.long() - start
+    inside = valid & (local >= 0) & (local < logits.shape[1])
+    logits.scatter_add_(1, local.clamp(0, logits.shape[1] - 1)[:, None], -inside.to(logits.dtype)[:, None])
+    _finish_grad(logits, slope, scale, valid)
+
+
+TORCH_STEPS = Steps(torch_rows, torch_cols)
+
+
+def _owned(logits: torch.Tensor, cdt: torch.dtype, steps: Steps) -> torch.Tensor:
+    return logits.contiguous() if steps.native else logits.to(cdt).contiguous()
+
+
+def _low(logits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return logits if logits.dtype == dtype else logits.to(dtype)
 
 
 def chunked(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], target: torch.Tensor,
             ignore_index: int, softcap: Optional[float], row_scale: Optional[torch.Tensor],
-            wanted: Tuple[bool, bool, bool], rows_fn: RowsFn, chunk: Optional[int] = None):
-    """One pass over hidden (N, H) in chunks: (per-row losses (N,) in the compute dtype,
-    grad_hidden, grad_weight, grad_bias) with the gradients of sum_r row_scale[r] * loss_r
-    (row_scale a 0-d or (N,) tensor; gradients None where not wanted or row_scale is None)."""
+            wanted: Tuple[bool, bool, bool], steps: Steps, chunk: Optional[int] = None):
+    """The two passes over hidden (N, H): (per-row losses (N,) in the compute dtype, grad_hidden,
+    grad_weight, grad_bias) with the gradients of sum_r row_scale[r] * loss_r (row_scale a 0-d or
+    (N,) tensor; gradients None where not wanted or row_scale is None)."""
     n, vocab = hidden.shape[0], weight.shape[0]
     cdt = compute_dtype(hidden.dtype)
     grads = row_scale is not None and any(wanted)
+    want_h = grads and wanted[0]
+    want_w = grads and wanted[1]
+    want_b = grads and wanted[2] and bias is not None
     losses = torch.empty(n, dtype=cdt, device=hidden.device)
-    grad_h = torch.empty_like(hidden, memory_format=torch.contiguous_format) if grads and wanted[0] else None
-    grad_w = torch.zeros(weight.shape, dtype=cdt, device=hidden.device) if grads and wanted[1] else None
-    grad_b = (torch.zeros(vocab, dtype=cdt, device=hidden.device)
-              if grads and wanted[2] and bias is not None else None)
+    lse = torch.empty(n, dtype=cdt, device=hidden.device)
+    grad_h = torch.empty_like(hidden, memory_format=torch.contiguous_format) if want_h else None
     step = chunk or chunk_rows(n, vocab, hidden.shape[1])
     for start in range(0, n, step):
         rows = hidden[start:start + step]
-        logits = F.linear(rows, weight, bias)
-        logits = logits.to(cdt).contiguous()     # the fp32 chunk the row step owns
+        logits = _owned(F.linear(rows, weight, bias), cdt, steps)      # the chunk the row step owns
         scale = losses.new_zeros(())
-        if grads:
+        if want_h:
             scale = row_scale if row_scale.dim() == 0 else row_scale[start:start + step]
-        rows_fn(logits, target[start:start + step], losses[start:start + step], scale, ignore_index, softcap, grads)
-        if not grads:
-            continue
-        if grad_b is not None:
-            grad_b += logits.sum(0)
-        low = logits if logits.dtype == hidden.dtype else logits.to(hidden.dtype)
+        steps.rows(logits, target[start:start + step], losses[start:start + step], lse[start:start + step], scale,
+                   ignore_index, softcap, want_h)
+        if want_h:
+            torch.mm(_low(logits, hidden.dtype), weight, out=grad_h[start:start + step])
         del logits
-        if grad_h is not None:
-            torch.mm(low, weight, out=grad_h[start:start + step])
-        if grad_w is not None:
-            _accumulate(grad_w, low, rows)
-        del low
-    if grad_w is not None:
-        grad_w = grad_w.to(weight.dtype)
-    if grad_b is not None:
-        grad_b = grad_b.to(bias.dtype)
+    grad_w = torch.empty_like(weight, memory_format=torch.contiguous_format) if want_w else None
+    grad_b = torch.empty_like(bias, memory_format=torch.contiguous_format) if want_b else None
+    if want_w or want_b:
+        cols = vocab_cols(n, vocab, step)
+        for start in range(0, vocab, cols):
+            stop = min(start + cols, vocab)
+            logits = _owned(F.linear(hidden, weight[start:stop], None if bias is None else bias[start:stop]), cdt,
+                            steps)
+            steps.cols(logits, target, lse, row_scale, ignore_index, softcap, start)
+            if grad_b is not None:
+                grad_b[start:stop] = logits.sum(0)
+            if grad_w is not None:
+                torch.mm(_low(logits, hidden.dtype).t(), hidden, out=grad_w[start:stop])
+            del logits
     return losses, grad_h, grad_w, grad_b
 
 
@@ -127,7 +186,7 @@ def mean_scale(target: torch.Tensor, ignore_index: int, dtype: torch.dtype) -> t
     return 1.0 / (target != ignore_index).sum().clamp(min=1).to(dtype)
 
 
-def forward_saving(rows_fn: RowsFn, hidden, weight, target, bias, ignore_index, reduction, softcap, wanted):
+def forward_saving(steps: Steps, hidden, weight, target, bias, ignore_index, reduction, softcap, wanted):
     """(loss, saved): for mean/sum the gradients of the loss (computed here, chunk by chunk);
     for none nothing (the backward recomputes with its per-row grad_output)."""
     hidden2, target1 = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)
@@ -137,13 +196,13 @@ def forward_saving(rows_fn: RowsFn, hidden, weight, target, bias, ignore_index, 
         cdt = compute_dtype(hidden.dtype)
         scale = mean_scale(target1, ignore_index, cdt) if reduction == "mean" else torch.ones((), dtype=cdt,
                                                                                              device=hidden.device)
-    losses, gh, gw, gb = chunked(hidden2, weight, bias, target1, ignore_index, softcap, scale, wanted, rows_fn)
+    losses, gh, gw, gb = chunked(hidden2, weight, bias, target1, ignore_index, softcap, scale, wanted, steps)
     loss = reduce_rows(losses, target1, ignore_index, reduction)
     gh = None if gh is None else gh.reshape(hidden.shape)
     return (loss.reshape(target.shape) if reduction == "none" else loss), (gh, gw, gb)
 
 
-def backward_from(rows_fn: RowsFn, grad, saved, hidden, weight, target, bias, ignore_index, reduction, softcap,
+def backward_from(steps: Steps, grad, saved, hidden, weight, target, bias, ignore_index, reduction, softcap,
                   wanted):
     """(grad_hidden, grad_weight, grad_bias), None where not wanted."""
     if reduction != "none":
@@ -152,7 +211,7 @@ def backward_from(rows_fn: RowsFn, grad, saved, hidden, weight, target, bias, ig
     hidden2 = hidden.reshape(-1, hidden.shape[-1])
     scale = grad.reshape(-1).to(compute_dtype(hidden.dtype))
     _, gh, gw, gb = chunked(hidden2, weight, bias, target.reshape(-1), ignore_index, softcap, scale,
-                            tuple(bool(w) for w in wanted), rows_fn)
+                            tuple(bool(w) for w in wanted), steps)
     return (None if gh is None else gh.reshape(hidden.shape)), gw, gb
 
 
@@ -163,10 +222,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, target, spec):
-        rows_fn, ignore_index, reduction, softcap = spec
+        steps, ignore_index, reduction, softcap = spec
         needs = ctx.needs_input_grad
         wanted = (needs[0], needs[1], bias is not None and needs[2])
-        loss, saved = forward_saving(rows_fn, hidden, weight, target, bias, ignore_index, reduction, softcap, wanted)
+        loss, saved = forward_saving(steps, hidden, weight, target, bias, ignore_index, reduction, softcap, wanted)
         ctx.spec, ctx.wanted, ctx.used = spec, wanted, False
         ctx.save_for_backward(*(saved if reduction != "none" else (hidden, weight, bias, target)))
         return loss
@@ -174,10 +233,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
-        rows_fn, ignore_index, reduction, softcap = ctx.spec
+        steps, ignore_index, reduction, softcap = ctx.spec
         if reduction == "none":
             hidden, weight, bias, target = ctx.saved_tensors
-            grads = backward_from(rows_fn, grad, (), hidden, weight, target, bias, ignore_index, reduction,
+            grads = backward_from(steps, grad, (), hidden, weight, target, bias, ignore_index, reduction,
                                   softcap, ctx.wanted)
             return (*grads, None, None)
         if ctx.used:
@@ -190,19 +249,19 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return (*grads, None, None)
 
 
-def run(rows_fn: RowsFn, hidden, weight, target, bias=None, ignore_index=-100, reduction="mean", softcap=None):
-    """The op through `rows_fn`, differentiable when an input needs a gradient."""
+def run(steps: Steps, hidden, weight, target, bias=None, ignore_index=-100, reduction="mean", softcap=None):
+    """The op through `steps`, differentiable when an input needs a gradient."""
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
     if not needs_grad:
-        return forward_saving(rows_fn, hidden, weight, target, bias, ignore_index, reduction, softcap,
+        return forward_saving(steps, hidden, weight, target, bias, ignore_index, reduction, softcap,
                               (False, False, False))[0]
-    return _LinearCrossEntropy.apply(hidden, weight, bias, target, (rows_fn, ignore_index, reduction, softcap))
+    return _LinearCrossEntropy.apply(hidden, weight, bias, target, (steps, ignore_index, reduction, softcap))
 
 
 # ----------------------------------------------------------------------------- backends
 def composition_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-100, reduction="mean",
                                      softcap=None):
-    return run(torch_rows, hidden, weight, target, bias, ignore_index, reduction, softcap)
+    return run(TORCH_STEPS, hidden, weight, target, bias, ignore_index, reduction, softcap)
 
 
 def materialized_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-100, reduction="mean",
@@ -220,11 +279,11 @@ def materialized_linear_cross_entropy(hidden, weight, target, bias=None, ignore_
 
 
 def _saving(hidden, weight, target, bias, ignore_index, reduction, softcap, wanted):
-    return forward_saving(torch_rows, hidden, weight, target, bias, ignore_index, reduction, softcap, wanted)
+    return forward_saving(TORCH_STEPS, hidden, weight, target, bias, ignore_index, reduction, softcap, wanted)
 
 
 def _from(grad, saved, hidden, weight, target, bias, ignore_index, reduction, softcap, wanted):
-    return backward_from(torch_rows, grad, saved, hidden, weight, target, bias, ignore_index, reduction, softcap,
+    return backward_from(TORCH_STEPS, grad, saved, hidden, weight, target, bias, ignore_index, reduction, softcap,
                          wanted)
 
 

@@ -1,7 +1,8 @@
-"""Linear cross entropy's row step in Triton, registered as the "triton" backend: per row of an
-fp32 logits chunk, an online logsumexp over the vocabulary in blocks, the loss, and the gradient
+"""Linear cross entropy's steps in Triton, registered as the "triton" backend: per row of an fp32
+logits chunk, an online logsumexp over the vocabulary in blocks, the loss, and the gradient
 (softmax - onehot, times the softcap's slope and the row's scale) written in place into the
-chunk. The chunking, the GEMMs and autograd are ce_composition's, shared with the torch backend."""
+chunk; per vocab block, the same gradient from the saved logsumexp. The two passes, the GEMMs
+and autograd are ce_composition's, shared with the torch backend."""
 from __future__ import annotations
 
 import torch
@@ -32,7 +33,16 @@ if triton is not None:
         return z
 
     @triton.jit
-    def _ce_rows_kernel(LOGITS, TARGET, LOSS, SCALE, stride_row, scale_stride, n_cols, ignore_index, softcap,
+    def _ce_grad(z, lse, is_target, scale, softcap, HAS_SOFTCAP: tl.constexpr):
+        """d loss / d logits at capped logits z: (softmax - onehot) * slope * scale."""
+        grad = tl.exp(z - lse) - tl.where(is_target, 1.0, 0.0)
+        if HAS_SOFTCAP:
+            ratio = z / softcap
+            grad = grad * (1.0 - ratio * ratio)
+        return grad * scale
+
+    @triton.jit
+    def _ce_rows_kernel(LOGITS, TARGET, LOSS, LSE, SCALE, stride_row, scale_stride, n_cols, ignore_index, softcap,
                         HAS_SOFTCAP: tl.constexpr, WRITE_GRAD: tl.constexpr, BLOCK_V: tl.constexpr):
         """One row per program. Pass 1: running max and sum of exp over blocks (the online
         logsumexp); pass 2 (WRITE_GRAD): the gradient into the same row. Ignored rows: loss 0
@@ -55,29 +65,50 @@ if triton is not None:
             lse = run_max + tl.log(run_sum)
             picked = _capped(tl.load(base + target).to(tl.float32), softcap, HAS_SOFTCAP)
             tl.store(LOSS + row, lse - picked)
+            tl.store(LSE + row, lse)
             if WRITE_GRAD:
                 scale = tl.load(SCALE + row * scale_stride).to(tl.float32)
                 for start in range(0, n_cols, BLOCK_V):
                     offs = start + cols
                     ok = offs < n_cols
                     z = _capped(tl.load(base + offs, mask=ok, other=0.0).to(tl.float32), softcap, HAS_SOFTCAP)
-                    grad = tl.exp(z - lse) - tl.where(offs == target, 1.0, 0.0)
-                    if HAS_SOFTCAP:
-                        ratio = z / softcap
-                        grad = grad * (1.0 - ratio * ratio)
-                    tl.store(base + offs, grad * scale, mask=ok)
+                    tl.store(base + offs, _ce_grad(z, lse, offs == target, scale, softcap, HAS_SOFTCAP), mask=ok)
         else:
             tl.store(LOSS + row, 0.0)
+            tl.store(LSE + row, 0.0)
             if WRITE_GRAD:
                 for start in range(0, n_cols, BLOCK_V):
                     offs = start + cols
                     tl.store(base + offs, tl.zeros([BLOCK_V], dtype=tl.float32), mask=offs < n_cols)
 
 
-def triton_rows(logits, target, loss_out, scale, ignore_index, softcap, write_grad) -> None:
-    """ce_composition's row step on the Triton kernel (fp32 chunks; float64 goes to torch_rows)."""
-    if logits.dtype != torch.float32:
-        ce_composition.torch_rows(logits, target, loss_out, scale, ignore_index, softcap, write_grad)
+    @triton.jit
+    def _ce_cols_kernel(LOGITS, TARGET, LSE, SCALE, stride_row, scale_stride, n_cols, col_start, ignore_index,
+                        softcap, HAS_SOFTCAP: tl.constexpr, BLOCK: tl.constexpr):
+        """Program (row, column block) of a vocab block starting at vocabulary column col_start:
+        the gradient in place from the row's saved logsumexp; zeros for ignored rows."""
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < n_cols
+        ptrs = LOGITS + row * stride_row + offs
+        target = tl.load(TARGET + row).to(tl.int64)
+        if target != ignore_index:
+            lse = tl.load(LSE + row)
+            scale = tl.load(SCALE + row * scale_stride).to(tl.float32)
+            z = _capped(tl.load(ptrs, mask=ok, other=0.0).to(tl.float32), softcap, HAS_SOFTCAP)
+            tl.store(ptrs, _ce_grad(z, lse, (offs + col_start) == target, scale, softcap, HAS_SOFTCAP), mask=ok)
+        else:
+            tl.store(ptrs, tl.zeros([BLOCK], dtype=tl.float32), mask=ok)
+
+
+COLS_BLOCK = 1024
+
+
+def triton_rows(logits, target, loss_out, lse_out, scale, ignore_index, softcap, write_grad) -> None:
+    """ce_composition's row step on the Triton kernel (logits in fp32/bf16/fp16, math in fp32;
+    float64 goes to torch_rows)."""
+    if logits.dtype == torch.float64:
+        ce_composition.torch_rows(logits, target, loss_out, lse_out, scale, ignore_index, softcap, write_grad)
         return
     rows, vocab = logits.shape
     if rows == 0:
@@ -85,30 +116,49 @@ def triton_rows(logits, target, loss_out, scale, ignore_index, softcap, write_gr
     block = min(MAX_BLOCK_V, next_pow2(vocab))
     scale = scale.to(torch.float32)
     launch(_ce_rows_kernel, (rows,), (
-        logits, target, loss_out, scale, logits.stride(0), 0 if scale.dim() == 0 else 1, vocab, int(ignore_index),
-        float(softcap) if softcap is not None else 1.0),
+        logits, target, loss_out, lse_out, scale, logits.stride(0), 0 if scale.dim() == 0 else 1, vocab,
+        int(ignore_index), float(softcap) if softcap is not None else 1.0),
         num_warps=max(1, min(8, block // 512)), HAS_SOFTCAP=softcap is not None, WRITE_GRAD=bool(write_grad),
         BLOCK_V=block)
 
 
+def triton_cols(logits, target, lse, scale, ignore_index, softcap, start) -> None:
+    """ce_composition's vocab-block step on the Triton kernel (float64 goes to torch_cols)."""
+    if logits.dtype == torch.float64:
+        ce_composition.torch_cols(logits, target, lse, scale, ignore_index, softcap, start)
+        return
+    rows, cols = logits.shape
+    if rows == 0 or cols == 0:
+        return
+    block = min(COLS_BLOCK, next_pow2(cols))
+    scale = scale.to(torch.float32)
+    launch(_ce_cols_kernel, (rows, triton.cdiv(cols, block)), (
+        logits, target, lse, scale, logits.stride(0), 0 if scale.dim() == 0 else 1, cols, int(start),
+        int(ignore_index), float(softcap) if softcap is not None else 1.0),
+        num_warps=4, HAS_SOFTCAP=softcap is not None, BLOCK=block)
+
+
+STEPS = ce_composition.Steps(triton_rows, triton_cols, native=True)
+
+
 def triton_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-100, reduction="mean",
                                 softcap=None):
-    return ce_composition.run(triton_rows, hidden, weight, target, bias, ignore_index, reduction, softcap)
+    return ce_composition.run(STEPS, hidden, weight, target, bias, ignore_index, reduction, softcap)
 
 
 def _saving(hidden, weight, target, bias, ignore_index, reduction, softcap, wanted):
-    return ce_composition.forward_saving(triton_rows, hidden, weight, target, bias, ignore_index, reduction,
+    return ce_composition.forward_saving(STEPS, hidden, weight, target, bias, ignore_index, reduction,
                                          softcap, wanted)
 
 
 def _from(grad, saved, hidden, weight, target, bias, ignore_index, reduction, softcap, wanted):
-    return ce_composition.backward_from(triton_rows, grad, saved, hidden, weight, target, bias, ignore_index,
+    return ce_composition.backward_from(STEPS, grad, saved, hidden, weight, target, bias, ignore_index,
                                         reduction, softcap, wanted)
 
 
 register(Backend(
     name="triton", op="linear_cross_entropy", fn=triton_linear_cross_entropy,
     description="chunked F.linear + a Triton online-logsumexp row kernel writing the gradient in place "
-                "(fp32 logits, gradients in the forward)",
+                "(logits in the input dtype, fp32 math, gradients in the forward)",
     dtypes=(torch.float16, torch.bfloat16, torch.float32), availability=availability, supports=problem_reasons,
     jit=True, forward_saving=_saving, backward_from=_from))
