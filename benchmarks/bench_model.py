@@ -22,7 +22,7 @@ import time
 
 VARIANTS = ("sdpa", "liger", "liger-norm-rope", "gpuparity")
 # gpuparity with one kind of module swapped, to tell the ops' shares apart (not in the default run)
-PARTIAL = {"gpuparity-attn": "LlamaAttention", "gpuparity-norm": "LlamaRMSNorm"}
+PARTIAL = {"gpuparity-attn": "LlamaAttention", "gpuparity-norm": "LlamaRMSNorm", "gpuparity-mlp": "LlamaMLP"}
 # gpuparity with every op forced to one backend instead of backend="auto"'s verified choice
 FORCED = {"gpuparity-triton": "triton"}
 MODES = ("eager", "compile")

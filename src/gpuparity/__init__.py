@@ -21,6 +21,7 @@ _LAZY = {
     "layer_norm": "gpuparity.ops.norms",
     "apply_rotary": "gpuparity.ops.rotary",
     "linear_cross_entropy": "gpuparity.ops.linear_cross_entropy",
+    "swiglu": "gpuparity.ops.swiglu",
     "check": "gpuparity.api",
     "get_device": "gpuparity.device",
     "patch": "gpuparity.nn.patch",

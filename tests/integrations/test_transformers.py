@@ -178,6 +178,22 @@ def test_summary_lists_replaced_and_left():
     assert gpuparity.patch(model) == [], "patching twice must not replace anything again"
 
 
+def test_silu_mlps_go_to_swiglu_and_gelu_mlps_are_left(monkeypatch):
+    from gpuparity.integrations import transformers_mlp
+    calls = []
+    real = transformers_mlp.swiglu
+    monkeypatch.setattr(transformers_mlp, "swiglu", lambda g, u, **kw: calls.append(g.shape) or real(g, u, **kw))
+    model = build("llama")
+    summary = gpuparity.patch(model)
+    mlps = [e for e in summary.replaced if "gpuparity.swiglu" in e.reason]
+    assert [e.path for e in mlps] == [f"model.layers.{i}.mlp" for i in range(model.config.num_hidden_layers)]
+    model(input_ids=torch.randint(0, model.config.vocab_size, (1, 5)))
+    assert len(calls) == model.config.num_hidden_layers
+    gemma = gpuparity.patch(build("gemma"))
+    assert any(e.path.endswith("layers.0.mlp") and "gpuparity.swiglu is silu(gate) * up only" in e.reason
+               for e in gemma.left)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_gemma2_with_its_logit_softcap_is_served_and_matches_float64(dtype):
     """Gemma-2 at its default softcap (attn_logit_softcapping=50; small here so that it bites):

@@ -16,6 +16,7 @@ MODULES = (
     "gpuparity.backends.triton_rotary",
     "gpuparity.backends.ce_composition",
     "gpuparity.backends.triton_cross_entropy",
+    "gpuparity.backends.triton_swiglu",
     "gpuparity.backends.flex",
     "gpuparity.backends.compiled",
 )

@@ -105,6 +105,14 @@ def cross_entropy_composition(logits, target, *, ignore_index=-100, label_smooth
     return (loss.sum() / valid.sum()).to(logits.dtype)
 
 
+def torch_swiglu(gate, up):
+    return F.silu(gate) * up
+
+
+def swiglu_composition(gate, up):
+    return gate * torch.sigmoid(gate) * up
+
+
 def _register_pair(op, torch_fn, composition_fn, torch_desc):
     register(Backend("torch", op, torch_fn, torch_desc))
     register(Backend("composition", op, composition_fn, "plain composition in the input dtype (trusted baseline)",
@@ -118,3 +126,4 @@ _register_pair("softmax", torch_softmax, softmax_composition, "torch.softmax")
 _register_pair("matmul", torch_matmul, matmul_composition, "torch.matmul (cuBLAS / hipBLASLt / CPU BLAS)")
 _register_pair("conv2d", torch_conv2d, conv2d_composition, "F.conv2d (cuDNN / MIOpen / CPU)")
 _register_pair("cross_entropy", torch_cross_entropy, cross_entropy_composition, "F.cross_entropy")
+_register_pair("swiglu", torch_swiglu, swiglu_composition, "F.silu(gate) * up (autograd keeps the activation)")

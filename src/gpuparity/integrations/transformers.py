@@ -13,6 +13,7 @@ from ..nn.summary import PatchEntry, PatchSummary
 from ..ops.attention import attention
 from ..ops.norms import rms_norm
 from .transformers_loss import patch_causal_lm_loss
+from .transformers_mlp import patch_mlps
 from .transformers_rotary import patch_rotary
 
 NAME = "gpuparity"
@@ -239,7 +240,8 @@ def patch_model(model: nn.Module, *, backend: str = "auto", include=None,
     torch drop-ins, nn.LayerNorm included, follow there): RMSNorms of the families in RMS_NORMS
     become subclasses calling gpuparity.rms_norm; attention switches to "gpuparity" unless the
     config needs what gpuparity.attention lacks; the attention's apply_rotary_pos_emb goes to
-    gpuparity.apply_rotary (transformers_rotary)."""
+    gpuparity.apply_rotary (transformers_rotary); silu gated MLPs go to gpuparity.swiglu
+    (transformers_mlp); the causal-LM loss to gpuparity.linear_cross_entropy (transformers_loss)."""
     transformers = _import()
     summary = PatchSummary() if summary is None else summary
     found = version_tuple(transformers.__version__)
@@ -287,5 +289,6 @@ def patch_model(model: nn.Module, *, backend: str = "auto", include=None,
                 and not hasattr(cls, "gpuparity_original"):
             summary.left.append(PatchEntry(path, _qualname(module), "RMSNorm of a family gpuparity has not checked"))
     patch_rotary(model, backend=backend, summary=summary, wanted=wanted)
+    patch_mlps(model, backend=backend, summary=summary, wanted=wanted)
     patch_causal_lm_loss(model, backend=backend, summary=summary, wanted=wanted)
     return summary

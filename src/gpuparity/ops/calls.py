@@ -366,3 +366,16 @@ def linear_cross_entropy_problem(hidden, weight, target, bias, ignore_index, red
         features += (("softcap", softcap),)
     return Problem("linear_cross_entropy", hidden.device, hidden.dtype,
                    "softcap" if softcap is not None else "default", features)
+
+
+# ----------------------------------------------------------------------------- swiglu
+def swiglu_problem(gate, up) -> Problem:
+    """Validate swiglu's arguments and describe the call for the dispatcher ("large" as the
+    norms': ranked by the training-size timing from 4M elements)."""
+    expect_tensor("gate", gate, dtypes=FLOAT_DTYPES)
+    expect_tensor("up", up, dtypes=FLOAT_DTYPES)
+    if gate.dim() == 0 or tuple(up.shape) != tuple(gate.shape):
+        raise ValueError(f"up: expected the shape of gate {tuple(gate.shape)} (at least 1-D), got {describe(up)}")
+    expect_same_dtype("gate", gate, up=up)
+    expect_same_device("gate", gate, up=up)
+    return Problem("swiglu", gate.device, gate.dtype, "default", (("large", gate.numel() >= LARGE_NORM),))

@@ -25,9 +25,10 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     (float64 for float64 inputs) whatever the input dtype, like transformers' loss on upcast
     logits; the gradients have the inputs' dtypes.
 
-    Memory: logits are made one chunk of tokens at a time (at most a few hundred MB of fp32);
-    with mean/sum the gradients are computed in that same pass (grad_weight accumulated in fp32)
-    and the backward only scales them, so a second backward through one graph is refused.
+    Memory: logits are made one chunk of tokens at a time (at most a few hundred MB); the weight's
+    gradient comes from a second pass over vocabulary blocks, one GEMM per block into the
+    weight's dtype (no fp32 weight-sized buffer). With mean/sum the gradients are computed in the
+    forward and the backward only scales them, so a second backward through one graph is refused.
     """
     problem = linear_cross_entropy_problem(hidden, weight, target, bias, ignore_index, reduction, softcap)
     softcap = problem.feature("softcap")

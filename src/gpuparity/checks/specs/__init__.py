@@ -11,11 +11,13 @@ from .rotary import SPEC as ROTARY
 from .decode import SPEC as DECODE
 from .varlen import SPEC as VARLEN
 from .linear_cross_entropy import SPEC as LINEAR_CE
+from .swiglu import SPEC as SWIGLU
 
 SPECS: Dict[str, OpSpec] = {spec.op: spec for spec in (
     ATTENTION, SOFTMAX_SPEC, LN_SPEC, RMS_SPEC, ROTARY, MATMUL_SPEC, CONV2D_SPEC, CROSS_ENTROPY_SPEC)}
 SPECS.update({spec.op: spec for spec in (VARLEN, DECODE)})
 SPECS[LINEAR_CE.op] = LINEAR_CE
+SPECS[SWIGLU.op] = SWIGLU
 OPS = tuple(SPECS)
 
 

@@ -1,0 +1,86 @@
+"""Battery cases for swiglu (silu(gate) * up): odd widths, saturating gates (sigmoid at 0 and 1,
+exp overflowing for very negative gates), the halves of a fused projection (strided rows), a
+transposed view, rows wider than one kernel block; gradients of gate and up."""
+from __future__ import annotations
+
+from typing import List
+
+import torch
+
+from .base import Case, OpSpec, randn
+
+
+def reference_swiglu(gate, up):
+    """The float64 referee: gate * sigmoid(gate) * up."""
+    gate = gate.double()
+    return gate * torch.sigmoid(gate) * up.double()
+
+
+def _case(name, level="default", **params) -> Case:
+    defaults = dict(shape=(4, 64), scale=2.0, layout="contiguous")
+    defaults.update(params)
+    return Case(name, defaults, level)
+
+
+CASES: List[Case] = [
+    _case("basic", "quick"),
+    _case("odd_37", "quick", shape=(7, 37)),
+    # gates of ~+-100: sigmoid is exactly 0 or 1 in every dtype and exp(-g) overflows fp32 for g < -88
+    _case("saturating", "quick", shape=(6, 40), scale=60.0),
+    # the two halves of one (rows, 2n) projection output, as LlamaMLP-style fused weights give them
+    _case("fused_halves", "quick", shape=(6, 48), layout="fused"),
+    _case("batched_3d", shape=(2, 5, 48)),
+    _case("wide_5632", shape=(3, 5632)),
+    _case("tiny_values", shape=(4, 96), scale=1e-3),
+    _case("transposed_view", shape=(24, 10), layout="transposed"),
+    _case("llama_7b_rows", "full", shape=(64, 11008)),
+]
+
+
+class SwiGLUSpec(OpSpec):
+    op = "swiglu"
+    signature = "fn(gate, up)"
+    grad_inputs = ("gate", "up")
+    reference_fn = staticmethod(reference_swiglu)
+
+    def cases(self):
+        return CASES
+
+    def timing_params(self):
+        return _case("timing", shape=(1024, 2048)).params
+
+    def large_timing_params(self):
+        return _case("timing-large", shape=(4096, 5632)).params
+
+    def is_large(self, problem):
+        return bool(problem.feature("large", False))
+
+    def make_inputs(self, p, gen):
+        shape = tuple(p["shape"])
+        if p["layout"] == "fused":
+            # gate in the first half of its rows, up in the second half of its own: both read
+            # through a row stride of 2n, as the halves of one projection are
+            shape = shape[:-1] + (2 * shape[-1],)
+        elif p["layout"] == "transposed":
+            shape = (shape[-1], shape[0])
+        return {"gate": randn(gen, *shape, scale=p["scale"]), "up": randn(gen, *shape)}
+
+    def call(self, fn, inputs, p):
+        gate, up = inputs["gate"], inputs["up"]
+        if p["layout"] == "fused":
+            n = p["shape"][-1]
+            gate, up = gate[..., :n], up[..., n:]
+        elif p["layout"] == "transposed":
+            gate, up = gate.t(), up.t()
+        return fn(gate, up)
+
+    def zero_masks(self, inputs, p):
+        if p["layout"] != "fused":
+            return {}
+        n = p["shape"][-1]
+        unused_gate = torch.zeros_like(inputs["gate"], dtype=torch.bool)
+        unused_gate[..., n:] = True
+        return {"grad_gate": unused_gate, "grad_up": ~unused_gate}
+
+
+SPEC = SwiGLUSpec()

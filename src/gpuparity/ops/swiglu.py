@@ -1,0 +1,74 @@
+"""`gpuparity.swiglu(gate, up)` = silu(gate) * up, the gated MLP activation of Llama, Mistral and
+Qwen, with the backend chosen by the verified dispatcher; and `gpuparity::swiglu` (+ its backward
+op) as a torch.library custom op, the path the public function takes while torch.compile or
+torch.export traces it."""
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+from torch import Tensor
+
+from . import select
+from .calls import swiglu_problem
+from .library import _recomputed_grads
+
+__all__ = ["swiglu"]
+
+
+def swiglu(gate: Tensor, up: Tensor, *, backend: str = "auto") -> Tensor:
+    """silu(gate) * up = gate * sigmoid(gate) * up, elementwise; gate and up of one shape, dtype
+    and device (e.g. the two halves of a fused gate/up projection, read in place). The Triton
+    backend computes in fp32 and rounds once, and its backward recomputes silu(gate) from the
+    saved gate and up, so training keeps two (tokens, intermediate) tensors per layer where
+    `F.silu(gate) * up` keeps three. backend: "auto" or a name from
+    `gpuparity.dispatch.backends("swiglu")`."""
+    problem = swiglu_problem(gate, up)
+    if torch.compiler.is_compiling():  # traced: one op that chooses its backend when it runs
+        return torch.ops.gpuparity.swiglu(gate, up, backend)
+    return select.resolve(problem, backend).fn(gate, up)
+
+
+@torch.library.custom_op("gpuparity::swiglu", mutates_args=())
+def swiglu_op(gate: Tensor, up: Tensor, backend: str) -> Tensor:
+    chosen = select.resolve(swiglu_problem(gate, up), backend)
+    if chosen.forward_saving is not None:
+        return chosen.forward_saving(gate, up)[0]
+    return chosen.fn(gate, up).contiguous()
+
+
+@swiglu_op.register_fake
+def _swiglu_fake(gate, up, backend):
+    return torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+
+
+@torch.library.custom_op("gpuparity::swiglu_backward", mutates_args=())
+def swiglu_backward_op(grad: Tensor, gate: Tensor, up: Tensor, backend: str) -> Tuple[Tensor, Tensor]:
+    chosen = select.resolve(swiglu_problem(gate, up), backend)
+    if chosen.backward_from is not None:
+        dgate, dup = chosen.backward_from(grad, (), gate, up)
+    else:
+        dgate, dup = _recomputed_grads(chosen.fn, [gate, up], [True, True], grad)
+    return dgate.contiguous(), dup.contiguous()
+
+
+@swiglu_backward_op.register_fake
+def _swiglu_backward_fake(grad, gate, up, backend):
+    return (torch.empty(gate.shape, dtype=gate.dtype, device=gate.device),
+            torch.empty(up.shape, dtype=up.dtype, device=up.device))
+
+
+def _setup(ctx, inputs, output):
+    gate, up, backend = inputs
+    ctx.save_for_backward(gate, up)
+    ctx.backend = backend
+
+
+def _backward(ctx, grad):
+    gate, up = ctx.saved_tensors
+    dgate, dup = torch.ops.gpuparity.swiglu_backward(grad, gate, up, ctx.backend)
+    needs = ctx.needs_input_grad
+    return (dgate if needs[0] else None), (dup if needs[1] else None), None
+
+
+swiglu_op.register_autograd(_backward, setup_context=_setup)
