@@ -18,8 +18,9 @@ except Exception:  # noqa: BLE001 - no triton: the backend says so through avail
     triton = None
     tl = None
 
-# Elements of a row per program (4 warps, 8 per thread).
+# Elements of a row per program, and warps per program.
 MAX_BLOCK = 1024
+NUM_WARPS = 4
 
 if triton is not None:
 
@@ -84,7 +85,7 @@ def swiglu_forward(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     up, stride_u = _rows(up)
     cols = out.shape[-1]
     grid, block = _grid(out.numel() // cols, cols)
-    launch(_swiglu_fwd_kernel, grid, (gate, up, out, cols, stride_g, stride_u, cols), num_warps=4, BLOCK=block)
+    launch(_swiglu_fwd_kernel, grid, (gate, up, out, cols, stride_g, stride_u, cols), num_warps=NUM_WARPS, BLOCK=block)
     return out
 
 
@@ -99,7 +100,7 @@ def swiglu_backward(grad: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) ->
     cols = dgate.shape[-1]
     grid, block = _grid(dgate.numel() // cols, cols)
     launch(_swiglu_bwd_kernel, grid, (grad, gate, up, dgate, dup, cols, stride_do, stride_g, stride_u, cols, cols),
-           num_warps=4, BLOCK=block)
+           num_warps=NUM_WARPS, BLOCK=block)
     return dgate, dup
 
 

@@ -164,6 +164,11 @@ def timing_tasks(keys: Iterable[tuple], device: str, mode: str = "time", first_i
     return tasks
 
 
+# The training-size timing case: timed by device time (execute.time_case(device_time=True)),
+# where the small case is timed step by step, host included.
+LARGE_TIMING_CASE = "timing-large"
+
+
 def timing_cases(op: str, device: str) -> List[tuple]:
     """(case name, params) of the op's timing runs on `device`: "timing", plus "timing-large"
     on a GPU where the spec has one (specs/base.py large_timing_params)."""
@@ -171,10 +176,11 @@ def timing_cases(op: str, device: str) -> List[tuple]:
     cases = [("timing", spec.timing_params())]
     large = spec.large_timing_params()
     if large is not None and not str(device).startswith("cpu"):
-        cases.append(("timing-large", large))
+        cases.append((LARGE_TIMING_CASE, large))
     return cases
 
 
 def timing_field(case: str) -> str:
-    """The verdict field a timing case's milliseconds go to."""
-    return "time_ms_large" if case == "timing-large" else "time_ms"
+    """The verdict field a timing case's milliseconds go to: "time_ms" (each step synchronised:
+    host and device) or, for the training-size case, "time_ms_large" (device time per step)."""
+    return "time_ms_large" if case == LARGE_TIMING_CASE else "time_ms"
