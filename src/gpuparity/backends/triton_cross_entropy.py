@@ -9,7 +9,7 @@ import torch
 
 from . import ce_composition
 from .registry import Backend, register
-from .triton_common import availability, launch, next_pow2, problem_reasons
+from .triton_common import AotSpec, availability, launch, next_pow2, problem_reasons
 
 try:
     import triton
@@ -139,6 +139,28 @@ def triton_cols(logits, target, lse, scale, ignore_index, softcap, start) -> Non
 
 
 STEPS = ce_composition.Steps(triton_rows, triton_cols, native=True)
+
+
+def aot_specs():
+    """Both kernels on bf16 chunks (the native steps' dtype in training), softcap on and off,
+    at their largest blocks, for every AOT target."""
+    if triton is None:
+        return []
+    specs = []
+    for softcap in (False, True):
+        rows_const = {"HAS_SOFTCAP": softcap, "WRITE_GRAD": True, "BLOCK_V": MAX_BLOCK_V}
+        rows_sig = {"LOGITS": "*bf16", "TARGET": "*i64", "LOSS": "*fp32", "LSE": "*fp32", "SCALE": "*fp32",
+                    "stride_row": "i64", "scale_stride": "i32", "n_cols": "i32", "ignore_index": "i32",
+                    "softcap": "fp32", **{k: "constexpr" for k in rows_const}}
+        cols_const = {"HAS_SOFTCAP": softcap, "BLOCK": COLS_BLOCK}
+        cols_sig = {"LOGITS": "*bf16", "TARGET": "*i64", "LSE": "*fp32", "SCALE": "*fp32", "stride_row": "i64",
+                    "scale_stride": "i32", "n_cols": "i32", "col_start": "i32", "ignore_index": "i32",
+                    "softcap": "fp32", **{k: "constexpr" for k in cols_const}}
+        tag = "softcap" if softcap else "plain"
+        specs.append(AotSpec(f"linear_cross_entropy.rows.{tag}", _ce_rows_kernel, rows_sig, rows_const,
+                             num_warps=max(1, min(8, MAX_BLOCK_V // 512))))
+        specs.append(AotSpec(f"linear_cross_entropy.cols.{tag}", _ce_cols_kernel, cols_sig, cols_const, num_warps=4))
+    return specs
 
 
 def triton_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-100, reduction="mean",

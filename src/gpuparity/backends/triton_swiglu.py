@@ -4,12 +4,12 @@ activation silu(gate) is never stored (an eager `act_fn(gate) * up` keeps it for
 (tokens, intermediate) tensor per layer). Registered as the "triton" backend of op "swiglu"."""
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
 from .registry import Backend, register
-from .triton_common import availability, cdiv, launch, next_pow2, problem_reasons
+from .triton_common import AotSpec, availability, cdiv, launch, next_pow2, problem_reasons
 
 try:
     import triton
@@ -123,6 +123,20 @@ class TritonSwiGLU(torch.autograd.Function):
 
 def triton_swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return TritonSwiGLU.apply(gate, up)
+
+
+def aot_specs() -> List[AotSpec]:
+    """The shipped configuration (bf16, a full block) of both kernels, for every AOT target."""
+    if triton is None:
+        return []
+    const = {"BLOCK": MAX_BLOCK}
+    fwd = {"G": "*bf16", "U": "*bf16", "OUT": "*bf16", "n_cols": "i32", "stride_g": "i64", "stride_u": "i64",
+           "stride_o": "i64", "BLOCK": "constexpr"}
+    bwd = {"DO": "*bf16", "G": "*bf16", "U": "*bf16", "DG": "*bf16", "DU": "*bf16", "n_cols": "i32",
+           "stride_do": "i64", "stride_g": "i64", "stride_u": "i64", "stride_dg": "i64", "stride_du": "i64",
+           "BLOCK": "constexpr"}
+    return [AotSpec("swiglu.fwd", _swiglu_fwd_kernel, fwd, const, num_warps=NUM_WARPS),
+            AotSpec("swiglu.bwd", _swiglu_bwd_kernel, bwd, const, num_warps=NUM_WARPS)]
 
 
 def _saving(gate, up):
