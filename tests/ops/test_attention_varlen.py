@@ -199,6 +199,25 @@ def test_bad_arguments_name_themselves(case):
         attention_varlen(*args.values(), backend="composition")
 
 
+def test_cu_seqlens_values_are_read_once_per_tensor_and_version(monkeypatch):
+    """One host sync per cu_seqlens tensor and version, not per call: a model's layers share
+    them; an in-place change is checked again."""
+    from gpuparity.ops import library_varlen
+    reads = []
+    real = library_varlen._cu_values
+    monkeypatch.setattr(library_varlen, "_cu_values", lambda cu: reads.append(cu) or real(cu))
+    qkv, cu_q, cu_k = packed_inputs(q_lens=[3, 5], k_lens=[4, 6], dtype=torch.float32)
+    for _ in range(3):   # three "layers"
+        attention_varlen(*qkv, cu_q, cu_k, 5, 6, backend="composition")
+    assert len(reads) == 2                   # q's and k's, once
+    cu_k[1] = 7                              # in place: lengths 7 and 3, the longest past max_seqlen_k=6
+    with pytest.raises(ValueError, match="^max_seqlen_k: expected >= the longest sequence"):
+        attention_varlen(*qkv, cu_q, cu_k, 5, 6, backend="composition")
+    fresh = cu_q.clone()                     # same values, another tensor: checked
+    attention_varlen(*qkv, fresh, cu_k.copy_(torch.tensor([0, 4, 10], dtype=cu_k.dtype)), 5, 6, backend="composition")
+    assert sum(r is fresh for r in reads) == 1
+
+
 def test_window_larger_than_the_sequence_names_window():
     with pytest.raises(ValueError, match="^window: left = 9 is larger than the sequence"):
         attention_varlen(*_bad().values(), window=(9, 0), backend="composition")
