@@ -38,3 +38,34 @@ def test_device_time_falls_back_to_synchronised_steps_on_the_cpu():
     params = {"shape": (4, 8), "scale": 1.0, "layout": "contiguous"}
     ms = execute.time_case("swiglu", fn, params, torch.float32, torch.device("cpu"), repeats=3, device_time=True)
     assert ms > 0.0
+
+
+def test_a_first_call_probes_only_the_backends_without_a_verdict(monkeypatch, tmp_path):
+    """After `gpuparity doctor` (default level: backends that compile per shape are left for
+    --full), a first call must not re-check every backend of the op, only those missing."""
+    from gpuparity import dispatch
+    from gpuparity.backends.registry import Problem
+    from gpuparity.checks import probe, verdicts
+
+    monkeypatch.setenv("GPUPARITY_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(probe.TRUST_UNPROBED, raising=False)
+    verdicts.clear_cache()
+    problem = Problem("rms_norm", torch.device("cpu"), torch.bfloat16, "default", (("large", False),))
+    names = probe.probed_backends("rms_norm")
+    assert len(names) >= 2
+    have, missing = names[0], names[1:]
+    verdicts.store_verdicts(problem.device, {verdicts.probe_key(problem, dispatch.get("rms_norm", have)):
+                                             {"passed": True, "reason": "planted", "time_ms": 1.0}})
+    asked = []
+
+    def fake_probe_op(op, dtype, kind, device, backends=None):
+        asked.append(list(backends) if backends is not None else None)
+        return {verdicts.probe_key(problem, dispatch.get(op, name)): {"passed": True, "reason": "probed", "time_ms": 2.0}
+                for name in (backends or names)}
+
+    monkeypatch.setattr(probe, "probe_op", fake_probe_op)
+    found = probe.probe_verdict(problem, dispatch.get("rms_norm", missing[0]))
+    assert asked == [missing] and found["reason"] == "probed"
+    assert probe.probe_verdict(problem, dispatch.get("rms_norm", have))["reason"] == "planted"
+    assert len(asked) == 1
+    verdicts.clear_cache()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Dict
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
@@ -33,11 +33,18 @@ def _isolate(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def probe_op(op: str, dtype: torch.dtype, kind: str, device) -> Dict[str, Dict[str, Any]]:
-    """Verdicts keyed as verdicts.probe_key for every probed backend of `op` at `dtype`."""
+def probed_backends(op: str) -> List[str]:
+    """The backends of `op` that auto chooses from and therefore probes."""
+    return [b.name for b in dispatch.backends(op) if b.probed and not b.fallback]
+
+
+def probe_op(op: str, dtype: torch.dtype, kind: str, device,
+             backends: Optional[Sequence[str]] = None) -> Dict[str, Dict[str, Any]]:
+    """Verdicts keyed as verdicts.probe_key for every probed backend of `op` at `dtype` (or
+    those of `backends` among them)."""
     device = normalize_device(device)
     spec = get_spec(op)
-    probed = [b.name for b in dispatch.backends(op) if b.probed and not b.fallback]
+    probed = [name for name in probed_backends(op) if backends is None or name in backends]
     if not probed:
         return {}
 
@@ -89,6 +96,10 @@ def probe_verdict(problem: Problem, backend: Backend) -> Dict[str, Any]:
     key = verdicts_store.probe_key(problem, backend)
     stored = verdicts_store.load(path)
     if key not in stored:
+        # only the backends with no verdict for this call's kind yet: after `gpuparity doctor`
+        # (which leaves the --full backends unchecked) a first call does not re-check the rest
+        missing = [name for name in probed_backends(problem.op)
+                   if verdicts_store.probe_key(problem, dispatch.get(problem.op, name)) not in stored]
         dtype = str(problem.dtype).replace("torch.", "")
         # A first call can take a minute on a GPU (Triton compiles, crash-isolated checks):
         # say so through logging (shown on stderr by default), since the library never prints.
@@ -96,7 +107,8 @@ def probe_verdict(problem: Problem, backend: Backend) -> Dict[str, Any]:
                     "before backend='auto' uses them (once; cached in %s; `gpuparity doctor` fills the cache "
                     "ahead of time)", problem.op, dtype, problem.kind, problem.device, path)
         started = time.monotonic()
-        verdicts_store.store_verdicts(problem.device, probe_op(problem.op, problem.dtype, problem.kind, problem.device))
+        verdicts_store.store_verdicts(problem.device, probe_op(problem.op, problem.dtype, problem.kind, problem.device,
+                                                               missing or None))
         LOG.info("gpuparity: probed %s (%s, %s) in %.1f s", problem.op, dtype, problem.kind,
                  time.monotonic() - started)
         stored = verdicts_store.load(path)
