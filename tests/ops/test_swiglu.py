@@ -109,3 +109,15 @@ def test_compiled_fullgraph_matches_eager():
         torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
     torch._dynamo.reset()
     assert torch._dynamo.explain(step)(both).graph_break_count == 0
+
+
+@pytest.mark.parametrize("shape", [(0, 8), (3, 0), (7,)], ids=["no_rows", "no_cols", "one_dim"])
+def test_empty_and_one_dim_inputs(shape):
+    gate = torch.randn(shape, device=DEVICE, requires_grad=True)
+    up = torch.randn(shape, device=DEVICE, requires_grad=True)
+    out = gpuparity.swiglu(gate, up, backend="triton")
+    expected = torch.nn.functional.silu(gate.detach()) * up.detach()
+    torch.testing.assert_close(out.detach(), expected)
+    out.sum().backward()
+    assert gate.grad.shape == gate.shape and up.grad.shape == up.shape
+    torch.testing.assert_close(up.grad, torch.nn.functional.silu(gate.detach()))
