@@ -89,6 +89,27 @@ def test_apply_rotary_varlen_computes_max_seqlen():
     assert compare("out", out, expected, None, torch.float32).passed
 
 
+def test_rotary_varlen_values_are_checked_once_per_tensor_and_version(monkeypatch):
+    """A model rotates q and k in every layer with the same cu_seqlens: one host sync for them,
+    not one per call; an in-place change is checked again (and a bad value raises)."""
+    from gpuparity.ops import calls
+    reads = []
+    real = calls._check_rotary_cu_values
+    monkeypatch.setattr(calls, "_check_rotary_cu_values", lambda *a: reads.append(a) or real(*a))
+    x = rand(10, 2, 8)
+    cos, sin = tables(16, 8)
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32, device=DEVICE)
+    for _ in range(3):
+        apply_rotary(x, cos, sin, cu_seqlens=cu, backend="composition")
+    assert len(reads) == 1
+    cu[1] = 5
+    apply_rotary(x, cos, sin, cu_seqlens=cu, backend="composition")
+    assert len(reads) == 2
+    cu[1] = 11
+    with pytest.raises(ValueError, match="^cu_seqlens: expected a non-decreasing sequence"):
+        apply_rotary(x, cos, sin, cu_seqlens=cu, backend="composition")
+
+
 def test_rotary_kinds_follow_the_battery():
     assert rotary_kind(False, None) == "half"
     assert rotary_kind(True, None) == "interleaved"

@@ -4,7 +4,8 @@ the public functions (ops/attention.py, norms.py, rotary.py) and their torch.lib
 from __future__ import annotations
 
 import numbers
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+import weakref
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -229,6 +230,30 @@ def rotary_kind(interleaved: bool, cu_seqlens) -> str:
     return ("varlen-" if cu_seqlens is not None else "") + ("interleaved" if interleaved else "half")
 
 
+# Checks of tensor values (each one host sync) already passed: key -> (weakrefs to the tensors,
+# their _versions, the check's result). A model passes the same cu_seqlens / offsets to every
+# layer, so only the first call of a step pays the sync; an in-place change bumps _version and
+# is checked again; the weakrefs rule out new tensors that reuse freed ones' ids.
+_VALUES_CHECKED: Dict[tuple, tuple] = {}
+_VALUES_CHECKED_MAX = 256
+
+
+def checked_once(tensors: Sequence[Optional[torch.Tensor]], extra: tuple, check: Callable[[], Any]) -> Any:
+    """check()'s result, computed once per (tensors as objects and versions, extra); check
+    raises on bad values, and a raise is never remembered."""
+    key = tuple(id(t) for t in tensors) + tuple(extra)
+    versions = tuple(None if t is None else t._version for t in tensors)
+    seen = _VALUES_CHECKED.get(key)
+    if seen is not None and seen[1] == versions and all(
+            (ref is None and t is None) or (ref is not None and ref() is t) for ref, t in zip(seen[0], tensors)):
+        return seen[2]
+    result = check()
+    if len(_VALUES_CHECKED) >= _VALUES_CHECKED_MAX:
+        _VALUES_CHECKED.clear()
+    _VALUES_CHECKED[key] = (tuple(None if t is None else weakref.ref(t) for t in tensors), versions, result)
+    return result
+
+
 def _capturing(device: torch.device) -> bool:
     """True while a CUDA graph is captured or torch.compile/export traces: the checks that read
     device values are skipped then (the torch.library op runs them when it runs)."""
@@ -299,8 +324,8 @@ def check_rotary_inputs(x, cos, sin, *, interleaved, seqlen_offsets, cu_seqlens,
     if cu_seqlens is None:
         if isinstance(seqlen_offsets, torch.Tensor):
             if not _capturing(x.device) and seqlen_offsets.numel():
-                low, high = (int(v) for v in torch.stack([seqlen_offsets.min(), seqlen_offsets.max()]).tolist())
-                _check_positions(low, high + seqlen, table_len)
+                checked_once((seqlen_offsets,), ("rotary-offsets", seqlen, table_len),
+                             lambda: _check_offsets(seqlen_offsets, seqlen, table_len))
         else:
             _check_positions(int(seqlen_offsets), int(seqlen_offsets) + seqlen if seqlen else 0, table_len)
         return None
@@ -311,6 +336,22 @@ def check_rotary_inputs(x, cos, sin, *, interleaved, seqlen_offsets, cu_seqlens,
         if max_seqlen is None:
             raise ValueError("max_seqlen: needed with cu_seqlens while a CUDA graph is being captured")
         return int(max_seqlen)
+    offsets_tensor = seqlen_offsets if isinstance(seqlen_offsets, torch.Tensor) else None
+    return checked_once((cu_seqlens, offsets_tensor),
+                        ("rotary", None if offsets_tensor is not None else int(seqlen_offsets), batch, total,
+                         table_len, max_seqlen),
+                        lambda: _check_rotary_cu_values(cu_seqlens, seqlen_offsets, batch, total, table_len,
+                                                        max_seqlen))
+
+
+def _check_offsets(offsets: torch.Tensor, seqlen: int, table_len: int) -> None:
+    low, high = (int(v) for v in torch.stack([offsets.min(), offsets.max()]).tolist())
+    _check_positions(low, high + seqlen, table_len)
+
+
+def _check_rotary_cu_values(cu_seqlens, seqlen_offsets, batch: int, total: int, table_len: int, max_seqlen) -> int:
+    """cu_seqlens from 0 to total, non-decreasing, positions within the table (one host sync);
+    returns max_seqlen, or the longest sequence when it is None."""
     cu = cu_seqlens.long()
     lengths = cu[1:] - cu[:-1]
     offsets = seqlen_offsets.long() if isinstance(seqlen_offsets, torch.Tensor) else torch.full_like(lengths, int(seqlen_offsets))

@@ -8,8 +8,7 @@ dense ops), and the argument checks the public function shares with it."""
 from __future__ import annotations
 
 import numbers
-import weakref
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -18,7 +17,7 @@ from ..backends.masks import attention_kind
 from ..backends.registry import Problem
 from ..backends.triton_attention.varlen import triton_attention_varlen, varlen_backward_from, varlen_forward_saving
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_same_dtype, expect_tensor
-from .calls import INDEX_DTYPES, _capturing, check_softcap, check_window
+from .calls import INDEX_DTYPES, _capturing, check_softcap, check_window, checked_once
 from .library import _like, _recomputed_grads, _serve, _served
 
 __all__ = ["attention_varlen", "attention_varlen_problem"]
@@ -30,14 +29,6 @@ def _check_max(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
         raise TypeError(f"{name}: expected an int >= 0 (the longest sequence), got {describe(value)}")
     return int(value)
-
-
-# cu_seqlens tensors whose values were checked: id -> (weakref to the tensor, its _version, total,
-# max_seqlen). A model calls attention_varlen once per layer with the same cu_seqlens, so only
-# the first call of a step pays the host sync; an in-place change bumps _version and is checked
-# again; the weakref rules out a new tensor that reuses a freed one's id.
-_CHECKED: Dict[int, tuple] = {}
-_CHECKED_MAX = 256
 
 
 def _cu_values(cu: torch.Tensor) -> Tuple[int, int, int, int]:
@@ -52,10 +43,13 @@ def _cu_values(cu: torch.Tensor) -> Tuple[int, int, int, int]:
 
 def _check_cu_values(name: str, cu: torch.Tensor, total: int, total_name: str, max_name: str, max_seqlen: int):
     """The values of one cu_seqlens: from 0, non-decreasing, ending at the total number of
-    tokens, no sequence longer than max_seqlen (one host sync, once per tensor and version)."""
-    seen = _CHECKED.get(id(cu))
-    if seen is not None and seen[0]() is cu and seen[1:] == (cu._version, total, max_seqlen):
-        return
+    tokens, no sequence longer than max_seqlen (one host sync, once per tensor and version: a
+    model's layers share their cu_seqlens, calls.checked_once)."""
+    checked_once((cu,), ("varlen", total, max_seqlen),
+                 lambda: _check_cu(name, cu, total, total_name, max_name, max_seqlen))
+
+
+def _check_cu(name: str, cu: torch.Tensor, total: int, total_name: str, max_name: str, max_seqlen: int) -> None:
     first, last, decreasing, longest = _cu_values(cu)
     if first != 0:
         raise ValueError(f"{name}: expected cumulative lengths starting at 0, got first value {first}")
@@ -66,9 +60,6 @@ def _check_cu_values(name: str, cu: torch.Tensor, total: int, total_name: str, m
         raise ValueError(f"{name}: expected the last value to be {total_name} = {total}, got {last}")
     if max_seqlen < longest:
         raise ValueError(f"{max_name}: expected >= the longest sequence ({longest}), got {max_seqlen}")
-    if len(_CHECKED) >= _CHECKED_MAX:
-        _CHECKED.clear()
-    _CHECKED[id(cu)] = (weakref.ref(cu), cu._version, total, max_seqlen)
 
 
 def attention_varlen_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
