@@ -15,6 +15,7 @@ from ..ops.norms import rms_norm
 from .transformers_loss import patch_causal_lm_loss
 from .transformers_mlp import patch_mlps
 from .transformers_rotary import patch_rotary
+from .swap import qualname, swapped_subclass
 
 NAME = "gpuparity"
 # transformers versions this module is tested with: AttentionInterface (4.48+) and the mask
@@ -164,18 +165,10 @@ _SWAPPED_CLASSES: Dict[type, type] = {}
 
 
 def _swapped_class(cls: type) -> type:
-    """A subclass of transformers' RMSNorm whose forward calls gpuparity.rms_norm (isinstance,
-    attributes and state_dict stay those of the original)."""
-    if cls not in _SWAPPED_CLASSES:
-        eps_attr, one_plus = RMS_NORMS[cls.__name__]
-        name = f"Gpuparity{cls.__name__}"
-        new = type(name, (cls,), {
-            "forward": _rms_one_plus_forward if one_plus else _rms_forward,
-            "gpuparity_original": cls, "gpuparity_eps_attr": eps_attr, "__module__": __name__,
-            "__qualname__": name})
-        globals()[name] = new  # pickle finds it by name
-        _SWAPPED_CLASSES[cls] = new
-    return _SWAPPED_CLASSES[cls]
+    """A subclass of transformers' RMSNorm whose forward calls gpuparity.rms_norm."""
+    eps_attr, one_plus = RMS_NORMS[cls.__name__]
+    return swapped_subclass(cls, _rms_one_plus_forward if one_plus else _rms_forward, globals(), _SWAPPED_CLASSES,
+                            gpuparity_eps_attr=eps_attr)
 
 
 # --------------------------------------------------------------------------- patch
@@ -192,11 +185,6 @@ def _old_style_attention(model: nn.Module):
         if type(module).__name__.endswith("Attention") and not any(
                 type(child).__name__.endswith("Attention") for child in module.children()):
             yield path, module
-
-
-def _qualname(module: nn.Module) -> str:
-    cls = type(module)
-    return f"{cls.__module__}.{cls.__name__}"
 
 
 def _attention_left_reason(model: nn.Module) -> Optional[str]:
@@ -256,7 +244,7 @@ def patch_model(model: nn.Module, *, backend: str = "auto", include=None,
     if not attention_sites:
         for path, module in _old_style_attention(model):
             if wanted(module):
-                summary.left.append(PatchEntry(path, _qualname(module), (
+                summary.left.append(PatchEntry(path, qualname(module), (
                     f"attention: {type(module).__name__} in transformers {transformers.__version__} computes "
                     "attention itself, not through AttentionInterface (a newer transformers routes it)")))
     if attention_sites and any(wanted(m) for _, m in attention_sites):
@@ -268,10 +256,10 @@ def patch_model(model: nn.Module, *, backend: str = "auto", include=None,
             if not wanted(module):
                 continue
             if reason is not None:
-                summary.left.append(PatchEntry(path, _qualname(module), f"attention: {reason}"))
+                summary.left.append(PatchEntry(path, qualname(module), f"attention: {reason}"))
             elif not already:
                 module.gpuparity_backend = backend
-                summary.replaced.append(PatchEntry(path, _qualname(module), (
+                summary.replaced.append(PatchEntry(path, qualname(module), (
                     f"attention: attn_implementation='{NAME}' (gpuparity.attention, backend={backend!r})"
                     + _dropout_note(model.config))))
 
@@ -280,14 +268,14 @@ def patch_model(model: nn.Module, *, backend: str = "auto", include=None,
         if cls.__name__ in RMS_NORMS and cls.__module__.startswith("transformers."):
             if not wanted(module):
                 continue
-            original = _qualname(module)
+            original = qualname(module)
             module.__class__ = _swapped_class(cls)
             module.gpuparity_backend = backend
             formula = "x * (1 + weight)" if RMS_NORMS[cls.__name__][1] else "x * weight"
             summary.replaced.append(PatchEntry(path, original, f"RMSNorm ({formula}) -> gpuparity.rms_norm"))
         elif cls.__module__.startswith("transformers.") and cls.__name__.endswith("RMSNorm") \
                 and not hasattr(cls, "gpuparity_original"):
-            summary.left.append(PatchEntry(path, _qualname(module), "RMSNorm of a family gpuparity has not checked"))
+            summary.left.append(PatchEntry(path, qualname(module), "RMSNorm of a family gpuparity has not checked"))
     patch_rotary(model, backend=backend, summary=summary, wanted=wanted)
     patch_mlps(model, backend=backend, summary=summary, wanted=wanted)
     patch_causal_lm_loss(model, backend=backend, summary=summary, wanted=wanted)

@@ -9,6 +9,7 @@ import torch.nn as nn
 
 from ..nn.summary import PatchEntry, PatchSummary
 from ..ops.swiglu import swiglu
+from .swap import qualname, swapped_subclass
 
 # MLP classes whose forward is down_proj(act_fn(gate_proj(x)) * up_proj(x)), checked against
 # their own forward by the tests; served when act_fn is silu (Gemma's gelu is left, with why).
@@ -23,22 +24,6 @@ def _forward(self, x):
 _SWAPPED: Dict[type, type] = {}
 
 
-def _swapped_class(cls: type) -> type:
-    """A subclass of transformers' MLP whose forward calls gpuparity.swiglu (isinstance,
-    attributes and state_dict stay the original's)."""
-    if cls not in _SWAPPED:
-        name = f"Gpuparity{cls.__name__}"
-        new = type(name, (cls,), {"forward": _forward, "gpuparity_original": cls, "__module__": __name__,
-                                  "__qualname__": name})
-        globals()[name] = new  # pickle finds it by name
-        _SWAPPED[cls] = new
-    return _SWAPPED[cls]
-
-
-def _qualname(module: nn.Module) -> str:
-    return f"{type(module).__module__}.{type(module).__name__}"
-
-
 def patch_mlps(model: nn.Module, *, backend: str, summary: PatchSummary, wanted: Callable[[nn.Module], bool]) -> None:
     for path, module in model.named_modules():
         cls = type(module)
@@ -46,10 +31,10 @@ def patch_mlps(model: nn.Module, *, backend: str, summary: PatchSummary, wanted:
             continue
         act = getattr(module, "act_fn", None)
         if type(act).__name__ not in SILU_NAMES:
-            summary.left.append(PatchEntry(path, _qualname(module), (
+            summary.left.append(PatchEntry(path, qualname(module), (
                 f"MLP activation {type(act).__name__}: gpuparity.swiglu is silu(gate) * up only")))
             continue
-        original = _qualname(module)
-        module.__class__ = _swapped_class(cls)
+        original = qualname(module)
+        module.__class__ = swapped_subclass(cls, _forward, globals(), _SWAPPED)
         module.gpuparity_backend = backend
         summary.replaced.append(PatchEntry(path, original, "MLP act_fn(gate) * up -> gpuparity.swiglu"))

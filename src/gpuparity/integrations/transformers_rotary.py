@@ -14,6 +14,7 @@ import torch.nn as nn
 
 from ..nn.summary import PatchEntry, PatchSummary
 from ..ops.rotary import apply_rotary
+from .swap import qualname
 
 FUNCTION = "apply_rotary_pos_emb"
 # model_type of the families whose apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1) the tests
@@ -153,11 +154,6 @@ def _halves_left(model: nn.Module) -> Optional[str]:
     return None
 
 
-def _qualname(module: nn.Module) -> str:
-    cls = type(module)
-    return f"{cls.__module__}.{cls.__name__}"
-
-
 def patch_rotary(model: nn.Module, *, backend: str = "auto", summary: Optional[PatchSummary] = None,
                  wanted: Optional[Callable[[nn.Module], bool]] = None) -> PatchSummary:
     """Serve the rotary of `model`'s attention modules with gpuparity.apply_rotary: the modeling
@@ -168,7 +164,7 @@ def patch_rotary(model: nn.Module, *, backend: str = "auto", summary: Optional[P
              if _calls_rotary(m) and (wanted is None or wanted(m)) and not hasattr(m, "gpuparity_rotary_backend")]
     for path, module in model.named_modules():
         if ROTARY_MODULE.search(type(module).__name__) and (wanted is None or wanted(module)):
-            summary.left.append(PatchEntry(path, _qualname(module), (
+            summary.left.append(PatchEntry(path, qualname(module), (
                 "rotary: this module builds cos/sin and stays transformers'; the rotation "
                 f"({FUNCTION}) is listed under the attention modules")))
     if not sites:
@@ -188,14 +184,14 @@ def patch_rotary(model: nn.Module, *, backend: str = "auto", summary: Optional[P
             why = (f"{modeling.__name__}.{FUNCTION}{inspect.signature(original)} is not "
                    "(q, k, cos, sin[, position_ids][, unsqueeze_dim])")
         if why is not None:
-            summary.left.append(PatchEntry(path, _qualname(module), f"rotary: {why}; transformers' {FUNCTION} kept"))
+            summary.left.append(PatchEntry(path, qualname(module), f"rotary: {why}; transformers' {FUNCTION} kept"))
             continue
         if current is original:
             setattr(modeling, FUNCTION, _wrapper(original, index))
         module.gpuparity_rotary_backend = backend
         module.register_forward_pre_hook(_enter, prepend=True)
         module.register_forward_hook(_leave, always_call=True)
-        summary.replaced.append(PatchEntry(path, _qualname(module), (
+        summary.replaced.append(PatchEntry(path, qualname(module), (
             f"rotary: {FUNCTION} -> gpuparity.apply_rotary (backend={backend!r}; cos/sin's first half, per-item "
             "cos/sin as one table; a call of another shape or dtype falls back to transformers' per call)")))
     return summary
