@@ -246,6 +246,26 @@ def test_prepared_launches_follow_the_gradient_strides():
             assert torch.equal(got, want), name
 
 
+def test_the_backward_reuses_the_forwards_plan(monkeypatch):
+    """Host time: a forward+backward step derives its call signature once (the forward's); the
+    backward finds its launches through the forward's plan by dout's strides, and takes its
+    delta buffer from the forward's lse allocation."""
+    from gpuparity.backends.triton_attention import launch
+    q, k, v = make_inputs(2, 2, 1, 20, 24, 16, torch.float32, seed=3)
+    kpm = padding_mask(2, 24, [24, 9])
+    dout = torch.randn(2, 2, 20, 16, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    first = torch.autograd.grad(triton_attention.triton_attention(q, k, v, key_padding_mask=kpm), (q, k, v), dout)
+    keys, empties = [], []
+    real_key, real_empty = launch._plan_key, torch.empty
+    monkeypatch.setattr(launch, "_plan_key", lambda *a, **kw: keys.append(1) or real_key(*a, **kw))
+    monkeypatch.setattr(launch.torch, "empty", lambda *a, **kw: empties.append(a) or real_empty(*a, **kw))
+    again = torch.autograd.grad(triton_attention.triton_attention(q, k, v, key_padding_mask=kpm), (q, k, v), dout)
+    assert len(keys) == 1
+    assert len(empties) == 2   # the padding bounds, and lse + delta together
+    for got, want in zip(again, first):
+        assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("which", ["key_padding_mask", "attn_mask"])
 def test_a_mask_changed_in_place_before_backward_raises(which):
     """The masks are saved for backward like q, k and v: refilling a mask buffer between forward

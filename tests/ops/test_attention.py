@@ -93,8 +93,41 @@ def test_validation_names_the_argument(change, error, words):
     for name in ("attn_mask", "key_padding_mask"):
         if isinstance(args.get(name), torch.Tensor):
             args[name] = args[name].to(DEVICE)
+    # good calls first: a remembered signature (calls.attention_call) must not let a bad one through
+    attention(q, k, v, is_causal=True, backend="sdpa_math")
+    attention(q, k, v, scale=0.1, backend="sdpa_math")
     with pytest.raises(error, match=words):
         attention(**args, backend="sdpa_math")
+
+
+def test_validation_is_remembered_per_call_signature(monkeypatch):
+    """A repeated call is validated once (host time: ~50 us per call on a GPU host); any change
+    the checks read (a shape, dtype, mask, flag type or value) is validated again, and values
+    the signature does not describe exactly (a list window) are validated on every call."""
+    from gpuparity.ops import calls
+    seen = []
+    real = calls.attention_problem
+    monkeypatch.setattr(calls, "attention_problem", lambda *a, **kw: seen.append(1) or real(*a, **kw))
+    monkeypatch.setattr(calls, "_SIGNED", {})
+    q, k, v = qkv()
+    kpm = padding(2, 12, [12, 5])
+    for _ in range(3):
+        attention(q, k, v, key_padding_mask=kpm, backend="sdpa_math")
+    assert len(seen) == 1
+    attention(q, k, v, key_padding_mask=padding(2, 12, [3, 5]), backend="sdpa_math")  # same signature, new values
+    assert len(seen) == 1
+    for changed in (dict(key_padding_mask=None), dict(is_causal=True), dict(window=(2, 0)), dict(scale=0.5),
+                    dict(q=q.double(), k=k.double(), v=v.double()), dict(q=q[:, :1], k=k[:, :1], v=v[:, :1])):
+        before = len(seen)
+        attention(**{**dict(q=q, k=k, v=v, key_padding_mask=kpm), **changed}, backend="sdpa_math")
+        attention(**{**dict(q=q, k=k, v=v, key_padding_mask=kpm), **changed}, backend="sdpa_math")
+        assert len(seen) == before + 1, changed
+    before = len(seen)
+    for _ in range(2):
+        attention(q, k, v, window=[2, 0], backend="sdpa_math")
+    assert len(seen) == before + 2
+    with pytest.raises(ValueError, match="window: left = 40 is larger"):
+        attention(q, k, v, window=(40, 0), backend="sdpa_math")
 
 
 def test_validation_rejects_masks_on_another_device():

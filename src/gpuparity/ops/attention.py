@@ -9,7 +9,7 @@ import torch
 from .. import dispatch
 from ..backends.triton_attention.launch import SEED_LIMIT  # seeds below 2**30: the kernels add B * H in int32
 from . import dropout, library, select
-from .calls import attention_extras, attention_problem
+from .calls import attention_call, attention_problem
 from .dropout import attention_dropout_mask
 from ..validation import describe
 
@@ -37,23 +37,26 @@ def attention(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False
     """
     if not isinstance(backend, str):
         raise TypeError(f"backend: expected a backend name (str) or 'auto', got {describe(backend)}")
-    problem = attention_problem(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-                                is_causal=is_causal, scale=scale, window=window, softcap=softcap,
-                                dropout_p=dropout_p)
-    p = problem.feature("dropout")
     if torch.compiler.is_compiling():  # traced: one torch.library op that chooses its backend when it runs
+        problem = attention_problem(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                                    is_causal=is_causal, scale=scale, window=window, softcap=softcap,
+                                    dropout_p=dropout_p)
+        p = problem.feature("dropout")
         # the seed is a tensor drawn in the graph, so each run of the compiled graph gets a new one
         seed = None if p is None else torch.randint(0, SEED_LIMIT, (), dtype=torch.int64,
                                                      generator=generator)
         return library.attention(q, k, v, attn_mask, key_padding_mask, is_causal, scale, backend,
                                  problem.feature("window"), problem.feature("softcap"), p or 0.0, seed)
-    if p is None:
+    # eager: validated once per call signature (calls.attention_call), then dispatch's memo
+    problem, extras = attention_call(q, k, v, attn_mask, key_padding_mask, is_causal, scale, window, softcap,
+                                     dropout_p)
+    if "dropout_p" not in extras:
         chosen = select.resolve(problem, backend)
         return chosen.fn(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
-                         scale=scale, **attention_extras(problem))
+                         scale=scale, **extras)
     chosen = dropout.resolve(problem, backend)
     return chosen.fn(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
-                     scale=scale, seed=dropout.draw_seed(q.device, generator), **attention_extras(problem))
+                     scale=scale, seed=dropout.draw_seed(q.device, generator), **extras)
 
 
 def explain_attention(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None,

@@ -140,6 +140,59 @@ def attention_problem(q, k, v, *, attn_mask=None, key_padding_mask=None, is_caus
                    kind=attention_kind(attn_mask, key_padding_mask, is_causal, window, softcap), features=features)
 
 
+# Validated calls by signature: a training loop repeats a few shapes, and validating every
+# argument again costs host time the short shapes cannot hide (~50 us per call on the H100
+# host, where the kernels of a BERT layer take ~0.1 ms). A signature holds everything
+# attention_problem reads: each tensor's type, shape, dtype and device (and a float mask's
+# requires_grad), each other argument's type and value. Values of a type the signature does not
+# describe exactly (a list window, a numpy float) are validated on every call.
+_PLAIN = (type(None), bool, int, float)
+_SIGNED: Dict[tuple, Tuple[Problem, Dict[str, Any]]] = {}
+_SIGNED_MAX = 1024
+
+
+def _tensor_signature(t) -> tuple:
+    if t is None:
+        return (None,)
+    return (type(t), t.shape, t.dtype, t.device, t.requires_grad)
+
+
+def attention_signature(q, k, v, attn_mask, key_padding_mask, is_causal, scale, window, softcap,
+                        dropout_p) -> Optional[tuple]:
+    """A hashable key of everything attention_problem reads, or None when an argument is of a
+    kind that is validated on every call."""
+    if not (type(is_causal) in _PLAIN and type(scale) in _PLAIN and type(softcap) in _PLAIN
+            and type(dropout_p) in _PLAIN):
+        return None
+    if window is not None:
+        if type(window) is not tuple or len(window) != 2 or type(window[0]) is not int or type(window[1]) is not int:
+            return None
+    try:
+        return (_tensor_signature(q), _tensor_signature(k), _tensor_signature(v), _tensor_signature(attn_mask),
+                _tensor_signature(key_padding_mask), type(is_causal), is_causal, type(scale), type(softcap), softcap,
+                type(dropout_p), dropout_p, window)
+    except AttributeError:   # not a tensor: attention_problem says what it needs
+        return None
+
+
+def attention_call(q, k, v, attn_mask, key_padding_mask, is_causal, scale, window, softcap,
+                   dropout_p) -> Tuple[Problem, Dict[str, Any]]:
+    """(problem, extras) of a call: attention_problem and attention_extras, remembered per
+    signature (a raise is never remembered)."""
+    key = attention_signature(q, k, v, attn_mask, key_padding_mask, is_causal, scale, window, softcap, dropout_p)
+    known = None if key is None else _SIGNED.get(key)
+    if known is not None:
+        return known
+    problem = attention_problem(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                                is_causal=is_causal, scale=scale, window=window, softcap=softcap, dropout_p=dropout_p)
+    known = (problem, attention_extras(problem))
+    if key is not None:
+        if len(_SIGNED) >= _SIGNED_MAX:
+            _SIGNED.clear()
+        _SIGNED[key] = known
+    return known
+
+
 def attention_extras(problem: Problem) -> Dict[str, Any]:
     """window/softcap/dropout_p as backend functions take them, only when set: a backend that
     knows none (a planted or third-party one) keeps its old signature for plain calls."""

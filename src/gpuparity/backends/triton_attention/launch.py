@@ -202,22 +202,51 @@ def _forward_launch(q, k, v, out, masks: MaskArgs, is_causal, scale, dropout_p, 
         **_common_constexprs(head_dim, masks, is_causal, dropout_p, q.dtype, window, softcap)),)
 
 
-def attention_forward(q, k, v, masks: MaskArgs, is_causal: bool, scale: float, dropout_p: float = 0.0,
-                      seed: int = 0, window=None, softcap=None) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse): lse is (B, H, Sq) float32 in base 2, +inf for rows with no key."""
+class _Plan:
+    """The prepared launches of one call signature: the forward's, and the backward's per
+    layout of dout (built on the first backward that has it). The autograd Function keeps the
+    plan from its forward, so its backward looks nothing up again."""
+
+    __slots__ = ("forward", "backward")
+
+    def __init__(self, forward: PreparedLaunch) -> None:
+        self.forward = forward
+        self.backward: Dict[tuple, Tuple[PreparedLaunch, PreparedLaunch]] = {}
+
+
+def _forward(q, k, v, masks: MaskArgs, is_causal: bool, scale: float, dropout_p: float, seed: int, window,
+             softcap, with_delta: bool) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor], Optional[_Plan]]:
+    """(out, lse, delta, plan). with_delta: lse and the backward's delta (B, H, Sq) float32 come
+    from one allocation (one fewer in the backward, where host time is scarcest); plan: None for
+    empty inputs and dropout calls (a new seed each time)."""
     batch, heads, q_len, _ = q.shape
     out = _output_like(q)
-    lse = torch.empty(batch, heads, q_len, dtype=torch.float32, device=q.device)
+    if with_delta:
+        lse, delta = torch.empty(2, batch, heads, q_len, dtype=torch.float32, device=q.device)
+    else:
+        lse, delta = torch.empty(batch, heads, q_len, dtype=torch.float32, device=q.device), None
     if out.numel() == 0:
-        return out, lse
+        return out, lse, delta, None
     if k.shape[2] == 0:
         out.zero_()
         lse.fill_(float("inf"))
-        return out, lse
-    (forward,) = _planned(_plan_key(q, k, v, masks, is_causal, scale, dropout_p, ("fwd", window, softcap)),
-                          lambda: _forward_launch(q, k, v, out, masks, is_causal, scale, dropout_p, seed,
-                                                  window, softcap))
+        return out, lse, delta, None
+    key = _plan_key(q, k, v, masks, is_causal, scale, dropout_p, ("fwd", window, softcap))
+    plan = None if key is None else _PLANS.get(key)
+    if plan is None:
+        (forward,) = _forward_launch(q, k, v, out, masks, is_causal, scale, dropout_p, seed, window, softcap)
+        if key is not None:
+            plan = _PLANS.keep(key, _Plan(forward))
+    else:
+        forward = plan.forward
     forward(q, k, v, out, lse, *_mask_tensors(q, masks))
+    return out, lse, delta, plan
+
+
+def attention_forward(q, k, v, masks: MaskArgs, is_causal: bool, scale: float, dropout_p: float = 0.0,
+                      seed: int = 0, window=None, softcap=None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse): lse is (B, H, Sq) float32 in base 2, +inf for rows with no key."""
+    out, lse, _, _ = _forward(q, k, v, masks, is_causal, scale, dropout_p, seed, window, softcap, False)
     return out, lse
 
 
@@ -248,17 +277,26 @@ def _backward_launches(q, k, v, out, dout, dq, dk, dv, masks: MaskArgs, is_causa
 
 
 def attention_backward(dout, q, k, v, out, lse, masks: MaskArgs, is_causal: bool, scale: float,
-                       dropout_p: float = 0.0, seed: int = 0, window=None, softcap=None):
+                       dropout_p: float = 0.0, seed: int = 0, window=None, softcap=None, *,
+                       delta: Optional[torch.Tensor] = None, plan: Optional[_Plan] = None):
+    """(dq, dk, dv). delta: a (B, H, Sq) float32 buffer to use (else one is allocated); plan: the
+    forward's (_forward), whose backward launches are then found by dout's strides alone."""
     batch, heads, q_len, _ = q.shape
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     # out's and dq/dk/dv's strides follow from q's, k's and v's (the key's); dout's do not
-    key = _plan_key(q, k, v, masks, is_causal, scale, dropout_p, ("bwd", dout.stride(), window, softcap))
-    dq_launch, dkdv_launch = _planned(key, lambda: _backward_launches(
-        q, k, v, out, dout, dq, dk, dv, masks, is_causal, scale, dropout_p, seed, window, softcap))
+    launches = None if plan is None else plan.backward.get(dout.stride())
+    if launches is None:
+        key = _plan_key(q, k, v, masks, is_causal, scale, dropout_p, ("bwd", dout.stride(), window, softcap))
+        launches = _planned(key, lambda: _backward_launches(
+            q, k, v, out, dout, dq, dk, dv, masks, is_causal, scale, dropout_p, seed, window, softcap))
+        if plan is not None:
+            plan.backward[dout.stride()] = launches
+    dq_launch, dkdv_launch = launches
     mask, kpm, bounds = _mask_tensors(q, masks)
-    delta = torch.empty(batch, heads, q_len, dtype=torch.float32, device=q.device)
+    if delta is None:
+        delta = torch.empty(batch, heads, q_len, dtype=torch.float32, device=q.device)
     # dq first: it also computes delta = rowsum(out * dout), which the dk/dv kernel reads
     dq_launch(q, k, v, out, dout, lse, delta, dq, mask, kpm, bounds)
     dkdv_launch(q, k, v, dout, lse, delta, dk, dv, mask, kpm, bounds)
@@ -272,21 +310,21 @@ class TritonAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, call):
         masks, is_causal, scale, dropout_p, seed, window, softcap = call
-        out, lse = attention_forward(q, k, v, masks, is_causal, scale, dropout_p, seed, window, softcap)
+        out, lse, delta, plan = _forward(q, k, v, masks, is_causal, scale, dropout_p, seed, window, softcap, True)
         # the masks go through save_for_backward too: a mask changed in place before the
         # backward then raises (autograd's version check) instead of giving wrong gradients
         ctx.save_for_backward(q, k, v, out, lse, masks.mask, masks.kpm, masks.bounds)
         ctx.meta = (masks.kind, masks.mask_strides, masks.kpm_strides, is_causal, scale, dropout_p, seed, window,
-                    softcap)
+                    softcap, delta, plan)
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse, mask, kpm, bounds = ctx.saved_tensors
-        kind, mask_strides, kpm_strides, is_causal, scale, dropout_p, seed, window, softcap = ctx.meta
+        kind, mask_strides, kpm_strides, is_causal, scale, dropout_p, seed, window, softcap, delta, plan = ctx.meta
         masks = MaskArgs(kind, mask, mask_strides, kpm, kpm_strides, bounds)
         dq, dk, dv = attention_backward(dout, q, k, v, out, lse, masks, is_causal, scale, dropout_p, seed,
-                                        window, softcap)
+                                        window, softcap, delta=delta, plan=plan)
         return dq, dk, dv, None
 
 
