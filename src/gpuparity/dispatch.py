@@ -22,9 +22,6 @@ __all__ = ["Backend", "BackendUnavailable", "Problem", "Verdict", "backends", "e
 
 Verdict = Callable[[Problem, Backend], Dict[str, Any]]
 
-# Environment variables a resolution depends on (part of the memo's key).
-_STATE_ENV = ("GPUPARITY_TRUST_UNPROBED", "TRITON_INTERPRET")
-
 
 class _Memo:
     """Resolutions already made, so a training loop does not re-derive every backend's reasons
@@ -89,8 +86,9 @@ def get(op: str, name: str) -> Backend:
 
 
 def _key(problem: Problem, backend: str, verdict: Optional[Verdict]) -> tuple:
-    environ = os.environ
-    key = (problem, backend, verdict, tuple([environ.get(name) for name in _STATE_ENV]))
+    # the environment variables a resolution depends on, read one by one: this runs on every eager call
+    get_env = os.environ.get
+    key = (problem, backend, verdict, get_env("GPUPARITY_TRUST_UNPROBED"), get_env("TRITON_INTERPRET"))
     if problem.dtype == torch.float32:
         from .numerics import cudnn_tf32, matmul_tf32
         key += (matmul_tf32(), cudnn_tf32())

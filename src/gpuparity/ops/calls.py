@@ -143,7 +143,7 @@ def attention_problem(q, k, v, *, attn_mask=None, key_padding_mask=None, is_caus
 # Validated calls by signature: a training loop repeats a few shapes, and validating every
 # argument again costs host time the short shapes cannot hide (~50 us per call on the H100
 # host, where the kernels of a BERT layer take ~0.1 ms). A signature holds everything
-# attention_problem reads: each tensor's type, shape, dtype and device (and a float mask's
+# attention_problem reads: each tensor's type, shape, dtype and device (and attn_mask's
 # requires_grad), each other argument's type and value. Values of a type the signature does not
 # describe exactly (a list window, a numpy float) are validated on every call.
 _PLAIN = (type(None), bool, int, float)
@@ -152,9 +152,7 @@ _SIGNED_MAX = 1024
 
 
 def _tensor_signature(t) -> tuple:
-    if t is None:
-        return (None,)
-    return (type(t), t.shape, t.dtype, t.device, t.requires_grad)
+    return (None,) if t is None else (type(t), t.shape, t.dtype, t.device)
 
 
 def attention_signature(q, k, v, attn_mask, key_padding_mask, is_causal, scale, window, softcap,
@@ -169,7 +167,7 @@ def attention_signature(q, k, v, attn_mask, key_padding_mask, is_causal, scale, 
             return None
     try:
         return (_tensor_signature(q), _tensor_signature(k), _tensor_signature(v), _tensor_signature(attn_mask),
-                _tensor_signature(key_padding_mask), type(is_causal), is_causal, type(scale), type(softcap), softcap,
+                None if attn_mask is None else attn_mask.requires_grad, _tensor_signature(key_padding_mask), type(is_causal), is_causal, type(scale), type(softcap), softcap,
                 type(dropout_p), dropout_p, window)
     except AttributeError:   # not a tensor: attention_problem says what it needs
         return None
