@@ -20,7 +20,7 @@ REQUIRED = ("gpuparity.backends.triton_norms", "gpuparity.backends.triton_rotary
             "gpuparity.backends.triton_decode", "gpuparity.backends.triton_swiglu",
             "gpuparity.backends.triton_cross_entropy")
 # Kernels that must be compiled for every target (name prefixes of the AotSpecs).
-REQUIRED_KERNELS = ("attention.fwd.", "attention.dq.", "attention.dkdv.", "attention_varlen.fwd.",
+REQUIRED_KERNELS = ("attention.fwd.", "attention.dq.", "attention.dkdv.", "attention.bwd.", "attention_varlen.fwd.",
                     "attention_varlen.dq.", "attention_varlen.dkdv.", "attention_decode.split.",
                     "attention_decode.combine.", "swiglu.fwd", "swiglu.bwd", "linear_cross_entropy.rows.",
                     "linear_cross_entropy.cols.")

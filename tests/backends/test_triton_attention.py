@@ -301,6 +301,64 @@ def test_backward_is_bitwise_deterministic():
     assert triton_attention.deterministic()
 
 
+def _backward_forms_used():
+    from gpuparity.backends.triton_attention import launch
+    return {len(launches) for plan in launch._PLANS._plans.values() if hasattr(plan, "backward")
+            for launches in plan.backward.values()}
+
+
+@pytest.mark.parametrize("form", ["fused", "split"])
+def test_both_backward_forms_against_the_reference(form, monkeypatch):
+    """The one-launch backward (dk/dv computing delta itself) and the two-launch one (delta from
+    the dq kernel) on hostile inputs: GQA, an odd head dim, Sq != Sk, key padding with holes,
+    an additive mask with a -inf row, causal; then window + softcap; then dropout, where both
+    forms must apply the same mask."""
+    monkeypatch.setenv("GPUPARITY_ATTENTION_BACKWARD", form)
+    triton_attention.clear_plans()
+    q, k, v = make_inputs(2, 4, 2, 45, 70, 24, torch.float32, seed=21)
+    kpm = padding_mask(2, 70, [70, 33])
+    kpm[1, 5] = True   # a hole
+    bias = torch.randn(45, 70, generator=torch.Generator().manual_seed(22)).to(DEVICE)
+    bias[7] = float("-inf")
+    check(q, k, v, attn_mask=bias, key_padding_mask=kpm, is_causal=True)
+    assert _backward_forms_used() == {1 if form == "fused" else 2}
+    out = triton_attention.triton_attention(q, k, v, key_padding_mask=kpm, window=(9, 3), softcap=4.0)
+    ref_in = [t.detach().cpu().double().requires_grad_() for t in (q, k, v)]
+    ref = reference.attention(*ref_in, key_padding_mask=kpm.cpu(), window=(9, 3), softcap=4.0)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(23)).to(DEVICE)
+    for got, want in zip(torch.autograd.grad(out, (q, k, v), dout),
+                         torch.autograd.grad(ref, ref_in, dout.cpu().double())):
+        torch.testing.assert_close(got.cpu().double(), want, rtol=2e-4, atol=2e-4)
+
+
+def test_the_two_backward_forms_apply_the_same_dropout(monkeypatch):
+    q, k, v = make_inputs(1, 2, 1, 30, 30, 16, torch.float32, seed=24)
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(25)).to(DEVICE)
+    grads = {}
+    for form in ("fused", "split"):
+        monkeypatch.setenv("GPUPARITY_ATTENTION_BACKWARD", form)
+        triton_attention.clear_plans()
+        out = triton_attention.triton_attention(q, k, v, dropout_p=0.25, seed=77)
+        grads[form] = torch.autograd.grad(out, (q, k, v), dout)
+    for fused, split in zip(grads["fused"], grads["split"]):
+        torch.testing.assert_close(fused, split, rtol=1e-5, atol=1e-5)
+
+
+def test_backward_form_rule_and_its_override(monkeypatch):
+    cfg, other_warps = tiles.TileConfig(64, 32, 4, 3), tiles.TileConfig(64, 32, 8, 3)
+    monkeypatch.delenv("GPUPARITY_ATTENTION_BACKWARD", raising=False)
+    assert tiles.fused_backward(tiles.FUSED_BACKWARD_MAX_Q, cfg, cfg)
+    assert not tiles.fused_backward(tiles.FUSED_BACKWARD_MAX_Q + 1, cfg, cfg)
+    assert not tiles.fused_backward(16, cfg, other_warps)   # one launch has one warp count
+    monkeypatch.setenv("GPUPARITY_ATTENTION_BACKWARD", "split")
+    assert not tiles.fused_backward(16, cfg, cfg)
+    monkeypatch.setenv("GPUPARITY_ATTENTION_BACKWARD", "fused")
+    assert tiles.fused_backward(8192, cfg, cfg)
+    monkeypatch.setenv("GPUPARITY_ATTENTION_BACKWARD", "one")
+    with pytest.raises(ValueError, match="GPUPARITY_ATTENTION_BACKWARD: expected one of"):
+        tiles.fused_backward(16, cfg, cfg)
+
+
 def test_dropout_is_repeatable_and_its_gradient_is_right():
     batch, heads, seq, head_dim = 1, 2, size(20, 128), 32
     q, k, v = make_inputs(batch, heads, heads, seq, seq, head_dim, torch.float32, seed=15)

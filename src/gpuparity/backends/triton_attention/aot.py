@@ -81,7 +81,41 @@ def aot_specs() -> List[AotSpec]:
                                    dropout=True))
             specs.append(_aot_spec(fam, targets, kernel_name, 64, 2, CONFIGS[fam][kernel_name][(64, 2)],
                                    window_softcap=True))
-    return specs + varlen_aot_specs()
+    return specs + fused_backward_aot_specs() + varlen_aot_specs()
+
+
+def _fused_spec(fam, targets, head_dim, elem, dq_cfg: TileConfig, kv_cfg: TileConfig) -> AotSpec:
+    dtype = "bf16" if elem == 2 else "fp32"
+    kernel = kernel_table()["bwd"]
+    precision = "tf32x3" if elem == 4 and fam.startswith("nvidia") else "ieee"
+    constexprs = dict(HEAD_DIM=head_dim, D_PAD=head_dim, BLOCK_M=dq_cfg.block_m, BLOCK_N=dq_cfg.block_n,
+                      KV_BLOCK_M=kv_cfg.block_m, KV_BLOCK_N=kv_cfg.block_n, IS_CAUSAL=True, MASK_KIND=MASK_ADDITIVE,
+                      HAS_KPM=True, HAS_BOUNDS=True, DROPOUT=False, DOT_PRECISION=precision,
+                      HAS_WINDOW=True, SOFTCAP=True)
+    return AotSpec(
+        name=f"attention.bwd.{fam}.d{head_dim}.{dtype}.m{dq_cfg.block_m}n{dq_cfg.block_n}"
+             f".kvm{kv_cfg.block_m}n{kv_cfg.block_n}w{kv_cfg.num_warps}s{kv_cfg.stages(True)}",
+        kernel=kernel, signature=_signature(kernel, dtype, "*fp32"), constexprs=constexprs,
+        num_warps=kv_cfg.num_warps, num_stages=kv_cfg.stages(True), targets=targets)
+
+
+def fused_backward_aot_specs() -> List[AotSpec]:
+    """The one-launch backward (tiles.fused_backward) at every pair of dq and dk/dv tiles it can
+    be given: per head-dim bucket and element size, the general tables' pair and the short-key
+    one, where their warp counts agree, with every mask flag on (the most shared memory)."""
+    specs: List[AotSpec] = []
+    seen = set()
+    for fam, targets in FAMILY_TARGETS.items():
+        short = SHORT_CONFIGS.get(fam, {})
+        for key, dq_cfg in CONFIGS[fam]["dq"].items():
+            kv_cfg = CONFIGS[fam]["dkdv"][key]
+            pairs = [(dq_cfg, kv_cfg), (short.get("dq", {}).get(key, dq_cfg), short.get("dkdv", {}).get(key, kv_cfg))]
+            for pair in pairs:
+                if pair[0].num_warps != pair[1].num_warps or (fam, key, pair) in seen:
+                    continue
+                seen.add((fam, key, pair))
+                specs.append(_fused_spec(fam, targets, key[0], key[1], *pair))
+    return specs
 
 
 # The varlen kernels (varlen_kernels.py) launch with the dense kernels' tile tables

@@ -11,7 +11,7 @@ import torch
 from ...numerics import matmul_tf32
 from .. import triton_common
 from ..triton_common import PlanCache, PreparedLaunch, cdiv, lazy_kernel
-from .tiles import SCAN_BLOCK, padded_head_dim, tile_config
+from .tiles import SCAN_BLOCK, fused_backward, padded_head_dim, tile_config
 
 LOG2E = 1.4426950408889634
 
@@ -22,8 +22,9 @@ MASK_NONE, MASK_BOOL, MASK_ADDITIVE = 0, 1, 2
 def _load_kernels() -> Dict[str, Any]:
     # kernels.py imports triton at its top: imported on first launch (or AOT spec), never at
     # package import, so the package (and the backend's availability) works without triton
+    from .backward_kernels import BACKWARD_KERNELS
     from .kernels import KERNELS
-    return KERNELS
+    return {**KERNELS, **BACKWARD_KERNELS}
 
 
 # The kernels by name ("fwd", "dq", "dkdv"). Not called `kernels`: that is the submodule's name,
@@ -251,36 +252,46 @@ def attention_forward(q, k, v, masks: MaskArgs, is_causal: bool, scale: float, d
 
 
 def _backward_launches(q, k, v, out, dout, dq, dk, dv, masks: MaskArgs, is_causal, scale, dropout_p, seed,
-                       window=None, softcap=None) -> Tuple[PreparedLaunch, PreparedLaunch]:
+                       window=None, softcap=None) -> Tuple[PreparedLaunch, ...]:
+    """(dq launch, dk/dv launch), or (one launch,) where tiles.fused_backward says so."""
     batch, heads, q_len, head_dim = q.shape
     kv_heads, k_len = k.shape[1], k.shape[2]
     constexprs = _common_constexprs(head_dim, masks, is_causal, dropout_p, q.dtype, window, softcap)
     extra = _window_softcap_scalars(q_len, k_len, scale, window, softcap)
     dense_mask = masks.kind != MASK_NONE
-    cfg = tile_config("dq", q.device, head_dim, q.dtype, k_len)
-    dq_launch = PreparedLaunch(kernel_table()["dq"], (cdiv(q_len, cfg.block_m), batch * heads), (
-        scale * LOG2E, scale, float(dropout_p), int(seed), *extra,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(), *dout.stride(), *dq.stride(),
+    dq_cfg = tile_config("dq", q.device, head_dim, q.dtype, k_len)
+    kv_cfg = tile_config("dkdv", q.device, head_dim, q.dtype, k_len)
+    scalars = (scale * LOG2E, scale, float(dropout_p), int(seed), *extra)
+    if fused_backward(q_len, dq_cfg, kv_cfg):
+        q_blocks = cdiv(q_len, dq_cfg.block_m)
+        grid = (q_blocks * (heads // kv_heads) + cdiv(k_len, kv_cfg.block_n), batch * kv_heads)
+        return (PreparedLaunch(kernel_table()["bwd"], grid, (
+            *scalars, *q.stride(), *k.stride(), *v.stride(), *out.stride(), *dout.stride(), *dq.stride(),
+            *dk.stride(), *dv.stride(), *masks.mask_strides, *masks.kpm_strides,
+            heads, kv_heads, heads // kv_heads, q_len, k_len, q_blocks),
+            BLOCK_M=dq_cfg.block_m, BLOCK_N=dq_cfg.block_n, KV_BLOCK_M=kv_cfg.block_m, KV_BLOCK_N=kv_cfg.block_n,
+            num_warps=kv_cfg.num_warps, num_stages=kv_cfg.stages(dense_mask), **constexprs),)
+    dq_launch = PreparedLaunch(kernel_table()["dq"], (cdiv(q_len, dq_cfg.block_m), batch * heads), (
+        *scalars, *q.stride(), *k.stride(), *v.stride(), *out.stride(), *dout.stride(), *dq.stride(),
         *masks.mask_strides, *masks.kpm_strides,
         heads, heads // kv_heads, q_len, k_len),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.stages(dense_mask),
-        **constexprs)
-    cfg = tile_config("dkdv", q.device, head_dim, q.dtype, k_len)
-    dkdv_launch = PreparedLaunch(kernel_table()["dkdv"], (cdiv(k_len, cfg.block_n), batch * kv_heads), (
-        scale * LOG2E, scale, float(dropout_p), int(seed), *extra,
-        *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(),
+        BLOCK_M=dq_cfg.block_m, BLOCK_N=dq_cfg.block_n, num_warps=dq_cfg.num_warps,
+        num_stages=dq_cfg.stages(dense_mask), **constexprs)
+    dkdv_launch = PreparedLaunch(kernel_table()["dkdv"], (cdiv(k_len, kv_cfg.block_n), batch * kv_heads), (
+        *scalars, *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(),
         *masks.mask_strides, *masks.kpm_strides,
         heads, kv_heads, heads // kv_heads, q_len, k_len),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.stages(dense_mask),
-        **constexprs)
+        BLOCK_M=kv_cfg.block_m, BLOCK_N=kv_cfg.block_n, num_warps=kv_cfg.num_warps,
+        num_stages=kv_cfg.stages(dense_mask), **constexprs)
     return dq_launch, dkdv_launch
 
 
 def attention_backward(dout, q, k, v, out, lse, masks: MaskArgs, is_causal: bool, scale: float,
                        dropout_p: float = 0.0, seed: int = 0, window=None, softcap=None, *,
                        delta: Optional[torch.Tensor] = None, plan: Optional[_Plan] = None):
-    """(dq, dk, dv). delta: a (B, H, Sq) float32 buffer to use (else one is allocated); plan: the
-    forward's (_forward), whose backward launches are then found by dout's strides alone."""
+    """(dq, dk, dv). delta: a (B, H, Sq) float32 buffer to use (else one is allocated where the
+    two-launch form needs it); plan: the forward's (_forward), whose backward launches are then
+    found by dout's strides alone."""
     batch, heads, q_len, _ = q.shape
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if q.numel() == 0 or k.numel() == 0:
@@ -293,8 +304,11 @@ def attention_backward(dout, q, k, v, out, lse, masks: MaskArgs, is_causal: bool
             q, k, v, out, dout, dq, dk, dv, masks, is_causal, scale, dropout_p, seed, window, softcap))
         if plan is not None:
             plan.backward[dout.stride()] = launches
-    dq_launch, dkdv_launch = launches
     mask, kpm, bounds = _mask_tensors(q, masks)
+    if len(launches) == 1:   # one launch: delta is computed where it is used
+        launches[0](q, k, v, out, dout, lse, dq, dk, dv, mask, kpm, bounds)
+        return dq, dk, dv
+    dq_launch, dkdv_launch = launches
     if delta is None:
         delta = torch.empty(batch, heads, q_len, dtype=torch.float32, device=q.device)
     # dq first: it also computes delta = rowsum(out * dout), which the dk/dv kernel reads

@@ -12,7 +12,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .kernels import _bwd_dkdv_inner, _bwd_dq_inner, _fwd_inner
+from .backward_kernels import _bwd_dkdv_inner, _bwd_dq_inner
+from .kernels import _fwd_inner
 
 _NO_SPECIALIZE = ("num_heads", "num_kv_heads", "total_q", "window_left", "window_right")
 
@@ -226,18 +227,18 @@ def _varlen_bwd_dkdv_kernel(
         do_base = DO + q_start * stride_dm + h64 * stride_dh
         lse_base = LSE + h64 * total_q + q_start
         delta_base = Delta + h64 * total_q + q_start
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, cols < k_len, q_base, do_base, lse_base, delta_base, K,
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, cols < k_len, q_base, do_base, lse_base, delta_base, K, K,
                                  cols - diag, offs_m, offs_d, q_lo, q_full, q_len, k_len, qk_scale, 0, 0.0,
                                  window_left, window_right, cap_in, cap_out,
-                                 stride_qm, stride_qd, stride_dm, stride_dd, 0, 0,
+                                 stride_qm, stride_qd, stride_dm, stride_dd, 0, 0, 0, 0,
                                  HEAD_DIM, BLOCK_M, IS_CAUSAL, 0, False, False, True, DOT_PRECISION,
-                                 HAS_WINDOW, SOFTCAP)
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, cols < k_len, q_base, do_base, lse_base, delta_base, K,
+                                 HAS_WINDOW, SOFTCAP, False)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, cols < k_len, q_base, do_base, lse_base, delta_base, K, K,
                                  cols - diag, offs_m, offs_d, q_full, q_hi, q_len, k_len, qk_scale, 0, 0.0,
                                  window_left, window_right, cap_in, cap_out,
-                                 stride_qm, stride_qd, stride_dm, stride_dd, 0, 0,
+                                 stride_qm, stride_qd, stride_dm, stride_dd, 0, 0, 0, 0,
                                  HEAD_DIM, BLOCK_M, IS_CAUSAL, 0, False, False, False, DOT_PRECISION,
-                                 HAS_WINDOW, SOFTCAP)
+                                 HAS_WINDOW, SOFTCAP, False)
 
     dk = dk * sm_scale
     tl.store(DK + k_start * stride_dkn + kvh64 * stride_dkh + cols[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,

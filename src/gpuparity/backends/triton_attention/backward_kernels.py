@@ -1,0 +1,427 @@
+"""The backward kernels of fused attention in Triton: dk/dv and dq as two launches (long
+sequences: delta is computed once, by the dq kernel, and read by dk/dv) or as one (short ones,
+where the second launch costs more host time than it saves device time). Imports triton at its
+top: launch.py loads it lazily, with kernels.py."""
+# No atomics anywhere: dk/dv (summed over a GQA group inside one program) and dq are computed by
+# separate programs, so the backward is deterministic on every run, in either form.
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .kernels import _NO_SPECIALIZE, _key_range, _mma, _tanh, dropout_keep
+
+
+@triton.jit
+def _bwd_dkdv_inner(dk, dv, k, v, key_kept, q_base, do_base, lse_base, delta_base, mask_base, o_base,
+                    cols, offs_m, offs_d, lo, hi, q_len, k_len, qk_scale, seed_bh, dropout_p,
+                    window_left, window_right, cap_in, cap_out,
+                    stride_qm, stride_qd, stride_dm, stride_dd, stride_mm, stride_mn, stride_om, stride_od,
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                    MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
+                    MASK_DIAGONAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                    HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, DELTA_INLINE: tl.constexpr):
+    d_ok = offs_d < HEAD_DIM
+    for start_m in range(lo, hi, BLOCK_M):
+        start_m = tl.multiple_of(start_m, BLOCK_M)
+        rows = start_m + offs_m
+        row_ok = rows < q_len
+        # q read transposed, (D, BLOCK_M): the tile of scores is built as k @ q^T
+        q_t = tl.load(q_base + rows[None, :] * stride_qm + offs_d[:, None] * stride_qd,
+                      mask=d_ok[:, None] & row_ok[None, :], other=0.0)
+        do = tl.load(do_base + rows[:, None] * stride_dm + offs_d[None, :] * stride_dd,
+                     mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        # rows past the end get lse = +inf: probabilities of exactly 0
+        lse = tl.load(lse_base + rows, mask=row_ok, other=float("inf"))
+        if DELTA_INLINE:
+            # the one-launch backward: no dq program has stored delta yet; rowsum(out * dout) here
+            o = tl.load(o_base + rows[:, None] * stride_om + offs_d[None, :] * stride_od,
+                        mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+            delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+        else:
+            delta = tl.load(delta_base + rows, mask=row_ok, other=0.0)
+        if SOFTCAP:
+            tanh_t = _tanh(_mma(k, q_t, None, DOT_PRECISION) * cap_in)
+            qk_t = tanh_t * cap_out
+        else:
+            qk_t = _mma(k, q_t, None, DOT_PRECISION) * qk_scale
+        if MASK_KIND == 2:
+            bias_t = tl.load(mask_base + rows[None, :] * stride_mm + cols[:, None] * stride_mn,
+                             mask=row_ok[None, :] & (cols[:, None] < k_len), other=0.0)
+            qk_t += bias_t.to(tl.float32) * 1.4426950408889634
+        # recompute the probabilities from the saved log-sum-exp
+        p_t = tl.math.exp2(qk_t - lse[None, :])
+        if MASK_KIND == 1:
+            allowed_t = tl.load(mask_base + rows[None, :] * stride_mm + cols[:, None] * stride_mn,
+                                mask=row_ok[None, :] & (cols[:, None] < k_len), other=0)
+            p_t = tl.where(allowed_t != 0, p_t, 0.0)
+        if HAS_KPM:
+            p_t = tl.where(key_kept[:, None], p_t, 0.0)
+        if MASK_DIAGONAL:
+            if IS_CAUSAL:
+                p_t = tl.where(rows[None, :] >= cols[:, None], p_t, 0.0)
+        if HAS_WINDOW:
+            in_window_t = (cols[:, None] >= rows[None, :] - window_left) & (cols[:, None] <= rows[None, :] + window_right)
+            p_t = tl.where(in_window_t, p_t, 0.0)
+        dp_t = _mma(v, tl.trans(do), None, DOT_PRECISION)
+        if DROPOUT:
+            keep_t = dropout_keep(seed_bh, rows[None, :], cols[:, None], k_len, dropout_p)
+            scale_keep = 1.0 / (1.0 - dropout_p)
+            p_dropped_t = tl.where(keep_t, p_t * scale_keep, 0.0)
+            dv = _mma(p_dropped_t.to(do.dtype), do, dv, DOT_PRECISION)
+            dp_t = tl.where(keep_t, dp_t * scale_keep, 0.0)
+        else:
+            dv = _mma(p_t.to(do.dtype), do, dv, DOT_PRECISION)
+        # softmax backward: ds = p * (dp - delta)
+        ds_t = p_t * (dp_t - delta[None, :])
+        if SOFTCAP:  # through c * tanh(s / c): d/ds = 1 - tanh^2
+            ds_t = ds_t * (1.0 - tanh_t * tanh_t)
+        dk = _mma(ds_t.to(q_t.dtype), tl.trans(q_t), dk, DOT_PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def _dkdv_program(
+    start_n, batch, kv_head,
+    Q, K, V, Out, DO, LSE, Delta, DK, DV, Mask, KPM, Bounds,
+    qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_db, stride_dh, stride_dm, stride_dd,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    stride_mb, stride_mh, stride_mm, stride_mn,
+    stride_pb, stride_pn,
+    num_heads, group_size, q_len, k_len,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, HAS_BOUNDS: tl.constexpr,
+    DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    DELTA_INLINE: tl.constexpr,
+):
+    """dk, dv for one block of keys of one k/v head, summed over its GQA group in a fixed
+    order (deterministic, no atomics)."""
+    b64 = batch.to(tl.int64)
+
+    cols = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_PAD)
+    d_ok = offs_d < HEAD_DIM
+    col_ok = cols < k_len
+    kv_ok = col_ok[:, None] & d_ok[None, :]
+    k = tl.load(K + b64 * stride_kb + kv_head.to(tl.int64) * stride_kh + cols[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                mask=kv_ok, other=0.0)
+    v = tl.load(V + b64 * stride_vb + kv_head.to(tl.int64) * stride_vh + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                mask=kv_ok, other=0.0)
+    dk = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
+
+    key_kept = col_ok
+    if HAS_KPM:
+        padded = tl.load(KPM + b64 * stride_pb + cols * stride_pn, mask=col_ok, other=1)
+        key_kept = padded == 0
+    # Query rows that can see this key block: causal -> from the diagonal on.
+    q_lo = 0
+    if IS_CAUSAL:
+        q_lo = ((start_n * BLOCK_N) // BLOCK_M) * BLOCK_M
+    q_hi = q_len
+    if HAS_BOUNDS:
+        first = tl.load(Bounds + 3 * batch)
+        last = tl.load(Bounds + 3 * batch + 1)
+        # all keys of this block are padding: visit no query, dk = dv = 0
+        dead = (start_n * BLOCK_N >= last) | ((start_n + 1) * BLOCK_N <= first)
+        q_hi = tl.where(dead, q_lo, q_len)
+    if HAS_WINDOW:
+        # rows that see keys [n, n + BLOCK_N): n - right .. n + BLOCK_N - 1 + left
+        q_lo = tl.maximum(q_lo, (tl.maximum(start_n * BLOCK_N - window_right, 0) // BLOCK_M) * BLOCK_M)
+        q_hi = tl.minimum(q_hi, start_n * BLOCK_N + BLOCK_N + window_left)
+    # query tiles from q_full on lie wholly below the diagonal (every row sees every key)
+    q_full = q_lo
+    if IS_CAUSAL:
+        q_full = tl.minimum(tl.cdiv(start_n * BLOCK_N + BLOCK_N - 1, BLOCK_M) * BLOCK_M, q_hi)
+        q_full = tl.maximum(q_full, q_lo)
+
+    for g in range(0, group_size):
+        head = kv_head * group_size + g
+        bh = batch * num_heads + head
+        q_base = Q + b64 * stride_qb + head.to(tl.int64) * stride_qh
+        do_base = DO + b64 * stride_db + head.to(tl.int64) * stride_dh
+        lse_base = LSE + bh.to(tl.int64) * q_len
+        delta_base = Delta + bh.to(tl.int64) * q_len
+        mask_base = Mask + b64 * stride_mb + head.to(tl.int64) * stride_mh
+        seed_bh = seed + bh
+        o_base = Out + b64 * stride_ob + head.to(tl.int64) * stride_oh
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, key_kept, q_base, do_base, lse_base, delta_base, mask_base, o_base,
+                                 cols, offs_m, offs_d, q_lo, q_full, q_len, k_len, qk_scale, seed_bh, dropout_p,
+                                 window_left, window_right, cap_in, cap_out,
+                                 stride_qm, stride_qd, stride_dm, stride_dd, stride_mm, stride_mn, stride_om, stride_od,
+                                 HEAD_DIM, BLOCK_M, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, True, DOT_PRECISION,
+                                 HAS_WINDOW, SOFTCAP, DELTA_INLINE)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, key_kept, q_base, do_base, lse_base, delta_base, mask_base, o_base,
+                                 cols, offs_m, offs_d, q_full, q_hi, q_len, k_len, qk_scale, seed_bh, dropout_p,
+                                 window_left, window_right, cap_in, cap_out,
+                                 stride_qm, stride_qd, stride_dm, stride_dd, stride_mm, stride_mn, stride_om, stride_od,
+                                 HEAD_DIM, BLOCK_M, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, False, DOT_PRECISION,
+                                 HAS_WINDOW, SOFTCAP, DELTA_INLINE)
+
+    dk = dk * sm_scale
+    tl.store(DK + b64 * stride_dkb + kv_head.to(tl.int64) * stride_dkh + cols[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
+             dk.to(DK.dtype.element_ty), mask=kv_ok)
+    tl.store(DV + b64 * stride_dvb + kv_head.to(tl.int64) * stride_dvh + cols[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
+             dv.to(DV.dtype.element_ty), mask=kv_ok)
+
+
+
+
+@triton.jit(do_not_specialize=_NO_SPECIALIZE)
+def _attn_bwd_dkdv_kernel(
+    Q, K, V, DO, LSE, Delta, DK, DV, Mask, KPM, Bounds,
+    qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_db, stride_dh, stride_dm, stride_dd,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    stride_mb, stride_mh, stride_mm, stride_mn,
+    stride_pb, stride_pn,
+    num_heads, num_kv_heads, group_size, q_len, k_len,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, HAS_BOUNDS: tl.constexpr,
+    DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+):
+    """The dk/dv half of the two-launch backward: delta comes from the dq kernel, run first."""
+    batch_kv_head = tl.program_id(1)
+    _dkdv_program(tl.program_id(0), batch_kv_head // num_kv_heads, batch_kv_head % num_kv_heads,
+                  Q, K, V, DO, DO, LSE, Delta, DK, DV, Mask, KPM, Bounds,   # Out unused: delta is stored
+                  qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out,
+                  stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
+                  stride_vb, stride_vh, stride_vn, stride_vd, 0, 0, 0, 0,
+                  stride_db, stride_dh, stride_dm, stride_dd, stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+                  stride_dvb, stride_dvh, stride_dvn, stride_dvd, stride_mb, stride_mh, stride_mm, stride_mn,
+                  stride_pb, stride_pn, num_heads, group_size, q_len, k_len,
+                  HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, HAS_BOUNDS, DROPOUT,
+                  DOT_PRECISION, HAS_WINDOW, SOFTCAP, False)
+
+
+@triton.jit
+def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base,
+                  rows, offs_n, offs_d, lo, hi, q_len, k_len, key_end, qk_scale, seed_bh, dropout_p,
+                  window_left, window_right, cap_in, cap_out,
+                  stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
+                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
+                  MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
+                  MASK_EDGES: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                  HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr):
+    d_ok = offs_d < HEAD_DIM
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        cols = start_n + offs_n
+        k_ptrs = k_base + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd
+        v_ptrs = v_base + cols[None, :] * stride_vn + offs_d[:, None] * stride_vd
+        if MASK_EDGES:
+            k_t = tl.load(k_ptrs, mask=d_ok[:, None] & (cols[None, :] < k_len), other=0.0)
+            v_t = tl.load(v_ptrs, mask=d_ok[:, None] & (cols[None, :] < k_len), other=0.0)
+        else:
+            k_t = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
+            v_t = tl.load(v_ptrs, mask=d_ok[:, None], other=0.0)
+        if SOFTCAP:
+            tanh_s = _tanh(_mma(q, k_t, None, DOT_PRECISION) * cap_in)
+            qk = tanh_s * cap_out
+        else:
+            qk = _mma(q, k_t, None, DOT_PRECISION) * qk_scale
+        if MASK_KIND == 2:
+            bias = tl.load(mask_base + rows[:, None] * stride_mm + cols[None, :] * stride_mn,
+                           mask=(rows[:, None] < q_len) & (cols[None, :] < k_len), other=0.0)
+            qk += bias.to(tl.float32) * 1.4426950408889634
+        p = tl.math.exp2(qk - lse[:, None])
+        if MASK_KIND == 1:
+            allowed = tl.load(mask_base + rows[:, None] * stride_mm + cols[None, :] * stride_mn,
+                              mask=(rows[:, None] < q_len) & (cols[None, :] < k_len), other=0)
+            p = tl.where(allowed != 0, p, 0.0)
+        if HAS_KPM:
+            padded = tl.load(kpm_base + cols * stride_pn, mask=cols < k_len, other=1)
+            p = tl.where(padded[None, :] == 0, p, 0.0)
+        if MASK_EDGES:
+            visible = cols[None, :] < key_end
+            if IS_CAUSAL:
+                visible = visible & (cols[None, :] <= rows[:, None])
+            p = tl.where(visible, p, 0.0)
+        if HAS_WINDOW:
+            in_window = (cols[None, :] >= rows[:, None] - window_left) & (cols[None, :] <= rows[:, None] + window_right)
+            p = tl.where(in_window, p, 0.0)
+        dp = _mma(do, v_t, None, DOT_PRECISION)
+        if DROPOUT:
+            keep = dropout_keep(seed_bh, rows[:, None], cols[None, :], k_len, dropout_p)
+            dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
+        ds = p * (dp - delta[:, None])
+        if SOFTCAP:
+            ds = ds * (1.0 - tanh_s * tanh_s)
+        dq = _mma(ds.to(k_t.dtype), tl.trans(k_t), dq, DOT_PRECISION)
+    return dq
+
+
+@triton.jit
+def _dq_program(
+    start_m, batch, head,
+    Q, K, V, Out, DO, LSE, Delta, DQ, Mask, KPM, Bounds,
+    qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_db, stride_dh, stride_dm, stride_dd,
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    stride_mb, stride_mh, stride_mm, stride_mn,
+    stride_pb, stride_pn,
+    num_heads, group_size, q_len, k_len,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, HAS_BOUNDS: tl.constexpr,
+    DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    STORE_DELTA: tl.constexpr,
+):
+    batch_head = batch * num_heads + head
+    kv_head = head // group_size
+    b64 = batch.to(tl.int64)
+
+    rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D_PAD)
+    d_ok = offs_d < HEAD_DIM
+    row_ok = rows < q_len
+    tile_ok = row_ok[:, None] & d_ok[None, :]
+    q = tl.load(Q + b64 * stride_qb + head.to(tl.int64) * stride_qh + rows[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                mask=tile_ok, other=0.0)
+    do = tl.load(DO + b64 * stride_db + head.to(tl.int64) * stride_dh + rows[:, None] * stride_dm + offs_d[None, :] * stride_dd,
+                 mask=tile_ok, other=0.0)
+    lse = tl.load(LSE + batch_head.to(tl.int64) * q_len + rows, mask=row_ok, other=float("inf"))
+    # delta_i = sum_d out_id * dout_id, the row term of the softmax gradient; in the two-launch
+    # backward this kernel runs first and keeps it for the dk/dv kernel
+    o = tl.load(Out + b64 * stride_ob + head.to(tl.int64) * stride_oh + rows[:, None] * stride_om + offs_d[None, :] * stride_od,
+                mask=tile_ok, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    if STORE_DELTA:
+        tl.store(Delta + batch_head.to(tl.int64) * q_len + rows, delta, mask=row_ok)
+    k_base = K + b64 * stride_kb + kv_head.to(tl.int64) * stride_kh
+    v_base = V + b64 * stride_vb + kv_head.to(tl.int64) * stride_vh
+    mask_base = Mask + b64 * stride_mb + head.to(tl.int64) * stride_mh
+    kpm_base = KPM + b64 * stride_pb
+    seed_bh = seed + batch_head
+
+    first = 0
+    last = k_len
+    if HAS_BOUNDS:  # written by the forward (or the launcher, for lengths)
+        first = tl.load(Bounds + 3 * batch)
+        last = tl.load(Bounds + 3 * batch + 1)
+    lo, full_end, hi = _key_range(first, last, start_m, k_len, window_left, window_right,
+                                  BLOCK_M, BLOCK_N, IS_CAUSAL, HAS_BOUNDS, HAS_WINDOW)
+    dq = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
+    # One loop body for any padding (the forward's two-way split would double the shared
+    # memory of this larger kernel): key padding, if any, is read in every tile.
+    dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base,
+                       rows, offs_n, offs_d, lo, full_end, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
+                       window_left, window_right, cap_in, cap_out,
+                       stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
+                       HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, False, DOT_PRECISION, HAS_WINDOW, SOFTCAP)
+    dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base,
+                       rows, offs_n, offs_d, full_end, hi, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
+                       window_left, window_right, cap_in, cap_out,
+                       stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
+                       HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, True, DOT_PRECISION, HAS_WINDOW, SOFTCAP)
+    dq = dq * sm_scale
+    tl.store(DQ + b64 * stride_dqb + head.to(tl.int64) * stride_dqh + rows[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
+             dq.to(DQ.dtype.element_ty), mask=tile_ok)
+
+
+
+
+@triton.jit(do_not_specialize=_NO_SPECIALIZE)
+def _attn_bwd_dq_kernel(
+    Q, K, V, Out, DO, LSE, Delta, DQ, Mask, KPM, Bounds,
+    qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_db, stride_dh, stride_dm, stride_dd,
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    stride_mb, stride_mh, stride_mm, stride_mn,
+    stride_pb, stride_pn,
+    num_heads, group_size, q_len, k_len,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, HAS_BOUNDS: tl.constexpr,
+    DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+):
+    """The dq half of the two-launch backward; it stores delta for the dk/dv kernel."""
+    batch_head = tl.program_id(1)
+    _dq_program(tl.program_id(0), batch_head // num_heads, batch_head % num_heads,
+                Q, K, V, Out, DO, LSE, Delta, DQ, Mask, KPM, Bounds,
+                qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out,
+                stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
+                stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_om, stride_od,
+                stride_db, stride_dh, stride_dm, stride_dd, stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+                stride_mb, stride_mh, stride_mm, stride_mn, stride_pb, stride_pn,
+                num_heads, group_size, q_len, k_len,
+                HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, HAS_BOUNDS, DROPOUT,
+                DOT_PRECISION, HAS_WINDOW, SOFTCAP, True)
+
+
+@triton.jit(do_not_specialize=_NO_SPECIALIZE + ("q_blocks",))
+def _attn_bwd_kernel(
+    Q, K, V, Out, DO, LSE, DQ, DK, DV, Mask, KPM, Bounds,
+    qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_db, stride_dh, stride_dm, stride_dd,
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    stride_mb, stride_mh, stride_mm, stride_mn,
+    stride_pb, stride_pn,
+    num_heads, num_kv_heads, group_size, q_len, k_len, q_blocks,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    KV_BLOCK_M: tl.constexpr, KV_BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, HAS_BOUNDS: tl.constexpr,
+    DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+):
+    """The whole backward in one launch (short sequences, where a launch costs more host time than
+    the kernels take): per (batch, k/v head), the first q_blocks * group_size programs compute dq
+    (BLOCK_M x BLOCK_N tiles), the rest dk/dv for one block of KV_BLOCK_N keys, computing delta
+    themselves from out and dout since no program runs before them. No atomics: deterministic."""
+    pid = tl.program_id(0)
+    batch_kv_head = tl.program_id(1)
+    batch = batch_kv_head // num_kv_heads
+    kv_head = batch_kv_head % num_kv_heads
+    dq_programs = q_blocks * group_size
+    if pid < dq_programs:
+        _dq_program(pid % q_blocks, batch, kv_head * group_size + pid // q_blocks,
+                    Q, K, V, Out, DO, LSE, LSE, DQ, Mask, KPM, Bounds,   # no delta stored
+                    qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out,
+                    stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
+                    stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_om, stride_od,
+                    stride_db, stride_dh, stride_dm, stride_dd, stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+                    stride_mb, stride_mh, stride_mm, stride_mn, stride_pb, stride_pn,
+                    num_heads, group_size, q_len, k_len,
+                    HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, HAS_BOUNDS, DROPOUT,
+                    DOT_PRECISION, HAS_WINDOW, SOFTCAP, False)
+    else:
+        _dkdv_program(pid - dq_programs, batch, kv_head,
+                      Q, K, V, Out, DO, LSE, LSE, DK, DV, Mask, KPM, Bounds,   # delta computed inline
+                      qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out,
+                      stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
+                      stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_om, stride_od,
+                      stride_db, stride_dh, stride_dm, stride_dd, stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+                      stride_dvb, stride_dvh, stride_dvn, stride_dvd, stride_mb, stride_mh, stride_mm, stride_mn,
+                      stride_pb, stride_pn, num_heads, group_size, q_len, k_len,
+                      HEAD_DIM, D_PAD, KV_BLOCK_M, KV_BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, HAS_BOUNDS, DROPOUT,
+                      DOT_PRECISION, HAS_WINDOW, SOFTCAP, True)
+
+
+BACKWARD_KERNELS = {
+    "dkdv": _attn_bwd_dkdv_kernel,
+    "dq": _attn_bwd_dq_kernel,
+    "bwd": _attn_bwd_kernel,
+}
