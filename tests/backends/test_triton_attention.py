@@ -347,16 +347,17 @@ def test_the_two_backward_forms_apply_the_same_dropout(monkeypatch):
 def test_backward_form_rule_and_its_override(monkeypatch):
     cfg, other_warps = tiles.TileConfig(64, 32, 4, 3), tiles.TileConfig(64, 32, 8, 3)
     monkeypatch.delenv("GPUPARITY_ATTENTION_BACKWARD", raising=False)
-    assert tiles.fused_backward(tiles.FUSED_BACKWARD_MAX_Q, cfg, cfg)
-    assert not tiles.fused_backward(tiles.FUSED_BACKWARD_MAX_Q + 1, cfg, cfg)
-    assert not tiles.fused_backward(16, cfg, other_warps)   # one launch has one warp count
+    assert tiles.fused_backward(256, 32, cfg, cfg) and tiles.fused_backward(128, 64, cfg, cfg)
+    assert tiles.fused_backward(150, 20, cfg, cfg)                                     # padded to 32
+    assert not tiles.fused_backward(257, 32, cfg, cfg) and not tiles.fused_backward(197, 64, cfg, cfg)
+    assert not tiles.fused_backward(16, 32, cfg, other_warps)   # one launch has one warp count
     monkeypatch.setenv("GPUPARITY_ATTENTION_BACKWARD", "split")
-    assert not tiles.fused_backward(16, cfg, cfg)
+    assert not tiles.fused_backward(16, 32, cfg, cfg)
     monkeypatch.setenv("GPUPARITY_ATTENTION_BACKWARD", "fused")
-    assert tiles.fused_backward(8192, cfg, cfg)
+    assert tiles.fused_backward(8192, 128, cfg, cfg)
     monkeypatch.setenv("GPUPARITY_ATTENTION_BACKWARD", "one")
     with pytest.raises(ValueError, match="GPUPARITY_ATTENTION_BACKWARD: expected one of"):
-        tiles.fused_backward(16, cfg, cfg)
+        tiles.fused_backward(16, 32, cfg, cfg)
 
 
 def test_dropout_is_repeatable_and_its_gradient_is_right():

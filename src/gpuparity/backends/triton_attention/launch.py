@@ -262,7 +262,7 @@ def _backward_launches(q, k, v, out, dout, dq, dk, dv, masks: MaskArgs, is_causa
     dq_cfg = tile_config("dq", q.device, head_dim, q.dtype, k_len)
     kv_cfg = tile_config("dkdv", q.device, head_dim, q.dtype, k_len)
     scalars = (scale * LOG2E, scale, float(dropout_p), int(seed), *extra)
-    if fused_backward(q_len, dq_cfg, kv_cfg):
+    if fused_backward(q_len, head_dim, dq_cfg, kv_cfg):
         q_blocks = cdiv(q_len, dq_cfg.block_m)
         grid = (q_blocks * (heads // kv_heads) + cdiv(k_len, kv_cfg.block_n), batch * kv_heads)
         return (PreparedLaunch(kernel_table()["bwd"], grid, (

@@ -108,21 +108,23 @@ SHORT_CONFIGS: Dict[str, Dict[str, Dict[Tuple[int, int], TileConfig]]] = {
                     "dq": {(32, 2): TileConfig(64, 32, 4, 3)}},
 }
 # The backward in one launch (backward_kernels._attn_bwd_kernel: dq and dk/dv programs side by
-# side, dk/dv computing delta itself) up to this many query rows; longer sequences take two
-# launches (dq, which stores delta, then dk/dv). One launch saves a launch's host time (~20-35 us
-# on an H100 host); it costs device time, since its programs reserve the shared memory of the
-# larger half and dk/dv reads out beside dout. Measured on an H100 (bf16, pad 0.25, CUDA-graph
-# replays of the backward; record: benchmarks/records/h100/attention-host-2026-11-25.md):
-# one launch / two = 0.94 at (512, 4, 150, 32), 1.21 at (16, 4, 1024, 32), 1.18 at
-# (32, 12, 512, 64), 1.18-1.38 at 2k-4k keys; so only the shortest sequences take it.
-FUSED_BACKWARD_MAX_Q = SHORT_KEYS
+# side, dk/dv computing delta itself) while query rows x padded head dim stay within this;
+# larger calls take two launches (dq, which stores delta, then dk/dv). One launch saves a
+# launch's host time (~20-35 us on an H100 host); it costs device time, since its programs
+# reserve the shared memory of the larger half and dk/dv reads out beside dout for every block
+# of rows, both of which grow with rows and head dim. Measured on an H100 (bf16, pad 0.25,
+# CUDA-graph replays of the backward; record: benchmarks/records/h100/attention-host-2026-11-25.md),
+# one launch / two: 0.93-0.95 at (128, 12, 128, 64), (256, 4, 256, 32), (512, 4, 150, 32), all
+# within the bound; 1.12 at (64, 12, 197, 64), 1.21 at (16, 4, 1024, 32), 1.20 at (32, 12, 512, 64).
+FUSED_BACKWARD_MAX_ROWS_X_DIM = 256 * 32
 _BACKWARD_FORMS = ("fused", "split")
 
 
-def fused_backward(q_len: int, dq_cfg: TileConfig, kv_cfg: TileConfig) -> bool:
-    """Whether the backward runs as one launch: short sequences, and the two kernels' tiles share
-    their warp count (the one launch has one). $GPUPARITY_ATTENTION_BACKWARD=fused|split forces a
-    form (benchmarks compare them; read when a call signature is first prepared)."""
+def fused_backward(q_len: int, head_dim: int, dq_cfg: TileConfig, kv_cfg: TileConfig) -> bool:
+    """Whether the backward runs as one launch: short sequences at small head dims, and the two
+    kernels' tiles share their warp count (the one launch has one).
+    $GPUPARITY_ATTENTION_BACKWARD=fused|split forces a form (benchmarks compare them; read when a
+    call signature is first prepared)."""
     forced = os.environ.get("GPUPARITY_ATTENTION_BACKWARD")
     if forced is not None and forced not in _BACKWARD_FORMS:
         raise ValueError(f"GPUPARITY_ATTENTION_BACKWARD: expected one of {_BACKWARD_FORMS}, got {forced!r}")
@@ -130,7 +132,7 @@ def fused_backward(q_len: int, dq_cfg: TileConfig, kv_cfg: TileConfig) -> bool:
         return False
     if forced is not None:
         return forced == "fused"
-    return q_len <= FUSED_BACKWARD_MAX_Q
+    return q_len * padded_head_dim(head_dim) <= FUSED_BACKWARD_MAX_ROWS_X_DIM
 
 
 # The interpreter runs one program at a time in numpy: large tiles, few programs.
