@@ -109,6 +109,7 @@ def test_resolutions_are_remembered_until_what_decides_them_changes(fresh_cache,
 
     monkeypatch.setattr(probe, "probe_verdict", verdict)
     verdicts.clear_cache()
+    dispatch.backends("softmax")   # the built-in backends register (and forget()) on first use: before, not during
     first = select.resolve(problem)
     count = len(asked)
     assert count > 0

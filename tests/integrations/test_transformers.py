@@ -187,7 +187,7 @@ def test_silu_mlps_go_to_swiglu_and_gelu_mlps_are_left(monkeypatch):
     summary = gpuparity.patch(model)
     mlps = [e for e in summary.replaced if "gpuparity.swiglu" in e.reason]
     assert [e.path for e in mlps] == [f"model.layers.{i}.mlp" for i in range(model.config.num_hidden_layers)]
-    model(input_ids=torch.randint(0, model.config.vocab_size, (1, 5)))
+    model(input_ids=torch.randint(0, model.config.vocab_size, (1, 5)).to(next(model.parameters()).device))
     assert len(calls) == model.config.num_hidden_layers
     gemma = gpuparity.patch(build("gemma"))
     assert any(e.path.endswith("layers.0.mlp") and "gpuparity.swiglu is silu(gate) * up only" in e.reason
