@@ -230,14 +230,18 @@ def test_triton_split_gradients_match_the_eager_triton_path():
 
 
 @pytest.mark.triton
-def test_padding_bounds_for_the_split_backward_equal_the_forward_kernels():
-    """The compiled backward derives the key-padding bounds again; they must be what the
-    forward kernel wrote (holes, all padding, none)."""
+@pytest.mark.parametrize("q_len", [2, 300])   # one backward launch and two (tiles.fused_backward)
+def test_the_library_backward_scans_the_padding_as_the_eager_one(q_len):
+    """The torch.library backward keeps nothing of the forward but (out, lse): its kernels scan
+    the key padding themselves. On items with holes, all padding and none, its gradients are the
+    eager autograd Function's, bit for bit."""
     pytest.importorskip("triton")
-    from gpuparity.backends.triton_attention import _padding_bounds, attention_forward, prepare_masks
+    from gpuparity.backends.triton_attention import triton_attention
     pad = torch.tensor([[True, False, True, False, False, True, True], [True] * 7, [False] * 7,
                         [False] * 4 + [True] * 3], device=DEVICE)
-    q, k = torch.randn(4, 1, 2, 16, device=DEVICE), torch.randn(4, 1, 7, 16, device=DEVICE)
-    masks = prepare_masks(q, k, None, pad, None)
-    attention_forward(q, k, k, masks, False, 0.25)
-    torch.testing.assert_close(_padding_bounds(prepare_masks(q, k, None, pad, None), 4, 7), masks.bounds)
+    q, k, v = randn(4, 2, q_len, 16), randn(4, 1, 7, 16), randn(4, 1, 7, 16)
+    g = randn(4, 2, q_len, 16, grad=False)
+    eager = torch.autograd.grad(triton_attention(q, k, v, key_padding_mask=pad), (q, k, v), g)
+    traced = torch.autograd.grad(library.attention(q, k, v, None, pad, False, None, "triton"), (q, k, v), g)
+    for got, want in zip(traced, eager):
+        assert torch.equal(got, want)

@@ -79,24 +79,11 @@ def _forward_saving(q, k, v, attn_mask, key_padding_mask, is_causal, scale, wind
     return out, (lse,)
 
 
-def _padding_bounds(masks: MaskArgs, batch: int, k_len: int) -> torch.Tensor:
-    """(first kept key, one past the last, holes) per batch item, as the forward kernel's
-    _scan_padding writes them into masks.bounds for the backward."""
-    kept = masks.kpm == 0
-    cols = torch.arange(k_len, device=kept.device)
-    first = torch.where(kept, cols, k_len).amin(dim=1)
-    last = torch.where(kept, cols + 1, 0).amax(dim=1)
-    holes = kept.sum(dim=1) != last
-    return torch.stack([first, last, holes.to(last.dtype)], dim=1).to(torch.int32).expand(batch, 3).contiguous()
-
-
 def _backward_from(dout, saved, q, k, v, attn_mask, key_padding_mask, is_causal, scale, window=None, softcap=None,
                    dropout_p=0.0, seed=None):
     out, lse = saved
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    masks = prepare_masks(q, k, attn_mask, key_padding_mask, None)
-    if masks.kpm is not None and k.shape[2] > 0:   # the forward's bounds were not kept: derive them again
-        masks.bounds = _padding_bounds(masks, q.shape[0], k.shape[2])
+    masks = prepare_masks(q, k, attn_mask, key_padding_mask, None)   # the kernels scan the padding themselves
     return attention_backward(dout, q, k, v, out, lse, masks, bool(is_causal), scale, float(dropout_p), int(seed or 0),
                               window=window, softcap=softcap)
 

@@ -47,8 +47,7 @@ def _aot_spec(fam, targets, kernel_name, head_dim, elem, cfg, dropout=False, den
                       IS_CAUSAL=True, MASK_KIND=MASK_ADDITIVE if dense_mask else MASK_NONE, HAS_KPM=True,
                       HAS_BOUNDS=True, DROPOUT=dropout, DOT_PRECISION=precision,
                       HAS_WINDOW=window_softcap, SOFTCAP=window_softcap)
-    if kernel_name == "fwd":
-        constexprs["SCAN"] = SCAN_BLOCK
+    constexprs["SCAN"] = SCAN_BLOCK   # every kernel scans the key padding mask
     return AotSpec(
         name=f"attention.{kernel_name}.{fam}.d{head_dim}.{dtype}.m{cfg.block_m}n{cfg.block_n}"
              f"w{cfg.num_warps}s{cfg.stages(dense_mask)}" + (".dropout" if dropout else "")
@@ -91,7 +90,7 @@ def _fused_spec(fam, targets, head_dim, elem, dq_cfg: TileConfig, kv_cfg: TileCo
     constexprs = dict(HEAD_DIM=head_dim, D_PAD=head_dim, BLOCK_M=dq_cfg.block_m, BLOCK_N=dq_cfg.block_n,
                       KV_BLOCK_M=kv_cfg.block_m, KV_BLOCK_N=kv_cfg.block_n, IS_CAUSAL=True, MASK_KIND=MASK_ADDITIVE,
                       HAS_KPM=True, HAS_BOUNDS=True, DROPOUT=False, DOT_PRECISION=precision,
-                      HAS_WINDOW=True, SOFTCAP=True)
+                      HAS_WINDOW=True, SOFTCAP=True, SCAN=SCAN_BLOCK)
     return AotSpec(
         name=f"attention.bwd.{fam}.d{head_dim}.{dtype}.m{dq_cfg.block_m}n{dq_cfg.block_n}"
              f".kvm{kv_cfg.block_m}n{kv_cfg.block_n}w{kv_cfg.num_warps}s{kv_cfg.stages(True)}",

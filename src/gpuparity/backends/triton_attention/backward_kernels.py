@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .kernels import _NO_SPECIALIZE, _key_range, _mma, _tanh, dropout_keep
+from .kernels import _NO_SPECIALIZE, _key_range, _mma, _scan_padding, _tanh, dropout_keep
 
 
 @triton.jit
@@ -98,6 +98,7 @@ def _dkdv_program(
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, HAS_BOUNDS: tl.constexpr,
     DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    SCAN: tl.constexpr,
     DELTA_INLINE: tl.constexpr,
 ):
     """dk, dv for one block of keys of one k/v head, summed over its GQA group in a fixed
@@ -127,8 +128,11 @@ def _dkdv_program(
         q_lo = ((start_n * BLOCK_N) // BLOCK_M) * BLOCK_M
     q_hi = q_len
     if HAS_BOUNDS:
-        first = tl.load(Bounds + 3 * batch)
-        last = tl.load(Bounds + 3 * batch + 1)
+        if HAS_KPM:
+            first, last, _ = _scan_padding(KPM + b64 * stride_pb, stride_pn, k_len, SCAN)
+        else:   # per-item lengths, computed by the launcher
+            first = tl.load(Bounds + 3 * batch)
+            last = tl.load(Bounds + 3 * batch + 1)
         # all keys of this block are padding: visit no query, dk = dv = 0
         dead = (start_n * BLOCK_N >= last) | ((start_n + 1) * BLOCK_N <= first)
         q_hi = tl.where(dead, q_lo, q_len)
@@ -190,6 +194,7 @@ def _attn_bwd_dkdv_kernel(
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, HAS_BOUNDS: tl.constexpr,
     DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    SCAN: tl.constexpr,
 ):
     """The dk/dv half of the two-launch backward: delta comes from the dq kernel, run first."""
     batch_kv_head = tl.program_id(1)
@@ -202,7 +207,7 @@ def _attn_bwd_dkdv_kernel(
                   stride_dvb, stride_dvh, stride_dvn, stride_dvd, stride_mb, stride_mh, stride_mm, stride_mn,
                   stride_pb, stride_pn, num_heads, group_size, q_len, k_len,
                   HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, HAS_BOUNDS, DROPOUT,
-                  DOT_PRECISION, HAS_WINDOW, SOFTCAP, False)
+                  DOT_PRECISION, HAS_WINDOW, SOFTCAP, SCAN, False)
 
 
 @triton.jit
@@ -279,6 +284,7 @@ def _dq_program(
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, HAS_BOUNDS: tl.constexpr,
     DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    SCAN: tl.constexpr,
     STORE_DELTA: tl.constexpr,
 ):
     batch_head = batch * num_heads + head
@@ -311,7 +317,9 @@ def _dq_program(
 
     first = 0
     last = k_len
-    if HAS_BOUNDS:  # written by the forward (or the launcher, for lengths)
+    if HAS_KPM:   # the forward's scan, again (no bounds are kept between the two)
+        first, last, _ = _scan_padding(kpm_base, stride_pn, k_len, SCAN)
+    elif HAS_BOUNDS:  # per-item lengths, computed by the launcher
         first = tl.load(Bounds + 3 * batch)
         last = tl.load(Bounds + 3 * batch + 1)
     lo, full_end, hi = _key_range(first, last, start_m, k_len, window_left, window_right,
@@ -352,6 +360,7 @@ def _attn_bwd_dq_kernel(
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, HAS_BOUNDS: tl.constexpr,
     DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    SCAN: tl.constexpr,
 ):
     """The dq half of the two-launch backward; it stores delta for the dk/dv kernel."""
     batch_head = tl.program_id(1)
@@ -364,7 +373,7 @@ def _attn_bwd_dq_kernel(
                 stride_mb, stride_mh, stride_mm, stride_mn, stride_pb, stride_pn,
                 num_heads, group_size, q_len, k_len,
                 HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, HAS_BOUNDS, DROPOUT,
-                DOT_PRECISION, HAS_WINDOW, SOFTCAP, True)
+                DOT_PRECISION, HAS_WINDOW, SOFTCAP, SCAN, True)
 
 
 @triton.jit(do_not_specialize=_NO_SPECIALIZE + ("q_blocks",))
@@ -386,6 +395,7 @@ def _attn_bwd_kernel(
     KV_BLOCK_M: tl.constexpr, KV_BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, HAS_BOUNDS: tl.constexpr,
     DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    SCAN: tl.constexpr,
 ):
     """The whole backward in one launch (short sequences, where a launch costs more host time than
     the kernels take): per (batch, k/v head), the first q_blocks * group_size programs compute dq
@@ -406,7 +416,7 @@ def _attn_bwd_kernel(
                     stride_mb, stride_mh, stride_mm, stride_mn, stride_pb, stride_pn,
                     num_heads, group_size, q_len, k_len,
                     HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, HAS_BOUNDS, DROPOUT,
-                    DOT_PRECISION, HAS_WINDOW, SOFTCAP, False)
+                    DOT_PRECISION, HAS_WINDOW, SOFTCAP, SCAN, False)
     else:
         _dkdv_program(pid - dq_programs, batch, kv_head,
                       Q, K, V, Out, DO, LSE, LSE, DK, DV, Mask, KPM, Bounds,   # delta computed inline
@@ -417,7 +427,7 @@ def _attn_bwd_kernel(
                       stride_dvb, stride_dvh, stride_dvn, stride_dvd, stride_mb, stride_mh, stride_mm, stride_mn,
                       stride_pb, stride_pn, num_heads, group_size, q_len, k_len,
                       HEAD_DIM, D_PAD, KV_BLOCK_M, KV_BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, HAS_BOUNDS, DROPOUT,
-                      DOT_PRECISION, HAS_WINDOW, SOFTCAP, True)
+                      DOT_PRECISION, HAS_WINDOW, SOFTCAP, SCAN, True)
 
 
 BACKWARD_KERNELS = {

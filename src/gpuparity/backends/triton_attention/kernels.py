@@ -34,7 +34,8 @@ def _scan_padding(kpm_base, stride_pn, k_len, SCAN: tl.constexpr):
     Programs skip key blocks outside [first, last): trailing (or leading) padding costs
     no matmuls. Without holes (right padding, i.e. per-item lengths) the tiles need no
     per-key mask reads at all. An all-padding item gets first >= last: nothing to visit.
-    Each program scans its own row (k_len bytes, from L2): cheaper than another launch.
+    Each program, forward and backward, scans its own row (k_len bytes, from L2): cheaper
+    than another launch, and nothing has to be kept between the forward and the backward.
     """
     offs = tl.arange(0, SCAN)
     zeros = tl.full([SCAN], 0, tl.int32)
@@ -209,10 +210,6 @@ def _attn_fwd_kernel(
     holes = False
     if HAS_KPM:
         first, last, holes = _scan_padding(kpm_base, stride_pn, k_len, SCAN)
-        if (start_m == 0) & (head == 0):  # one program per batch item keeps them for the backward
-            tl.store(Bounds + 3 * batch, first)
-            tl.store(Bounds + 3 * batch + 1, last)
-            tl.store(Bounds + 3 * batch + 2, holes.to(tl.int32))
     elif HAS_BOUNDS:  # per-item lengths, computed by the launcher
         first = tl.load(Bounds + 3 * batch)
         last = tl.load(Bounds + 3 * batch + 1)

@@ -40,7 +40,7 @@ class MaskArgs:
     mask_strides: Tuple[int, int, int, int] = (0, 0, 0, 0)
     kpm: Optional[torch.Tensor] = None
     kpm_strides: Tuple[int, int] = (0, 0)
-    bounds: Optional[torch.Tensor] = None        # int32 (B, 3): first, one-past-last kept key, has holes
+    bounds: Optional[torch.Tensor] = None        # int32 (B, 3) from key_lengths: first, one past the last kept key, 0
 
 
 def _broadcast_strides(t: torch.Tensor) -> Tuple[int, int, int, int]:
@@ -70,8 +70,7 @@ def prepare_masks(q: torch.Tensor, k: torch.Tensor, attn_mask=None, key_padding_
             kpm = kpm.view(torch.uint8)
         args.kpm = kpm
         args.kpm_strides = (0 if kpm.shape[0] == 1 else kpm.stride(0), kpm.stride(1))
-        # (first, last, holes) per batch item: written by the forward kernel, read by the backward
-        args.bounds = torch.empty(batch, 3, dtype=torch.int32, device=q.device)
+        # the kernels find each item's kept-key range by scanning its row of the mask themselves
     elif key_lengths is not None:
         lengths = key_lengths.to(device=q.device, dtype=torch.int32).clamp(0, k_len)
         # keys 0..length-1 kept: no holes
@@ -127,7 +126,10 @@ def _dummy(device) -> torch.Tensor:
 
 def _common_constexprs(head_dim, masks: MaskArgs, is_causal, dropout_p, dtype, window=None, softcap=None):
     return dict(HEAD_DIM=head_dim, D_PAD=padded_head_dim(head_dim), IS_CAUSAL=bool(is_causal),
-                MASK_KIND=masks.kind, HAS_KPM=masks.kpm is not None, HAS_BOUNDS=masks.bounds is not None,
+                # HAS_BOUNDS: the kept keys of each item lie in a range, scanned from the padding mask by
+                # the kernels or given by key_lengths (masks.bounds)
+                MASK_KIND=masks.kind, HAS_KPM=masks.kpm is not None,
+                HAS_BOUNDS=masks.bounds is not None or masks.kpm is not None,
                 DROPOUT=dropout_p > 0.0, DOT_PRECISION=dot_precision(dtype),
                 HAS_WINDOW=window is not None, SOFTCAP=softcap is not None)
 
@@ -270,19 +272,19 @@ def _backward_launches(q, k, v, out, dout, dq, dk, dv, masks: MaskArgs, is_causa
             *dk.stride(), *dv.stride(), *masks.mask_strides, *masks.kpm_strides,
             heads, kv_heads, heads // kv_heads, q_len, k_len, q_blocks),
             BLOCK_M=dq_cfg.block_m, BLOCK_N=dq_cfg.block_n, KV_BLOCK_M=kv_cfg.block_m, KV_BLOCK_N=kv_cfg.block_n,
-            num_warps=kv_cfg.num_warps, num_stages=kv_cfg.stages(dense_mask), **constexprs),)
+            num_warps=kv_cfg.num_warps, num_stages=kv_cfg.stages(dense_mask), SCAN=SCAN_BLOCK, **constexprs),)
     dq_launch = PreparedLaunch(kernel_table()["dq"], (cdiv(q_len, dq_cfg.block_m), batch * heads), (
         *scalars, *q.stride(), *k.stride(), *v.stride(), *out.stride(), *dout.stride(), *dq.stride(),
         *masks.mask_strides, *masks.kpm_strides,
         heads, heads // kv_heads, q_len, k_len),
         BLOCK_M=dq_cfg.block_m, BLOCK_N=dq_cfg.block_n, num_warps=dq_cfg.num_warps,
-        num_stages=dq_cfg.stages(dense_mask), **constexprs)
+        num_stages=dq_cfg.stages(dense_mask), SCAN=SCAN_BLOCK, **constexprs)
     dkdv_launch = PreparedLaunch(kernel_table()["dkdv"], (cdiv(k_len, kv_cfg.block_n), batch * kv_heads), (
         *scalars, *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(),
         *masks.mask_strides, *masks.kpm_strides,
         heads, kv_heads, heads // kv_heads, q_len, k_len),
         BLOCK_M=kv_cfg.block_m, BLOCK_N=kv_cfg.block_n, num_warps=kv_cfg.num_warps,
-        num_stages=kv_cfg.stages(dense_mask), **constexprs)
+        num_stages=kv_cfg.stages(dense_mask), SCAN=SCAN_BLOCK, **constexprs)
     return dq_launch, dkdv_launch
 
 

@@ -153,8 +153,10 @@ def padded_head_dim(head_dim: int) -> int:
     return max(16, triton_next_pow2(head_dim))
 
 
-# The forward's key-padding scan chunk (a constexpr): one size for every length, so lengths
-# never cause a compile of their own; the scan loops over longer padding masks.
+# The key-padding scan chunk (a constexpr): every kernel, forward and backward, scans its batch
+# item's row of the mask for the kept-key range; one size for every length, so lengths never
+# cause a compile of their own, and longer masks loop. (Sized to the key length instead, the
+# one-launch backward of (512, 4, 150, 32) was 1% faster on an H100: not worth the compiles.)
 SCAN_BLOCK = 1024
 
 
