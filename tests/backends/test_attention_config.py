@@ -65,7 +65,7 @@ def test_lengths_and_seed_are_not_specialized_but_strides_are():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     params = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert set(params) == {"fwd", "dq", "dkdv", "dropout_mask"}
+    assert set(params) == {"fwd", "dq", "dkdv", "bwd", "dropout_mask"}
     for name, table in params.items():
         if name == "dropout_mask":   # (Keep, dropout_p, seed, q_len, k_len): one compile for every shape and seed
             assert all(table[arg] is True for arg in ("seed", "q_len", "k_len")), table
@@ -73,6 +73,8 @@ def test_lengths_and_seed_are_not_specialized_but_strides_are():
         for arg in ("q_len", "k_len", "seed", "num_heads"):
             assert table[arg] is True, (name, arg)
         assert table["stride_qm"] is False and table["group_size"] is False
+        if name == "bwd":   # the one-launch backward: its split point between dq and dk/dv programs too
+            assert table["q_blocks"] is True
 
 
 def test_package_imports_without_triton_and_the_backend_says_why():
@@ -96,9 +98,9 @@ def test_package_imports_without_triton_and_the_backend_says_why():
 
 def test_package_import_leaves_the_kernels_module_unloaded_and_launch_loads_it():
     code = ("import sys, gpuparity.backends.triton_attention as ta\n"
-            "name = 'gpuparity.backends.triton_attention.kernels'\n"
-            "print(name in sys.modules, sorted(ta.kernel_table()), name in sys.modules)")
+            "names = ['gpuparity.backends.triton_attention.kernels', 'gpuparity.backends.triton_attention.backward_kernels']\n"
+            "print(any(n in sys.modules for n in names), sorted(ta.kernel_table()), all(n in sys.modules for n in names))")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip().splitlines()[-1] == "False ['dkdv', 'dq', 'dropout_mask', 'fwd'] True"
+    assert proc.stdout.strip().splitlines()[-1] == "False ['bwd', 'dkdv', 'dq', 'dropout_mask', 'fwd'] True"
