@@ -1,5 +1,6 @@
 """Device time of gpuparity's attention backward in its two forms, one launch (dq and dk/dv
-programs side by side) against two (dq, then dk/dv), from CUDA-graph replays at bf16 with key
+programs side by side) against two (dq, then dk/dv), from CUDA-graph replays (bench.common's
+graphed and time_ms, as `gpuparity bench attention --graph`) at bf16 with key
 padding (pad 0.25), and the largest difference between their gradients. One JSON line per shape;
 where the two kernels' tiles have different warp counts only the two-launch form exists, and
 both columns time it. Needs a CUDA GPU. tiles.FUSED_BACKWARD_MAX_ROWS_X_DIM comes from here.
@@ -8,42 +9,16 @@ both columns time it. Needs a CUDA GPU. tiles.FUSED_BACKWARD_MAX_ROWS_X_DIM come
 """
 import json
 import os
-import statistics
 
 import torch
 
 from gpuparity.backends import triton_attention as ta
 from gpuparity.bench.attention_measure import key_lengths
+from gpuparity.bench.common import graphed, time_ms
 
 SHAPES = [(64, 12, 197, 64), (256, 4, 256, 32), (128, 12, 128, 64), (512, 4, 150, 32), (16, 4, 1024, 32),
           (16, 4, 2048, 32), (8, 4, 4096, 32), (32, 12, 512, 64), (8, 12, 1024, 64), (4, 16, 2048, 64),
           (4, 16, 4096, 64), (2, 16, 1024, 128)]
-
-
-def graph_ms(fn, reps: int = 50) -> float:
-    """Median over 5 batches of `reps` replays of fn captured in a CUDA graph, ms per replay."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    for _ in range(5):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / reps)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -64,7 +39,7 @@ def main() -> None:
             def backward():
                 return ta.attention_backward(dout, q, k, v, out, lse, masks, False, scale)
             grads[form] = backward()
-            row[form + "_graph_ms"] = round(graph_ms(backward), 4)
+            row[form + "_graph_ms"] = round(time_ms(graphed(backward)), 4)
         row["max_abs_diff"] = max(float((a.float() - b.float()).abs().max()) for a, b in zip(grads["split"], grads["fused"]))
         row["fused_vs_split"] = round(row["fused_graph_ms"] / row["split_graph_ms"], 3)
         print(json.dumps(row), flush=True)

@@ -35,14 +35,17 @@ def _signature(kernel, dtype: str, mask_type: str) -> Dict[str, str]:
     return signature
 
 
+def _dtype_and_precision(fam: str, elem: int) -> Tuple[str, str]:
+    """The spec's element type and dot precision: fp32 on NVIDIA ships split-TF32 tensor-core dots
+    ("tf32x3", dot_precision's choice with TF32 off; with TF32 on it is "tf32": the same tiles and
+    operands in shared memory, one product instead of three). AMD's Triton has FMA dots only."""
+    return ("bf16" if elem == 2 else "fp32"), ("tf32x3" if elem == 4 and fam.startswith("nvidia") else "ieee")
+
+
 def _aot_spec(fam, targets, kernel_name, head_dim, elem, cfg, dropout=False, dense_mask=True,
               window_softcap=False) -> AotSpec:
-    dtype = "bf16" if elem == 2 else "fp32"
+    dtype, precision = _dtype_and_precision(fam, elem)
     kernel = kernel_table()[kernel_name]
-    # fp32 on NVIDIA ships split-TF32 tensor-core dots ("tf32x3", dot_precision's choice with
-    # TF32 off); with TF32 on it is "tf32": the same tiles and operands in shared memory, one
-    # product instead of three. AMD's Triton has FMA dots only.
-    precision = "tf32x3" if elem == 4 and fam.startswith("nvidia") else "ieee"
     constexprs = dict(HEAD_DIM=head_dim, D_PAD=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                       IS_CAUSAL=True, MASK_KIND=MASK_ADDITIVE if dense_mask else MASK_NONE, HAS_KPM=True,
                       HAS_BOUNDS=True, DROPOUT=dropout, DOT_PRECISION=precision,
@@ -84,9 +87,8 @@ def aot_specs() -> List[AotSpec]:
 
 
 def _fused_spec(fam, targets, head_dim, elem, dq_cfg: TileConfig, kv_cfg: TileConfig) -> AotSpec:
-    dtype = "bf16" if elem == 2 else "fp32"
+    dtype, precision = _dtype_and_precision(fam, elem)
     kernel = kernel_table()["bwd"]
-    precision = "tf32x3" if elem == 4 and fam.startswith("nvidia") else "ieee"
     constexprs = dict(HEAD_DIM=head_dim, D_PAD=head_dim, BLOCK_M=dq_cfg.block_m, BLOCK_N=dq_cfg.block_n,
                       KV_BLOCK_M=kv_cfg.block_m, KV_BLOCK_N=kv_cfg.block_n, IS_CAUSAL=True, MASK_KIND=MASK_ADDITIVE,
                       HAS_KPM=True, HAS_BOUNDS=True, DROPOUT=False, DOT_PRECISION=precision,
@@ -124,9 +126,8 @@ _VARLEN_KERNELS = {"fwd": "varlen_fwd", "dq": "varlen_dq", "dkdv": "varlen_dkdv"
 
 def _varlen_spec(fam, targets, kernel_name, head_dim, elem, cfg) -> AotSpec:
     from .varlen import varlen_kernel_table
-    dtype = "bf16" if elem == 2 else "fp32"
+    dtype, precision = _dtype_and_precision(fam, elem)
     kernel = varlen_kernel_table()[_VARLEN_KERNELS[kernel_name]]
-    precision = "tf32x3" if elem == 4 and fam.startswith("nvidia") else "ieee"
     # causal, window and softcap all on: the most registers; shared memory is the tiles'
     constexprs = dict(HEAD_DIM=head_dim, D_PAD=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=True,
                       DOT_PRECISION=precision, HAS_WINDOW=True, SOFTCAP=True)

@@ -177,7 +177,7 @@ def _plan_key(q, k, v, masks: MaskArgs, is_causal: bool, scale: float, dropout_p
     return key
 
 
-def _planned(key: Optional[tuple], build) -> Tuple[PreparedLaunch, ...]:
+def _planned(key: Optional[tuple], build):
     if key is None:
         return build()
     plan = _PLANS.get(key)
@@ -221,7 +221,7 @@ def _forward(q, k, v, masks: MaskArgs, is_causal: bool, scale: float, dropout_p:
              softcap, with_delta: bool) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor], Optional[_Plan]]:
     """(out, lse, delta, plan). with_delta: lse and the backward's delta (B, H, Sq) float32 come
     from one allocation (one fewer in the backward, where host time is scarcest); plan: None for
-    empty inputs and dropout calls (a new seed each time)."""
+    empty inputs, kept per call signature except for dropout calls (a new seed each time)."""
     batch, heads, q_len, _ = q.shape
     out = _output_like(q)
     if with_delta:
@@ -234,15 +234,10 @@ def _forward(q, k, v, masks: MaskArgs, is_causal: bool, scale: float, dropout_p:
         out.zero_()
         lse.fill_(float("inf"))
         return out, lse, delta, None
-    key = _plan_key(q, k, v, masks, is_causal, scale, dropout_p, ("fwd", window, softcap))
-    plan = None if key is None else _PLANS.get(key)
-    if plan is None:
-        (forward,) = _forward_launch(q, k, v, out, masks, is_causal, scale, dropout_p, seed, window, softcap)
-        if key is not None:
-            plan = _PLANS.keep(key, _Plan(forward))
-    else:
-        forward = plan.forward
-    forward(q, k, v, out, lse, *_mask_tensors(q, masks))
+    plan = _planned(_plan_key(q, k, v, masks, is_causal, scale, dropout_p, ("fwd", window, softcap)),
+                    lambda: _Plan(*_forward_launch(q, k, v, out, masks, is_causal, scale, dropout_p, seed, window,
+                                                   softcap)))
+    plan.forward(q, k, v, out, lse, *_mask_tensors(q, masks))
     return out, lse, delta, plan
 
 
