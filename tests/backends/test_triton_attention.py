@@ -255,15 +255,62 @@ def test_the_backward_reuses_the_forwards_plan(monkeypatch):
     kpm = padding_mask(2, 24, [24, 9])
     dout = torch.randn(2, 2, 20, 16, generator=torch.Generator().manual_seed(4)).to(DEVICE)
     first = torch.autograd.grad(triton_attention.triton_attention(q, k, v, key_padding_mask=kpm), (q, k, v), dout)
-    keys, empties = [], []
-    real_key, real_empty = launch._plan_key, torch.empty
+    keys, empties, likes = [], [], []
+    real_key, real_empty, real_like = launch._plan_key, torch.empty, torch.empty_like
     monkeypatch.setattr(launch, "_plan_key", lambda *a, **kw: keys.append(1) or real_key(*a, **kw))
     monkeypatch.setattr(launch.torch, "empty", lambda *a, **kw: empties.append(a) or real_empty(*a, **kw))
+    monkeypatch.setattr(launch.torch, "empty_like", lambda *a, **kw: likes.append(a) or real_like(*a, **kw))
     again = torch.autograd.grad(triton_attention.triton_attention(q, k, v, key_padding_mask=kpm), (q, k, v), dout)
     assert len(keys) == 1
-    assert len(empties) == 1   # lse and delta together (the kernels scan the key padding themselves)
+    # lse and delta together (the kernels scan the key padding themselves), the output, and the
+    # three gradients from one allocation
+    assert len(empties) == 2 and len(likes) == 1
     for got, want in zip(again, first):
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("heads,kv_heads,layout,shared", [
+    (2, 2, "bhsd", True), (4, 2, "bhsd", True), (2, 2, "bshd", True), (4, 2, "bshd", True),
+    (2, 2, "mixed", False),    # q (B, S, H, D), k and v (B, H, S, D): three allocations
+])
+def test_the_eager_backward_allocates_the_three_gradients_once(heads, kv_heads, layout, shared):
+    """dq, dk, dv come from one allocation where they are dense in one layout (host time per
+    eager step), with each input's layout, and equal the gradients of the library op, whose
+    outputs must stay apart (torch.library forbids aliasing outputs)."""
+    from gpuparity.backends.triton_attention import launch
+    q, k, v = make_inputs(2, heads, kv_heads, 20, 24, 16, torch.float32, seed=5,
+                          layout="bhsd" if layout == "mixed" else layout)
+    if layout == "mixed":
+        q = q.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
+        assert not q.is_contiguous()
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(6)).to(DEVICE)
+    kpm = padding_mask(2, 24, [24, 11])
+    grads = torch.autograd.grad(triton_attention.triton_attention(q, k, v, key_padding_mask=kpm), (q, k, v), dout)
+    storages = {g.untyped_storage().data_ptr() for g in grads}
+    assert len(storages) == (1 if shared else 3)
+    for grad, x in zip(grads, (q, k, v)):
+        assert grad.shape == x.shape and grad.stride() == x.stride()
+    masks = launch.prepare_masks(q, k, key_padding_mask=kpm)
+    out, lse = launch.attention_forward(q.detach(), k.detach(), v.detach(), masks, False, 16 ** -0.5)
+    apart = launch.attention_backward(dout, q.detach(), k.detach(), v.detach(), out, lse, masks, False, 16 ** -0.5)
+    assert len({g.untyped_storage().data_ptr() for g in apart}) == 3
+    for got, want in zip(grads, apart):
+        assert torch.equal(got, want)
+    # a leaf's .grad may be such a view: accumulating twice still adds
+    leaf = [t.detach().requires_grad_() for t in (q, k, v)]
+    for _ in range(2):
+        triton_attention.triton_attention(*leaf, key_padding_mask=kpm).backward(dout)
+    for x, want in zip(leaf, grads):
+        torch.testing.assert_close(x.grad, 2 * want)
+
+
+def test_gradients_that_would_start_unaligned_get_their_own_allocations():
+    from gpuparity.backends.triton_attention.launch import _gradients_like
+    q = torch.empty(1, 1, 3, 5, device=DEVICE)    # 60 bytes: dk would start 4 bytes past 16
+    assert len({g.untyped_storage().data_ptr() for g in _gradients_like(q, q, q, True)}) == 3
+    q = torch.empty(1, 1, 4, 4, device=DEVICE)
+    assert len({g.untyped_storage().data_ptr() for g in _gradients_like(q, q, q, True)}) == 1
+    assert len({g.untyped_storage().data_ptr() for g in _gradients_like(q, q, q, False)}) == 3
 
 
 @pytest.mark.parametrize("which", ["key_padding_mask", "attn_mask"])
