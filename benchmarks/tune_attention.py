@@ -47,6 +47,32 @@ for _kernel, _extra in RECENT.items():
 TUNE_SHAPES = {32: ["aam-nuc", "aam-asv"], 64: ["bert", "llm-4k"], 128: ["llm-8k"]}
 
 
+def _parse_candidates(text: str):
+    """"dkdv=32x128x8x2,16x128x8x3;dq=..." -> {kernel: [TileConfig]}"""
+    out = {}
+    for part in filter(None, text.split(";")):
+        kernel, _, configs = part.partition("=")
+        if kernel not in CANDIDATES:
+            raise SystemExit(f"--candidates: expected a kernel of {sorted(CANDIDATES)}, got {kernel!r}")
+        out[kernel] = [TC(*map(int, c.split("x"))) for c in configs.split(",") if c]
+    return out
+
+
+def _compiled_kernels(kernel_name: str) -> dict:
+    """{id: (warps, stages, shared bytes, registers, spilled registers)} of every compiled variant of one
+    of the attention kernels (Triton keeps them per device; registers and spills are read when a
+    kernel is loaded, so only launched ones have them)."""
+    fn = ta.launch.kernel_table()[kernel_name]
+    found = {}
+    for cache in getattr(fn, "device_caches", {}).values():
+        kernels = cache[0] if isinstance(cache, tuple) else cache
+        for compiled in getattr(kernels, "values", lambda: [])():
+            meta = compiled.metadata
+            found[id(compiled)] = (meta.num_warps, meta.num_stages, meta.shared,
+                                   getattr(compiled, "n_regs", None), getattr(compiled, "n_spills", None))
+    return found
+
+
 def _time(fn):
     return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
 
@@ -62,7 +88,11 @@ def main() -> None:
     parser.add_argument("--kernels", default="fwd,dkdv,dq", help="which kernels to sweep (default all three)")
     parser.add_argument("--shapes", default=None, help="tune on these suite shapes instead of TUNE_SHAPES' (one bucket)")
     parser.add_argument("--recent", action="store_true", help="only the shipped config and the RECENT candidates")
+    parser.add_argument("--candidates", default=None,
+                        help='only the shipped config and these, e.g. "dkdv=32x128x8x2,16x128x8x3;dq=128x64x8x3" '
+                             "(block_m x block_n x warps x stages); prints each one's registers and spills")
     args = parser.parse_args()
+    explicit = _parse_candidates(args.candidates) if args.candidates else None
     start = time.time()
     table = ta.CONFIGS[args.family]
     results = {}
@@ -88,7 +118,11 @@ def main() -> None:
             if short is not None:
                 print(f"d{bucket} {kernel}: short-key entry {short} set aside for the sweep", flush=True)
             scores = []
-            candidates = [default] + RECENT[kernel] if args.recent else CANDIDATES[kernel]
+            known = _compiled_kernels(kernel)
+            if explicit is not None:
+                candidates = [default] + [c for c in explicit.get(kernel, []) if c != default]
+            else:
+                candidates = [default] + RECENT[kernel] if args.recent else CANDIDATES[kernel]
             for cfg in candidates:
                 if time.time() - start > args.budget_s:
                     break
@@ -112,7 +146,11 @@ def main() -> None:
                             total += _time(lambda: ta.attention_backward(case.dout, case.q, case.k, case.v, out, lse,
                                                                          masks, False, scale))
                     scores.append((total, cfg))
-                    print(f"d{bucket} {kernel} {cfg}: {total:.3f} ms", flush=True)
+                    seen = _compiled_kernels(kernel)
+                    resources = [r for key, r in seen.items() if key not in known]
+                    known.update(seen)
+                    print(f"d{bucket} {kernel} {cfg}: {total:.3f} ms; compiled (warps, stages, shared, regs, spills): "
+                          f"{resources}", flush=True)
                 except Exception as exc:  # noqa: BLE001
                     print(f"d{bucket} {kernel} {cfg}: FAILED {type(exc).__name__}: {str(exc)[:120]}", flush=True)
             scores.sort(key=lambda item: item[0])
