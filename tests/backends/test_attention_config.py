@@ -65,7 +65,7 @@ def test_lengths_and_seed_are_not_specialized_but_strides_are():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     params = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert set(params) == {"fwd", "dq", "dkdv", "bwd", "dropout_mask"}
+    assert set(params) == {"fwd", "dq", "dkdv", "dkdv_tma", "bwd", "dropout_mask"}
     for name, table in params.items():
         if name == "dropout_mask":   # (Keep, dropout_p, seed, q_len, k_len): one compile for every shape and seed
             assert all(table[arg] is True for arg in ("seed", "q_len", "k_len")), table
@@ -75,6 +75,8 @@ def test_lengths_and_seed_are_not_specialized_but_strides_are():
         assert table["stride_qm"] is False and table["group_size"] is False
         if name == "bwd":   # the one-launch backward: its split point between dq and dk/dv programs too
             assert table["q_blocks"] is True
+        if name == "dkdv_tma":   # the descriptors' row origins (batch * rb + head * rh) may be any int
+            assert table["q_rb"] is False and table["QDesc"] is False
 
 
 def test_package_imports_without_triton_and_the_backend_says_why():
@@ -103,4 +105,4 @@ def test_package_import_leaves_the_kernels_module_unloaded_and_launch_loads_it()
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip().splitlines()[-1] == "False ['bwd', 'dkdv', 'dq', 'dropout_mask', 'fwd'] True"
+    assert proc.stdout.strip().splitlines()[-1] == "False ['bwd', 'dkdv', 'dkdv_tma', 'dq', 'dropout_mask', 'fwd'] True"

@@ -313,6 +313,84 @@ def test_gradients_that_would_start_unaligned_get_their_own_allocations():
     assert len({g.untyped_storage().data_ptr() for g in _gradients_like(q, q, q, False)}) == 3
 
 
+def _descriptor_launches(monkeypatch):
+    """Count the dk/dv launches that go through tensor descriptors."""
+    from gpuparity.backends.triton_attention import launch
+    calls = []
+    real = launch._DescriptorLaunch.__call__
+
+    def counted(self, q, *rest):
+        calls.append(bool(q.data_ptr() & 15) is False)
+        return real(self, q, *rest)
+    monkeypatch.setattr(launch._DescriptorLaunch, "__call__", counted)
+    return calls
+
+
+@pytest.mark.parametrize("layout,heads,kv_heads", [("bhsd", 4, 2), ("bshd", 2, 2), ("bshd", 4, 1)])
+def test_tensor_descriptor_dkdv_equals_the_pointer_kernel(layout, heads, kv_heads, monkeypatch):
+    """The dk/dv kernel reading q and dout through tensor descriptors (Hopper's TMA; forced here with
+    GPUPARITY_ATTENTION_TMA=1, which the interpreter runs too) gives the pointer kernel's bits, on
+    both layouts, GQA, causal, key padding with holes; and passes the float64 referee."""
+    from gpuparity.backends.triton_common import clear_plans
+    block = tiles.tile_config("dkdv", torch.device(DEVICE), 64, torch.bfloat16, 96).block_m
+    q_len = 3 * block
+    q, k, v = make_inputs(2, heads, kv_heads, q_len, 80, 64, torch.bfloat16, seed=8, layout=layout)
+    kpm = padding_mask(2, 80, [80, 50])
+    kpm[1, 3] = True   # a hole
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(9)).to(DEVICE, q.dtype)
+    monkeypatch.setenv("GPUPARITY_ATTENTION_BACKWARD", "split")
+    grads = {}
+    for tma in ("0", "1"):
+        monkeypatch.setenv("GPUPARITY_ATTENTION_TMA", tma)
+        clear_plans()
+        calls = _descriptor_launches(monkeypatch)
+        out = triton_attention.triton_attention(q, k, v, key_padding_mask=kpm, is_causal=True)
+        grads[tma] = torch.autograd.grad(out, (q, k, v), dout)
+        assert calls == ([] if tma == "0" else [True])
+    for with_tma, without in zip(grads["1"], grads["0"]):
+        assert torch.equal(with_tma, without)
+    calls = _descriptor_launches(monkeypatch)
+    check(q, k, v, key_padding_mask=kpm, is_causal=True)
+    assert calls == [True]
+    clear_plans()
+
+
+def test_tensor_descriptors_only_where_every_tile_stays_in_its_head(monkeypatch):
+    """A q_len that is not a multiple of the query step, a head dim that is not a power of two,
+    fp32, a q or dout that does not start 16-byte aligned: the pointer kernel serves."""
+    from gpuparity.backends.triton_common import clear_plans
+    monkeypatch.setenv("GPUPARITY_ATTENTION_BACKWARD", "split")
+    monkeypatch.setenv("GPUPARITY_ATTENTION_TMA", "1")
+    cfg = tiles.tile_config("dkdv", torch.device(DEVICE), 64, torch.bfloat16, 96)
+    assert tiles.tma_backward(torch.device(DEVICE), torch.bfloat16, 2 * cfg.block_m, 40, 64, cfg)
+    assert not tiles.tma_backward(torch.device(DEVICE), torch.bfloat16, 2 * cfg.block_m + 1, 40, 64, cfg)
+    assert not tiles.tma_backward(torch.device(DEVICE), torch.bfloat16, 2 * cfg.block_m, 40, 48, cfg)
+    assert not tiles.tma_backward(torch.device(DEVICE), torch.float32, 2 * cfg.block_m, 40, 64, cfg)
+    monkeypatch.setenv("GPUPARITY_ATTENTION_TMA", "0")
+    assert not tiles.tma_backward(torch.device(DEVICE), torch.bfloat16, 2 * cfg.block_m, 40, 64, cfg)
+    monkeypatch.setenv("GPUPARITY_ATTENTION_TMA", "auto")
+    assert tiles.tma_backward(torch.device("cpu"), torch.bfloat16, 2 * cfg.block_m, 40, 64, cfg) is False
+    # auto: Hopper-family GPUs, head dims from 64, long sequences (the descriptor launch's host time)
+    monkeypatch.setattr(tiles, "family", lambda device: "nvidia_sm90")
+    assert tiles.tma_backward(torch.device(DEVICE), torch.bfloat16, 1024, 1024, 128, cfg) is (1024 % cfg.block_m == 0)
+    assert not tiles.tma_backward(torch.device(DEVICE), torch.bfloat16, 1024, 1024, 32, cfg)
+    assert not tiles.tma_backward(torch.device(DEVICE), torch.bfloat16, 512, 512, 128, cfg)
+    monkeypatch.setenv("GPUPARITY_ATTENTION_TMA", "yes")
+    with pytest.raises(ValueError, match="GPUPARITY_ATTENTION_TMA"):
+        tiles.tma_backward(torch.device(DEVICE), torch.bfloat16, 64, 64, 64, cfg)
+    monkeypatch.setenv("GPUPARITY_ATTENTION_TMA", "1")
+    # unaligned: q a view starting one element into its storage
+    clear_plans()
+    calls = _descriptor_launches(monkeypatch)
+    base = torch.randn(2 * 2 * 2 * cfg.block_m * 64 + 1).to(DEVICE, torch.bfloat16)
+    q = base[1:].view(2, 2, 2 * cfg.block_m, 64).detach().requires_grad_()
+    k, v = (torch.randn(2, 2, 40, 64).to(DEVICE, torch.bfloat16).requires_grad_() for _ in range(2))
+    out = triton_attention.triton_attention(q, k, v)
+    torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    assert calls == [False]    # called, and handed to the pointer kernel
+    clear_plans()
+
+
 @pytest.mark.parametrize("which", ["key_padding_mask", "attn_mask"])
 def test_a_mask_changed_in_place_before_backward_raises(which):
     """The masks are saved for backward like q, k and v: refilling a mask buffer between forward

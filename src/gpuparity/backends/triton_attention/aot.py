@@ -16,12 +16,17 @@ _POINTER_TYPES = {
 _FLOAT_SCALARS = {"qk_scale", "sm_scale", "dropout_p", "cap_in", "cap_out"}
 
 
-def _signature(kernel, dtype: str, mask_type: str) -> Dict[str, str]:
+def _signature(kernel, dtype: str, mask_type: str, descriptor_blocks=None) -> Dict[str, str]:
+    """descriptor_blocks: {parameter: (rows, cols)}, the tiles the *Desc parameters (tensor
+    descriptors) load."""
     signature = {}
     # JITFunction and InterpretedFunction both keep the Python function in .fn
     for name, param in inspect.signature(getattr(kernel, "fn", kernel)).parameters.items():
         if "constexpr" in str(param.annotation):
             signature[name] = "constexpr"
+        elif name.endswith("Desc"):
+            rows, cols = descriptor_blocks[name]
+            signature[name] = f"tensordesc<{dtype}[{rows}, {cols}]>"
         elif name in _POINTER_TYPES:
             signature[name] = _POINTER_TYPES[name]
         elif name == "Mask":
@@ -83,7 +88,7 @@ def aot_specs() -> List[AotSpec]:
                                    dropout=True))
             specs.append(_aot_spec(fam, targets, kernel_name, 64, 2, CONFIGS[fam][kernel_name][(64, 2)],
                                    window_softcap=True))
-    return specs + fused_backward_aot_specs() + varlen_aot_specs()
+    return specs + fused_backward_aot_specs() + varlen_aot_specs() + descriptor_aot_specs()
 
 
 def _fused_spec(fam, targets, head_dim, elem, dq_cfg: TileConfig, kv_cfg: TileConfig) -> AotSpec:
@@ -151,4 +156,29 @@ def varlen_aot_specs() -> List[AotSpec]:
                 largest[(elem, cfg)] = max(bucket, largest.get((elem, cfg), 0))
             specs.extend(_varlen_spec(fam, targets, kernel_name, head_dim, elem, cfg)
                          for (elem, cfg), head_dim in largest.items())
+    return specs
+
+
+def descriptor_aot_specs() -> List[AotSpec]:
+    """The dk/dv kernel that reads q and dout through tensor descriptors (tiles.tma_backward:
+    sm_90 family, 16-bit inputs) at every sm_90 dk/dv tile, every mask flag on."""
+    specs: List[AotSpec] = []
+    fam = "nvidia_sm90"
+    kernel = kernel_table()["dkdv_tma"]
+    entries = list(CONFIGS[fam]["dkdv"].items()) + list(SHORT_CONFIGS.get(fam, {}).get("dkdv", {}).items())
+    for (bucket, elem), cfg in entries:
+        if elem != 2:
+            continue
+        dtype, precision = _dtype_and_precision(fam, elem)
+        constexprs = dict(HEAD_DIM=bucket, D_PAD=bucket, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=True,
+                          MASK_KIND=MASK_ADDITIVE, HAS_KPM=True, HAS_BOUNDS=True, DROPOUT=False,
+                          DOT_PRECISION=precision, HAS_WINDOW=True, SOFTCAP=True, SCAN=SCAN_BLOCK)
+        specs.append(AotSpec(
+            name=f"attention.dkdv_tma.{fam}.d{bucket}.{dtype}.m{cfg.block_m}n{cfg.block_n}"
+                 f"w{cfg.num_warps}s{cfg.stages(True)}",
+            kernel=kernel, signature=_signature(kernel, dtype, "*fp32", {
+                "QDesc": (cfg.block_m, bucket), "DODesc": (cfg.block_m, bucket),
+                "KDesc": (cfg.block_n, bucket), "VDesc": (cfg.block_n, bucket)}),
+            constexprs=constexprs, num_warps=cfg.num_warps, num_stages=cfg.stages(True),
+            targets=FAMILY_TARGETS[fam]))
     return specs

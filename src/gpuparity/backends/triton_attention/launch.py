@@ -11,7 +11,7 @@ import torch
 from ...numerics import matmul_tf32
 from .. import triton_common
 from ..triton_common import PlanCache, PreparedLaunch, cdiv, lazy_kernel
-from .tiles import SCAN_BLOCK, fused_backward, padded_head_dim, tile_config
+from .tiles import SCAN_BLOCK, fused_backward, padded_head_dim, tile_config, tma_backward
 
 LOG2E = 1.4426950408889634
 
@@ -274,13 +274,59 @@ def _backward_launches(q, k, v, out, dout, dq, dk, dv, masks: MaskArgs, is_causa
         heads, heads // kv_heads, q_len, k_len),
         BLOCK_M=dq_cfg.block_m, BLOCK_N=dq_cfg.block_n, num_warps=dq_cfg.num_warps,
         num_stages=dq_cfg.stages(dense_mask), SCAN=SCAN_BLOCK, **constexprs)
-    dkdv_launch = PreparedLaunch(kernel_table()["dkdv"], (cdiv(k_len, kv_cfg.block_n), batch * kv_heads), (
-        *scalars, *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(),
-        *masks.mask_strides, *masks.kpm_strides,
-        heads, kv_heads, heads // kv_heads, q_len, k_len),
-        BLOCK_M=kv_cfg.block_m, BLOCK_N=kv_cfg.block_n, num_warps=kv_cfg.num_warps,
-        num_stages=kv_cfg.stages(dense_mask), SCAN=SCAN_BLOCK, **constexprs)
+    dkdv_args = (*scalars, *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(),
+                 *masks.mask_strides, *masks.kpm_strides, heads, kv_heads, heads // kv_heads, q_len, k_len)
+    dkdv_grid = (cdiv(k_len, kv_cfg.block_n), batch * kv_heads)
+    dkdv_options = dict(BLOCK_M=kv_cfg.block_m, BLOCK_N=kv_cfg.block_n, num_warps=kv_cfg.num_warps,
+                        num_stages=kv_cfg.stages(dense_mask), SCAN=SCAN_BLOCK, **constexprs)
+    dkdv_launch = PreparedLaunch(kernel_table()["dkdv"], dkdv_grid, dkdv_args, **dkdv_options)
+    if tma_backward(q.device, q.dtype, q_len, k_len, head_dim, kv_cfg):
+        views = tuple(_rows_view(t) for t in (q, dout, k, v))
+        if None not in views:
+            dkdv_launch = _DescriptorLaunch(dkdv_launch, dkdv_grid, dkdv_args, views,
+                                            (kv_cfg.block_m, kv_cfg.block_m, kv_cfg.block_n, kv_cfg.block_n),
+                                            dkdv_options)
     return dq_launch, dkdv_launch
+
+
+def _rows_view(t: torch.Tensor):
+    """t (B, H, S, D) as rows of a 2-D tensor for a tensor descriptor: (shape, strides, rb, rh, ch),
+    where row m of (batch, head) is row batch * rb + head * rh + m, at column head * ch; None for
+    a layout other than (B, H, S, D) or (B, S, H, D) dense."""
+    batch, heads, seq, head_dim = t.shape
+    if t.is_contiguous():
+        return [batch * heads * seq, head_dim], [head_dim, 1], heads * seq, seq, 0
+    if t.transpose(1, 2).is_contiguous():
+        return [batch * seq, heads * head_dim], [heads * head_dim, 1], seq, 0, head_dim
+    return None
+
+
+class _DescriptorLaunch:
+    """The dk/dv launch through tensor descriptors (kernel "dkdv_tma"; tiles.tma_backward says
+    where): called like the PreparedLaunch it wraps, which serves calls whose q, dout, k or v does
+    not start 16-byte aligned (a descriptor's base must). Launched through Triton's own launcher
+    (descriptors are made per call): tma_backward allows it only for long sequences, where a
+    launch's host time is noise beside the kernel's."""
+
+    __slots__ = ("pointers", "grid", "scalars", "views", "blocks", "options")
+
+    def __init__(self, pointers: PreparedLaunch, grid, scalars, views, blocks, options) -> None:
+        self.pointers, self.grid, self.scalars, self.views = pointers, tuple(grid), scalars, views
+        self.blocks, self.options = blocks, options
+
+    def __call__(self, q, k, v, dout, lse, delta, dk, dv, mask, kpm, bounds) -> None:
+        tensors = (q, dout, k, v)
+        if any(t.data_ptr() & 15 for t in tensors):
+            self.pointers(q, k, v, dout, lse, delta, dk, dv, mask, kpm, bounds)
+            return
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        head_dim = q.shape[-1]
+        descriptors, origins = [], []
+        for t, (shape, strides, *origin), rows in zip(tensors, self.views, self.blocks):
+            descriptors.append(TensorDescriptor(t, shape, strides, [rows, head_dim]))
+            origins.extend(origin)
+        kernel_table()["dkdv_tma"][self.grid](q, k, v, dout, lse, delta, dk, dv, mask, kpm, bounds, *descriptors,
+                                              *self.scalars, *origins, **self.options)
 
 
 def _gradients_like(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shared: bool):

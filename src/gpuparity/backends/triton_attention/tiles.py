@@ -135,6 +135,44 @@ def fused_backward(q_len: int, head_dim: int, dq_cfg: TileConfig, kv_cfg: TileCo
     return q_len * padded_head_dim(head_dim) <= FUSED_BACKWARD_MAX_ROWS_X_DIM
 
 
+_TMA_CHOICES = ("auto", "1", "0")
+
+
+# Descriptor launches go through Triton's own launcher (~0.1 ms of host time on the lent hosts):
+# only calls whose kernels take long enough to hide it, and head dims where the H200 measured a
+# gain (D=32 at (16, 4, 1024, 32): dk/dv 0.071 -> 0.080 ms, a loss).
+TMA_MIN_SCORES = 1024 * 1024     # q_len * k_len
+TMA_MIN_HEAD_DIM = 64
+
+
+def tma_backward(device: torch.device, dtype: torch.dtype, q_len: int, k_len: int, head_dim: int,
+                 kv_cfg: TileConfig) -> bool:
+    """Whether the two-launch backward's dk/dv kernel reads its q, dout, k and v tiles through
+    tensor descriptors (Hopper's TMA): on sm_90+ NVIDIA GPUs (family nvidia_sm90), 16-bit inputs,
+    a head dim that is a power of two, at least TMA_MIN_HEAD_DIM (the tile is the head dim, no
+    padding), q_len a multiple of the kernel's query step (no query tile crosses into the next
+    (batch, head)) and at least TMA_MIN_SCORES scores; the launcher also needs dense (B, H, S, D)
+    or (B, S, H, D) layouts. The same bits as the pointer kernel (record:
+    benchmarks/records/h200/attention-tma-2026-11-26.md); the forward did not gain (2.20 vs 2.28
+    ms at (2, 16, 8192, 128)) and keeps its pointers. $GPUPARITY_ATTENTION_TMA: auto (default),
+    0 (never), 1 (wherever the layout allows, any size, the interpreter too: for tests)."""
+    choice = os.environ.get("GPUPARITY_ATTENTION_TMA", "auto")
+    if choice not in _TMA_CHOICES:
+        raise ValueError(f"GPUPARITY_ATTENTION_TMA: expected one of {_TMA_CHOICES}, got {choice!r}")
+    if choice == "0" or dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if head_dim != padded_head_dim(head_dim) or q_len % kv_cfg.block_m:
+        return False
+    if choice == "auto" and (family(device) != "nvidia_sm90" or head_dim < TMA_MIN_HEAD_DIM
+                             or q_len * k_len < TMA_MIN_SCORES):
+        return False
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401 - Triton >= 3.4
+    except ImportError:
+        return False
+    return True
+
+
 # The interpreter runs one program at a time in numpy: large tiles, few programs.
 _INTERP = {kernel: {key: TileConfig(32, 32, 4, 1) for key in table} for kernel, table in _SM80.items()}
 
