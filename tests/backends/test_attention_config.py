@@ -75,8 +75,8 @@ def test_lengths_and_seed_are_not_specialized_but_strides_are():
         assert table["stride_qm"] is False and table["group_size"] is False
         if name == "bwd":   # the one-launch backward: its split point between dq and dk/dv programs too
             assert table["q_blocks"] is True
-        if name == "dkdv_tma":   # the descriptors' row origins (batch * rb + head * rh) may be any int
-            assert table["q_rb"] is False and table["QDesc"] is False
+        if name == "dkdv_tma":   # the descriptors' row origins (batch * rb + head * rh) are lengths
+            assert table["q_rb"] is True and table["k_rh"] is True and table["QDesc"] is False
 
 
 def test_package_imports_without_triton_and_the_backend_says_why():

@@ -296,6 +296,10 @@ def test_the_eager_backward_allocates_the_three_gradients_once(heads, kv_heads, 
     assert len({g.untyped_storage().data_ptr() for g in apart}) == 3
     for got, want in zip(grads, apart):
         assert torch.equal(got, want)
+    # only q needs a gradient: no shared buffer (a leaf's .grad would hold dk's and dv's memory too)
+    only_q = [q.detach().requires_grad_(), k.detach(), v.detach()]
+    (dq_alone,) = torch.autograd.grad(triton_attention.triton_attention(*only_q, key_padding_mask=kpm), only_q[0], dout)
+    assert dq_alone.untyped_storage().nbytes() == dq_alone.numel() * dq_alone.element_size()
     # a leaf's .grad may be such a view: accumulating twice still adds
     leaf = [t.detach().requires_grad_() for t in (q, k, v)]
     for _ in range(2):
@@ -355,6 +359,43 @@ def test_tensor_descriptor_dkdv_equals_the_pointer_kernel(layout, heads, kv_head
     clear_plans()
 
 
+@pytest.mark.parametrize("feature", ["window_softcap", "bool_mask", "additive_mask", "key_lengths", "dropout",
+                                     "q_bshd_dout_bhsd"])
+def test_tensor_descriptor_dkdv_keeps_every_feature(feature, monkeypatch):
+    """Every feature the dk/dv program has, through the descriptor loads: the pointer kernel's bits."""
+    from gpuparity.backends.triton_common import clear_plans
+    block = tiles.tile_config("dkdv", torch.device(DEVICE), 64, torch.bfloat16, 96).block_m
+    q_len, k_len = 2 * block, 72
+    layout = "bshd" if feature == "q_bshd_dout_bhsd" else "bhsd"
+    q, k, v = make_inputs(2, 4, 2, q_len, k_len, 64, torch.bfloat16, seed=11, layout=layout)
+    gen = torch.Generator().manual_seed(12)
+    kwargs = {}
+    if feature == "window_softcap":
+        kwargs = dict(window=(20, 5), softcap=10.0, is_causal=True)
+    elif feature == "bool_mask":
+        kwargs = dict(attn_mask=(torch.rand(1, 4, q_len, k_len, generator=gen) > 0.3).to(DEVICE))
+    elif feature == "additive_mask":
+        kwargs = dict(attn_mask=torch.randn(q_len, k_len, generator=gen).to(DEVICE, torch.bfloat16))
+    elif feature == "key_lengths":
+        kwargs = dict(key_lengths=torch.tensor([k_len, 33]).to(DEVICE))
+    elif feature == "dropout":
+        kwargs = dict(dropout_p=0.2, seed=1234)
+    dout = torch.randn(2, 4, q_len, 64, generator=gen).to(DEVICE, q.dtype)   # (B, H, S, D) whatever q's layout
+    monkeypatch.setenv("GPUPARITY_ATTENTION_BACKWARD", "split")
+    grads = {}
+    for tma in ("0", "1"):
+        monkeypatch.setenv("GPUPARITY_ATTENTION_TMA", tma)
+        clear_plans()
+        calls = _descriptor_launches(monkeypatch)
+        out = triton_attention.triton_attention(q, k, v, **kwargs)
+        grads[tma] = torch.autograd.grad(out, (q, k, v), dout)
+        assert calls == ([] if tma == "0" else [True])
+    for with_tma, without in zip(grads["1"], grads["0"]):
+        assert torch.isfinite(with_tma).all()
+        assert torch.equal(with_tma, without)
+    clear_plans()
+
+
 def test_tensor_descriptors_only_where_every_tile_stays_in_its_head(monkeypatch):
     """A q_len that is not a multiple of the query step, a head dim that is not a power of two,
     fp32, a q or dout that does not start 16-byte aligned: the pointer kernel serves."""
@@ -372,9 +413,13 @@ def test_tensor_descriptors_only_where_every_tile_stays_in_its_head(monkeypatch)
     assert tiles.tma_backward(torch.device("cpu"), torch.bfloat16, 2 * cfg.block_m, 40, 64, cfg) is False
     # auto: Hopper-family GPUs, head dims from 64, long sequences (the descriptor launch's host time)
     monkeypatch.setattr(tiles, "family", lambda device: "nvidia_sm90")
+    monkeypatch.setattr(tiles.torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     assert tiles.tma_backward(torch.device(DEVICE), torch.bfloat16, 1024, 1024, 128, cfg) is (1024 % cfg.block_m == 0)
     assert not tiles.tma_backward(torch.device(DEVICE), torch.bfloat16, 1024, 1024, 32, cfg)
+    assert not tiles.tma_backward(torch.device(DEVICE), torch.bfloat16, 1024, 1024, 256, cfg)
     assert not tiles.tma_backward(torch.device(DEVICE), torch.bfloat16, 512, 512, 128, cfg)
+    monkeypatch.setattr(tiles.torch.cuda, "get_device_capability", lambda device=None: (10, 0))
+    assert not tiles.tma_backward(torch.device(DEVICE), torch.bfloat16, 1024, 1024, 128, cfg)   # unmeasured
     monkeypatch.setenv("GPUPARITY_ATTENTION_TMA", "yes")
     with pytest.raises(ValueError, match="GPUPARITY_ATTENTION_TMA"):
         tiles.tma_backward(torch.device(DEVICE), torch.bfloat16, 64, 64, 64, cfg)

@@ -239,7 +239,12 @@ def _attn_bwd_dkdv_kernel(
                   DOT_PRECISION, HAS_WINDOW, SOFTCAP, SCAN, False)
 
 
-@triton.jit(do_not_specialize=_NO_SPECIALIZE)
+# The descriptors' row origins (batch * rb + head * rh) are lengths: specializing on them would
+# compile once per length pattern, and descriptor coordinates gain nothing from it.
+_ORIGINS = ("q_rb", "q_rh", "q_ch", "do_rb", "do_rh", "do_ch", "k_rb", "k_rh", "k_ch", "v_rb", "v_rh", "v_ch")
+
+
+@triton.jit(do_not_specialize=_NO_SPECIALIZE + _ORIGINS)
 def _attn_bwd_dkdv_tma_kernel(
     Q, K, V, DO, LSE, Delta, DK, DV, Mask, KPM, Bounds, QDesc, DODesc, KDesc, VDesc,
     qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out,
@@ -261,8 +266,8 @@ def _attn_bwd_dkdv_tma_kernel(
     """_attn_bwd_dkdv_kernel with q, dout, k and v tiles read through tensor descriptors
     (Hopper's TMA, host-side descriptors over 2-D views, _dkdv_program): the same arithmetic in
     the same order, so the same bits; the per-tile addresses leave the registers and k, v stay in
-    shared memory, where the pointer form spills at D=128 (a standalone descriptor kernel on an
-    H200: dk/dv 4.35 -> 3.64 ms at (2, 16, 8192, 128), benchmarks/attention_tma.py)."""
+    shared memory, where the pointer form spills at D=128 (H200: dk/dv 4.37 -> 3.54 ms at
+    (2, 16, 8192, 128); benchmarks/records/h200/attention-tma-2026-11-26.md)."""
     batch_kv_head = tl.program_id(1)
     _dkdv_program(tl.program_id(0), batch_kv_head // num_kv_heads, batch_kv_head % num_kv_heads,
                   Q, K, V, DO, DO, LSE, Delta, DK, DV, Mask, KPM, Bounds,

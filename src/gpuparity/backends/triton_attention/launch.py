@@ -294,6 +294,8 @@ def _rows_view(t: torch.Tensor):
     where row m of (batch, head) is row batch * rb + head * rh + m, at column head * ch; None for
     a layout other than (B, H, S, D) or (B, S, H, D) dense."""
     batch, heads, seq, head_dim = t.shape
+    if batch * heads * seq >= 2 ** 31 - 1024:   # descriptor coordinates are int32
+        return None
     if t.is_contiguous():
         return [batch * heads * seq, head_dim], [head_dim, 1], heads * seq, seq, 0
     if t.transpose(1, 2).is_contiguous():
@@ -413,7 +415,10 @@ class TritonAttention(torch.autograd.Function):
         kind, mask_strides, kpm_strides, is_causal, scale, dropout_p, seed, window, softcap, delta, plan = ctx.meta
         masks = MaskArgs(kind, mask, mask_strides, kpm, kpm_strides, bounds)
         dq, dk, dv = attention_backward(dout, q, k, v, out, lse, masks, is_causal, scale, dropout_p, seed,
-                                        window, softcap, delta=delta, plan=plan, shared_gradients=True)
+                                        window, softcap, delta=delta, plan=plan,
+                                        # one buffer only when all three are kept: a leaf's .grad may
+                                        # hold the view, and with it the whole buffer
+                                        shared_gradients=all(ctx.needs_input_grad[:3]))
         return dq, dk, dv, None
 
 

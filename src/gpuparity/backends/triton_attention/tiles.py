@@ -140,22 +140,28 @@ _TMA_CHOICES = ("auto", "1", "0")
 
 # Descriptor launches go through Triton's own launcher (~0.1 ms of host time on the lent hosts):
 # only calls whose kernels take long enough to hide it, and head dims where the H200 measured a
-# gain (D=32 at (16, 4, 1024, 32): dk/dv 0.071 -> 0.080 ms, a loss).
+# gain. Both limits come from a first integration (q and dout through descriptors, k and v still
+# through pointers): D=32 at (16, 4, 1024, 32) lost (dk/dv 0.071 -> 0.080 ms), and with every
+# shape on, bert's and aam-asv's eager steps took 1.4-2.1x cuDNN's host time. Head dim 256 and
+# GPUs after Hopper were not measured: they keep the pointer kernel under "auto".
 TMA_MIN_SCORES = 1024 * 1024     # q_len * k_len
 TMA_MIN_HEAD_DIM = 64
+TMA_MAX_HEAD_DIM = 128
 
 
 def tma_backward(device: torch.device, dtype: torch.dtype, q_len: int, k_len: int, head_dim: int,
                  kv_cfg: TileConfig) -> bool:
     """Whether the two-launch backward's dk/dv kernel reads its q, dout, k and v tiles through
     tensor descriptors (Hopper's TMA): on sm_90+ NVIDIA GPUs (family nvidia_sm90), 16-bit inputs,
-    a head dim that is a power of two, at least TMA_MIN_HEAD_DIM (the tile is the head dim, no
-    padding), q_len a multiple of the kernel's query step (no query tile crosses into the next
-    (batch, head)) and at least TMA_MIN_SCORES scores; the launcher also needs dense (B, H, S, D)
-    or (B, S, H, D) layouts. The same bits as the pointer kernel (record:
-    benchmarks/records/h200/attention-tma-2026-11-26.md); the forward did not gain (2.20 vs 2.28
-    ms at (2, 16, 8192, 128)) and keeps its pointers. $GPUPARITY_ATTENTION_TMA: auto (default),
-    0 (never), 1 (wherever the layout allows, any size, the interpreter too: for tests)."""
+    a head dim that is a power of two (the tile is the head dim, no padding), q_len a multiple of
+    the kernel's query step (no query tile crosses into the next (batch, head)); under "auto" also
+    Hopper itself (compute capability 9), head dims 64-128 and at least TMA_MIN_SCORES scores. The
+    launcher also needs dense (B, H, S, D) or (B, S, H, D) layouts. The same bits as the pointer
+    kernel (record: benchmarks/records/h200/attention-tma-2026-11-26.md); a descriptor forward did
+    not gain (2.264 vs 2.218 ms at (2, 16, 8192, 128)), so the forward keeps its pointers.
+    $GPUPARITY_ATTENTION_TMA: auto (default), 0 (never), 1 (wherever the layout allows, any size,
+    the interpreter too: for tests); read when a call signature is first prepared (its launches
+    are kept: gpuparity.backends.triton_common.clear_plans() forgets them)."""
     choice = os.environ.get("GPUPARITY_ATTENTION_TMA", "auto")
     if choice not in _TMA_CHOICES:
         raise ValueError(f"GPUPARITY_ATTENTION_TMA: expected one of {_TMA_CHOICES}, got {choice!r}")
@@ -163,7 +169,8 @@ def tma_backward(device: torch.device, dtype: torch.dtype, q_len: int, k_len: in
         return False
     if head_dim != padded_head_dim(head_dim) or q_len % kv_cfg.block_m:
         return False
-    if choice == "auto" and (family(device) != "nvidia_sm90" or head_dim < TMA_MIN_HEAD_DIM
+    if choice == "auto" and (family(device) != "nvidia_sm90" or torch.cuda.get_device_capability(device)[0] != 9
+                             or not TMA_MIN_HEAD_DIM <= head_dim <= TMA_MAX_HEAD_DIM
                              or q_len * k_len < TMA_MIN_SCORES):
         return False
     try:
