@@ -330,6 +330,24 @@ def _descriptor_launches(monkeypatch):
     return calls
 
 
+def _assert_descriptors_change_no_bit(monkeypatch, q, k, v, dout, **kwargs):
+    """The split backward's gradients with the pointer dk/dv kernel (GPUPARITY_ATTENTION_TMA=0) and
+    through tensor descriptors (=1, launched once), equal bit for bit and finite."""
+    from gpuparity.backends.triton_common import clear_plans
+    monkeypatch.setenv("GPUPARITY_ATTENTION_BACKWARD", "split")
+    grads = {}
+    for tma in ("0", "1"):
+        monkeypatch.setenv("GPUPARITY_ATTENTION_TMA", tma)
+        clear_plans()
+        calls = _descriptor_launches(monkeypatch)
+        out = triton_attention.triton_attention(q, k, v, **kwargs)
+        grads[tma] = torch.autograd.grad(out, (q, k, v), dout)
+        assert calls == ([] if tma == "0" else [True])
+    for with_tma, without in zip(grads["1"], grads["0"]):
+        assert torch.isfinite(with_tma).all()
+        assert torch.equal(with_tma, without)
+
+
 @pytest.mark.parametrize("layout,heads,kv_heads", [("bhsd", 4, 2), ("bshd", 2, 2), ("bshd", 4, 1)])
 def test_tensor_descriptor_dkdv_equals_the_pointer_kernel(layout, heads, kv_heads, monkeypatch):
     """The dk/dv kernel reading q and dout through tensor descriptors (Hopper's TMA; forced here with
@@ -342,17 +360,7 @@ def test_tensor_descriptor_dkdv_equals_the_pointer_kernel(layout, heads, kv_head
     kpm = padding_mask(2, 80, [80, 50])
     kpm[1, 3] = True   # a hole
     dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(9)).to(DEVICE, q.dtype)
-    monkeypatch.setenv("GPUPARITY_ATTENTION_BACKWARD", "split")
-    grads = {}
-    for tma in ("0", "1"):
-        monkeypatch.setenv("GPUPARITY_ATTENTION_TMA", tma)
-        clear_plans()
-        calls = _descriptor_launches(monkeypatch)
-        out = triton_attention.triton_attention(q, k, v, key_padding_mask=kpm, is_causal=True)
-        grads[tma] = torch.autograd.grad(out, (q, k, v), dout)
-        assert calls == ([] if tma == "0" else [True])
-    for with_tma, without in zip(grads["1"], grads["0"]):
-        assert torch.equal(with_tma, without)
+    _assert_descriptors_change_no_bit(monkeypatch, q, k, v, dout, key_padding_mask=kpm, is_causal=True)
     calls = _descriptor_launches(monkeypatch)
     check(q, k, v, key_padding_mask=kpm, is_causal=True)
     assert calls == [True]
@@ -381,18 +389,7 @@ def test_tensor_descriptor_dkdv_keeps_every_feature(feature, monkeypatch):
     elif feature == "dropout":
         kwargs = dict(dropout_p=0.2, seed=1234)
     dout = torch.randn(2, 4, q_len, 64, generator=gen).to(DEVICE, q.dtype)   # (B, H, S, D) whatever q's layout
-    monkeypatch.setenv("GPUPARITY_ATTENTION_BACKWARD", "split")
-    grads = {}
-    for tma in ("0", "1"):
-        monkeypatch.setenv("GPUPARITY_ATTENTION_TMA", tma)
-        clear_plans()
-        calls = _descriptor_launches(monkeypatch)
-        out = triton_attention.triton_attention(q, k, v, **kwargs)
-        grads[tma] = torch.autograd.grad(out, (q, k, v), dout)
-        assert calls == ([] if tma == "0" else [True])
-    for with_tma, without in zip(grads["1"], grads["0"]):
-        assert torch.isfinite(with_tma).all()
-        assert torch.equal(with_tma, without)
+    _assert_descriptors_change_no_bit(monkeypatch, q, k, v, dout, **kwargs)
     clear_plans()
 
 
