@@ -54,7 +54,14 @@ def _parse_candidates(text: str):
         kernel, _, configs = part.partition("=")
         if kernel not in CANDIDATES:
             raise SystemExit(f"--candidates: expected a kernel of {sorted(CANDIDATES)}, got {kernel!r}")
-        out[kernel] = [TC(*map(int, c.split("x"))) for c in configs.split(",") if c]
+        tiles = []
+        for config in filter(None, configs.split(",")):
+            fields = config.split("x")
+            if len(fields) != 4 or not all(f.isdigit() for f in fields):
+                raise SystemExit(f"--candidates: expected block_m x block_n x warps x stages (e.g. 64x64x4x2) "
+                                 f"for {kernel}, got {config!r}")
+            tiles.append(TC(*map(int, fields)))
+        out[kernel] = tiles
     return out
 
 

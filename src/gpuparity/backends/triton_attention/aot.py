@@ -160,7 +160,7 @@ def varlen_aot_specs() -> List[AotSpec]:
 
 
 def descriptor_aot_specs() -> List[AotSpec]:
-    """The dk/dv kernel that reads q and dout through tensor descriptors (tiles.tma_backward:
+    """The dk/dv kernel that reads q, dout, k and v through tensor descriptors (tiles.tma_backward:
     sm_90 family, 16-bit inputs) at every sm_90 dk/dv tile, every mask flag on."""
     specs: List[AotSpec] = []
     fam = "nvidia_sm90"

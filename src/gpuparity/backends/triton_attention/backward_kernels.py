@@ -119,9 +119,9 @@ def _dkdv_program(
     KDesc=None, VDesc=None, k_rb=0, k_rh=0, k_ch=0, v_rb=0, v_rh=0, v_ch=0,
 ):
     """dk, dv for one block of keys of one k/v head, summed over its GQA group in a fixed
-    order (deterministic, no atomics). TMA: q and dout tiles through tensor descriptors over 2-D
-    views of q and dout, where (batch, head)'s row m sits at row batch * rb + head * rh + m,
-    column head * ch."""
+    order (deterministic, no atomics). TMA: q, dout, k and v tiles through tensor descriptors over
+    2-D views of them, where (batch, head)'s row m sits at row batch * rb + head * rh + m, column
+    head * ch (k and v then stay in shared memory for the loop's products, not in registers)."""
     b64 = batch.to(tl.int64)
 
     cols = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
