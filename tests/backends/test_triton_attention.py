@@ -227,6 +227,41 @@ def test_padding_with_holes_and_leading_padding():
     check(q, k, v, key_padding_mask=kpm.to(DEVICE), is_causal=True)
 
 
+@pytest.mark.parametrize("head_dim", [32, 128])    # the forward's two loop forms (kernels.py: D >= 128)
+@pytest.mark.parametrize("padding", ["suffix", "holes"])
+def test_padded_keys_huge_scores_change_nothing(padding, head_dim):
+    """dk/dv apply key padding once, to their rows at the end (each key's rows depend on that key
+    alone), and dq reads the mask only when it has holes: keys whose scores overflow exp2 where
+    padded leave every output and gradient as clean padded keys do (kept rows bit for bit), and
+    the padded keys' dk and dv are exactly zero."""
+    batch, seq = 2, size(80, 1000)
+    q, k, v = make_inputs(batch, 2, 2, seq, seq, head_dim, torch.float32, seed=5)
+    kpm = torch.zeros(batch, seq, dtype=torch.bool)
+    if padding == "suffix":
+        kpm[0, seq - seq // 3:] = True
+        kpm[1, seq // 2:] = True
+    else:
+        kpm[0, 1::3] = True
+        kpm[1, seq // 4: seq // 2] = True
+    kpm = kpm.to(DEVICE)
+    huge = k.detach().clone()
+    huge[kpm[:, None, :, None].expand_as(huge)] = 1e4     # scores ~1e4 * |q|: exp2 overflows
+    results = []
+    for keys in (k.detach(), huge):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, keys, v)]
+        out = triton_attention.triton_attention(*leaves, key_padding_mask=kpm, is_causal=False)
+        out.backward(torch.ones_like(out))
+        results.append((out, *(t.grad for t in leaves)))
+    kept = ~kpm[:, None, :, None]
+    for clean, planted in zip(results[0], results[1]):
+        assert torch.isfinite(planted).all()
+    for i in (0, 1):     # out, dq: every row
+        assert torch.equal(results[0][i], results[1][i])
+    for i in (2, 3):     # dk, dv: kept rows equal, padded rows exactly zero
+        assert torch.equal(results[0][i] * kept, results[1][i] * kept)
+        assert (results[1][i].masked_select(~kept.expand_as(results[1][i])) == 0).all()
+
+
 def test_prepared_launches_follow_the_gradient_strides():
     """Launches are prepared once per call signature and reused. The backward's signature
     includes dout's strides: the same values given contiguous and as a (B, S, H, D) view must

@@ -71,7 +71,8 @@ def _bwd_dkdv_inner(dk, dv, k, v, key_kept, q_base, do_base, lse_base, delta_bas
                                 mask=row_ok[None, :] & (cols[:, None] < k_len), other=0)
             p_t = tl.where(allowed_t != 0, p_t, 0.0)
         if HAS_KPM:
-            p_t = tl.where(key_kept[:, None], p_t, 0.0)
+            if not TMA:   # the descriptor kernel zeroes padded keys' rows at the end instead
+                p_t = tl.where(key_kept[:, None], p_t, 0.0)
         if MASK_DIAGONAL:
             if IS_CAUSAL:
                 p_t = tl.where(rows[None, :] >= cols[:, None], p_t, 0.0)
@@ -143,23 +144,32 @@ def _dkdv_program(
     dk = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
 
-    key_kept = col_ok
-    if HAS_KPM:
-        padded = tl.load(KPM + b64 * stride_pb + cols * stride_pn, mask=col_ok, other=1)
-        key_kept = padded == 0
     # Query rows that can see this key block: causal -> from the diagonal on.
     q_lo = 0
     if IS_CAUSAL:
         q_lo = ((start_n * BLOCK_N) // BLOCK_M) * BLOCK_M
     q_hi = q_len
+    key_kept = col_ok
+    if HAS_KPM:
+        padded = tl.load(KPM + b64 * stride_pb + cols * stride_pn, mask=col_ok, other=1)
+        key_kept = padded == 0
     if HAS_BOUNDS:
-        if HAS_KPM:
-            first, last, _ = _scan_padding(KPM + b64 * stride_pb, stride_pn, k_len, SCAN)
-        else:   # per-item lengths, computed by the launcher
-            first = tl.load(Bounds + 3 * batch)
-            last = tl.load(Bounds + 3 * batch + 1)
-        # all keys of this block are padding: visit no query, dk = dv = 0
-        dead = (start_n * BLOCK_N >= last) | ((start_n + 1) * BLOCK_N <= first)
+        if HAS_KPM and TMA:
+            # The descriptor kernel reads only this block's keys (no scan of the row): a block of
+            # padding alone visits no query. It also zeroes padded keys' rows of dk and dv once, at
+            # the end, where the pointer kernel masks their probabilities in every tile (kept live
+            # through the loop, key_kept spilled at this kernel's register limit): row j of dk and
+            # dv depends on key j alone (its column of the probabilities), so the kept keys' rows
+            # are the bits of the per-tile mask.
+            dead = tl.max(key_kept.to(tl.int32), axis=0) == 0
+        else:
+            if HAS_KPM:
+                first, last, _ = _scan_padding(KPM + b64 * stride_pb, stride_pn, k_len, SCAN)
+            else:   # per-item lengths, computed by the launcher
+                first = tl.load(Bounds + 3 * batch)
+                last = tl.load(Bounds + 3 * batch + 1)
+            # all keys of this block are padding: visit no query, dk = dv = 0
+            dead = (start_n * BLOCK_N >= last) | ((start_n + 1) * BLOCK_N <= first)
         q_hi = tl.where(dead, q_lo, q_len)
     if HAS_WINDOW:
         # rows that see keys [n, n + BLOCK_N): n - right .. n + BLOCK_N - 1 + left
@@ -199,6 +209,13 @@ def _dkdv_program(
                                  QDesc, DODesc, q_row0, head * q_ch, do_row0, head * do_ch)
 
     dk = dk * sm_scale
+    if HAS_KPM:
+        if TMA:
+            # read again rather than kept through the loop (volatile: not merged with the load
+            # above); where, not a product: a padded key's scores may be anything (inf, NaN)
+            kept_end = tl.load(KPM + b64 * stride_pb + cols * stride_pn, mask=col_ok, other=1, volatile=True) == 0
+            dk = tl.where(kept_end[:, None], dk, 0.0)
+            dv = tl.where(kept_end[:, None], dv, 0.0)
     tl.store(DK + b64 * stride_dkb + kv_head.to(tl.int64) * stride_dkh + cols[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
              dk.to(DK.dtype.element_ty), mask=kv_ok)
     tl.store(DV + b64 * stride_dvb + kv_head.to(tl.int64) * stride_dvh + cols[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
@@ -284,7 +301,7 @@ def _attn_bwd_dkdv_tma_kernel(
 
 
 @triton.jit
-def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base,
+def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base, holes,
                   rows, offs_n, offs_d, lo, hi, q_len, k_len, key_end, qk_scale, seed_bh, dropout_p,
                   window_left, window_right, cap_in, cap_out,
                   stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
@@ -319,8 +336,10 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base,
                               mask=(rows[:, None] < q_len) & (cols[None, :] < k_len), other=0)
             p = tl.where(allowed != 0, p, 0.0)
         if HAS_KPM:
-            padded = tl.load(kpm_base + cols * stride_pn, mask=cols < k_len, other=1)
-            p = tl.where(padded[None, :] == 0, p, 0.0)
+            # read only when the padding has holes: else [lo, key_end) is exactly the kept keys
+            if holes:
+                padded = tl.load(kpm_base + cols * stride_pn, mask=cols < k_len, other=1)
+                p = tl.where(padded[None, :] == 0, p, 0.0)
         if MASK_EDGES:
             visible = cols[None, :] < key_end
             if IS_CAUSAL:
@@ -390,8 +409,9 @@ def _dq_program(
 
     first = 0
     last = k_len
+    holes = False
     if HAS_KPM:   # the forward's scan, again (no bounds are kept between the two)
-        first, last, _ = _scan_padding(kpm_base, stride_pn, k_len, SCAN)
+        first, last, holes = _scan_padding(kpm_base, stride_pn, k_len, SCAN)
     elif HAS_BOUNDS:  # per-item lengths, computed by the launcher
         first = tl.load(Bounds + 3 * batch)
         last = tl.load(Bounds + 3 * batch + 1)
@@ -399,13 +419,14 @@ def _dq_program(
                                   BLOCK_M, BLOCK_N, IS_CAUSAL, HAS_BOUNDS, HAS_WINDOW)
     dq = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     # One loop body for any padding (the forward's two-way split would double the shared
-    # memory of this larger kernel): key padding, if any, is read in every tile.
-    dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base,
+    # memory of this larger kernel): key padding with holes is read in every tile, other
+    # padding (a suffix: per-item lengths) not at all.
+    dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base, holes,
                        rows, offs_n, offs_d, lo, full_end, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
                        window_left, window_right, cap_in, cap_out,
                        stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
                        HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, False, DOT_PRECISION, HAS_WINDOW, SOFTCAP)
-    dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base,
+    dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base, holes,
                        rows, offs_n, offs_d, full_end, hi, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
                        window_left, window_right, cap_in, cap_out,
                        stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,

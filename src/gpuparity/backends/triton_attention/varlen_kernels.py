@@ -95,12 +95,12 @@ def _varlen_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     # rows in key positions: what the tile loop's causal / window compares need
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, K, K,
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, K, K, False,
                                rows + diag, offs_n, offs_d, lo, full_end, q_len, k_len, hi, qk_scale, 0, 0.0,
                                window_left, window_right, cap_in, cap_out,
                                stride_kn, stride_kd, stride_vn, stride_vd, 0, 0, 0,
                                HEAD_DIM, BLOCK_N, IS_CAUSAL, 0, False, False, False, DOT_PRECISION, HAS_WINDOW, SOFTCAP)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, K, K,
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, K, K, False,
                                rows + diag, offs_n, offs_d, full_end, hi, q_len, k_len, hi, qk_scale, 0, 0.0,
                                window_left, window_right, cap_in, cap_out,
                                stride_kn, stride_kd, stride_vn, stride_vd, 0, 0, 0,
@@ -152,12 +152,12 @@ def _varlen_bwd_dq_kernel(
     k_base = K + k_start * stride_kn + kvh64 * stride_kh
     v_base = V + k_start * stride_vn + kvh64 * stride_vh
     dq = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
-    dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, K, K,
+    dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, K, K, False,
                        rows + diag, offs_n, offs_d, lo, full_end, q_len, k_len, hi, qk_scale, 0, 0.0,
                        window_left, window_right, cap_in, cap_out,
                        stride_kn, stride_kd, stride_vn, stride_vd, 0, 0, 0,
                        HEAD_DIM, BLOCK_N, IS_CAUSAL, 0, False, False, False, DOT_PRECISION, HAS_WINDOW, SOFTCAP)
-    dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, K, K,
+    dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, K, K, False,
                        rows + diag, offs_n, offs_d, full_end, hi, q_len, k_len, hi, qk_scale, 0, 0.0,
                        window_left, window_right, cap_in, cap_out,
                        stride_kn, stride_kd, stride_vn, stride_vd, 0, 0, 0,
