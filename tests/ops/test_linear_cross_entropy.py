@@ -93,7 +93,7 @@ class LargestAllocation(TorchDispatchMode):
 
 @pytest.mark.parametrize("backend", ["composition", "triton"])
 def test_memory_does_not_grow_with_tokens_times_vocab(backend):
-    tokens, vocab, hidden_size = 512, 1024, 8
+    tokens, vocab, hidden_size = 128, 256, 8   # small: the triton form runs under the interpreter in CI
     hidden = torch.randn(tokens, hidden_size, device=DEVICE, requires_grad=True)
     weight = torch.randn(vocab, hidden_size, device=DEVICE, requires_grad=True)
     target = torch.randint(0, vocab, (tokens,), device=DEVICE)
