@@ -230,10 +230,10 @@ def test_padding_with_holes_and_leading_padding():
 @pytest.mark.parametrize("head_dim", [32, 128])    # the forward's two loop forms (kernels.py: D >= 128)
 @pytest.mark.parametrize("padding", ["suffix", "holes"])
 def test_padded_keys_huge_scores_change_nothing(padding, head_dim):
-    """dk/dv apply key padding once, to their rows at the end (each key's rows depend on that key
-    alone), and dq reads the mask only when it has holes: keys whose scores overflow exp2 where
-    padded leave every output and gradient as clean padded keys do (kept rows bit for bit), and
-    the padded keys' dk and dv are exactly zero."""
+    """dq and (at head dims <= 64) the forward read the mask only when it has holes, behind a
+    branch: keys whose scores overflow exp2 where padded leave every output and gradient as clean
+    padded keys do (kept rows bit for bit), and the padded keys' dk and dv are exactly zero. (fp32:
+    the pointer / one-launch backward; the descriptor dk/dv has its own test below.)"""
     batch, seq = 2, size(80, 1000)
     q, k, v = make_inputs(batch, 2, 2, seq, seq, head_dim, torch.float32, seed=5)
     kpm = torch.zeros(batch, seq, dtype=torch.bool)
@@ -253,7 +253,7 @@ def test_padded_keys_huge_scores_change_nothing(padding, head_dim):
         out.backward(torch.ones_like(out))
         results.append((out, *(t.grad for t in leaves)))
     kept = ~kpm[:, None, :, None]
-    for clean, planted in zip(results[0], results[1]):
+    for planted in results[1]:
         assert torch.isfinite(planted).all()
     for i in (0, 1):     # out, dq: every row
         assert torch.equal(results[0][i], results[1][i])
@@ -399,6 +399,46 @@ def test_tensor_descriptor_dkdv_equals_the_pointer_kernel(layout, heads, kv_head
     calls = _descriptor_launches(monkeypatch)
     check(q, k, v, key_padding_mask=kpm, is_causal=True)
     assert calls == [True]
+    clear_plans()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tensor_descriptor_dkdv_zeroes_padded_keys_rows_at_the_end(causal, monkeypatch):
+    """The descriptor dk/dv does not mask padded keys' probabilities tile by tile: it skips blocks of
+    padding alone and zeroes padded keys' rows of dk and dv at the end. Keys whose scores overflow
+    exp2 where padded (leading padding, a wholly padded block, a late hole, an all-padding item, a
+    suffix; GQA) leave everything finite: out and dq bit-equal the pointer kernel's on clean keys,
+    kept rows of dk and dv too, padded rows exactly zero."""
+    from gpuparity.backends.triton_common import clear_plans
+    monkeypatch.setenv("GPUPARITY_ATTENTION_BACKWARD", "split")
+    cfg = tiles.tile_config("dkdv", torch.device(DEVICE), 64, torch.bfloat16, 96)
+    q_len, k_len = 2 * cfg.block_m, 2 * cfg.block_n + 9
+    q, k, v = make_inputs(3, 4, 2, q_len, k_len, 64, torch.bfloat16, seed=14)
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(15)).to(DEVICE, q.dtype)
+    kpm = torch.zeros(3, k_len, dtype=torch.bool)
+    kpm[0, :3] = True                                  # leading padding
+    kpm[0, cfg.block_n: 2 * cfg.block_n] = True        # a wholly padded block between kept keys
+    kpm[0, -2] = True                                  # a late hole
+    kpm[1, :] = True                                   # nothing kept
+    kpm[2, k_len - 20:] = True                         # a suffix
+    kpm = kpm.to(DEVICE)
+    huge = k.detach().clone()
+    huge[kpm[:, None, :, None].expand_as(huge)] = 1e4
+    results = {}
+    for tma, keys in (("0", k.detach()), ("1", huge)):
+        monkeypatch.setenv("GPUPARITY_ATTENTION_TMA", tma)
+        clear_plans()
+        calls = _descriptor_launches(monkeypatch)
+        leaves = [t.detach().clone().requires_grad_() for t in (q, keys, v)]
+        out = triton_attention.triton_attention(*leaves, key_padding_mask=kpm, is_causal=causal)
+        results[tma] = (out, *torch.autograd.grad(out, leaves, dout))
+        assert calls == ([] if tma == "0" else [True])
+    kept = ~kpm[:, None, :, None]
+    assert all(torch.isfinite(t).all() for t in results["1"])
+    assert torch.equal(results["1"][0], results["0"][0]) and torch.equal(results["1"][1], results["0"][1])
+    for clean, planted in zip(results["0"][2:], results["1"][2:]):
+        assert torch.equal(planted * kept, clean * kept)
+        assert (planted.masked_select(~kept.expand_as(planted)) == 0).all()
     clear_plans()
 
 

@@ -67,8 +67,8 @@ def _aot_spec(fam, targets, kernel_name, head_dim, elem, cfg, dropout=False, den
 
 def aot_specs() -> List[AotSpec]:
     """Every shipped tile configuration, compiled at the largest head dim that uses it, with
-    the mask flags that cost the most shared memory (additive mask tiles, key padding with
-    its two-way loop, causal), and, for a config with fewer stages under a dense mask, also
+    the mask flags that cost the most shared memory (additive mask tiles, key padding, whose
+    forward at D_PAD >= 128 has a second pair of loops, causal), and, for a config with fewer stages under a dense mask, also
     without one at its full depth. Dropout adds registers, not shared memory: it is compiled
     once per family and kernel (at the 64 bf16 config) to prove it builds; so are the sliding
     window and softcap (a tanh and a few compares per tile: registers too)."""

@@ -157,10 +157,11 @@ def _dkdv_program(
         if HAS_KPM and TMA:
             # The descriptor kernel reads only this block's keys (no scan of the row): a block of
             # padding alone visits no query. It also zeroes padded keys' rows of dk and dv once, at
-            # the end, where the pointer kernel masks their probabilities in every tile (kept live
-            # through the loop, key_kept spilled at this kernel's register limit): row j of dk and
-            # dv depends on key j alone (its column of the probabilities), so the kept keys' rows
-            # are the bits of the per-tile mask.
+            # the end, instead of masking their probabilities in every tile (key_kept live through
+            # its loop spilled at its register limit): row j of dk and dv depends on key j alone
+            # (its column of the probabilities), so the kept keys' rows are the per-tile mask's
+            # bits. The pointer kernel keeps the per-tile mask and the scan (the end form doubled
+            # its spills and ran 7-10% slower, H100).
             dead = tl.max(key_kept.to(tl.int32), axis=0) == 0
         else:
             if HAS_KPM:
@@ -336,7 +337,7 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base, ho
                               mask=(rows[:, None] < q_len) & (cols[None, :] < k_len), other=0)
             p = tl.where(allowed != 0, p, 0.0)
         if HAS_KPM:
-            # read only when the padding has holes: else [lo, key_end) is exactly the kept keys
+            # read only when the padding has holes: else [lo, key_end) holds no padded key
             if holes:
                 padded = tl.load(kpm_base + cols * stride_pn, mask=cols < k_len, other=1)
                 p = tl.where(padded[None, :] == 0, p, 0.0)

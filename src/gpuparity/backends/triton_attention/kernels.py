@@ -137,7 +137,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_base, kpm_base, holes,
                               mask=(rows[:, None] < q_len) & (cols[None, :] < k_len), other=0)
             qk = tl.where(allowed != 0, qk, float("-inf"))
         if HAS_KPM:
-            # read only when the padding has holes: else [lo, key_end) is exactly the kept keys
+            # read only when the padding has holes: else [lo, key_end) holds no padded key
             if holes:
                 padded = tl.load(kpm_base + cols * stride_pn, mask=cols < k_len, other=1)
                 qk = tl.where(padded[None, :] == 0, qk, float("-inf"))
@@ -246,7 +246,7 @@ def _attn_fwd_kernel(
             qk_scale, seed_bh, dropout_p, window_left, window_right, cap_in, cap_out,
             stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn)
     if HAS_KPM and D_PAD >= 128:
-        # head dims 128-256: a pair of loops for padding with holes (the mask read in every
+        # head dims above 64 (D_PAD >= 128): a pair of loops for padding with holes (the mask read in every
         # tile), another for a suffix (no reads). H100, llm-8k (2, 16, 8192, 128): 2.31 ms
         # against 2.44 with one pair of loops and the read behind a branch, although this form
         # doubles the shared memory and spills a little.
@@ -259,7 +259,7 @@ def _attn_fwd_kernel(
     else:
         # One pair of loops for any padding (or none): key padding with holes is read in every
         # tile behind a branch, a suffix (per-item lengths) not at all. Head dims up to 64 (H100):
-        # bert (32, 12, 512, 64) pad 0.25 0.087 ms against 0.104 with the two pairs of loops
+        # bert (32, 12, 512, 64) pad 0.25 0.086-0.087 ms against 0.104 with the two pairs of loops
         # above, llm-4k (4, 16, 4096, 64) 0.579 against 0.614.
         acc, l_i, m_i = _fwd_loops(acc, l_i, m_i, holes, *args, HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM,
                                    DROPOUT, DOT_PRECISION, HAS_WINDOW, SOFTCAP)
