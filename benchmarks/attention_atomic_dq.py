@@ -21,9 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 
-if "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1] == "cpu":
+if "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1:][:1] == ["cpu"]:
     os.environ["TRITON_INTERPRET"] = "1"
 
 import torch  # noqa: E402
@@ -31,7 +32,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
-from attention_tma import _rel, _resources  # noqa: E402  (benchmarks/ is on sys.path: the script's directory)
+from attention_tma import _rel, _resources, reporter  # noqa: E402  (benchmarks/ is on sys.path: the script's directory)
 from gpuparity.backends.triton_attention import launch  # noqa: E402
 
 LOG2E = 1.4426950408889634
@@ -91,6 +92,11 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     parser.add_argument("--device", default="cuda", help="cpu: check under TRITON_INTERPRET=1, no timing")
     args = parser.parse_args()
+    if not re.fullmatch(r"\d+,\d+,\d+,\d+", args.shape):
+        parser.error(f"--shape: expected B,H,S,D (four integers), got {args.shape!r}")
+    for spec in filter(None, args.variants.split(",")):
+        if not re.fullmatch(r"\d+x\d+x\d+x\d+:[ds]*", spec):
+            parser.error(f"--variants: expected BLOCK_MxBLOCK_NxWARPSxSTAGES:flags (flags from d, s), got {spec!r}")
     device = args.device
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     bench = ((lambda fn: triton.testing.do_bench(fn, return_mode="median")) if device != "cpu"
@@ -107,12 +113,7 @@ def main() -> None:
     masks = launch.prepare_masks(q, k)
     mask_tensors = launch._mask_tensors(q, masks)
     rows = []
-
-    def report(name, ms, units, err, resources):
-        rows.append({"kernel": name, "ms": round(ms, 4), "tflops_dense_equiv": round(units * unit / ms / 1e9, 1),
-                     "rel_diff_vs_shipped": err, "resources": resources})
-        print(f"{name:40s} {ms:8.3f} ms {units * unit / ms / 1e9:7.1f} TFLOP/s  diff {err:.2e}  "
-              f"(warps, stages, regs, spills) {resources}", flush=True)
+    report = reporter(rows, unit, width=40, key="tflops_dense_equiv")
 
     out, lse = launch.attention_forward(q, k, v, masks, False, scale)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)

@@ -14,13 +14,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
-import torch
-import triton
-import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
+if "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1:][:1] == ["cpu"]:
+    os.environ["TRITON_INTERPRET"] = "1"   # before triton is imported: the kernels then run interpreted
 
-from gpuparity.backends.triton_attention import launch
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
+
+from gpuparity.backends.triton_attention import launch  # noqa: E402
 
 LOG2E = 1.4426950408889634
 os.environ.setdefault("GPUPARITY_ATTENTION_BACKWARD", "split")   # the shipped dq and dk/dv, timed one by one
@@ -97,6 +101,17 @@ def _resources(fn) -> list:
     return found
 
 
+def reporter(rows: list, flops_unit: float, width: int = 34, key: str = "tflops"):
+    """report(name, ms, units, err, resources): a row appended to rows and printed; units: how many
+    (S x S x D) matmuls of flops_unit FLOPs the timed work does."""
+    def report(name, ms, units, err, resources):
+        rows.append({"kernel": name, "ms": round(ms, 4), key: round(units * flops_unit / ms / 1e9, 1),
+                     "rel_diff_vs_shipped": err, "resources": resources})
+        print(f"{name:{width}s} {ms:8.3f} ms {units * flops_unit / ms / 1e9:7.1f} TFLOP/s  diff {err:.2e}  "
+              f"(warps, stages, regs, spills) {resources}", flush=True)
+    return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shape", default="2,16,8192,128")
@@ -130,12 +145,7 @@ def main() -> None:
     masks = launch.prepare_masks(q, k, key_padding_mask=kpm)
     mask_tensors = launch._mask_tensors(q, masks)
     rows = []
-
-    def report(name, ms, units, err, resources):
-        rows.append({"kernel": name, "ms": round(ms, 4), "tflops": round(units * flops_unit / ms / 1e9, 1),
-                     "rel_diff_vs_shipped": err, "resources": resources})
-        print(f"{name:34s} {ms:8.3f} ms {units * flops_unit / ms / 1e9:7.1f} TFLOP/s  diff {err:.2e}  "
-              f"(warps, stages, regs, spills) {resources}", flush=True)
+    report = reporter(rows, flops_unit)
 
     # shipped kernels: forward, then the backward's two launches timed one by one
     out, lse = launch.attention_forward(q, k, v, masks, False, scale)
