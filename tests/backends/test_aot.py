@@ -3,6 +3,12 @@ gpuparity.backends (each module with an `aot_specs()`) builds for every AOT targ
 gfx942, gfx90a, gfx1100 and NVIDIA sm_80, sm_90 - on this CPU-only machine, through Triton's
 own compiler, without a compile error or a shared-memory / LDS overflow.
 
+Every configuration is lowered through LLVM IR (where Triton's layouts, its lowering and the
+shared memory a kernel needs are settled); the machine-code stages (ptxas; the AMDGPU LLVM
+backend and linker), about half of each compile, run for the first configuration of each
+kernel on each target, so every kernel still reaches a binary for every target. `--binary` (or
+GPUPARITY_AOT_BINARY=1 for the test) builds every configuration to a binary.
+
 The compile runs in a fresh process: kernels decorated under TRITON_INTERPRET=1 (which the
 interpreter tests set at import) cannot be compiled, and the interpreter choice is made when a
 module is imported. `python tests/backends/test_aot.py --table` prints the shared memory of every config.
@@ -50,25 +56,36 @@ def _compile_one(job):
     import importlib
 
     from gpuparity.backends.triton_common import compile_spec
-    module_name, index, target = job
+    module_name, index, target, binary = job
     spec = importlib.import_module(module_name).aot_specs()[index]
-    result = compile_spec(spec, target)
+    result = compile_spec(spec, target, binary=binary)
     return {"module": module_name, "name": result.name, "target": result.target, "ok": result.ok,
+            "kernel": _kernel_name(spec), "binary": binary,
             "shared_bytes": result.shared_bytes, "limit_bytes": result.limit_bytes, "error": result.error}
+
+
+def _kernel_name(spec) -> str:
+    return getattr(spec.kernel, "fn", spec.kernel).__name__
 
 
 def main() -> None:
     import importlib
     import multiprocessing
 
+    from gpuparity.backends.triton_common import ir_only_supported
     modules, errors = _kernel_modules()
+    every_binary = "--binary" in sys.argv or os.environ.get("GPUPARITY_AOT_BINARY") == "1" or not ir_only_supported()
     jobs = []
     counts = {}
+    built = set()   # (module, kernel, target) that has a configuration compiled to a binary
     for name in modules:
         specs = importlib.import_module(name).aot_specs()
         counts[name] = len(specs)
         for index, spec in enumerate(specs):
-            jobs.extend((name, index, target) for target in spec.targets)
+            for target in spec.targets:
+                kernel = (name, _kernel_name(spec), target)
+                jobs.append((name, index, target, every_binary or kernel not in built))
+                built.add(kernel)
     workers = max(1, min(4, os.cpu_count() or 1))
     if workers > 1 and len(jobs) > 1:
         with multiprocessing.get_context("fork").Pool(workers) as pool:
@@ -78,12 +95,14 @@ def main() -> None:
     if "--table" in sys.argv:
         for r in results:
             shared = "-" if r["shared_bytes"] is None else f"{r['shared_bytes']:>7d} / {r['limit_bytes']}"
-            print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['target']:<12} {shared:>18}  {r['name']}  {r['error']}")
+            stage = "binary" if r["binary"] else "llir"
+            print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['target']:<12} {stage:<6} {shared:>18}  {r['name']}  {r['error']}")
     print(MARKER + json.dumps({"modules": counts, "errors": errors, "results": results}))
 
 
 def test_every_kernel_configuration_compiles_for_every_target():
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "GPUPARITY_AOT_MODULES")}
+    # GPUPARITY_AOT_BINARY=1 passes through: every configuration to a binary
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     proc = subprocess.run([sys.executable, os.path.abspath(__file__)], capture_output=True, text=True, env=env,
                           timeout=1800)
@@ -99,6 +118,9 @@ def test_every_kernel_configuration_compiles_for_every_target():
     missing = [(kernel, target) for kernel in REQUIRED_KERNELS for target in AOT_TARGETS
                if not any(r["name"].startswith(kernel) and r["target"] == target for r in report["results"])]
     assert not missing, f"kernels never compiled for a target: {missing}"
+    kernels = {(r["module"], r["kernel"], r["target"]) for r in report["results"]}
+    binaries = {(r["module"], r["kernel"], r["target"]) for r in report["results"] if r["binary"]}
+    assert kernels == binaries, f"kernels never built to a binary for a target: {sorted(kernels - binaries)}"
     failures = [r for r in report["results"] if not r["ok"]]
     assert not failures, "configurations that do not build:\n" + "\n".join(
         f"  {r['name']} on {r['target']}: {r['error']}" for r in failures)
@@ -160,3 +182,69 @@ def test_varlen_decode_swiglu_and_cross_entropy_kernels_are_listed_for_every_tar
             params = inspect.signature(getattr(spec.kernel, "fn", spec.kernel)).parameters
             assert set(spec.signature) == set(params), spec.name
             assert {n for n, t in spec.signature.items() if t == "constexpr"} == set(spec.constexprs), spec.name
+
+
+_IR_ONLY_PROBE = r'''
+import json
+import triton
+import triton.language as tl
+from triton import knobs
+from gpuparity.backends.triton_common import AotSpec, compile_spec
+
+@triton.jit
+def square(X, Y, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tile = tl.load(X + offs[:, None] * BLOCK + offs[None, :])
+    tl.store(Y + offs[:, None] * BLOCK + offs[None, :], tl.dot(tile, tile).to(tl.float16))
+
+def spec(block):
+    return AotSpec(f"probe.b{block}", square, {"X": "*fp16", "Y": "*fp16", "BLOCK": "constexpr"}, {"BLOCK": block},
+                   num_stages=1)
+
+import os
+sizes = []
+
+def listener(*, src, metadata, metadata_group, times, cache_hit):
+    sizes.extend(os.path.getsize(path) for name, path in metadata_group.items() if name.endswith((".cubin", ".hsaco")))
+
+knobs.compilation.listener = listener
+out = {}
+for target in ("cuda:90", "hip:gfx942"):
+    before = knobs.runtime.add_stages_inspection_hook
+    ir = compile_spec(spec(64), target, binary=False)
+    ir_binary = sizes[-1]
+    out[target] = {"ir": [ir.ok, ir.shared_bytes, ir.error], "hook_restored": knobs.runtime.add_stages_inspection_hook is before,
+                   "full": [[r.ok, r.shared_bytes] for r in [compile_spec(spec(64), target)]][0],
+                   "binary_bytes": [ir_binary, sizes[-1]]}
+print("PROBE " + json.dumps(out))
+'''
+
+
+def test_ir_only_compiles_stop_after_llvm_ir_and_leave_triton_as_it_was(tmp_path):
+    """compile_spec(binary=False) gives the same verdict and shared-memory size as a full build of
+    the same kernel, for an NVIDIA and an AMD target, without building the binary (and the full
+    build, after it, is not served the IR-only result from Triton's cache); it puts Triton's
+    stage hook back."""
+    import pytest
+    pytest.importorskip("triton")
+    from gpuparity.backends.triton_common import ir_only_supported
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    check = ("from gpuparity.backends.triton_common import ir_only_supported; "
+             "import sys; sys.exit(0 if ir_only_supported() else 3)")
+    if subprocess.run([sys.executable, "-c", check], env=env).returncode == 3 or not ir_only_supported():
+        pytest.skip("this Triton has no add_stages_inspection_hook: every AOT compile builds a binary")
+    probe = tmp_path / "ir_only_probe.py"   # @triton.jit needs its source in a file
+    probe.write_text(_IR_ONLY_PROBE)
+    proc = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, env=env, timeout=600)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("PROBE ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    report = json.loads(lines[-1][len("PROBE "):])
+    for target, result in report.items():
+        ok, shared, error = result["ir"]
+        assert ok and not error, (target, error)
+        assert shared > 0, f"{target}: a 64x64 dot stages its operands in shared memory; the IR-only compile reported {shared}"
+        assert result["full"] == [True, shared], (target, result)
+        assert result["hook_restored"], target
+        ir_binary, full_binary = result["binary_bytes"]
+        assert ir_binary == 0 and full_binary > 0, (target, result["binary_bytes"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
@@ -150,11 +151,55 @@ def _gpu_target(key: str):
     return GPUTarget("hip", arch, warp)
 
 
-def compile_spec(spec: AotSpec, target: str) -> AotResult:
-    """Compile one configuration for one target with Triton's own compiler (no GPU needed)."""
+# The stages after LLVM IR (NVIDIA: PTX, then ptxas to a cubin; AMD: the AMDGPU LLVM backend to
+# GCN assembly, then the linker to a code object) take about half of a compile on the CPU and turn
+# up few errors of their own: Triton's lowering, its layouts and the shared-memory / LDS a kernel
+# needs are all settled by the end of LLVM IR. binary=False stops there.
+_IR_ONLY_KEY = "gpuparity-aot-stop-after-llir"
+_KERNEL_NAME = re.compile(r"define\s+(?:[\w\"()]+\s+)*void\s+@\"?([A-Za-z_$.][\w$.]*)")
+
+
+def _stop_after_llir(*args):
+    """A Triton add_stages_inspection_hook: called with no argument it gives the extra part of
+    the cache key (so IR-only results never stand in for real binaries); called with a backend's
+    stages it replaces every stage after "llir" by a placeholder that names the kernel (as the
+    skipped stage would have) and returns empty text, or empty bytes for the binary."""
+    if not args:
+        return _IR_ONLY_KEY, _IR_ONLY_KEY
+    backend, stages = args[0], args[1]
+    names = list(stages)
+    if "llir" not in names:
+        return None
+
+    def placeholder(ext):
+        def stage(src, metadata):
+            if "name" not in metadata:
+                found = _KERNEL_NAME.search(src if isinstance(src, str) else "")
+                metadata["name"] = found.group(1) if found else "kernel"
+            return b"" if ext == backend.binary_ext else ""
+        return stage
+    for ext in names[names.index("llir") + 1:]:
+        stages[ext] = placeholder(ext)
+    return None
+
+
+def ir_only_supported() -> bool:
+    """Whether this Triton lets compile_spec(binary=False) stop after LLVM IR."""
+    from triton import knobs
+    return hasattr(getattr(knobs, "runtime", None), "add_stages_inspection_hook")
+
+
+def compile_spec(spec: AotSpec, target: str, *, binary: bool = True) -> AotResult:
+    """Compile one configuration for one target with Triton's own compiler (no GPU needed).
+    binary=False stops after LLVM IR where this Triton allows it (ir_only_supported()): the
+    lowering and the shared-memory check, without the machine-code stages."""
     import triton
     from triton.compiler import ASTSource
     limit = SHARED_MEMORY_LIMIT.get(target)
+    stop = not binary and ir_only_supported()
+    if stop:
+        from triton import knobs
+        previous, knobs.runtime.add_stages_inspection_hook = knobs.runtime.add_stages_inspection_hook, _stop_after_llir
     try:
         source = ASTSource(fn=spec.kernel, signature=spec.signature, constexprs=spec.constexprs)
         compiled = triton.compile(source, target=_gpu_target(target),
@@ -163,6 +208,9 @@ def compile_spec(spec: AotSpec, target: str) -> AotResult:
     except Exception as exc:  # noqa: BLE001 - a compile error is the result
         return AotResult(spec.name, target, False, limit_bytes=limit,
                          error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else ''}")
+    finally:
+        if stop:
+            knobs.runtime.add_stages_inspection_hook = previous
     if limit is not None and shared > limit:
         return AotResult(spec.name, target, False, shared, limit,
                          error=f"needs {shared} bytes of shared memory / LDS, the target has {limit}")
