@@ -213,3 +213,18 @@ def test_tiles_fit_shared_memory_for_wide_heads_in_fp32():
     block_n, stages = td.fit_tiles(64, 3, 256, 4, nvidia)
     assert stages * 2 * block_n * 256 * 4 <= nvidia and block_n >= 16
     assert td.fit_tiles(64, 1, 256, 4, td.TILE_BYTES["amd"]) == (32, 1)      # 2 x 32 x 256 x 4 = 64 KB
+
+
+def test_ahead_of_time_specs_are_the_tiles_triton_decode_launches():
+    """aot_specs compiles each case at the tile triton_decode would launch on that vendor: its
+    config fitted to the vendor's shared-memory budget (D=256 at 3 stages of 64 keys would not fit)."""
+    pytest.importorskip("triton")
+    specs = [s for s in td.aot_specs() if s.name.startswith("attention_decode.split.")]
+    assert specs
+    for spec in specs:
+        vendor = "amd" if spec.targets[0].startswith("hip") else "nvidia"
+        cfg = td.VENDOR_CONFIGS[vendor]
+        element = 4 if spec.signature["Q"] == "*fp32" else 2
+        expected = td.fit_tiles(cfg["block_n"], cfg["num_stages"], spec.constexprs["HEAD_DIM"], element,
+                                td.TILE_BYTES[vendor])
+        assert (spec.constexprs["BLOCK_N"], spec.num_stages) == expected, spec.name

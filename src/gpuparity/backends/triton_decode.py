@@ -349,6 +349,9 @@ def aot_specs() -> List[Any]:
         vendor = "amd" if target.startswith("hip") else "nvidia"
         cfg = VENDOR_CONFIGS[vendor]
         for head_dim, group, q_len, dtype, softcap, final in AOT_CASES:
+            # the tile triton_decode launches: the vendor's, fitted to its shared-memory budget
+            block_n, stages = fit_tiles(cfg["block_n"], cfg["num_stages"], head_dim, 4 if dtype == "fp32" else 2,
+                                        TILE_BYTES[vendor])
             precision = "tf32x3" if dtype == "fp32" and vendor == "nvidia" else "ieee"
             signature = {name: f"*{dtype}" for name in ("Q", "K", "V")}
             signature.update(SEQLENS="*i32", O=f"*{dtype}" if final else "*fp32", LSE="*fp32")
@@ -357,13 +360,13 @@ def aot_specs() -> List[Any]:
                                                         "num_splits")})
             signature.update(qk_scale="fp32", cap_in="fp32", cap_out="fp32")
             constexprs = dict(GROUP=group, BLOCK_M=max(16, triton_common.next_pow2(group * q_len)),
-                              BLOCK_N=cfg["block_n"], HEAD_DIM=head_dim, BLOCK_D=max(16, triton_common.next_pow2(head_dim)),
+                              BLOCK_N=block_n, HEAD_DIM=head_dim, BLOCK_D=max(16, triton_common.next_pow2(head_dim)),
                               SOFTCAP=softcap, DOT_PRECISION=precision, FINAL=final)
             signature.update({name: "constexpr" for name in constexprs})
             specs.append(AotSpec(f"attention_decode.split.{target}.d{head_dim}.{dtype}.g{group}q{q_len}"
                                  + (".softcap" if softcap else "") + (".final" if final else ""),
                                  kernels["split"], signature, constexprs, num_warps=cfg["num_warps"],
-                                 num_stages=cfg["num_stages"], targets=(target,)))
+                                 num_stages=stages, targets=(target,)))
         constexprs = dict(HEAD_DIM=MAX_HEAD_DIM, BLOCK_D=MAX_HEAD_DIM, BLOCK_S=MAX_SPLITS)
         signature = dict(OP="*fp32", LSE="*fp32", OUT="*bf16", so_row="i32", so_split="i32", num_splits="i32",
                          **{name: "constexpr" for name in constexprs})
