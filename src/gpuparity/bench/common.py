@@ -66,15 +66,16 @@ def time_ms(fn: Callable[[], Any], *, warmup_ms: float = 25, rep_ms: float = 100
     return statistics.median(samples)
 
 
-def host_time_ms(fn: Callable[[], Any], *, calls: int = 20, rounds: Optional[int] = None) -> float:
+def host_time_ms(fn: Callable[[], Any], *, calls: Optional[int] = None, rounds: Optional[int] = None) -> float:
     """Host (CPU) time to issue one fn() in ms: the median over `rounds` rounds of `calls`
     back-to-back calls on the host clock with no synchronize between them (one synchronize
     before and after each round). Few enough calls that a GPU's launch queue never fills (a
     full queue would make the host wait for the device, and this would read device time); the
     median of rounds, because one round on a shared host varies by 2x (measured on an H100
-    host: 330-580 us per round for one call). rounds: 7 where a GPU is present, else 1 (on the
-    CPU, where fn runs to completion, this is its wall time)."""
+    host: 330-580 us per round for one call). calls / rounds: 20 / 7 where a GPU is present,
+    else 3 / 1 (on the CPU, where fn runs to completion, this is its wall time)."""
     cuda = torch.cuda.is_available()
+    calls = (20 if cuda else 3) if calls is None else calls
     rounds = (7 if cuda else 1) if rounds is None else rounds
     if calls < 1:
         raise ValueError(f"calls: expected at least 1, got {calls}")
