@@ -1,0 +1,92 @@
+"""A/B of attention tile configs on one shape: the shipped tile of one kernel and candidates,
+alternated over rounds (a single sweep's timings moved by 12% for the same config on a lent H100),
+timing the forward (--kernel fwd) or the whole backward (dq or dkdv) with triton.testing.do_bench.
+
+    PYTHONPATH=src python benchmarks/attention_tile_ab.py --kernel dq --tiles 64x64x4x2,128x64x8x2
+
+Prints each round and the median per (pad, tile); --json writes every timing. GPU only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def parse(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kernel", choices=("fwd", "dq", "dkdv"), default="dq")
+    parser.add_argument("--shape", default="llm-8k", help="a `gpuparity bench attention` suite shape")
+    parser.add_argument("--tiles", required=True, help="block_m x block_n x warps x stages, comma-separated")
+    parser.add_argument("--pads", default="0,0.25")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--family", default="nvidia_sm90")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    tiles = []
+    for text in args.tiles.split(","):
+        fields = text.split("x")
+        if len(fields) != 4 or not all(f.isdigit() and int(f) > 0 for f in fields):
+            parser.error(f"--tiles: expected block_m x block_n x warps x stages (e.g. 64x64x4x2), got {text!r}")
+        tiles.append(tuple(int(f) for f in fields))
+    try:
+        pads = [float(p) for p in args.pads.split(",")]
+    except ValueError:
+        parser.error(f"--pads: expected comma-separated fractions, got {args.pads!r}")
+    if args.rounds < 1:
+        parser.error(f"--rounds: expected at least 1, got {args.rounds}")
+    return args, tiles, pads
+
+
+def main(argv=None) -> int:
+    args, tiles, pads = parse(argv)
+    import torch
+    if not torch.cuda.is_available():
+        print("attention_tile_ab: needs a GPU (none visible); nothing measured", file=sys.stderr)
+        return 2
+    import triton.testing
+
+    from gpuparity.backends import triton_attention as ta
+    from gpuparity.bench.attention import SHAPES, make_case
+    if args.shape not in SHAPES:
+        print(f"--shape: expected one of {', '.join(SHAPES)}, got {args.shape!r}", file=sys.stderr)
+        return 2
+    dims = SHAPES[args.shape]
+    key = (ta.padded_head_dim(dims[3]), 2)
+    table = ta.CONFIGS[args.family][args.kernel]
+    shipped = table[key]
+    configs = {"shipped": shipped, **{"x".join(map(str, t)): ta.TileConfig(*t) for t in tiles}}
+    times = {}
+    try:
+        for pad in pads:
+            case = make_case(args.shape, dims, pad, torch.bfloat16, "cuda", 0)
+            masks = ta.prepare_masks(case.q, case.k, key_padding_mask=case.key_padding_mask if pad else None)
+            scale = dims[3] ** -0.5
+            out, lse = ta.attention_forward(case.q, case.k, case.v, masks, False, scale)
+
+            def step():
+                if args.kernel == "fwd":
+                    return ta.attention_forward(case.q, case.k, case.v, masks, False, scale)
+                return ta.attention_backward(case.dout, case.q, case.k, case.v, out, lse, masks, False, scale)
+            for rnd in range(args.rounds):
+                for name, cfg in configs.items():
+                    table[key] = cfg
+                    ta.clear_plans()
+                    step()
+                    ms = triton.testing.do_bench(step, warmup=25, rep=200, return_mode="median")
+                    times.setdefault(f"pad{pad}:{name}", []).append(ms)
+                    print(f"pad {pad} round {rnd} {args.kernel} {name}: {ms:.3f} ms", flush=True)
+    finally:
+        table[key] = shipped
+        ta.clear_plans()
+    for name, values in times.items():
+        ordered = sorted(values)
+        print(f"MEDIAN {name}: {ordered[len(ordered) // 2]:.3f} ms {[round(v, 3) for v in values]}")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"kernel": args.kernel, "shape": args.shape, "times_ms": times}, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
