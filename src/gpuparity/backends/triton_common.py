@@ -6,6 +6,7 @@ Kernel modules expose `aot_specs() -> list[AotSpec]`: every configuration they s
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -184,9 +185,25 @@ def _stop_after_llir(*args):
 
 
 def ir_only_supported() -> bool:
-    """Whether this Triton lets compile_spec(binary=False) stop after LLVM IR."""
+    """Whether this Triton lets compile_spec(binary=False) stop after LLVM IR: a stage hook, and
+    knobs whose scope() puts them back."""
     from triton import knobs
-    return hasattr(getattr(knobs, "runtime", None), "add_stages_inspection_hook")
+    runtime, cache = getattr(knobs, "runtime", None), getattr(knobs, "cache", None)
+    return (hasattr(runtime, "add_stages_inspection_hook") and hasattr(runtime, "scope")
+            and hasattr(cache, "scope") and hasattr(cache, "dir"))
+
+
+@contextlib.contextmanager
+def _ir_only():
+    """Triton's stages after LLVM IR replaced (_stop_after_llir), with Triton's cache pointed at a
+    directory of its own: a Triton whose cache key leaves the stage hook out (3.6 does) would
+    otherwise keep the placeholder binary under the real kernel's key, where a later launch of
+    that kernel would load it. Both knobs are put back on exit."""
+    from triton import knobs
+    with knobs.cache.scope(), knobs.runtime.scope():
+        knobs.cache.dir = os.path.abspath(knobs.cache.dir).rstrip(os.sep) + "-gpuparity-ir-only"
+        knobs.runtime.add_stages_inspection_hook = _stop_after_llir
+        yield
 
 
 def compile_spec(spec: AotSpec, target: str, *, binary: bool = True) -> AotResult:
@@ -196,21 +213,15 @@ def compile_spec(spec: AotSpec, target: str, *, binary: bool = True) -> AotResul
     import triton
     from triton.compiler import ASTSource
     limit = SHARED_MEMORY_LIMIT.get(target)
-    stop = not binary and ir_only_supported()
-    if stop:
-        from triton import knobs
-        previous, knobs.runtime.add_stages_inspection_hook = knobs.runtime.add_stages_inspection_hook, _stop_after_llir
     try:
-        source = ASTSource(fn=spec.kernel, signature=spec.signature, constexprs=spec.constexprs)
-        compiled = triton.compile(source, target=_gpu_target(target),
-                                  options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
+        with _ir_only() if not binary and ir_only_supported() else contextlib.nullcontext():
+            source = ASTSource(fn=spec.kernel, signature=spec.signature, constexprs=spec.constexprs)
+            compiled = triton.compile(source, target=_gpu_target(target),
+                                      options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
         shared = int(getattr(compiled.metadata, "shared", 0) or 0)
     except Exception as exc:  # noqa: BLE001 - a compile error is the result
         return AotResult(spec.name, target, False, limit_bytes=limit,
                          error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else ''}")
-    finally:
-        if stop:
-            knobs.runtime.add_stages_inspection_hook = previous
     if limit is not None and shared > limit:
         return AotResult(spec.name, target, False, shared, limit,
                          error=f"needs {shared} bytes of shared memory / LDS, the target has {limit}")
