@@ -312,7 +312,7 @@ def test_attn_implementation_by_name():
 
 # --------------------------------------------------------------------------- training, triton
 def test_training_run_tracks_unpatched_loss_curve():
-    def curve(model, dtype, steps=15):
+    def curve(model, dtype, steps=8):   # the float64 loss falls 4.63 -> 3.31 in 8 steps
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
         batch, valid = inputs("llama", dtype)
