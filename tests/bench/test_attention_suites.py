@@ -36,6 +36,31 @@ def test_host_time_is_the_median_round():
     assert 2.0 <= host < 15.0
 
 
+def test_interleaved_host_times_take_each_backends_rounds_in_turn():
+    """Round 1 of every function, then round 2 of every function, ...: a host that slows down
+    half way slows every backend alike; a function that raises is left out."""
+    order = []
+    slow = {"on": False}
+
+    def make(name):
+        def step():
+            order.append(name)
+            time.sleep(0.010 if slow["on"] else 0.002)
+            if len(order) == 6:     # the host slows down after the first round of all three
+                slow["on"] = True
+        return step
+    times = common.interleaved_host_ms({n: make(n) for n in "abc"}, calls=2, rounds=3)
+    assert order == ["a", "a", "b", "b", "c", "c"] * 3
+    assert set(times) == set("abc") and all(t >= 9.0 for t in times.values())   # the median round: slow for all
+
+    def broken():
+        raise RuntimeError("no second call")
+    times = common.interleaved_host_ms({"a": make("a"), "broken": broken}, calls=1, rounds=2)
+    assert set(times) == {"a"}
+    with pytest.raises(ValueError, match="calls"):
+        common.interleaved_host_ms({"a": make("a")}, calls=0)
+
+
 def test_measure_puts_host_ms_on_eager_rows_and_skips_a_backend_that_cannot_run_with_its_reason():
     x = torch.ones(3, requires_grad=False)
 

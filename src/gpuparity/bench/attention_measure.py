@@ -9,7 +9,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .common import GRAPH, BenchRow, graphed, host_time_ms, peak_memory_bytes, time_ms
+from .common import GRAPH, BenchRow, graphed, host_time_ms, interleaved_host_ms, peak_memory_bytes, time_ms
 
 GRAPH_MODE = "fwd+bwd" + GRAPH
 BWD_FLOPS = 3.5   # forward+backward FLOPs per forward FLOP (FlashAttention's convention: backward 2.5x)
@@ -40,12 +40,14 @@ def relative_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 def measure(base: Dict[str, Any], params: Dict[str, Any], build: Callable[[], Setup], modes: Sequence[str], *,
             flops_fwd: Optional[float] = None, bytes_fwd: Optional[float] = None,
-            with_error: bool = True) -> List[BenchRow]:
+            with_error: bool = True, host_steps: Optional[Dict[str, Callable[[], None]]] = None) -> List[BenchRow]:
     """One BenchRow per mode for the Setup that build() returns. A backend that cannot be built
     or raises on its first call gives a "skip" row per mode with the reason; one that raises
     while timed is an "error" row (a "skip" in a CUDA graph: a gap in that column). Eager rows
-    carry params["host_ms"], the host time to issue one step (common.host_time_ms); TFLOP/s
-    from flops_fwd (x BWD_FLOPS with the backward), GB/s from bytes_fwd."""
+    carry params["host_ms"], the host time to issue one step (common.host_time_ms), unless
+    host_steps is given: each eager mode's step is then put there, untimed, for the caller to
+    time beside other backends' (interleaved_host_ms). TFLOP/s from flops_fwd (x BWD_FLOPS with
+    the backward), GB/s from bytes_fwd."""
     try:
         setup = build()
         with torch.no_grad():
@@ -72,7 +74,8 @@ def measure(base: Dict[str, Any], params: Dict[str, Any], build: Callable[[], Se
                 elapsed, peak = time_ms(graphed(step)), None
             else:
                 elapsed = time_ms(step)
-                row_params["host_ms"] = host_time_ms(step)
+                if host_steps is None:
+                    row_params["host_ms"] = host_time_ms(step)
                 peak = peak_memory_bytes(step)
         except Exception as exc:  # noqa: BLE001
             graph = mode == GRAPH_MODE
@@ -85,6 +88,8 @@ def measure(base: Dict[str, Any], params: Dict[str, Any], build: Callable[[], Se
         if bytes_fwd:
             row.gbps = bytes_fwd / elapsed / 1e6
         rows.append(row)
+        if host_steps is not None and mode != GRAPH_MODE:
+            host_steps[mode] = step
     return rows
 
 
@@ -173,20 +178,42 @@ def run_workloads(workloads, backends: Sequence[str], dtype_name: str, device: s
         if work is None:
             break
         modes = ("fwd",) if fwd_only or work.forward_only else ("fwd", "fwd+bwd") + ((GRAPH_MODE,) if graph else ())
+        # host time: every backend's eager steps of this case timed round by round in turn, after
+        # their device times (a shared host drifts by more than the backends differ)
+        steps: Dict[str, Dict[str, Callable[[], None]]] = {}
+        case_rows: List[Tuple[str, List[BenchRow]]] = []
         for name in backends:
             step = f"{work.label} pad {work.params.get('pad')} {name}"
             if progress:
                 progress(step, None)
             base = dict(bench="attention", shape=work.label, backend=name, dtype=dtype_name)
+            steps[name] = {}
             new_rows = measure(base, dict(work.params), lambda: work.build(name), modes, flops_fwd=work.flops_fwd,
-                               bytes_fwd=work.bytes_fwd, with_error=with_error)
+                               bytes_fwd=work.bytes_fwd, with_error=with_error, host_steps=steps[name])
+            case_rows.append((step, new_rows))
             rows.extend(new_rows)
             if progress:
-                progress(step, new_rows)
+                progress(step, new_rows)   # device times; host_ms is filled in below
             if torch.device(device).type == "cuda":
                 torch.cuda.empty_cache()
-        work = None
+        _host_times_interleaved(case_rows, steps)
+        steps = case_rows = work = None
     return rows
+
+
+def _host_times_interleaved(case_rows, steps: Dict[str, Dict[str, Callable[[], None]]]) -> None:
+    """Fill params["host_ms"] of each eager row from interleaved_host_ms over the backends that
+    ran that mode; a step that raises there leaves its row without host_ms."""
+    by_mode: Dict[str, Dict[str, Callable[[], None]]] = {}
+    for name, modes in steps.items():
+        for mode, step in modes.items():
+            by_mode.setdefault(mode, {})[name] = step
+    for mode, fns in by_mode.items():
+        times = interleaved_host_ms(fns)
+        for _, new_rows in case_rows:
+            for row in new_rows:
+                if row.mode == mode and row.backend in times:
+                    row.params["host_ms"] = times[row.backend]
 
 
 # --------------------------------------------------------------------------- FlashAttention

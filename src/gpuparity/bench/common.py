@@ -94,6 +94,33 @@ def host_time_ms(fn: Callable[[], Any], *, calls: Optional[int] = None, rounds: 
     return statistics.median(per_round)
 
 
+def interleaved_host_ms(fns: Dict[str, Callable[[], Any]], *, calls: Optional[int] = None,
+                        rounds: Optional[int] = None) -> Dict[str, float]:
+    """host_time_ms of several functions (e.g. one eager step per backend), their rounds taken in
+    turn (round 1 of each, then round 2 of each, ...): a shared host's speed drifts by more than
+    backends differ over the seconds sequential rounds take (measured on an H100 host: one
+    backend's eager step moved 0.387 -> 0.510 ms between two runs minutes apart), and taken in
+    turn every backend sees the same drift. The median round per function; a function that
+    raises is left out of the result (its other rounds are not taken)."""
+    cuda = torch.cuda.is_available()
+    calls = (20 if cuda else 3) if calls is None else calls
+    rounds = (7 if cuda else 1) if rounds is None else rounds
+    if calls < 1:
+        raise ValueError(f"calls: expected at least 1, got {calls}")
+    if rounds < 1:
+        raise ValueError(f"rounds: expected at least 1, got {rounds}")
+    per_round: Dict[str, List[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            if name not in per_round:
+                continue
+            try:
+                per_round[name].append(host_time_ms(fn, calls=calls, rounds=1))
+            except Exception:  # noqa: BLE001 - its device timing already ran; no host column then
+                del per_round[name]
+    return {name: statistics.median(times) for name, times in per_round.items()}
+
+
 GRAPH = ":graph"
 
 

@@ -90,7 +90,8 @@ def _attention_markdown(rows: List[BenchRow], meta: Dict[str, object]) -> str:
         lines.append(f"- ceilings measured in the same run: bf16 matmul {ceilings.get('bf16_matmul_tflops', 0):.0f} "
                      f"TFLOP/s, copy {ceilings.get('copy_tbps', 0):.2f} TB/s")
     lines += ["", "Times in ms (median of triton.testing.do_bench), forward / forward+backward; host ms = host time "
-              "to issue one eager step (forward+backward, or the forward where only it runs); TFLOP/s "
+              "to issue one eager step (forward+backward, or the forward where only it runs; the backends of a case "
+              "timed in interleaved rounds); TFLOP/s "
               "dense-equivalent for the dense suite, attended pairs only for window/varlen; decode: GB/s of K+V "
               "read; % ceil = of the bf16 matmul rate (of the copy rate for GB/s) measured in the run; "
               "peak = extra memory; rel err = forward vs float64 (first batch item).", "",
