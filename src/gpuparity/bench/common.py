@@ -66,6 +66,18 @@ def time_ms(fn: Callable[[], Any], *, warmup_ms: float = 25, rep_ms: float = 100
     return statistics.median(samples)
 
 
+def _host_counts(calls: Optional[int], rounds: Optional[int]) -> Tuple[int, int]:
+    """(calls, rounds) of a host timing: 20 / 7 where a GPU is present, else 3 / 1; each >= 1."""
+    cuda = torch.cuda.is_available()
+    calls = (20 if cuda else 3) if calls is None else calls
+    rounds = (7 if cuda else 1) if rounds is None else rounds
+    if calls < 1:
+        raise ValueError(f"calls: expected at least 1, got {calls}")
+    if rounds < 1:
+        raise ValueError(f"rounds: expected at least 1, got {rounds}")
+    return calls, rounds
+
+
 def host_time_ms(fn: Callable[[], Any], *, calls: Optional[int] = None, rounds: Optional[int] = None) -> float:
     """Host (CPU) time to issue one fn() in ms: the median over `rounds` rounds of `calls`
     back-to-back calls on the host clock with no synchronize between them (one synchronize
@@ -75,12 +87,7 @@ def host_time_ms(fn: Callable[[], Any], *, calls: Optional[int] = None, rounds: 
     host: 330-580 us per round for one call). calls / rounds: 20 / 7 where a GPU is present,
     else 3 / 1 (on the CPU, where fn runs to completion, this is its wall time)."""
     cuda = torch.cuda.is_available()
-    calls = (20 if cuda else 3) if calls is None else calls
-    rounds = (7 if cuda else 1) if rounds is None else rounds
-    if calls < 1:
-        raise ValueError(f"calls: expected at least 1, got {calls}")
-    if rounds < 1:
-        raise ValueError(f"rounds: expected at least 1, got {rounds}")
+    calls, rounds = _host_counts(calls, rounds)
     per_round = []
     for _ in range(rounds):
         if cuda:
@@ -102,13 +109,7 @@ def interleaved_host_ms(fns: Dict[str, Callable[[], Any]], *, calls: Optional[in
     backend's eager step moved 0.387 -> 0.510 ms between two runs minutes apart), and taken in
     turn every backend sees the same drift. The median round per function; a function that
     raises is left out of the result (its other rounds are not taken)."""
-    cuda = torch.cuda.is_available()
-    calls = (20 if cuda else 3) if calls is None else calls
-    rounds = (7 if cuda else 1) if rounds is None else rounds
-    if calls < 1:
-        raise ValueError(f"calls: expected at least 1, got {calls}")
-    if rounds < 1:
-        raise ValueError(f"rounds: expected at least 1, got {rounds}")
+    calls, rounds = _host_counts(calls, rounds)
     per_round: Dict[str, List[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
