@@ -162,7 +162,8 @@ _KERNEL_NAME = re.compile(r"define\s+(?:[\w\"()]+\s+)*void\s+@\"?([A-Za-z_$.][\w
 
 def _stop_after_llir(*args):
     """A Triton add_stages_inspection_hook: called with no argument it gives the extra part of
-    the cache key (so IR-only results never stand in for real binaries); called with a backend's
+    the cache key (where Triton adds it: so IR-only results never stand in for real binaries;
+    _ir_only also gives them a cache directory of their own); called with a backend's
     stages it replaces every stage after "llir" by a placeholder that names the kernel (as the
     skipped stage would have) and returns empty text, or empty bytes for the binary."""
     if not args:
@@ -196,7 +197,8 @@ def ir_only_supported() -> bool:
 @contextlib.contextmanager
 def _ir_only():
     """Triton's stages after LLVM IR replaced (_stop_after_llir), with Triton's cache pointed at a
-    directory of its own: a Triton whose cache key leaves the stage hook out (3.6 does) would
+    directory of its own: a Triton whose cache key leaves the stage hook out (Triton 3.6 on the H100
+    machine did: the full build after an IR-only one read its empty binary) would
     otherwise keep the placeholder binary under the real kernel's key, where a later launch of
     that kernel would load it. Both knobs are put back on exit."""
     from triton import knobs
