@@ -82,6 +82,32 @@ def test_measure_puts_host_ms_on_eager_rows_and_skips_a_backend_that_cannot_run_
     assert all(r.reason == "ImportError: fa9: cannot import flash_attn.nine" for r in skipped)
 
 
+def test_run_workloads_interleaves_host_rounds_except_for_cases_that_read_over_a_gib():
+    """Two backends on a small case: their host rounds alternate after both were measured; on a
+    case whose forward reads more than INTERLEAVE_MAX_BYTES each backend's rounds run while it is
+    measured (its kept step would keep its input copies beside the next backend's). Either way
+    every eager row gets host_ms."""
+    calls = []
+
+    def workload(bytes_fwd):
+        def build(name):
+            def fn(a):
+                calls.append(name)
+                return a * 2
+            return attention_measure.Setup(fn, (torch.ones(3),), None, None)
+        return attention_measure.Workload("case", {"pad": 0.0}, build, bytes_fwd=bytes_fwd, forward_only=True)
+
+    def order(bytes_fwd):
+        calls.clear()
+        rows = attention_measure.run_workloads([workload(bytes_fwd)], ["a", "b"], "fp32", "cpu", with_error=False)
+        assert [r.backend for r in rows] == ["a", "b"] and all(r.params["host_ms"] >= 0 for r in rows)
+        tail = calls[-6:]       # the host rounds come last on the CPU: one round of 3 calls each
+        return tail
+    assert order(1e6) == ["a"] * 3 + ["b"] * 3 and calls.index("b") < len(calls) - 6   # b measured before a's host round
+    assert order(2.0 * attention_measure.INTERLEAVE_MAX_BYTES)[-3:] == ["b"] * 3
+    assert calls.index("b") > calls.index("a") and "a" not in calls[calls.index("b"):]
+
+
 def test_flash_columns_say_what_failed_to_import():
     for name, module in (("fa2", "flash_attn"), ("fa4", "flash_attn.cute")):
         try:

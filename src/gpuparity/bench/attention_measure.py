@@ -162,6 +162,9 @@ class Workload:
     forward_only: bool = False
 
 
+# Cases whose forward reads more than this keep each backend's host rounds back to back (run_workloads).
+INTERLEAVE_MAX_BYTES = 1 << 30
+
 # progress(label, None) before a backend runs on a case, progress(label, its rows) after
 Progress = Callable[[str, Optional[List[BenchRow]]], None]
 
@@ -179,7 +182,11 @@ def run_workloads(workloads, backends: Sequence[str], dtype_name: str, device: s
             break
         modes = ("fwd",) if fwd_only or work.forward_only else ("fwd", "fwd+bwd") + ((GRAPH_MODE,) if graph else ())
         # host time: every backend's eager steps of this case timed round by round in turn, after
-        # their device times (a shared host drifts by more than the backends differ)
+        # their device times (a shared host drifts by more than the backends differ). Not for
+        # cases that read more than INTERLEAVE_MAX_BYTES (large decode caches): a kept step keeps
+        # its backend's input copies (fa2 / fa4 take the cache in their own layout) beside the
+        # next backend's, so there each backend's rounds run back to back as it is measured.
+        interleave = (work.bytes_fwd or 0) <= INTERLEAVE_MAX_BYTES
         steps: Dict[str, Dict[str, Callable[[], None]]] = {}
         case_rows: List[Tuple[str, List[BenchRow]]] = []
         for name in backends:
@@ -189,7 +196,8 @@ def run_workloads(workloads, backends: Sequence[str], dtype_name: str, device: s
             base = dict(bench="attention", shape=work.label, backend=name, dtype=dtype_name)
             steps[name] = {}
             new_rows = measure(base, dict(work.params), lambda: work.build(name), modes, flops_fwd=work.flops_fwd,
-                               bytes_fwd=work.bytes_fwd, with_error=with_error, host_steps=steps[name])
+                               bytes_fwd=work.bytes_fwd, with_error=with_error,
+                               host_steps=steps[name] if interleave else None)
             case_rows.append((step, new_rows))
             rows.extend(new_rows)
             if progress:
