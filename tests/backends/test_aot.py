@@ -5,7 +5,8 @@ own compiler, without a compile error or a shared-memory / LDS overflow.
 
 Every configuration is lowered through LLVM IR (where Triton's layouts, its lowering and the
 shared memory a kernel needs are settled); the machine-code stages (ptxas; the AMDGPU LLVM
-backend and linker), about half of each compile, run for the first configuration of each
+backend and linker), 44-48% of each compile on a 2-core CPU
+(benchmarks/records/cpu/aot-ir-only-2026-11-26.md), run for the first configuration of each
 kernel on each target, so every kernel still reaches a binary for every target. `--binary` (or
 GPUPARITY_AOT_BINARY=1 for the test) builds every configuration to a binary.
 
