@@ -123,3 +123,22 @@ def test_long_files_say_why_at_their_top():
             unexplained.append(f"{path.relative_to(SRC)} ({len(lines)} lines)")
     assert not unexplained, (f"over {LONG_FILE_LINES} lines without a '# long file: <reason>' line at the top: "
                              + ", ".join(unexplained))
+
+
+def test_the_lazy_facade_imports_on_first_use_and_keeps_the_name():
+    """`import gpuparity` imports no op module; the first `gpuparity.attention` imports it and keeps
+    the function as a module global, so later calls skip the module's __getattr__ (a fresh
+    interpreter: other tests have imported the ops already)."""
+    import subprocess
+    import sys
+    probe = (
+        "import sys, gpuparity\n"
+        "assert 'gpuparity.ops.attention' not in sys.modules\n"
+        "fn = gpuparity.attention\n"
+        "from gpuparity.ops.attention import attention\n"
+        "assert fn is attention and vars(gpuparity)['attention'] is attention\n"
+        "assert 'rms_norm' not in vars(gpuparity)\n"
+        "print('ok')\n")
+    env = {**__import__("os").environ, "PYTHONPATH": str(SRC)}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -33,7 +33,12 @@ __all__ = ["__version__", *_LAZY, "nn", "trace", "profile"]
 
 def __getattr__(name):
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        # kept as a module global: Python calls __getattr__ only for names it does not find, so
+        # later `gpuparity.attention(...)` calls skip the import machinery (2.4 us per call on
+        # a slow CPU: per layer, per step, for a model calling gpuparity.rms_norm)
+        globals()[name] = value
+        return value
     if name in ("nn", "trace", "profile", "known", "platform", "dispatch", "reference"):
         return importlib.import_module(f"gpuparity.{name}")
     raise AttributeError(f"module 'gpuparity' has no attribute {name!r}")
