@@ -46,12 +46,15 @@ FAMILIES = {
 }
 # Tiles. Forward (a sweep on an H100, benchmarks/tune_norms_rope.py; numbers in
 # docs/kernels-norms-rope.md): 4096-element tiles (rows x block_n), 16 elements per thread.
-# Backward (benchmarks/tune_norm_bwd.py on an H200 and an H100, benchmarks/
-# records/h100/history/session4-2026-11-21.md): one persistent program per SM walking 8192-element tiles, each
-# program loading its next tile while it reduces and stores the current one (PREFETCH: 12-19%
-# more bandwidth on the H200 than the best config without it, 6-22% on the H100); 32 elements
-# per thread below 4096 columns (8 warps), 16 from there (8 warps lost 1-4% there, 16 warps
-# lost 1-4% below). Other vendors get the same element counts over their own warp width.
+# Backward (benchmarks/tune_norm_bwd.py on an H200 and an H100, read with
+# git show be48db0:benchmarks/records/h200/history/session4-2026-11-21.md and
+# git show be48db0:benchmarks/records/h100/history/session4-2026-11-21.md; the H100 A/B:
+# benchmarks/records/h100/norm-bwd-prefetch-ab-2026-11-21.md): one persistent program per SM
+# walking 8192-element tiles, each program loading its next tile while it reduces and stores the
+# current one (PREFETCH: 12-19% more bandwidth on the H200 than the best config without it, 6-22%
+# on the H100); 32 elements per thread below 4096 columns (8 warps), 16 from there (8 warps lost
+# 1-4% there, 16 warps lost 1-4% below). Other vendors get the same element counts over their
+# own warp width.
 FWD_TILE_ELEMS = 4096
 FWD_ELEMS_PER_THREAD = 16
 BWD_TILE_ELEMS = 8192
