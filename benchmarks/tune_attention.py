@@ -24,7 +24,7 @@ CANDIDATES = {
     "fwd": [TC(32, 32, 4, 3), TC(64, 32, 4, 3), TC(32, 64, 4, 3), TC(64, 64, 2, 3), TC(128, 64, 4, 3), TC(128, 64, 8, 3), TC(128, 128, 8, 3), TC(128, 32, 4, 3), TC(64, 64, 4, 3),
             TC(64, 32, 4, 4), TC(128, 64, 4, 4), TC(128, 128, 8, 2), TC(64, 128, 4, 3), TC(128, 64, 8, 4),
             TC(64, 64, 4, 4), TC(128, 128, 4, 2),
-            # third session, for D=128 on Hopper (our forward trailed flex's there)
+            # 2026-11-21, for D=128 on Hopper (our forward trailed flex's there)
             TC(128, 64, 8, 2), TC(128, 32, 8, 3), TC(128, 32, 8, 4), TC(64, 128, 4, 2), TC(64, 64, 4, 2),
             TC(64, 128, 8, 3), TC(64, 32, 4, 4)],
     "dkdv": [TC(32, 32, 4, 3), TC(16, 64, 4, 3), TC(32, 32, 2, 3), TC(32, 128, 4, 3), TC(32, 128, 4, 4), TC(64, 128, 8, 3), TC(32, 64, 4, 3), TC(64, 64, 4, 3),
@@ -32,7 +32,7 @@ CANDIDATES = {
     "dq": [TC(32, 32, 4, 3), TC(32, 64, 4, 3), TC(64, 16, 4, 3), TC(128, 32, 4, 3), TC(128, 64, 8, 3), TC(64, 64, 4, 3), TC(64, 32, 4, 3), TC(128, 32, 8, 3),
            TC(128, 64, 4, 2), TC(64, 64, 4, 4), TC(128, 32, 4, 4)],
 }
-# fourth session, for the D=128 backward on Hopper (flex's backward led ours there);
+# 2026-11-21, for the D=128 backward on Hopper (flex's backward led ours there);
 # --recent sweeps only these and the shipped config
 RECENT = {
     "fwd": [],

@@ -37,7 +37,7 @@ class TileConfig:
 _SM90 = {
     "fwd": {
         (32, 2): TileConfig(64, 64, 4, 3),
-        # (128, 2): 128x64 with 8 warps, from a third-session sweep on llm-8k (H200, same sm_90 as
+        # (128, 2): 128x64 with 8 warps, from a 2026-11-21 sweep on llm-8k (H200, same sm_90 as
         # the H100): 1.80 ms vs 2.70 for the 64x64 / 4-warp tile the first sweep had chosen;
         # with a dense mask 3 stages need 256 KiB (Triton 3.6), so 2 there
         (64, 2): TileConfig(64, 64, 4, 3), (128, 2): TileConfig(128, 64, 8, 3, masked_stages=2),
@@ -45,10 +45,10 @@ _SM90 = {
         (64, 4): TileConfig(64, 32, 4, 2), (128, 4): TileConfig(64, 32, 4, 2), (256, 4): TileConfig(32, 32, 4, 1),
     },
     "dkdv": {
-        # (32, 2) and dq's: from a fourth-session sweep on aam-asv (S=1024) alone, H100: backward
+        # (32, 2) and dq's: from a 2026-11-21 sweep on aam-asv (S=1024) alone, H100: backward
         # 0.126 -> 0.114 ms with both; short keys (aam-nuc) keep their own, SHORT_CONFIGS
         (32, 2): TileConfig(64, 128, 4, 2),
-        # (128, 2): 64x64 with 4 warps, 2 stages, from a fourth-session sweep on llm-8k (H200):
+        # (128, 2): 64x64 with 4 warps, 2 stages, from a 2026-11-21 sweep on llm-8k (H200):
         # backward 5.75 ms vs 6.17 with the 64x128 / 8-warp tile the first sweep had chosen
         (64, 2): TileConfig(32, 64, 4, 3), (128, 2): TileConfig(64, 64, 4, 2), (256, 2): TileConfig(16, 32, 4, 1),
         (64, 4): TileConfig(32, 64, 4, 2), (128, 4): TileConfig(32, 32, 4, 2), (256, 4): TileConfig(16, 32, 4, 1),
@@ -96,7 +96,7 @@ _RDNA = {
     },
 }
 # Short key sequences (k_len <= SHORT_KEYS): smaller key blocks waste less of the last, partial
-# block. From a fourth-session sweep on aam-nuc (512, 4, 150, 32), H200: forward 0.060 ms with
+# block. From a 2026-11-21 sweep on aam-nuc (512, 4, 150, 32), H200: forward 0.060 ms with
 # 64x32 vs 0.077 with 64x64; dk/dv 0.144 vs 0.158 with 32x64 vs 32x128 (the general table's
 # tiles were tuned on aam-nuc and aam-asv, S=1024, together). Entries override CONFIGS' for
 # their (bucket, element size) only.
