@@ -1,8 +1,12 @@
 """A/B of attention tile configs on one shape: the shipped tile of one kernel and candidates,
 alternated over rounds (a single sweep's timings moved by 12% for the same config on a lent H100),
 timing the forward (--kernel fwd) or the whole backward (dq or dkdv) with triton.testing.do_bench.
+--env NAME=a,b alternates the values of an environment variable the launcher reads instead
+(with the shipped tile), e.g. a kernel form's switch; --mask passes the key padding mask at pad 0
+too (every key kept), as `gpuparity bench attention` does.
 
     PYTHONPATH=src python benchmarks/attention_tile_ab.py --kernel dq --tiles 64x64x4x2,128x64x8x2
+    PYTHONPATH=src python benchmarks/attention_tile_ab.py --kernel dq --env GPUPARITY_ATTENTION_DQ_SPLIT=0,auto --mask
 
 Prints each round and the median per (pad, tile); --json writes every timing. GPU only.
 """
@@ -10,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -17,14 +22,21 @@ def parse(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernel", choices=("fwd", "dq", "dkdv"), default="dq")
     parser.add_argument("--shape", default="llm-8k", help="a `gpuparity bench attention` suite shape")
-    parser.add_argument("--tiles", required=True, help="block_m x block_n x warps x stages, comma-separated")
+    parser.add_argument("--tiles", default="", help="block_m x block_n x warps x stages, comma-separated")
+    parser.add_argument("--env", default=None, help="NAME=v1,v2,...: alternate this variable's values")
+    parser.add_argument("--mask", action="store_true",
+                        help="pass the key padding mask at pad 0 too (every key kept), as `bench attention` does")
     parser.add_argument("--pads", default="0,0.25")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--family", default="nvidia_sm90")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     tiles = []
-    for text in args.tiles.split(","):
+    if not args.tiles and not args.env:
+        parser.error("expected --tiles or --env")
+    if args.env and ("=" not in args.env or not args.env.split("=", 1)[1]):
+        parser.error(f"--env: expected NAME=v1,v2, got {args.env!r}")
+    for text in filter(None, args.tiles.split(",")):
         fields = text.split("x")
         if len(fields) != 4 or not all(f.isdigit() and int(f) > 0 for f in fields):
             parser.error(f"--tiles: expected block_m x block_n x warps x stages (e.g. 64x64x4x2), got {text!r}")
@@ -55,12 +67,18 @@ def main(argv=None) -> int:
     key = (ta.padded_head_dim(dims[3]), 2)
     table = ta.CONFIGS[args.family][args.kernel]
     shipped = table[key]
-    configs = {"shipped": shipped, **{"x".join(map(str, t)): ta.TileConfig(*t) for t in tiles}}
+    configs = {"shipped": (shipped, None), **{"x".join(map(str, t)): (ta.TileConfig(*t), None) for t in tiles}}
+    env_name = None
+    if args.env:
+        env_name, values = args.env.split("=", 1)
+        configs = {f"{env_name}={value}": (shipped, value) for value in values.split(",")}
+    saved_env = os.environ.get(env_name) if env_name else None
     times = {}
     try:
         for pad in pads:
             case = make_case(args.shape, dims, pad, torch.bfloat16, "cuda", 0)
-            masks = ta.prepare_masks(case.q, case.k, key_padding_mask=case.key_padding_mask if pad else None)
+            masks = ta.prepare_masks(case.q, case.k,
+                                     key_padding_mask=case.key_padding_mask if pad or args.mask else None)
             scale = dims[3] ** -0.5
             out, lse = ta.attention_forward(case.q, case.k, case.v, masks, False, scale)
 
@@ -69,8 +87,10 @@ def main(argv=None) -> int:
                     return ta.attention_forward(case.q, case.k, case.v, masks, False, scale)
                 return ta.attention_backward(case.dout, case.q, case.k, case.v, out, lse, masks, False, scale)
             for rnd in range(args.rounds):
-                for name, cfg in configs.items():
+                for name, (cfg, value) in configs.items():
                     table[key] = cfg
+                    if value is not None:
+                        os.environ[env_name] = value
                     ta.clear_plans()
                     step()
                     ms = triton.testing.do_bench(step, warmup=25, rep=200, return_mode="median")
@@ -78,6 +98,11 @@ def main(argv=None) -> int:
                     print(f"pad {pad} round {rnd} {args.kernel} {name}: {ms:.3f} ms", flush=True)
     finally:
         table[key] = shipped
+        if env_name:
+            if saved_env is None:
+                os.environ.pop(env_name, None)
+            else:
+                os.environ[env_name] = saved_env
         ta.clear_plans()
     for name, values in times.items():
         ordered = sorted(values)

@@ -573,6 +573,41 @@ def test_both_backward_forms_against_the_reference(form, monkeypatch):
         torch.testing.assert_close(got.cpu().double(), want, rtol=2e-4, atol=2e-4)
 
 
+@pytest.mark.parametrize("head_dim", [40, 128])
+@pytest.mark.parametrize("padding", ["suffix", "holes"])
+def test_both_dq_loop_forms_against_the_reference_and_each_other(padding, head_dim, monkeypatch):
+    """dq with a key padding mask: one set of loops reading the mask behind a branch, or
+    (tiles.split_kpm_dq) loops without reads for a suffix and loops at pipeline depth 1 for holes.
+    Both against float64, with causal and GQA, and the two forms' gradients equal to each other
+    (the same arithmetic in the same order)."""
+    monkeypatch.setenv("GPUPARITY_ATTENTION_BACKWARD", "split")
+    seq = size(70, 600)
+    q, k, v = make_inputs(2, 4, 2, seq, seq, head_dim, torch.bfloat16, seed=31)
+    kpm = padding_mask(2, seq, [seq, seq // 2])
+    if padding == "holes":
+        kpm[0, 3::5] = True
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(32)).to(DEVICE, q.dtype)
+    grads = {}
+    for split in ("0", "1"):
+        monkeypatch.setenv("GPUPARITY_ATTENTION_DQ_SPLIT", split)
+        triton_attention.clear_plans()
+        check(q, k, v, key_padding_mask=kpm, is_causal=True)
+        out = triton_attention.triton_attention(q, k, v, key_padding_mask=kpm, is_causal=True)
+        grads[split] = torch.autograd.grad(out, (q, k, v), dout)
+    for one_loop, split_loops in zip(grads["0"], grads["1"]):
+        torch.testing.assert_close(one_loop, split_loops, rtol=0, atol=0)
+    monkeypatch.setenv("GPUPARITY_ATTENTION_DQ_SPLIT", "sometimes")
+    with pytest.raises(ValueError, match="GPUPARITY_ATTENTION_DQ_SPLIT: expected one of"):
+        tiles.split_kpm_dq(q.device, 40)
+
+
+def test_dq_split_rule():
+    assert tiles.split_kpm_dq_default("nvidia_sm90", 128) and tiles.split_kpm_dq_default("nvidia_sm90", 96)
+    assert not tiles.split_kpm_dq_default("nvidia_sm90", 64) and not tiles.split_kpm_dq_default("nvidia_sm90", 256)
+    for fam in ("nvidia", "amd_cdna", "amd_rdna", "interpreter"):
+        assert not tiles.split_kpm_dq_default(fam, 128)
+
+
 def test_the_two_backward_forms_apply_the_same_dropout(monkeypatch):
     q, k, v = make_inputs(1, 2, 1, 30, 30, 16, torch.float32, seed=24)
     dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(25)).to(DEVICE)

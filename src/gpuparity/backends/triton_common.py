@@ -11,7 +11,7 @@ import dataclasses
 import functools
 import os
 import re
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -123,6 +123,13 @@ class AotSpec:
     signature: Triton's signature dict, e.g. {"X": "*bf16", "N": "i32", "BLOCK": "constexpr"}.
     constexprs: values of the constexpr parameters.
     targets: restrict to some of AOT_TARGETS (configs that only ship for one vendor).
+    unit_params: integer parameters that a launch on contiguous tensors passes as 1 (innermost
+    strides). compile_spec builds the kernel as such a launch does: Triton's JIT turns an int
+    argument equal to 1 into the constant 1 and marks 16-byte-aligned pointers and integers divisible
+    by 16 as such, which makes loads contiguous and vectorized, and with them the software pipeline's
+    shared-memory buffers. Built without it, a kernel can report a fraction of the shared memory
+    its real launches need (the attention dq kernel with a second set of loops: 98,304 bytes vs
+    the 262,144 an H100 launch asked for, Triton 3.6).
     """
     name: str
     kernel: Any
@@ -131,6 +138,22 @@ class AotSpec:
     num_warps: int = 4
     num_stages: int = 2
     targets: tuple = AOT_TARGETS
+    unit_params: tuple = ()
+
+
+def launch_like(spec: AotSpec) -> Tuple[Dict[str, str], Dict[str, Any], Dict[tuple, list]]:
+    """(signature, constexprs, attrs) of `spec` as a launch on contiguous, 16-byte-aligned tensors
+    compiles it: unit_params become the constant 1; pointers and the parameters named stride*
+    (the other strides) get Triton's divisibility-by-16 attribute."""
+    signature, constexprs, attrs = dict(spec.signature), dict(spec.constexprs), {}
+    for name in spec.unit_params:
+        if signature.get(name) != "i32":
+            raise ValueError(f"AotSpec {spec.name}: unit_params names {name!r}, which is not an i32 parameter")
+        signature[name], constexprs[name] = "constexpr", 1
+    for index, (name, kind) in enumerate(signature.items()):
+        if kind.startswith("*") or (kind == "i32" and name.startswith("stride")):
+            attrs[(index,)] = [["tt.divisibility", 16]]
+    return signature, constexprs, attrs
 
 
 @dataclasses.dataclass
@@ -217,7 +240,8 @@ def compile_spec(spec: AotSpec, target: str, *, binary: bool = True) -> AotResul
     limit = SHARED_MEMORY_LIMIT.get(target)
     try:
         with _ir_only() if not binary and ir_only_supported() else contextlib.nullcontext():
-            source = ASTSource(fn=spec.kernel, signature=spec.signature, constexprs=spec.constexprs)
+            signature, constexprs, attrs = launch_like(spec)
+            source = ASTSource(fn=spec.kernel, signature=signature, constexprs=constexprs, attrs=attrs)
             compiled = triton.compile(source, target=_gpu_target(target),
                                       options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
         shared = int(getattr(compiled.metadata, "shared", 0) or 0)

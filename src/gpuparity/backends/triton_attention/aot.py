@@ -8,7 +8,7 @@ from typing import Dict, List, Tuple
 
 from ..triton_common import AotSpec
 from .launch import MASK_ADDITIVE, MASK_NONE, kernel_table
-from .tiles import CONFIGS, FAMILY_TARGETS, SCAN_BLOCK, SHORT_CONFIGS, TileConfig
+from .tiles import CONFIGS, FAMILY_TARGETS, SCAN_BLOCK, SHORT_CONFIGS, TileConfig, split_kpm_dq_default
 
 _POINTER_TYPES = {
     "LSE": "*fp32", "Delta": "*fp32", "Bounds": "*i32", "KPM": "*u8", "CuQ": "*i32", "CuK": "*i32",
@@ -40,6 +40,13 @@ def _signature(kernel, dtype: str, mask_type: str, descriptor_blocks=None) -> Di
     return signature
 
 
+def _unit_strides(signature: Dict[str, str]) -> Tuple[str, ...]:
+    """The strides a launch on contiguous tensors passes as 1 (AotSpec.unit_params): each
+    tensor's head-dim stride (stride_*d) and the masks' key strides (stride_mn, stride_pn)."""
+    return tuple(name for name, kind in signature.items() if kind == "i32" and name.startswith("stride_")
+                 and (name.endswith("d") or name in ("stride_mn", "stride_pn")))
+
+
 def _dtype_and_precision(fam: str, elem: int) -> Tuple[str, str]:
     """The spec's element type and dot precision: fp32 on NVIDIA ships split-TF32 tensor-core dots
     ("tf32x3", dot_precision's choice with TF32 off; with TF32 on it is "tf32": the same tiles and
@@ -56,19 +63,23 @@ def _aot_spec(fam, targets, kernel_name, head_dim, elem, cfg, dropout=False, den
                       HAS_BOUNDS=True, DROPOUT=dropout, DOT_PRECISION=precision,
                       HAS_WINDOW=window_softcap, SOFTCAP=window_softcap)
     constexprs["SCAN"] = SCAN_BLOCK   # every kernel scans the key padding mask
+    if kernel_name == "dq" and split_kpm_dq_default(fam, head_dim):
+        constexprs["SPLIT_KPM"] = True   # its second set of loops: more shared memory
     return AotSpec(
         name=f"attention.{kernel_name}.{fam}.d{head_dim}.{dtype}.m{cfg.block_m}n{cfg.block_n}"
              f"w{cfg.num_warps}s{cfg.stages(dense_mask)}" + (".dropout" if dropout else "")
              + (".window_softcap" if window_softcap else "")
              + ("" if dense_mask else ".nomask"),
         kernel=kernel, signature=_signature(kernel, dtype, "*fp32"), constexprs=constexprs,
-        num_warps=cfg.num_warps, num_stages=cfg.stages(dense_mask), targets=targets)
+        num_warps=cfg.num_warps, num_stages=cfg.stages(dense_mask), targets=targets,
+        unit_params=_unit_strides(_signature(kernel, dtype, "*fp32")))
 
 
 def aot_specs() -> List[AotSpec]:
     """Every shipped tile configuration, compiled at the largest head dim that uses it, with
     the mask flags that cost the most shared memory (additive mask tiles, key padding, whose
-    forward at D_PAD >= 128 has a second pair of loops, causal), and, for a config with fewer stages under a dense mask, also
+    forward at D_PAD >= 128 has a second pair of loops, as dq where tiles.split_kpm_dq_default says,
+    causal), and, for a config with fewer stages under a dense mask, also
     without one at its full depth. Dropout adds registers, not shared memory: it is compiled
     once per family and kernel (at the 64 bf16 config) to prove it builds; so are the sliding
     window and softcap (a tanh and a few compares per tile: registers too)."""
@@ -102,7 +113,8 @@ def _fused_spec(fam, targets, head_dim, elem, dq_cfg: TileConfig, kv_cfg: TileCo
         name=f"attention.bwd.{fam}.d{head_dim}.{dtype}.m{dq_cfg.block_m}n{dq_cfg.block_n}"
              f".kvm{kv_cfg.block_m}n{kv_cfg.block_n}w{kv_cfg.num_warps}s{kv_cfg.stages(True)}",
         kernel=kernel, signature=_signature(kernel, dtype, "*fp32"), constexprs=constexprs,
-        num_warps=kv_cfg.num_warps, num_stages=kv_cfg.stages(True), targets=targets)
+        num_warps=kv_cfg.num_warps, num_stages=kv_cfg.stages(True), targets=targets,
+        unit_params=_unit_strides(_signature(kernel, dtype, "*fp32")))
 
 
 def fused_backward_aot_specs() -> List[AotSpec]:
@@ -140,7 +152,8 @@ def _varlen_spec(fam, targets, kernel_name, head_dim, elem, cfg) -> AotSpec:
         name=f"attention_varlen.{kernel_name}.{fam}.d{head_dim}.{dtype}.m{cfg.block_m}n{cfg.block_n}"
              f"w{cfg.num_warps}s{cfg.stages(False)}",
         kernel=kernel, signature=_signature(kernel, dtype, "*fp32"), constexprs=constexprs,
-        num_warps=cfg.num_warps, num_stages=cfg.stages(False), targets=targets)
+        num_warps=cfg.num_warps, num_stages=cfg.stages(False), targets=targets,
+        unit_params=_unit_strides(_signature(kernel, dtype, "*fp32")))
 
 
 def varlen_aot_specs() -> List[AotSpec]:
@@ -173,12 +186,12 @@ def descriptor_aot_specs() -> List[AotSpec]:
         constexprs = dict(HEAD_DIM=bucket, D_PAD=bucket, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=True,
                           MASK_KIND=MASK_ADDITIVE, HAS_KPM=True, HAS_BOUNDS=True, DROPOUT=False,
                           DOT_PRECISION=precision, HAS_WINDOW=True, SOFTCAP=True, SCAN=SCAN_BLOCK)
+        signature = _signature(kernel, dtype, "*fp32", {
+            "QDesc": (cfg.block_m, bucket), "DODesc": (cfg.block_m, bucket),
+            "KDesc": (cfg.block_n, bucket), "VDesc": (cfg.block_n, bucket)})
         specs.append(AotSpec(
             name=f"attention.dkdv_tma.{fam}.d{bucket}.{dtype}.m{cfg.block_m}n{cfg.block_n}"
                  f"w{cfg.num_warps}s{cfg.stages(True)}",
-            kernel=kernel, signature=_signature(kernel, dtype, "*fp32", {
-                "QDesc": (cfg.block_m, bucket), "DODesc": (cfg.block_m, bucket),
-                "KDesc": (cfg.block_n, bucket), "VDesc": (cfg.block_n, bucket)}),
-            constexprs=constexprs, num_warps=cfg.num_warps, num_stages=cfg.stages(True),
-            targets=FAMILY_TARGETS[fam]))
+            kernel=kernel, signature=signature, constexprs=constexprs, num_warps=cfg.num_warps,
+            num_stages=cfg.stages(True), targets=FAMILY_TARGETS[fam], unit_params=_unit_strides(signature)))
     return specs

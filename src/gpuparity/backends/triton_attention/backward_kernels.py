@@ -309,9 +309,9 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base, ho
                   HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
                   MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
                   MASK_EDGES: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                  HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr):
+                  HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, LOOP_STAGES: tl.constexpr = None):
     d_ok = offs_d < HEAD_DIM
-    for start_n in range(lo, hi, BLOCK_N):
+    for start_n in tl.range(lo, hi, BLOCK_N, num_stages=LOOP_STAGES):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         cols = start_n + offs_n
         k_ptrs = k_base + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd
@@ -361,6 +361,29 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base, ho
 
 
 @triton.jit
+def _dq_loops(dq, holes, q, do, lse, delta, k_base, v_base, mask_base, kpm_base, rows, offs_n, offs_d,
+              lo, full_end, hi, q_len, k_len, qk_scale, seed_bh, dropout_p, window_left, window_right,
+              cap_in, cap_out, stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
+              HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
+              HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+              HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, LOOP_STAGES: tl.constexpr):
+    """Key tiles [lo, full_end) with no edge masks, then [full_end, hi) (as kernels._fwd_loops);
+    LOOP_STAGES: the loops' pipeline depth (None: the kernel's)."""
+    dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base, holes,
+                       rows, offs_n, offs_d, lo, full_end, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
+                       window_left, window_right, cap_in, cap_out,
+                       stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
+                       HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, False, DOT_PRECISION, HAS_WINDOW,
+                       SOFTCAP, LOOP_STAGES)
+    return _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base, holes,
+                         rows, offs_n, offs_d, full_end, hi, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
+                         window_left, window_right, cap_in, cap_out,
+                         stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
+                         HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, True, DOT_PRECISION, HAS_WINDOW,
+                         SOFTCAP, LOOP_STAGES)
+
+
+@triton.jit
 def _dq_program(
     start_m, batch, head,
     Q, K, V, Out, DO, LSE, Delta, DQ, Mask, KPM, Bounds,
@@ -378,7 +401,7 @@ def _dq_program(
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, HAS_BOUNDS: tl.constexpr,
     DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
     SCAN: tl.constexpr,
-    STORE_DELTA: tl.constexpr,
+    STORE_DELTA: tl.constexpr, SPLIT_KPM: tl.constexpr = False,
 ):
     batch_head = batch * num_heads + head
     kv_head = head // group_size
@@ -419,19 +442,25 @@ def _dq_program(
     lo, full_end, hi = _key_range(first, last, start_m, k_len, window_left, window_right,
                                   BLOCK_M, BLOCK_N, IS_CAUSAL, HAS_BOUNDS, HAS_WINDOW)
     dq = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
-    # One loop body for any padding (the forward's two-way split would double the shared
-    # memory of this larger kernel): key padding with holes is read in every tile, other
-    # padding (a suffix: per-item lengths) not at all.
-    dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base, holes,
-                       rows, offs_n, offs_d, lo, full_end, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
-                       window_left, window_right, cap_in, cap_out,
-                       stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
-                       HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, False, DOT_PRECISION, HAS_WINDOW, SOFTCAP)
-    dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base, holes,
-                       rows, offs_n, offs_d, full_end, hi, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
-                       window_left, window_right, cap_in, cap_out,
-                       stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
-                       HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, True, DOT_PRECISION, HAS_WINDOW, SOFTCAP)
+    args = (q, do, lse, delta, k_base, v_base, mask_base, kpm_base, rows, offs_n, offs_d, lo, full_end, hi,
+            q_len, k_len, qk_scale, seed_bh, dropout_p, window_left, window_right, cap_in, cap_out,
+            stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn)
+    if HAS_KPM and SPLIT_KPM:
+        # key padding without holes (a suffix: per-item lengths) gets loops with no mask reads and
+        # no branch in them, at the kernel's pipeline depth; padding with holes gets its own loops
+        # (the mask read in every tile) at depth 1, so the two sets of pipeline buffers fit in
+        # shared memory (tiles.split_kpm_dq says where)
+        if holes:
+            dq = _dq_loops(dq, True, *args, HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, True, DROPOUT,
+                           DOT_PRECISION, HAS_WINDOW, SOFTCAP, 1)
+        else:
+            dq = _dq_loops(dq, False, *args, HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, False, DROPOUT,
+                           DOT_PRECISION, HAS_WINDOW, SOFTCAP, None)
+    else:
+        # One loop body for any padding: key padding with holes is read in every tile behind a
+        # branch, other padding (a suffix: per-item lengths) not at all.
+        dq = _dq_loops(dq, holes, *args, HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT,
+                       DOT_PRECISION, HAS_WINDOW, SOFTCAP, None)
     dq = dq * sm_scale
     tl.store(DQ + b64 * stride_dqb + head.to(tl.int64) * stride_dqh + rows[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
              dq.to(DQ.dtype.element_ty), mask=tile_ok)
@@ -455,9 +484,10 @@ def _attn_bwd_dq_kernel(
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, HAS_BOUNDS: tl.constexpr,
     DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-    SCAN: tl.constexpr,
+    SCAN: tl.constexpr, SPLIT_KPM: tl.constexpr = False,
 ):
-    """The dq half of the two-launch backward; it stores delta for the dk/dv kernel."""
+    """The dq half of the two-launch backward; it stores delta for the dk/dv kernel. SPLIT_KPM:
+    tiles.split_kpm_dq."""
     batch_head = tl.program_id(1)
     _dq_program(tl.program_id(0), batch_head // num_heads, batch_head % num_heads,
                 Q, K, V, Out, DO, LSE, Delta, DQ, Mask, KPM, Bounds,
@@ -468,7 +498,7 @@ def _attn_bwd_dq_kernel(
                 stride_mb, stride_mh, stride_mm, stride_mn, stride_pb, stride_pn,
                 num_heads, group_size, q_len, k_len,
                 HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, HAS_BOUNDS, DROPOUT,
-                DOT_PRECISION, HAS_WINDOW, SOFTCAP, SCAN, True)
+                DOT_PRECISION, HAS_WINDOW, SOFTCAP, SCAN, True, SPLIT_KPM)
 
 
 @triton.jit(do_not_specialize=_NO_SPECIALIZE + ("q_blocks",))

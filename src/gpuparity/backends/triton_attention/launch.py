@@ -11,7 +11,7 @@ import torch
 from ...numerics import matmul_tf32
 from .. import triton_common
 from ..triton_common import PlanCache, PreparedLaunch, cdiv, lazy_kernel
-from .tiles import SCAN_BLOCK, fused_backward, padded_head_dim, tile_config, tma_backward
+from .tiles import SCAN_BLOCK, fused_backward, padded_head_dim, split_kpm_dq, tile_config, tma_backward
 
 LOG2E = 1.4426950408889634
 
@@ -273,7 +273,8 @@ def _backward_launches(q, k, v, out, dout, dq, dk, dv, masks: MaskArgs, is_causa
         *masks.mask_strides, *masks.kpm_strides,
         heads, heads // kv_heads, q_len, k_len),
         BLOCK_M=dq_cfg.block_m, BLOCK_N=dq_cfg.block_n, num_warps=dq_cfg.num_warps,
-        num_stages=dq_cfg.stages(dense_mask), SCAN=SCAN_BLOCK, **constexprs)
+        num_stages=dq_cfg.stages(dense_mask), SCAN=SCAN_BLOCK,
+        SPLIT_KPM=masks.kpm is not None and split_kpm_dq(q.device, head_dim), **constexprs)
     dkdv_args = (*scalars, *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(),
                  *masks.mask_strides, *masks.kpm_strides, heads, kv_heads, heads // kv_heads, q_len, k_len)
     dkdv_grid = (cdiv(k_len, kv_cfg.block_n), batch * kv_heads)

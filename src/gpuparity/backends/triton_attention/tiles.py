@@ -59,10 +59,14 @@ _SM90 = {
         (64, 4): TileConfig(64, 32, 4, 2), (128, 4): TileConfig(32, 32, 4, 2), (256, 4): TileConfig(32, 16, 4, 1),
     },
 }
+# A100 (163 KiB): at head dims 65-128 with a dense mask the forward and dq tiles take 2 stages.
+# Built as a contiguous launch builds them (AotSpec.unit_params), 3 stages with every mask flag
+# need 221,184 (forward) and 184,320 (dq) bytes, with 2: 122,880 and 135,168 (Triton 3.6 and 3.9
+# alike). Unmeasured on an A100 (none is lent): chosen to launch at all.
 _SM80 = {
-    "fwd": {**_SM90["fwd"], (128, 2): TileConfig(64, 64, 4, 3)},  # the 128x64 tile is unmeasured on an A100
+    "fwd": {**_SM90["fwd"], (128, 2): TileConfig(64, 64, 4, 3, masked_stages=2)},  # 128x64: unmeasured on an A100
     "dkdv": {**_SM90["dkdv"], (128, 2): TileConfig(32, 64, 4, 3)},
-    "dq": dict(_SM90["dq"]),
+    "dq": {**_SM90["dq"], (128, 2): TileConfig(128, 64, 8, 3, masked_stages=2)},
 }
 _SM80["fwd"].pop((32, 2))
 _SM80["dkdv"].pop((32, 2))
@@ -178,6 +182,30 @@ def tma_backward(device: torch.device, dtype: torch.dtype, q_len: int, k_len: in
     except ImportError:
         return False
     return True
+
+
+_SPLIT_CHOICES = ("auto", "1", "0")
+
+
+def split_kpm_dq(device: torch.device, head_dim: int) -> bool:
+    """Whether the dq kernel of a call with a key padding mask compiles separate loops for
+    padding without holes (a suffix, per-item lengths: no mask reads, no branch in the loop) and
+    for padding with holes (at pipeline depth 1, so both sets of buffers fit), as the forward
+    does at head dims above 64. Under "auto" where measured: the nvidia_sm90 family at padded
+    head dim 128 (benchmarks/records/h100/attention-dq-split-2026-11-26.md).
+    $GPUPARITY_ATTENTION_DQ_SPLIT: auto (default), 0, 1 (any family and head dim, the interpreter
+    too: for tests); read when a call signature is first prepared."""
+    choice = os.environ.get("GPUPARITY_ATTENTION_DQ_SPLIT", "auto")
+    if choice not in _SPLIT_CHOICES:
+        raise ValueError(f"GPUPARITY_ATTENTION_DQ_SPLIT: expected one of {_SPLIT_CHOICES}, got {choice!r}")
+    if choice != "auto":
+        return choice == "1"
+    return split_kpm_dq_default(family(device), head_dim)
+
+
+def split_kpm_dq_default(fam: str, head_dim: int) -> bool:
+    """split_kpm_dq's "auto" for a tile family (the AOT specs compile what it says)."""
+    return fam == "nvidia_sm90" and padded_head_dim(head_dim) == 128
 
 
 # The interpreter runs one program at a time in numpy: large tiles, few programs.
