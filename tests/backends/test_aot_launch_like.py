@@ -70,6 +70,22 @@ def test_the_check_sees_the_pipeline_a_contiguous_launch_builds():
     assert result["contiguous"][1] > result["plain"][1], result
 
 
+def test_builds_stay_out_of_the_cache_launches_read(tmp_path):
+    """An AOT build is keyed as a real launch is (launch_like): it must not land in the Triton
+    cache that launches read, or a GPU machine's launch of that kernel would load a binary built
+    for another target or a placeholder. Binary and IR-only builds, in a fresh process."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    done = subprocess.run([sys.executable, __file__, "--binary"], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["binary"][0]
+    main = tmp_path / "cache"
+    assert not main.exists() or not any(path.is_file() for path in main.rglob("*")), sorted(main.rglob("*"))
+    assert any(path.is_file() for path in (tmp_path / "cache-gpuparity-aot").rglob("*"))
+    assert any(path.is_file() for path in (tmp_path / "cache-gpuparity-ir-only").rglob("*"))
+
+
 def test_every_attention_spec_names_its_unit_strides():
     for spec in aot_specs():
         assert {"stride_qd", "stride_kd", "stride_vd"} <= set(spec.unit_params), spec.name
@@ -77,4 +93,8 @@ def test_every_attention_spec_names_its_unit_strides():
 
 
 if __name__ == "__main__":
-    print(json.dumps(_shared_bytes_plain_and_contiguous()))
+    result = _shared_bytes_plain_and_contiguous()
+    if "--binary" in sys.argv:
+        built = triton_common.compile_spec(_spec(("stride_d",)), "cuda:90", binary=True)
+        result["binary"] = [built.ok, built.shared_bytes, built.error]
+    print(json.dumps(result))

@@ -231,15 +231,34 @@ def _ir_only():
         yield
 
 
+@contextlib.contextmanager
+def _aot_cache():
+    """Triton's cache pointed at a directory of its own for ahead-of-time builds: they are built as
+    real launches are (launch_like), under the same cache keys, and a GPU machine's test run has
+    loaded what the check had put in the shared cache ("no kernel image is available for execution
+    on the device", H100, Triton 3.6). Put back on exit."""
+    try:
+        from triton import knobs
+    except ImportError:   # a Triton without knobs (< 3.4): its cache as it is
+        knobs = None
+    if knobs is None or not hasattr(getattr(knobs, "cache", None), "scope"):
+        yield
+        return
+    with knobs.cache.scope():
+        knobs.cache.dir = os.path.abspath(knobs.cache.dir).rstrip(os.sep) + "-gpuparity-aot"
+        yield
+
+
 def compile_spec(spec: AotSpec, target: str, *, binary: bool = True) -> AotResult:
     """Compile one configuration for one target with Triton's own compiler (no GPU needed).
     binary=False stops after LLVM IR where this Triton allows it (ir_only_supported()): the
-    lowering and the shared-memory check, without the machine-code stages."""
+    lowering and the shared-memory check, without the machine-code stages. Either way the results
+    stay out of the Triton cache that launches read (_aot_cache, _ir_only)."""
     import triton
     from triton.compiler import ASTSource
     limit = SHARED_MEMORY_LIMIT.get(target)
     try:
-        with _ir_only() if not binary and ir_only_supported() else contextlib.nullcontext():
+        with _ir_only() if not binary and ir_only_supported() else _aot_cache():
             signature, constexprs, attrs = launch_like(spec)
             source = ASTSource(fn=spec.kernel, signature=signature, constexprs=constexprs, attrs=attrs)
             compiled = triton.compile(source, target=_gpu_target(target),
