@@ -2,7 +2,7 @@
 # Sets up .venv for gpuparity. Keeps a vendor torch that is already importable (CUDA or ROCm
 # wheels bring their own Triton: never replace them); otherwise installs torch 2.13.0.
 #   bash scripts/setup.sh          # for running gpuparity
-#   bash scripts/setup.sh --test   # plus pytest, hypothesis, transformers (the [hf] tests) and, only if
+#   bash scripts/setup.sh --test   # plus pytest, pytest-xdist, hypothesis, transformers (the [hf] tests) and, only if
 #                                  # missing, triton (for the interpreter tests)
 # PYTHON=/path/to/python picks the interpreter (default python3). When it imports torch (a
 # venv, a conda env, a module-provided install, a container), .venv sees that interpreter's own

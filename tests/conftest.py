@@ -10,7 +10,25 @@ import pytest
 # sets TRITON_INTERPRET=1 on the CPU, before any test module can import triton.
 from device_env import TEST_DEVICE, check_interpreter_is_live
 
-os.environ.setdefault("GPUPARITY_CACHE_DIR", tempfile.mkdtemp(prefix="gpuparity-test-cache-"))
+_CACHE_PREFIX = "gpuparity-test-cache-"
+if os.environ.get("PYTEST_XDIST_WORKER") and os.path.basename(
+        os.environ.get("GPUPARITY_CACHE_DIR", "")).startswith(_CACHE_PREFIX):
+    # pytest -n: a worker inherits the controller's environment, this folder included; each worker
+    # gets a cache of its own, as a serial run has (a folder the user set is kept).
+    del os.environ["GPUPARITY_CACHE_DIR"]
+os.environ.setdefault("GPUPARITY_CACHE_DIR", tempfile.mkdtemp(prefix=_CACHE_PREFIX))
+
+
+def pytest_configure(config):
+    """pytest -n N: the N workers share the machine's cores, so each worker's torch takes its
+    share of them, not all: N workers of all-core OpenMP teams oversubscribe the CPU, and a team
+    waits on (and spins for) a thread the other worker's team took the core from. Results do not
+    change: every test compares runs inside one worker, or against a tolerance."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if os.environ.get("PYTEST_XDIST_WORKER") and workers > 1:
+        import torch
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        torch.set_num_threads(max(1, cores // workers))
 
 
 @pytest.fixture

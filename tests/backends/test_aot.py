@@ -12,7 +12,11 @@ GPUPARITY_AOT_BINARY=1 for the test) builds every configuration to a binary.
 
 The compile runs in a fresh process: kernels decorated under TRITON_INTERPRET=1 (which the
 interpreter tests set at import) cannot be compiled, and the interpreter choice is made when a
-module is imported. `python tests/backends/test_aot.py --table` prints the shared memory of every config.
+module is imported. The test is one case per target (each its own process, GPUPARITY_AOT_TARGETS
+set to that target): every configuration and every binary of a target is decided within that
+target, so the cases together check exactly what one process for all targets would, and
+`pytest -n` runs them side by side. `python tests/backends/test_aot.py --table` prints the shared
+memory of every config (GPUPARITY_AOT_TARGETS=a,b limits a manual run to some targets).
 """
 from __future__ import annotations
 
@@ -20,6 +24,10 @@ import json
 import os
 import subprocess
 import sys
+
+import pytest
+
+from gpuparity.backends.triton_common import AOT_TARGETS
 
 MARKER = "GPUPARITY-AOT "
 # Modules that must take part: a kernel module without aot_specs() would escape the check.
@@ -75,15 +83,21 @@ def main() -> None:
 
     from gpuparity.backends.triton_common import ir_only_supported
     modules, errors = _kernel_modules()
+    # GPUPARITY_AOT_TARGETS=a,b: only those targets (the test runs one target per case)
+    only_targets = [t for t in os.environ.get("GPUPARITY_AOT_TARGETS", "").split(",") if t]
     every_binary = "--binary" in sys.argv or os.environ.get("GPUPARITY_AOT_BINARY") == "1" or not ir_only_supported()
     jobs = []
     counts = {}
+    listed = set()  # every target some configuration lists, whether compiled in this run or not
     built = set()   # (module, kernel, target) that has a configuration compiled to a binary
     for name in modules:
         specs = importlib.import_module(name).aot_specs()
         counts[name] = len(specs)
         for index, spec in enumerate(specs):
             for target in spec.targets:
+                listed.add(target)
+                if only_targets and target not in only_targets:
+                    continue
                 kernel = (name, _kernel_name(spec), target)
                 jobs.append((name, index, target, every_binary or kernel not in built))
                 built.add(kernel)
@@ -98,11 +112,15 @@ def main() -> None:
             shared = "-" if r["shared_bytes"] is None else f"{r['shared_bytes']:>7d} / {r['limit_bytes']}"
             stage = "binary" if r["binary"] else "llir"
             print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['target']:<12} {stage:<6} {shared:>18}  {r['name']}  {r['error']}")
-    print(MARKER + json.dumps({"modules": counts, "errors": errors, "results": results}))
+    print(MARKER + json.dumps({"modules": counts, "errors": errors, "listed_targets": sorted(listed),
+                                "results": results}))
 
 
-def test_every_kernel_configuration_compiles_for_every_target():
+@pytest.mark.parametrize("target", AOT_TARGETS)
+def test_every_kernel_configuration_compiles_for_every_target(target):
+    """One target per case (see the module docstring); the cases cover every AOT target."""
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "GPUPARITY_AOT_MODULES")}
+    env["GPUPARITY_AOT_TARGETS"] = target
     # GPUPARITY_AOT_BINARY=1 passes through: every configuration to a binary
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     proc = subprocess.run([sys.executable, os.path.abspath(__file__)], capture_output=True, text=True, env=env,
@@ -113,10 +131,11 @@ def test_every_kernel_configuration_compiles_for_every_target():
     assert not report["errors"], report["errors"]
     for name in REQUIRED:
         assert report["modules"].get(name), f"{name} must list its configurations in aot_specs()"
-    from gpuparity.backends.triton_common import AOT_TARGETS
+    # a configuration listing a target outside AOT_TARGETS would be compiled by no case
+    assert set(report["listed_targets"]) <= set(AOT_TARGETS), report["listed_targets"]
     targets_seen = {r["target"] for r in report["results"]}
-    assert targets_seen == set(AOT_TARGETS), f"targets compiled {sorted(targets_seen)}, expected {AOT_TARGETS}"
-    missing = [(kernel, target) for kernel in REQUIRED_KERNELS for target in AOT_TARGETS
+    assert targets_seen == {target}, f"targets compiled {sorted(targets_seen)}, expected {target}"
+    missing = [(kernel, target) for kernel in REQUIRED_KERNELS
                if not any(r["name"].startswith(kernel) and r["target"] == target for r in report["results"])]
     assert not missing, f"kernels never compiled for a target: {missing}"
     kernels = {(r["module"], r["kernel"], r["target"]) for r in report["results"]}
