@@ -32,12 +32,13 @@ def _tile_sum(A, Out, n_tiles, stride_m, stride_d, BLOCK: tl.constexpr):
     tl.store(Out + rows[:, None] * BLOCK + rows[None, :], acc)
 
 
-def _spec(unit_params=()):
+def _spec(unit_params=(), aligned_params=()):
     return triton_common.AotSpec(
         name="tile_sum", kernel=_tile_sum,
         signature={"A": "*bf16", "Out": "*fp32", "n_tiles": "i32", "stride_m": "i32", "stride_d": "i32",
                    "BLOCK": "constexpr"},
-        constexprs={"BLOCK": 64}, num_warps=4, num_stages=3, unit_params=unit_params)
+        constexprs={"BLOCK": 64}, num_warps=4, num_stages=3, unit_params=unit_params,
+        aligned_params=aligned_params)
 
 
 def test_launch_like_specializes_as_a_contiguous_aligned_launch():
@@ -49,6 +50,11 @@ def test_launch_like_specializes_as_a_contiguous_aligned_launch():
     assert all(value == [["tt.divisibility", 16]] for value in attrs.values())
     with pytest.raises(ValueError, match="unit_params names 'n_tile'"):
         triton_common.launch_like(_spec(("n_tile",)))
+    # aligned_params: integers not named stride* that launches pass as multiples of 16
+    signature, _, attrs = triton_common.launch_like(_spec(("stride_d",), ("n_tiles",)))
+    assert {list(signature)[index[0]] for index in attrs} == {"A", "Out", "stride_m", "n_tiles"}
+    with pytest.raises(ValueError, match="aligned_params names 'BLOCK'"):
+        triton_common.launch_like(_spec((), ("BLOCK",)))
 
 
 def _shared_bytes_plain_and_contiguous() -> dict:
@@ -90,6 +96,20 @@ def test_every_attention_spec_names_its_unit_strides():
     for spec in aot_specs():
         assert {"stride_qd", "stride_kd", "stride_vd"} <= set(spec.unit_params), spec.name
         triton_common.launch_like(spec)    # every name is an i32 parameter of its kernel
+
+
+def test_decode_specs_build_with_their_strides_aligned():
+    """Decode's strides are not named stride*: its specs name them, or the check builds loads of
+    K and V that are not vectorized (71,680 bytes of shared memory at d128 g8q1 on sm_90 as a
+    launch builds it, 22,528 without)."""
+    from gpuparity.backends import triton_decode
+    specs = triton_decode.aot_specs()
+    assert specs
+    for spec in specs:
+        signature, _, attrs = triton_common.launch_like(spec)
+        marked = {list(signature)[index[0]] for index in attrs}
+        strides = {name for name in signature if name.startswith(("sq", "sk", "sv", "so_"))}
+        assert strides and strides <= marked, (spec.name, strides - marked)
 
 
 if __name__ == "__main__":

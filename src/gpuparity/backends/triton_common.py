@@ -130,6 +130,9 @@ class AotSpec:
     shared-memory buffers. Built without it, a kernel can report a fraction of the shared memory
     its real launches need (the attention dq kernel with a second set of loops: 98,304 bytes vs
     the 262,144 an H100 launch asked for, Triton 3.6).
+    aligned_params: other integer parameters that real launches pass as multiples of 16 (strides
+    not named stride*, e.g. decode's); built with Triton's divisibility-by-16 attribute as those
+    launches are.
     """
     name: str
     kernel: Any
@@ -139,19 +142,23 @@ class AotSpec:
     num_stages: int = 2
     targets: tuple = AOT_TARGETS
     unit_params: tuple = ()
+    aligned_params: tuple = ()
 
 
 def launch_like(spec: AotSpec) -> Tuple[Dict[str, str], Dict[str, Any], Dict[tuple, list]]:
     """(signature, constexprs, attrs) of `spec` as a launch on contiguous, 16-byte-aligned tensors
-    compiles it: unit_params become the constant 1; pointers and the parameters named stride*
-    (the other strides) get Triton's divisibility-by-16 attribute."""
+    compiles it: unit_params become the constant 1; pointers, the parameters named stride* (the
+    other strides) and aligned_params get Triton's divisibility-by-16 attribute."""
     signature, constexprs, attrs = dict(spec.signature), dict(spec.constexprs), {}
     for name in spec.unit_params:
         if signature.get(name) != "i32":
             raise ValueError(f"AotSpec {spec.name}: unit_params names {name!r}, which is not an i32 parameter")
         signature[name], constexprs[name] = "constexpr", 1
+    for name in spec.aligned_params:
+        if signature.get(name) != "i32":
+            raise ValueError(f"AotSpec {spec.name}: aligned_params names {name!r}, which is not an i32 parameter")
     for index, (name, kind) in enumerate(signature.items()):
-        if kind.startswith("*") or (kind == "i32" and name.startswith("stride")):
+        if kind.startswith("*") or (kind == "i32" and (name.startswith("stride") or name in spec.aligned_params)):
             attrs[(index,)] = [["tt.divisibility", 16]]
     return signature, constexprs, attrs
 

@@ -337,6 +337,12 @@ AOT_CASES = ((128, 8, 1, "bf16", False, False), (128, 8, 16, "bf16", True, False
              (256, 1, 1, "bf16", True, True), (64, 1, 1, "fp32", False, False))
 
 
+# Built as launches on caches with the head dim innermost build them (AotSpec.aligned_params): at
+# AOT_CASES' head dims (multiples of 16) every stride and output stride is a multiple of 16, which
+# Triton marks, and which vectorizes the pipelined loads of K and V (and sizes their buffers).
+_ALIGNED_STRIDES = ("sqb", "sqh", "sqs", "skb", "skh", "sks", "svb", "svh", "svs", "so_row", "so_split")
+
+
 def aot_specs() -> List[Any]:
     """The split kernel at AOT_CASES and the combine kernel at the widest head dim and most
     splits, for every AOT target with its vendor's launch settings (tests/backends/test_aot.py)."""
@@ -366,12 +372,13 @@ def aot_specs() -> List[Any]:
             specs.append(AotSpec(f"attention_decode.split.{target}.d{head_dim}.{dtype}.g{group}q{q_len}"
                                  + (".softcap" if softcap else "") + (".final" if final else ""),
                                  kernels["split"], signature, constexprs, num_warps=cfg["num_warps"],
-                                 num_stages=stages, targets=(target,)))
+                                 num_stages=stages, targets=(target,), aligned_params=_ALIGNED_STRIDES))
         constexprs = dict(HEAD_DIM=MAX_HEAD_DIM, BLOCK_D=MAX_HEAD_DIM, BLOCK_S=MAX_SPLITS)
         signature = dict(OP="*fp32", LSE="*fp32", OUT="*bf16", so_row="i32", so_split="i32", num_splits="i32",
                          **{name: "constexpr" for name in constexprs})
         specs.append(AotSpec(f"attention_decode.combine.{target}.d{MAX_HEAD_DIM}.s{MAX_SPLITS}", kernels["combine"],
-                             signature, constexprs, num_warps=4, num_stages=1, targets=(target,)))
+                             signature, constexprs, num_warps=4, num_stages=1, targets=(target,),
+                             aligned_params=("so_row", "so_split")))
     return specs
 
 
