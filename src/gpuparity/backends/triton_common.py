@@ -456,9 +456,9 @@ class PreparedLaunch:
                 self._entries[key] = entry
             return
         # The launcher takes a pointer argument as an int as it is: given a tensor, it would call
-        # data_ptr() again and ask the driver whether the address is device memory (~4 us a
-        # launch of 11 tensors on an H200 host, 13.0 -> 9.1 us). The key's is_cuda keeps that
-        # check for any tensor not on a GPU: its first call goes through launch, which raises.
+        # data_ptr() again and ask the driver whether the address is device memory (a launch of
+        # 11 tensors: 6.4 -> 4.9 us, benchmarks/records/h200/attention-host-ab-2026-11-26.md).
+        # The key's is_cuda keeps that check for any tensor not on a GPU: its first call goes through launch, which raises.
         _run_entry(entry, self.grid, device, (*pointers, *scalars))
 
 

@@ -224,7 +224,7 @@ def _forward(q, k, v, masks: MaskArgs, is_causal: bool, scale: float, dropout_p:
     empty inputs, kept per call signature except for dropout calls (a new seed each time)."""
     batch, heads, q_len, _ = q.shape
     out = _output_like(q)
-    if with_delta:   # unbind: cheaper than iterating the tensor (6.1 vs 7.9 us, H200 host)
+    if with_delta:   # unbind: cheaper than iterating the tensor (4.9 vs 6.2 us, records/h200/attention-host-ab-2026-11-26.md)
         lse, delta = torch.empty(2, batch, heads, q_len, dtype=torch.float32, device=q.device).unbind(0)
     else:
         lse, delta = torch.empty(batch, heads, q_len, dtype=torch.float32, device=q.device), None
@@ -338,7 +338,8 @@ def attention_backward(dout, q, k, v, out, lse, masks: MaskArgs, is_causal: bool
     """(dq, dk, dv). delta: a (B, H, Sq) float32 buffer to use (else one is allocated where the
     two-launch form needs it); plan: the forward's (_forward), whose backward launches are then
     found by dout's strides alone. dq, dk, dv take q's, k's and v's layouts (three empty_like:
-    cheaper on the host than one allocation taken apart, 5.8 vs 8.3 us on an H200 host)."""
+    cheaper on the host than one allocation taken apart: 4.8 vs 6.8 us,
+    benchmarks/records/h200/attention-host-ab-2026-11-26.md)."""
     batch, heads, q_len, _ = q.shape
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if q.numel() == 0 or k.numel() == 0:
