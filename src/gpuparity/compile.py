@@ -5,7 +5,7 @@ The float64-referee rule (as the TorchDynamo accuracy minifier): the compiled ou
 when its RMSE against the float64 output is at most max(2 x eager's RMSE against float64,
 floor). gpuparity states RMSE relative to the reference's RMS, which is exactly the relative
 L2 error of checks.tolerance, so the floor is the tolerance floor of the output's dtype
-(DESIGN.md). Where the model cannot run in float64, the compiled output is compared with
+(docs/design.md). Where the model cannot run in float64, the compiled output is compared with
 eager under the floor alone.
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@ backend whose correctness verdict passed here, the op's plain composition as the
 
 Dispatch decides; it does not verify. The verdicts come from a callable the caller hands it
 (`verdict(problem, backend) -> {"passed", "reason", "time_ms"}`): the ops layer passes
-`gpuparity.checks.verdicts.probe_verdict`, which reads the on-disk probe cache and probes on a
+`gpuparity.checks.probe.probe_verdict`, which reads the on-disk probe cache and probes on a
 miss. Dispatch imports nothing above `backends`.
 """
 from __future__ import annotations

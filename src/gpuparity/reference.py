@@ -2,7 +2,7 @@
 
 Callers upcast inputs to float64 on the CPU; these functions do no casting of their own
 beyond what the op's meaning needs. They define the semantics every backend is held to
-(DESIGN.md contracts), including the corner cases: a fully masked attention row returns
+(docs/design.md, contracts), including the corner cases: a fully masked attention row returns
 zeros with zero gradients.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The tolerance policy of DESIGN.md, on hand-made numbers."""
+"""The tolerance policy of docs/design.md, on hand-made numbers."""
 from __future__ import annotations
 
 import torch

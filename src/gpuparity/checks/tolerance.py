@@ -1,4 +1,4 @@
-"""The tolerance policy (DESIGN.md), in one place.
+"""The tolerance policy (docs/design.md), in one place.
 
 err = relative L2 error against the float64 reference over the meaningful elements.
 Pass when err <= max(2 * baseline_err, FLOOR[dtype]), where baseline_err is the error of a
@@ -26,7 +26,7 @@ FLOOR = {
     torch.float16: 1e-3,
     torch.bfloat16: 1e-2,
     # fp32 inputs computed on TF32 matrix units (10-bit mantissa, like fp16) when torch's
-    # TF32 switches allow it: DESIGN.md says fp32 follows torch's TF32 setting.
+    # TF32 switches allow it: docs/design.md says fp32 follows torch's TF32 setting.
     "tf32": 2e-3,
 }
 BASELINE_FACTOR = 2.0

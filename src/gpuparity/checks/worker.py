@@ -1,5 +1,5 @@
 """The battery's worker process: reads tasks as JSON lines on stdin, answers each on one
-marked line of stdout. The parent (runner.py) restarts it after a crash or a hang."""
+marked line of stdout. The parent (pool.py) restarts it after a crash or a hang."""
 from __future__ import annotations
 
 import json

@@ -1,5 +1,5 @@
 """`gpuparity.attention`: masked scaled-dot-product attention with SDPA's mask semantics,
-validated inputs and a backend chosen by verified dispatch (DESIGN.md contracts)."""
+validated inputs and a backend chosen by verified dispatch (docs/design.md, contracts)."""
 from __future__ import annotations
 
 from typing import Any, Dict

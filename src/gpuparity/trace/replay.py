@@ -5,7 +5,7 @@ model as a whole (no graph breaks, no marked outputs perturbing what is measured
 
 Verdict per call: pass when err(here vs recorded) <= max(2 * baseline, floor), where baseline is
 the smaller of the two runs' errors against a float64 replay of the same module on the CPU
-(the DESIGN.md policy with the better run as the baseline; the floor alone when no float64
+(the policy of docs/design.md with the better run as the baseline; the floor alone when no float64
 replay is possible). The module named is the first failing call none of whose recorded
 sub-calls fails: the deepest module whose own computation is wrong.
 """

@@ -1,5 +1,5 @@
 """Battery cases for attention: every mask kind and their combinations, GQA, Sq != Sk,
-custom scale, hostile values and layouts (DESIGN.md)."""
+custom scale, hostile values and layouts (docs/design.md)."""
 from __future__ import annotations
 
 import inspect
