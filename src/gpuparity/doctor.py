@@ -18,7 +18,6 @@ from .known import avoid as known_avoid
 from .checks.results import CheckResult, Status, tally
 
 SCHEMA_VERSION = 1
-LEVEL_OF = {"quick": "quick", "default": "default", "full": "full"}
 # A known issue fails the doctor when its probe failed here ("confirmed") and it is a bug or a
 # configuration problem. Confirmed by-design behaviour (TF32 defaults, the cuBLAS workspace
 # rule of deterministic mode) and precision limitations of a kernel that auto-selection

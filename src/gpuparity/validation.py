@@ -56,8 +56,3 @@ def expect_broadcastable(name: str, value: torch.Tensor, target: Sequence[int], 
     if not ok:
         raise ValueError(f"{name}: expected a tensor broadcastable to {target} ({meaning}), "
                          f"got {describe(value)}")
-
-
-def expect_choice(name: str, value, choices: Sequence) -> None:
-    if value not in choices:
-        raise ValueError(f"{name}: expected one of {list(choices)}, got {value!r}")

@@ -523,7 +523,6 @@ def test_backward_is_bitwise_deterministic():
         runs.append(torch.autograd.grad(out, (q, k, v), dout))
     for first, second in zip(*runs):
         assert torch.equal(first, second)
-    assert triton_attention.deterministic()
 
 
 def _backward_forms_used():

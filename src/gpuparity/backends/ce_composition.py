@@ -26,7 +26,6 @@ from .registry import Backend, register
 
 # The most bytes one chunk of fp32 logits may take.
 CHUNK_BYTES = 256 * 1024 * 1024
-REDUCTIONS = ("mean", "sum", "none")
 
 # rows(logits, target, loss_out, lse_out, scale, ignore_index, softcap, write_grad): per row of the
 # chunk `logits` (rows, V) in the compute dtype (contiguous, owned by the caller): loss_out[r] =

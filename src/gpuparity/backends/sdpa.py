@@ -92,10 +92,6 @@ def composition(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=Fal
     return torch.matmul(probs.to(q.dtype), v)
 
 
-def _cuda_only(problem: Problem) -> List[str]:
-    return []
-
-
 def _no_softcap(name: str, problem: Problem) -> List[str]:
     if problem.feature("softcap") is not None:
         return [f"{name}: SDPA has no logit softcap (softcap={problem.feature('softcap')})"]

@@ -106,16 +106,6 @@ def availability() -> Optional[str]:
     return triton_unavailable_reason("cuda")
 
 
-def target_key() -> str:
-    """The AOT_TARGETS-style key of the device at hand ("cuda:90", "hip:gfx942", "cpu")."""
-    arch = device_arch()
-    if arch.startswith("sm_"):
-        return f"cuda:{arch[3:]}"
-    if arch.startswith("gfx"):
-        return f"hip:{arch}"
-    return "cpu"
-
-
 @dataclasses.dataclass
 class AotSpec:
     """One shipped kernel configuration to compile ahead of time.
@@ -278,18 +268,6 @@ def compile_spec(spec: AotSpec, target: str, *, binary: bool = True) -> AotResul
         return AotResult(spec.name, target, False, shared, limit,
                          error=f"needs {shared} bytes of shared memory / LDS, the target has {limit}")
     return AotResult(spec.name, target, True, shared, limit)
-
-
-def compile_all(specs: List[AotSpec], targets=None) -> List[AotResult]:
-    results = []
-    for spec in specs:
-        for target in (targets or spec.targets):
-            if target in spec.targets:
-                results.append(compile_spec(spec, target))
-    return results
-
-
-TORCH_TO_TRITON = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
 
 
 def cdiv(a: int, b: int) -> int:

@@ -162,10 +162,3 @@ def kv_cache_append(k_cache, v_cache, k_new, v_new, cache_seqlens):
         v_cache.scatter_(2, index, v_new)
     return cache_seqlens + new_len
 
-
-def decode_bytes(k_cache: torch.Tensor, cache_seqlens) -> int:
-    """Bytes of K and V a decode call must read (the lengths summed over items): the
-    denominator of its bandwidth."""
-    total = int(torch.as_tensor(cache_seqlens).clamp(0, k_cache.shape[2]).sum())
-    return 2 * total * k_cache.shape[1] * k_cache.shape[3] * k_cache.element_size()
-

@@ -16,8 +16,6 @@ from ..known.engine import (CONFIRMED, DOES_NOT_APPLY, MAY_APPLY, RULED_OUT, STA
 from ..known.rules import describe_rule
 
 STYLES = {CONFIRMED: "bold red", MAY_APPLY: "yellow", RULED_OUT: "green", DOES_NOT_APPLY: "dim"}
-HEADINGS = {CONFIRMED: "confirmed here (its probe failed)", MAY_APPLY: "may apply (by version, arch or setup)",
-            RULED_OUT: "ruled out here (its probe passed)", DOES_NOT_APPLY: "does not apply"}
 
 
 def _env_text(env: Dict[str, Optional[str]]) -> str:

@@ -12,7 +12,7 @@ from .. import triton_common
 from ..triton_common import clear_plans
 from .aot import aot_specs
 from .launch import (LOG2E, MASK_ADDITIVE, MASK_BOOL, MASK_NONE, MaskArgs, TritonAttention, attention_backward,
-                     attention_forward, deterministic, dot_precision, dropout_mask, dropout_seed, kernel_table,
+                     attention_forward, dot_precision, dropout_mask, dropout_seed, kernel_table,
                      prepare_masks, strict_fp32_dot, triton_attention)
 from .varlen import TritonAttentionVarlen, triton_attention_varlen, varlen_backward, varlen_forward
 from .tiles import (BUCKETS, CONFIGS, FAMILY_TARGETS, MAX_HEAD_DIM, SCAN_BLOCK, SHORT_CONFIGS, SHORT_KEYS, TileConfig,
@@ -21,7 +21,7 @@ from .tiles import (BUCKETS, CONFIGS, FAMILY_TARGETS, MAX_HEAD_DIM, SCAN_BLOCK, 
 __all__ = [
     "BUCKETS", "CONFIGS", "FAMILY_TARGETS", "LOG2E", "MASK_ADDITIVE", "MASK_BOOL", "MASK_NONE", "MAX_HEAD_DIM",
     "SCAN_BLOCK", "SHORT_CONFIGS", "SHORT_KEYS", "MaskArgs", "TileConfig", "TritonAttention", "_bucket",
-    "aot_specs", "attention_backward", "attention_forward", "clear_plans", "deterministic", "dot_precision",
+    "aot_specs", "attention_backward", "attention_forward", "clear_plans", "dot_precision",
     "dropout_mask", "dropout_seed", "family", "kernel_table", "load_overrides", "padded_head_dim", "prepare_masks", "strict_fp32_dot",
     "tile_config", "triton_attention", "triton_attention_varlen", "triton_common", "triton_next_pow2",
     "TritonAttentionVarlen", "varlen_backward", "varlen_forward",

@@ -390,12 +390,6 @@ class TritonAttention(torch.autograd.Function):
         return dq, dk, dv, None
 
 
-def deterministic() -> bool:
-    """The backward has no atomics: it is deterministic whatever GPUPARITY_DETERMINISTIC or
-    torch.use_deterministic_algorithms say. Kept as a function so callers can ask."""
-    return True
-
-
 def triton_attention(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None,
                      key_lengths=None, dropout_p: float = 0.0, seed: Optional[int] = None, window=None,
                      softcap=None):
