@@ -1,4 +1,4 @@
-"""`gpuparity bench attention`: every attention backend side by side on the ANCHORS.md shape
+"""`gpuparity bench attention`: every attention backend side by side on the docs/targets.md shape
 suite (or user shapes) with key-padding masks: forward and forward+backward time, host time per
 step, dense-equivalent TFLOP/s, peak memory, speedup over SDPA math and error against float64;
 with --suite, also the sliding-window, packed-varlen and decode suites (attention_suites.py).
@@ -23,7 +23,7 @@ from .common import DTYPES, BenchResult, BenchRow, measure_ceilings, metadata
 __all__ = ["SHAPES", "BACKENDS", "PEERS", "SUITES", "GRAPH_MODE", "NOTES", "Case", "make_case", "key_lengths",
            "runner", "relative_error", "flops", "run_bench", "target_summary", "bench_attention"]
 
-# name -> (B, H, S, D), from ../shared/ANCHORS.md
+# name -> (B, H, S, D), from docs/targets.md
 SHAPES: Dict[str, Tuple[int, int, int, int]] = {
     "aam-nuc": (512, 4, 150, 32),
     "aam-asv": (16, 4, 1024, 32),
@@ -181,7 +181,7 @@ def _fastest(table, shape, pad, mode, names) -> Optional[BenchRow]:
 
 
 def target_summary(rows: List[BenchRow]) -> List[Dict[str, object]]:
-    """ANCHORS.md targets for the triton rows (fwd+bwd, or fwd for decode; the highest pad per
+    """docs/targets.md's targets for the triton rows (fwd+bwd, or fwd for decode; the highest pad per
     shape for speed, memory and 10x; llm shapes for the padding ratio); host_vs_cudnn is our
     host time per eager step over cuDNN SDPA's (target <= 1)."""
     table = {(r.shape, r.params.get("pad"), r.backend, r.mode): r for r in rows if r.status == "ok"}
@@ -224,7 +224,7 @@ def bench_attention(shapes: Sequence[Tuple[str, Tuple[int, int, int, int]]], pad
                     windows: Sequence[int] = WINDOWS, kv_heads: int = DECODE_KV_HEADS,
                     suite_shapes: Optional[Dict[str, Sequence]] = None) -> BenchResult:
     """run_bench's rows with the run's metadata: platform, the ceilings measured after the rows
-    (GPU only; each row's fraction of them in params["of_ceiling"]) and the ANCHORS.md targets;
+    (GPU only; each row's fraction of them in params["of_ceiling"]) and the targets of docs/targets.md;
     `command` is the command line recorded in it."""
     rows = run_bench(shapes, pads, backends, dtype_name, device, fwd_only=fwd_only, with_error=with_error,
                      seed=seed, progress=progress, graph=graph, suites=suites, windows=windows, kv_heads=kv_heads,

@@ -179,7 +179,7 @@ def peak_memory_bytes(fn: Callable[[], Any]) -> Optional[int]:
 
 
 def measure_ceilings() -> Dict[str, float]:
-    """The two ceilings of METHOD.md, measured now: copy bandwidth and bf16 matmul rate."""
+    """The two ceilings of docs/targets.md, measured now: copy bandwidth and bf16 matmul rate."""
     if not torch.cuda.is_available():
         return {}
     n = 1 << 28  # 512 MiB of bf16 each way

@@ -2,7 +2,7 @@
 user would pick instead (torch F.*, the eager composition, torch.compile, Liger-Kernel when
 installed); effective GB/s and % of the copy bandwidth measured in the same run.
 
-Bytes counted (ANCHORS.md): forward reads x and writes y; forward+backward adds reading x and
+Bytes counted (docs/targets.md): forward reads x and writes y; forward+backward adds reading x and
 dy and writing dx. Weights and statistics are too small to count.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 the eager composition, torch.compile and Liger-Kernel (when installed), in the half-split,
 interleaved and packed varlen layouts; effective GB/s and % of the measured copy bandwidth.
 
-Shapes are (B, H, T, D) as in ANCHORS.md; q and k are laid out (B, T, H, D) as the contract
+Shapes are (B, H, T, D) as in docs/targets.md; q and k are laid out (B, T, H, D) as the contract
 takes them. Bytes counted: forward reads and writes q and k; forward+backward adds reading
 dq, dk and writing their gradients. The cos/sin tables are too small to count.
 """

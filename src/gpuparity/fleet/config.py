@@ -35,7 +35,7 @@ _SEVERITY = ("CRASH", "TIMEOUT", "ERROR", "FAIL", "PASS", "SKIP")
 
 
 def busbw_factor(collective: str, world_size: int) -> float:
-    """nccl-tests' bus bandwidth factor: busbw = algbw * factor (PERFORMANCE.md of nccl-tests)."""
+    """nccl-tests' bus bandwidth factor: busbw = algbw * factor (nccl-tests' performance notes; docs/targets.md)."""
     n = world_size
     if collective == "all_reduce":
         return 2.0 * (n - 1) / n

@@ -23,7 +23,7 @@ from .preset import PresetWorkload
 @dataclasses.dataclass
 class AamConfig:
     positions: int = 256        # the longest padded sequence the model takes
-    d_model: int = 128         # 4 heads of 32: the attention shape (512, 4, 150, 32) of ANCHORS.md
+    d_model: int = 128         # 4 heads of 32: the attention shape aam-nuc (512, 4, 150, 32) of docs/targets.md
     heads: int = 4
     seq_layers: int = 2
     set_layers: int = 2

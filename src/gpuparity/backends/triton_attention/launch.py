@@ -224,7 +224,7 @@ def _forward(q, k, v, masks: MaskArgs, is_causal: bool, scale: float, dropout_p:
     empty inputs, kept per call signature except for dropout calls (a new seed each time)."""
     batch, heads, q_len, _ = q.shape
     out = _output_like(q)
-    if with_delta:   # unbind: cheaper than iterating the tensor (4.9 vs 6.2 us, records/h200/attention-host-ab-2026-11-26.md)
+    if with_delta:   # unbind: cheaper than iterating the tensor (4.9 vs 6.2 us, benchmarks/records/h200/attention-host-ab-2026-11-26.md)
         lse, delta = torch.empty(2, batch, heads, q_len, dtype=torch.float32, device=q.device).unbind(0)
     else:
         lse, delta = torch.empty(batch, heads, q_len, dtype=torch.float32, device=q.device), None

@@ -67,7 +67,7 @@ CASES: List[Case] = [
 
 
 class AttentionSpec(OpSpec):
-    # keywords of cases that need a feature an implementation may lack (signature.py, call)
+    # keywords of cases that need a feature an implementation may lack (checks/signature.py, call)
     optional_keywords = ("window", "softcap")
 
     op = "attention"

@@ -1,6 +1,6 @@
 """`gpuparity bench attention|norm|rope ...`: backends side by side. Each bench is one `Bench` in
 BENCHES: its arguments and a run(args) -> BenchResult that calls gpuparity.bench; the table,
---json, --markdown/--md, --plot and the exit code are shared (report/bench_table.py, plots.py)."""
+--json, --markdown/--md, --plot and the exit code are shared (report/bench_table.py, report/plots.py)."""
 from __future__ import annotations
 
 import argparse

@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(B,H,S,D = B, query heads, cache length, head dim)" % ", ".join(SUITES))
     parser.add_argument("--shapes", default=None,
                         help="comma-separated names (%s, decode: %s) or B,H,S,D groups separated by ';' or "
-                             "spaces (default: all ANCHORS shapes; window: %s; decode: the decode grid)"
+                             "spaces (default: all the shapes of docs/targets.md; window: %s; decode: the decode grid)"
                              % (", ".join(SHAPES), ", ".join(DECODE_SHAPES), ", ".join(WINDOW_SHAPES)))
     parser.add_argument("--windows", default=",".join(map(str, WINDOWS)),
                         help="window suite: comma-separated left window sizes (default %(default)s)")

@@ -1,5 +1,5 @@
 """Runtime probes of the known-issue base: each confirms or rules out one entry on this machine.
-engine.py calls them by name as `gpuparity.known.probes:<name>`; PROBES lists every name."""
+known/engine.py calls them by name as `gpuparity.known.probes:<name>`; PROBES lists every name."""
 # Every probe is called in a fresh process (gpuparity.known.engine.run_probe) as
 # `probe(device="cuda:0")` and returns {"failed": True | False | None, "detail": str, numbers...}:
 # failed True confirms the issue here, False rules it out, None means it could not tell (no such
