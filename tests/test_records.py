@@ -42,3 +42,10 @@ def test_cited_benchmark_paths_exist(doc):
     if doc.parent.name == "benchmarks":  # its own links are relative: records/...
         missing += [p for p in re.findall(r"\]\((records/[^)]+)\)", text) if not (base / p).exists()]
     assert not missing, f"{doc.relative_to(ROOT)} cites benchmarks paths that do not exist: {missing}"
+
+
+def test_benchmarks_folder_stays_small():
+    """benchmarks/ keeps the tools a maintainer reruns and the latest record per measurement;
+    raw sweeps and one-off experiments live in git history (cited by commit)."""
+    total = sum(path.stat().st_size for path in (ROOT / "benchmarks").rglob("*") if path.is_file())
+    assert total < 1_400_000, f"benchmarks/ holds {total:,} bytes (limit 1.4 MB): move raw data to git history"
