@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Sets up .venv for gpuparity. Keeps a vendor torch that is already importable (CUDA or ROCm
-# wheels bring their own Triton: never replace them); otherwise installs torch 2.13.0.
+# wheels bring their own Triton: never replace them), whatever its version string says, and
+# installs only the other requirements that are missing (none: no network needed); with no torch
+# at all it installs torch 2.13.0.
 #   bash scripts/setup.sh          # for running gpuparity
 #   bash scripts/setup.sh --test   # plus pytest, pytest-xdist, hypothesis, transformers (the [hf] tests) and, only if
-#                                  # missing, triton (for the interpreter tests)
+#                                  # missing, triton (for the interpreter tests); offline, what is
+#                                  # missing is named and setup exits 1
 # PYTHON=/path/to/python picks the interpreter (default python3). When it imports torch (a
 # venv, a conda env, a module-provided install, a container), .venv sees that interpreter's own
 # packages and needs no network for torch.
@@ -59,28 +62,55 @@ if ! "$VPY" -c "import pip, sys; sys.exit(tuple(map(int, pip.__version__.split('
   "$VPY" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 fi
 
-PIP_ARGS=()
-if "$VPY" -c "import torch" >/dev/null 2>&1; then
-  # Never replace the torch that is there: pin it, so a requirement it misses is an error.
-  CONSTRAINTS=$(mktemp)
-  trap 'rm -f "$CONSTRAINTS"' EXIT
-  "$VPY" -c "import torch; print('torch==' + torch.__version__)" > "$CONSTRAINTS"
-  PIP_ARGS+=(-c "$CONSTRAINTS")
-else
+if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
   echo "setup: no torch found; installing torch==2.13.0" >&2
   "$VPY" -m pip install -q "torch==2.13.0"
 fi
+# From here on the torch that is importable stays: gpuparity goes in with --no-deps, so pip never
+# resolves torch (a vendor build's distribution version can differ from torch.__version__, e.g.
+# 2.11.0 vs 2.11.0+cu130, and a pin on either can make pip fail offline or fetch a second torch),
+# and only the other requirements that are missing are installed, with torch pinned.
+TORCH_BEFORE=$("$VPY" -c "import torch; print(torch.__file__, torch.__version__)")
+PIP_ARGS=(--no-deps)
 # The build backend from .venv when it is recent enough: no download of setuptools (offline).
 if "$VPY" -c "import setuptools, sys; sys.exit(int(setuptools.__version__.split('.')[0]) < 77)" \
     >/dev/null 2>&1; then
   PIP_ARGS+=(--no-build-isolation)
 fi
+EXTRAS=()
 if [ "${1:-}" = "--test" ]; then
-  "$VPY" -m pip install -q ${PIP_ARGS[@]+"${PIP_ARGS[@]}"} -e ".[test,plot,hf]"
-  if ! "$VPY" -c "import triton" >/dev/null 2>&1; then
-    "$VPY" -m pip install -q triton
+  EXTRAS=(test plot hf)
+fi
+"$VPY" -m pip install -q "${PIP_ARGS[@]}" -e .
+# set -e stops here when the torch there is too old for gpuparity (the script says so)
+REQUIREMENTS=$("$VPY" scripts/missing_requirements.py ${EXTRAS[@]+"${EXTRAS[@]}"})
+MISSING=()  # one requirement an entry
+while IFS= read -r line; do
+  [ -n "$line" ] && MISSING+=("$line")
+done <<EOF
+$REQUIREMENTS
+EOF
+if [ "${1:-}" = "--test" ] && ! "$VPY" -c "import triton" >/dev/null 2>&1; then
+  # for the interpreter tests; CUDA and ROCm torch wheels bring their own Triton, so only when missing
+  MISSING+=(triton)
+fi
+if [ "${#MISSING[@]}" -gt 0 ]; then
+  CONSTRAINTS=$(mktemp)
+  trap 'rm -f "$CONSTRAINTS"' EXIT
+  # a requirement that wants another torch is then an error, never a second torch
+  "$VPY" -c "import importlib.metadata as m; print('torch==' + m.version('torch'))" > "$CONSTRAINTS" 2>/dev/null \
+    || : > "$CONSTRAINTS"
+  echo "setup: installing ${MISSING[*]}" >&2
+  if ! "$VPY" -m pip install -q -c "$CONSTRAINTS" "${MISSING[@]}"; then
+    echo "setup: could not install ${MISSING[*]} (offline? install them into the environment of $PY," \
+         "or point pip at a folder of wheels with PIP_FIND_LINKS=DIR, then run setup again)" >&2
+    exit 1
   fi
-else
-  "$VPY" -m pip install -q ${PIP_ARGS[@]+"${PIP_ARGS[@]}"} -e .
+fi
+TORCH_AFTER=$("$VPY" -c "import torch; print(torch.__file__, torch.__version__)")
+if [ "$TORCH_BEFORE" != "$TORCH_AFTER" ]; then
+  echo "setup: torch changed while installing gpuparity's requirements ($TORCH_BEFORE -> $TORCH_AFTER);" \
+       "remove .venv and install the requirement that pulled it in by hand" >&2
+  exit 1
 fi
 "$VPY" -c "import torch, gpuparity; print(f'setup: gpuparity {gpuparity.__version__}, torch {torch.__version__}')"
