@@ -1,10 +1,35 @@
 """Where gpuparity keeps its on-disk caches (probe verdicts, compile probes): one place."""
 from __future__ import annotations
 
+import logging
 import os
+import threading
+
+LOG = logging.getLogger("gpuparity")
+_WARNED = set()
+_LOCK = threading.Lock()
 
 
 def cache_dir() -> str:
     """$GPUPARITY_CACHE_DIR, else $XDG_CACHE_HOME/gpuparity, else ~/.cache/gpuparity."""
     return os.environ.get("GPUPARITY_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "gpuparity")
+
+
+def warn_once(key: str, message: str, *args) -> None:
+    """Log `message` as a warning the first time `key` comes up in this process: a cache that
+    cannot be written or read is said once, not on every call."""
+    with _LOCK:
+        if key in _WARNED:
+            return
+        _WARNED.add(key)
+    LOG.warning(message, *args)
+
+
+def unwritable(path: str, exc: OSError) -> None:
+    """Say once that the caches cannot be written (read-only home, a container, a
+    GPUPARITY_CACHE_DIR that cannot be created): the library goes on without them."""
+    warn_once("unwritable", "gpuparity: cannot write the cache %s (%s); going on without an on-disk cache: "
+              "verdicts are kept in this process only and probed again in the next one. Set "
+              "GPUPARITY_CACHE_DIR to a writable directory to keep them", path,
+              exc.strerror or type(exc).__name__)

@@ -7,15 +7,16 @@ from __future__ import annotations
 import json
 import os
 import threading
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import torch
 
 from .. import dispatch, platform
 from ..backends.registry import Backend, Problem
-from ..cachedir import cache_dir
+from ..cachedir import cache_dir, unwritable, warn_once
 
-__all__ = ["cache_dir", "cache_path", "clear_cache", "load", "probe_key", "store_verdicts", "verdict_dtype"]
+__all__ = ["CacheCorrupt", "cache_dir", "cache_path", "clear_cache", "load", "probe_key", "read_file", "store_verdicts",
+           "verdict_dtype"]
 
 # path -> verdicts read from (or written to) that file in this process
 _LOADED: Dict[str, Dict[str, Any]] = {}
@@ -44,37 +45,79 @@ def probe_key(problem: Problem, backend: Backend) -> str:
     return f"{problem.op}|{backend.name}|{verdict_dtype(problem.op, problem.dtype, problem.device)}|{problem.kind}"
 
 
+class CacheCorrupt(ValueError):
+    """A probe cache file that is not valid JSON or not shaped as this module writes it."""
+
+
+def read_file(path: str) -> Dict[str, Any]:
+    """The verdicts of one cache file; raises CacheCorrupt naming the file and how to clear it
+    (OSError when it cannot be read at all)."""
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise CacheCorrupt(_damaged(path, str(exc))) from None
+    if not isinstance(data, dict) or not isinstance(data.get("verdicts", {}), dict):
+        raise CacheCorrupt(_damaged(path, "expected an object with a 'verdicts' object"))
+    verdicts = data.get("verdicts", {})
+    for key, verdict in verdicts.items():
+        if len(key.split("|")) != 4 or not isinstance(verdict, dict):
+            raise CacheCorrupt(_damaged(path, f"entry {key!r} is not 'op|backend|dtype|kind' with an object"))
+    return verdicts
+
+
+def _damaged(path: str, why: str) -> str:
+    return (f"the probe cache {path} is damaged ({why}); remove it with `gpuparity cache clear` "
+            f"(the next backend='auto' call probes again)")
+
+
 def load(path: str) -> Dict[str, Any]:
     with _LOCK:
         if path in _LOADED:
             return _LOADED[path]
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle).get("verdicts", {})
-        if not isinstance(data, dict):
-            data = {}
-    except (OSError, ValueError, AttributeError):
-        data = {}   # no cache yet, or a damaged one: probe again
+        data = read_file(path)
+    except CacheCorrupt as exc:
+        # probe again and overwrite it, but say so: a file that keeps breaking is worth knowing about
+        warn_once(f"corrupt:{path}", "gpuparity: %s; probing again, and the probes replace it", exc)
+        data = {}
+    except OSError:
+        data = {}   # no cache yet (or unreadable): probe again
     with _LOCK:
         data = _LOADED.setdefault(path, data)
     dispatch.forget()
     return data
 
 
-def store_verdicts(device: torch.device, verdicts: Dict[str, Dict[str, Any]]) -> str:
-    """Merge probe verdicts into the on-disk store for `device`; returns its path."""
+def store_verdicts(device: torch.device, verdicts: Dict[str, Dict[str, Any]], *,
+                   strict: bool = False) -> Optional[str]:
+    """Merge probe verdicts into the store for `device`; returns its path. The merged verdicts
+    stay in this process either way; when the file cannot be written (read-only home, a
+    container, a GPUPARITY_CACHE_DIR that cannot be created) that is logged once and None is
+    returned, or, with `strict`, the OSError is raised (the doctor reports it)."""
     path = cache_path(device)
     data = load(path)
     with _LOCK:
         data.update(verdicts)
         snapshot = dict(data)
     dispatch.forget()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump({"schema_version": 1, "fingerprint": platform.fingerprint_key(platform.current()),
-                   "verdicts": snapshot}, handle, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump({"schema_version": 1, "fingerprint": platform.fingerprint_key(platform.current()),
+                       "verdicts": snapshot}, handle, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        if strict:
+            raise
+        unwritable(path, exc)
+        return None
     return path
 
 

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import glob
-import json
 import os
+import sys
 
 from rich.table import Table
 
@@ -27,28 +27,45 @@ def handle(args) -> int:
     con = console()
     files = sorted(glob.glob(os.path.join(cache_dir(), "probes-*.json")))
     if args.action == "clear":
+        failed = []
         for path in files:
-            os.remove(path)
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass  # another process cleared it meanwhile
+            except OSError as exc:
+                failed.append(f"{path} ({exc.strerror})")
         verdicts.clear_cache()
-        con.print(f"removed {len(files)} probe cache file(s) from {cache_dir()}")
+        con.print(f"removed {len(files) - len(failed)} probe cache file(s) from {cache_dir()}")
+        if failed:
+            print(f"gpuparity cache: error: cannot remove {', '.join(failed)}; remove it by hand or set "
+                  f"GPUPARITY_CACHE_DIR to a directory you can write", file=sys.stderr)
+            return 2
         return 0
     if not files:
         con.print(f"no probe cache in {cache_dir()} yet: `gpuparity doctor` fills it, "
                   f"or the first backend='auto' call probes")
         return 0
+    damaged = []
     for path in files:
-        with open(path, encoding="utf-8") as handle_:
-            data = json.load(handle_)
+        try:
+            stored = verdicts.read_file(path)
+        except (verdicts.CacheCorrupt, OSError) as exc:
+            damaged.append(str(exc) if isinstance(exc, verdicts.CacheCorrupt)
+                           else f"cannot read the probe cache {path} ({exc.strerror})")
+            continue
         table = Table(title=path, title_justify="left")
         for column in ("op", "backend", "dtype", "kind", "verdict", "time (ms)", "why"):
             table.add_column(column, overflow="fold")
-        for key, verdict in sorted(data.get("verdicts", {}).items()):
+        for key, verdict in sorted(stored.items()):
             op, backend, dtype, kind = key.split("|")
             time_ms = verdict.get("time_ms")
             status = verdict_status(verdict)
-            reason = verdict.get("reason", "")[:160]
+            reason = str(verdict.get("reason", ""))[:160]
             table.add_row(op, backend, dtype, kind, VERDICT_STYLE[status],
                           f"{time_ms:.3g}" if isinstance(time_ms, (int, float)) else "-",
                           f"unsupported: {reason}" if status == "unsupported" else reason)
         con.print(table)
-    return 0
+    for message in damaged:
+        print(f"gpuparity cache: error: {message}", file=sys.stderr)
+    return 2 if damaged else 0

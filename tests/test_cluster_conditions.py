@@ -1,0 +1,129 @@
+"""Where users run gpuparity on clusters: caches that cannot be written or are damaged, jobs
+ended by SIGTERM (SLURM's time limit) or SIGINT, devices that are not there, errors raised by the
+user's own code."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import gpuparity
+from gpuparity import dispatch
+from gpuparity.checks import probe, verdicts
+from gpuparity.cli import main
+
+
+def _cannot_write(folder) -> bool:
+    """chmod does not bind root: find out by trying."""
+    try:
+        with open(os.path.join(folder, ".write-test"), "w"):
+            pass
+    except OSError:
+        return True
+    os.remove(os.path.join(folder, ".write-test"))
+    return False
+
+
+def _canned_probe(op, dtype, kind, device, names=None):
+    """probe_op's answer without running the battery (seconds on the CPU): torch's backend passes (the
+    others would compile on first use), the rest do not."""
+    from gpuparity.checks.verdicts import verdict_dtype
+    return {f"{op}|{b.name}|{verdict_dtype(op, dtype, device)}|{kind}": {"passed": b.name == "torch", "reason": "", "time_ms": 1.0}
+            for b in dispatch.backends(op) if names is None or b.name in names}
+
+
+def _rms_norm_in(cache, monkeypatch, caplog):
+    monkeypatch.setenv("GPUPARITY_CACHE_DIR", str(cache))
+    monkeypatch.setenv("GPUPARITY_TRUST_UNPROBED", "0")
+    monkeypatch.setattr(probe, "probe_op", _canned_probe)
+    # the compile backend's own probe compiles a function (seconds) and keeps its answer in the cache too
+    from gpuparity.backends import compiled
+    monkeypatch.setitem(compiled._VERDICTS, "cpu", "compile: not probed in this test")
+    monkeypatch.setattr("gpuparity.cachedir._WARNED", set(), raising=False)
+    verdicts.clear_cache()
+    x, w = torch.randn(4, 64), torch.randn(64)
+    try:
+        with caplog.at_level(logging.WARNING, logger="gpuparity"):
+            out = gpuparity.rms_norm(x, (64,), w)
+            dispatch.forget()
+            again = gpuparity.rms_norm(x, (64,), w)   # decided again: the verdicts stayed in memory
+    finally:
+        verdicts.clear_cache()
+    assert torch.allclose(out, torch.nn.functional.rms_norm(x, (64,), w), atol=1e-5) and torch.equal(out, again)
+    said = [r.getMessage() for r in caplog.records if "cannot write the cache" in r.getMessage()]
+    assert len(said) == 1, said   # once, not per call
+    assert "GPUPARITY_CACHE_DIR" in said[0]
+
+
+# ------------------------------------------------------------------ 3. unwritable cache directory
+
+def test_library_works_uncached_when_the_cache_dir_is_read_only(tmp_path, monkeypatch, caplog):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        if not _cannot_write(folder):
+            pytest.skip("this user can write a 0o555 folder (root): no read-only path to test with")
+        _rms_norm_in(folder / "cache", monkeypatch, caplog)
+        _rms_norm_in(folder, monkeypatch, caplog)
+    finally:
+        folder.chmod(0o755)
+
+
+def test_library_works_uncached_when_the_cache_dir_cannot_be_made(tmp_path, monkeypatch, caplog):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    _rms_norm_in(blocker / "cache", monkeypatch, caplog)
+
+
+def test_doctor_still_reports_why_the_cache_was_not_written(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("GPUPARITY_CACHE_DIR", str(blocker / "cache"))
+    with pytest.raises(OSError):
+        verdicts.store_verdicts(torch.device("cpu"), {}, strict=True)
+    verdicts.clear_cache()
+
+
+# ------------------------------------------------------------------ 6. a damaged probe cache
+
+DAMAGED = {"truncated": lambda text: text[: len(text) // 2],
+           "wrong shape": lambda text: json.dumps({"verdicts": ["rms_norm|torch|float32|default"]}),
+           "wrong entries": lambda text: json.dumps({"verdicts": {"rms_norm": 3}})}
+
+
+def _damaged_cache(tmp_path, monkeypatch, how):
+    monkeypatch.setenv("GPUPARITY_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr("gpuparity.cachedir._WARNED", set(), raising=False)
+    verdicts.clear_cache()
+    stored = _canned_probe("rms_norm", torch.float32, "default", torch.device("cpu"))
+    path = verdicts.store_verdicts(torch.device("cpu"), stored)
+    verdicts.clear_cache()
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(DAMAGED[how](text))
+    return path
+
+
+@pytest.mark.parametrize("how", sorted(DAMAGED))
+def test_a_damaged_cache_is_named_with_how_to_clear_it(tmp_path, monkeypatch, capsys, caplog, how):
+    path = _damaged_cache(tmp_path, monkeypatch, how)
+    assert main(["cache", "show"]) == 2
+    err = capsys.readouterr().err
+    assert path in err and "gpuparity cache clear" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    # the library probes again and says so once, naming the file
+    with caplog.at_level(logging.WARNING, logger="gpuparity"):
+        assert verdicts.load(path) == {}
+        verdicts.clear_cache()
+        assert verdicts.load(path) == {}
+    verdicts.clear_cache()
+    said = [r.getMessage() for r in caplog.records if "damaged" in r.getMessage()]
+    assert len(said) == 1 and path in said[0] and "gpuparity cache clear" in said[0]
+    assert main(["cache", "clear"]) == 0 and main(["cache", "show"]) == 0
