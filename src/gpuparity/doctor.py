@@ -121,8 +121,7 @@ def recommendations(results: List[CheckResult], times: Dict[tuple, float], avoid
             not_run = [m for m in members if m.status == Status.NOT_RUN]
             if not ran and not not_run:
                 continue
-            # an avoid with a regime (known/avoid.py) rules out only some calls: a note, below
-            ruled_out = next((a for a in avoids if a.matches(op, name, dtype, device_type) and a.when is None), None)
+            ruled_out = next((a for a in avoids if a.matches(op, name, dtype, device_type)), None)
             if ruled_out is not None:
                 avoid.append({"backend": name, "failed": len(bad), "of": len(ran), "statuses": ["known-issue"],
                               "example": ruled_out.reason[:200], "known_issue": ruled_out.issue})
@@ -149,14 +148,11 @@ def recommendations(results: List[CheckResult], times: Dict[tuple, float], avoid
             text += "; avoid " + ", ".join(
                 f"{a['backend']}: known issue {a['known_issue']} confirmed here" if a.get("known_issue")
                 else f"{a['backend']}: failed {a['failed']}/{a['of']} check{'s' * (a['of'] != 1)}" for a in avoid)
-        regimes = known_avoid.regime_notes(avoids, op, list(backends), dtype, device_type)
-        if regimes:
-            text += "; " + "; ".join(r["text"] for r in regimes)
         if unfinished:
             text += "; not verified: " + ", ".join(f"{u['backend']}: {u['not_run']}/{u['of']} check{'s' * (u['of'] != 1)} not run"
                                                    for u in unfinished)
         out.append({"op": op, "dtype": dtype, "use": use, "verified": good, "avoid": avoid, "unfinished": unfinished,
-                    "avoid_calls": regimes, "text": text})
+                    "text": text})
     return out
 
 
