@@ -142,3 +142,83 @@ def test_the_lazy_facade_imports_on_first_use_and_keeps_the_name():
     env = {**__import__("os").environ, "PYTHONPATH": str(SRC)}
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+# --------------------------------------------------------------------------- process-level caches
+# Module-level state that is not a memo: registries filled at import, and one-shot flags.
+NOT_CACHES = {
+    "gpuparity.caches": {"_CLEARERS": "the cache registry itself"},
+    "gpuparity.backends.registry": {"_REGISTRY": "the backend registry, filled at import",
+                                    "_LISTENERS": "callbacks told when the registry changes"},
+    "gpuparity.known.probes.base": {"PROBES": "the probe registry, filled at import"},
+    "gpuparity.backends.triton_attention": {"_IMPORT_ERROR": "why the kernels did not import, set once",
+                                            "_UNAVAILABLE": "the same, for the backend's reason"},
+    "gpuparity.backends.triton_attention.tiles": {"_OVERRIDES_LOADED": "a one-shot flag: tile overrides read"},
+    "gpuparity.backends.triton_common": {"_PLAN_CACHES": "the PlanCache objects; clear_plans is registered"},
+    "gpuparity.integrations.transformers": {"_SWAPPED_CLASSES": "classes patched in place (undo state)"},
+    "gpuparity.integrations.transformers_mlp": {"_SWAPPED": "classes patched in place (undo state)"},
+}
+_EMPTY_CALLS = {"dict", "set", "list", "OrderedDict", "WeakKeyDictionary", "WeakValueDictionary", "defaultdict",
+                "WeakSet", "deque"}
+
+
+def _is_empty_container(value) -> bool:
+    if isinstance(value, ast.Dict):
+        return not value.keys
+    if isinstance(value, (ast.List, ast.Set)):
+        return not value.elts
+    if isinstance(value, ast.Call):
+        name = getattr(value.func, "id", getattr(value.func, "attr", None))
+        return name in _EMPTY_CALLS and not value.args
+    return False
+
+
+def unregistered_caches(names=None):
+    """Module-level memos (an empty dict/list/set/... assigned at the top of a module, or a function
+    under functools.lru_cache / functools.cache) that are not registered in gpuparity.caches."""
+    found = []
+    for module, path in sorted((names or module_names()).items()):
+        allowed = NOT_CACHES.get(module, {})
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    if (isinstance(target, ast.Name) and target.id != "__all__" and target.id not in allowed
+                            and _is_empty_container(node.value)):
+                        found.append(f"{module}.{target.id}")
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for decorator in node.decorator_list:
+                    text = ast.unparse(decorator)
+                    if text.split("(")[0] in ("functools.lru_cache", "lru_cache", "functools.cache", "cache"):
+                        found.append(f"{module}.{node.name} (@{text}: use @caches.lru_cache(name))")
+    return found
+
+
+def test_the_cache_finder_sees_a_planted_memo(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text("import functools\n_MEMO = {}\n_OK = caches.register('x', {})\nTABLE = {'a': 1}\n"
+                       "@functools.lru_cache(maxsize=None)\ndef f():\n    return 1\n")
+    assert unregistered_caches({"planted": planted}) == [
+        "planted._MEMO", "planted.f (@functools.lru_cache(maxsize=None): use @caches.lru_cache(name))"]
+
+
+def test_every_module_level_cache_is_registered():
+    found = unregistered_caches()
+    assert not found, ("module-level caches not registered in gpuparity.caches (wrap them in "
+                       "caches.register(name, ...), or list a non-cache in NOT_CACHES with why): " + ", ".join(found))
+
+
+def test_clear_all_empties_every_registered_cache():
+    import importlib
+    from gpuparity import caches
+    for module in module_names():
+        if not module.startswith(("gpuparity.commands", "gpuparity.cli", "gpuparity.__main__")):
+            try:
+                importlib.import_module(module)
+            except ImportError:     # an optional extra (transformers, matplotlib) is not installed
+                continue
+    from gpuparity.device import _VERIFIED
+    _VERIFIED["planted"] = {"ok": True}
+    cleared = caches.clear_all()
+    assert "device.verified" in cleared and not _VERIFIED
+    assert len(cleared) == len(caches.names()) >= 10

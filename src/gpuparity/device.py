@@ -9,8 +9,9 @@ from typing import Any, Dict, Optional
 import torch
 
 from .checks.isolate import call_isolated
+from . import caches
 
-_VERIFIED: Dict[str, Dict[str, Any]] = {}
+_VERIFIED: Dict[str, Dict[str, Any]] = caches.register("device.verified", {})
 SMOKE_TOLERANCE = 2e-3  # relative error vs the CPU in fp32 (TF32 may be on for convolutions)
 
 

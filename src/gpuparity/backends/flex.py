@@ -9,7 +9,6 @@ it once; torch.compile compiles once per shape.
 from __future__ import annotations
 
 import collections
-import functools
 import importlib
 import inspect
 from typing import Any, List, Optional, Tuple
@@ -18,12 +17,14 @@ import torch
 
 from .registry import Backend, Problem, register
 from . import triton_common
+from .. import caches
 
 _CACHE_SIZE = 16
-_block_masks: "collections.OrderedDict[Tuple, Tuple[Tuple[Any, ...], Any]]" = collections.OrderedDict()
+_block_masks: "collections.OrderedDict[Tuple, Tuple[Tuple[Any, ...], Any]]" = caches.register(
+    "backends.flex.block_masks", collections.OrderedDict())
 
 
-@functools.lru_cache(maxsize=None)
+@caches.lru_cache("backends.flex.availability")
 def _availability() -> Optional[str]:
     """Cheap and cached: imports and device checks only; the probe compiles for real."""
     try:
@@ -43,13 +44,13 @@ def _availability() -> Optional[str]:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@caches.lru_cache("backends.flex.compiled_flex")
 def _compiled_flex():
     from torch.nn.attention.flex_attention import flex_attention
     return torch.compile(flex_attention, dynamic=False)
 
 
-@functools.lru_cache(maxsize=None)
+@caches.lru_cache("backends.flex.aux_request")
 def _aux_request():
     """(kwargs asking flex_attention for the log-sum-exp, how to read it from the result)."""
     from torch.nn.attention import flex_attention as module

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import os
 import re
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
+from .. import caches
 
 # Targets every shipped configuration must compile for (CI checks them on the CPU).
 AOT_TARGETS = ("hip:gfx942", "hip:gfx90a", "hip:gfx1100", "cuda:80", "cuda:90")
@@ -78,7 +78,7 @@ def device_arch(index: Optional[int] = None) -> str:
     return f"sm_{props.major}{props.minor}"
 
 
-@functools.lru_cache(maxsize=None)
+@caches.lru_cache("backends.triton_common.tile_family")
 def tile_family() -> str:
     """The row of the norm and rotary kernels' FAMILIES tables for the GPU at hand: "nvidia",
     "cdna" (wave64) or "rdna" (wave32); "nvidia" on the CPU interpreter."""
@@ -305,8 +305,8 @@ def lazy_kernel(builder: Callable[[], Any]):
 # launcher Triton would call. The first call with a new key goes through Triton as usual.
 # GPUPARITY_FAST_LAUNCH=0 turns this off; it is off under the interpreter and whenever a launch
 # hook (a profiler such as proton) is installed, so hooks see every launch.
-_LAUNCH_CACHE: Dict[tuple, Any] = {}
-_FAST_LAUNCH: Dict[str, Any] = {}
+_LAUNCH_CACHE: Dict[tuple, Any] = caches.register("backends.triton_common.launch_cache", {})
+_FAST_LAUNCH: Dict[str, Any] = caches.register("backends.triton_common.fast_launch", {})
 
 
 # torch.cuda.current_device() without its lazy-init check: prepared launches run only after a
@@ -474,3 +474,6 @@ def clear_plans() -> None:
     """Forget every prepared launch (after changing tile tables)."""
     for cache in _PLAN_CACHES:
         cache.clear()
+
+
+caches.register("backends.triton_common.plans", clear_plans)

@@ -14,7 +14,6 @@ float64 reference (the battery's)."""
 # output directly.
 from __future__ import annotations
 
-import functools
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -22,6 +21,7 @@ import torch.nn.functional as F
 
 from . import triton_common
 from .registry import Backend, Problem, register
+from .. import caches
 
 LOG2E = 1.4426950408889634
 MAX_QUERIES = 16          # new queries per step the kernel's query block is sized for
@@ -104,7 +104,7 @@ def decode_sdpa(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None)
     return out.masked_fill(empty, 0.0)
 
 
-@functools.lru_cache(maxsize=None)
+@caches.lru_cache("backends.triton_decode.sdpa_has_gqa")
 def _sdpa_has_gqa() -> bool:
     import inspect
     try:
@@ -223,7 +223,7 @@ def _build() -> Dict[str, Any]:
 kernel_table = triton_common.lazy_kernel(_build)
 
 
-@functools.lru_cache(maxsize=None)
+@caches.lru_cache("backends.triton_decode.sm_count")
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 

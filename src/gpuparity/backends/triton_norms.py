@@ -11,7 +11,6 @@ the backward is deterministic.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -21,6 +20,7 @@ from .registry import Backend, register
 from . import triton_common
 from .triton_common import (AotSpec, PlanCache, PreparedLaunch, allocation_template, availability, cdiv,
                             launch, next_pow2, problem_reasons)
+from .. import caches
 
 try:
     import triton
@@ -88,7 +88,7 @@ def _warps(elems: int, per_thread: int, spec) -> int:
     return 1 << (warps.bit_length() - 1)  # a power of two
 
 
-@functools.lru_cache(maxsize=1024)
+@caches.lru_cache("backends.triton_norms.norm_config", maxsize=1024)
 def norm_config(n: int, backward: bool = False, fam: Optional[str] = None) -> NormConfig:
     spec = FAMILIES[fam or triton_common.tile_family()]
     if n > spec["fused_max_n"]:
@@ -104,7 +104,7 @@ def norm_config(n: int, backward: bool = False, fam: Optional[str] = None) -> No
                       finish=block <= FINISH_MAX_N and (fam or triton_common.tile_family()) in FINISH_FAMILIES)
 
 
-_SM_COUNT: Dict[int, int] = {}
+_SM_COUNT: Dict[int, int] = caches.register("backends.triton_norms.sm_count", {})
 
 
 def _program_count(device: torch.device, per_sm: int = 0) -> int:

@@ -9,7 +9,6 @@ The backward is the same kernel rotating by -theta.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import List, Optional, Union
 
 import torch
@@ -17,6 +16,7 @@ import torch
 from .registry import Backend, register
 from . import triton_common
 from .triton_common import AotSpec, PlanCache, PreparedLaunch, availability, cdiv, next_pow2, problem_reasons
+from .. import caches
 
 try:
     import triton
@@ -52,7 +52,7 @@ class RotaryConfig:
     num_warps: int
 
 
-@functools.lru_cache(maxsize=1024)
+@caches.lru_cache("backends.triton_rotary.rotary_config", maxsize=1024)
 def rotary_config(heads: int, rotary_half: int, pass_dim: int, fam: Optional[str] = None,
                   max_seqlen: Optional[int] = None) -> RotaryConfig:
     spec = FAMILIES[fam or triton_common.tile_family()]

@@ -12,6 +12,7 @@ from ...numerics import matmul_tf32
 from .. import triton_common
 from ..triton_common import PlanCache, PreparedLaunch, cdiv, lazy_kernel
 from .tiles import SCAN_BLOCK, fused_backward, padded_head_dim, split_kpm_dq, tile_config, tma_backward
+from ... import caches
 
 LOG2E = 1.4426950408889634
 
@@ -93,7 +94,7 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "tf32" if matmul_tf32() else strict_fp32_dot()
 
 
-_STRICT_DOT: List[str] = []
+_STRICT_DOT: List[str] = caches.register("backends.triton_attention.launch.strict_dot", [])
 
 
 def strict_fp32_dot() -> str:
@@ -114,7 +115,7 @@ def strict_fp32_dot() -> str:
     return _STRICT_DOT[0]
 
 
-_DUMMIES: Dict[torch.device, torch.Tensor] = {}
+_DUMMIES: Dict[torch.device, torch.Tensor] = caches.register("backends.triton_attention.launch.dummies", {})
 
 
 def _dummy(device) -> torch.Tensor:

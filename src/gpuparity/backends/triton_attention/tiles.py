@@ -11,6 +11,7 @@ import torch
 
 from .. import triton_common
 from ..triton_common import clear_plans
+from ... import caches
 
 MAX_HEAD_DIM = 256  # the largest head-dim bucket the tables have
 
@@ -245,7 +246,7 @@ def _bucket(head_dim: int) -> int:
     return max(32, padded_head_dim(head_dim))
 
 
-_FAMILIES: Dict[Tuple, str] = {}
+_FAMILIES: Dict[Tuple, str] = caches.register("backends.triton_attention.tiles.families", {})
 
 
 def family(device: torch.device) -> str:
