@@ -8,13 +8,30 @@ import argparse
 import importlib
 import os
 import sys
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 from . import __version__
 
-# The one list of subcommands, in the order `gpuparity --help` shows them.
-COMMANDS = ("doctor", "env", "known_issues", "check", "bench", "trace", "model", "compile_check", "workload",
-            "fleet", "template", "profile", "cache")
+# The one list of subcommands (module name -> command name, one-line help), in the order
+# `gpuparity --help` shows them. The help is here so that `gpuparity --help`, `--version` and a
+# bare `gpuparity` import no command module (several import torch: seconds on a loaded machine);
+# tests/test_cli_startup.py checks that it matches what each module registers.
+SUMMARY = {
+    "doctor": ("doctor", "the main job: platform report, known issues, every op and backend vs float64"),
+    "env": ("env", "what machine is this: vendor, build, devices, libraries, numerics flags"),
+    "known_issues": ("known-issues", "match this machine against the base of known backend bugs"),
+    "check": ("check", "one op's battery on its backends, or on your implementation (--impl)"),
+    "bench": ("bench", "benchmark backends side by side (GPU)"),
+    "trace": ("trace", "record, compare and replay per-module activations to find where two machines diverge"),
+    "model": ("model", "run a model on the device and in float64 on the CPU; name the module that diverges"),
+    "compile_check": ("compile-check", "check torch.compile backends for a model against a float64 run"),
+    "workload": ("workload", "train reference workloads (aam, cnn) and check that two runs agree"),
+    "fleet": ("fleet", "health check of every GPU of a job (run under torchrun or srun)"),
+    "template": ("template", "write a SLURM job script or an Apptainer definition"),
+    "profile": ("profile", "memory by phase, top kernels, and two machines' kernel profiles side by side"),
+    "cache": ("cache", "show or clear the probe cache behind backend='auto'"),
+}
+COMMANDS = tuple(SUMMARY)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -23,13 +40,18 @@ class UsageError(Exception):
     """Bad arguments or input: exit code 2 with the message."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: Optional[Sequence[str]] = None) -> argparse.ArgumentParser:
+    """The full parser; `commands`: import and register only these command modules (names as in
+    COMMANDS), the others being listed with their one-line help and nothing else."""
     parser = argparse.ArgumentParser(
         prog="gpuparity",
         description="Same answers, fast, on CUDA, ROCm and CPU; and where and why they differ.")
     parser.add_argument("--version", action="version", version=f"gpuparity {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
+        if commands is not None and name not in commands:
+            subparsers.add_parser(SUMMARY[name][0], help=SUMMARY[name][1])
+            continue
         module_name = f"gpuparity.commands.{name}"
         try:
             module = importlib.import_module(module_name)
@@ -42,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = build_parser()
+    words = sys.argv[1:] if argv is None else argv
+    # No command named (--help, --version, nothing): no command module is imported
+    parser = build_parser() if any(not w.startswith("-") for w in words) else build_parser(commands=())
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
