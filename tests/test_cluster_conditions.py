@@ -127,3 +127,52 @@ def test_a_damaged_cache_is_named_with_how_to_clear_it(tmp_path, monkeypatch, ca
     said = [r.getMessage() for r in caplog.records if "damaged" in r.getMessage()]
     assert len(said) == 1 and path in said[0] and "gpuparity cache clear" in said[0]
     assert main(["cache", "clear"]) == 0 and main(["cache", "show"]) == 0
+
+
+# ------------------------------------------------------------------ 5. a device that is not there
+
+SPEC = "import torch\n\ndef factory(device='cpu', dtype=torch.float32):\n" \
+       "    return torch.nn.Linear(4, 4).to(device, dtype), (torch.randn(2, 4).to(device, dtype),)\n"
+
+
+def _device_commands(tmp_path):
+    spec = tmp_path / "spec.py"
+    spec.write_text(SPEC)
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    (trace / "trace.json").write_text("{}")
+    return [["model", f"{spec}:factory"], ["trace", "record", f"{spec}:factory", "--out", str(tmp_path / "t")],
+            ["trace", "replay", str(trace)], ["compile-check", f"{spec}:factory"], ["check", "--op", "softmax"],
+            ["doctor", "--quick"], ["workload", "run", "aam", "--out", str(tmp_path / "r.json")],
+            ["bench", "norm"], ["known-issues"], ["profile", "memory", "--", "python", str(spec)]]
+
+
+@pytest.mark.parametrize("device", ["cuda:99", "tpu"] + ([] if torch.cuda.is_available() else ["cuda"]))
+def test_every_command_refuses_a_missing_device_in_one_line(tmp_path, capsys, device):
+    for command in _device_commands(tmp_path):
+        at = command.index("--") if "--" in command else len(command)   # before profile's script
+        assert main(command[:at] + ["--device", device] + command[at:]) == 2, command
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, (command, err)
+        assert err.startswith(f"gpuparity {command[0]}: error: device: ") and device.split(":")[0] in err, err
+
+
+# ------------------------------------------------------------------ 9. skip reasons in the table
+
+def test_the_terminal_table_says_why_checks_were_skipped():
+    from rich.console import Console
+
+    from gpuparity.checks.results import CheckResult, Status
+    from gpuparity.report.html import render_doctor_html
+    from gpuparity.report.terminal import render_results
+    impl = "impl:mine.py:attn"
+    results = [CheckResult("attention", impl, f"case_{i}", "float32", "cpu", Status.PASS) for i in range(3)]
+    results += [CheckResult("attention", impl, "sliding_window", "float32", "cpu", Status.SKIP,
+                            reason="attn: takes no window argument, which this case needs"),
+                CheckResult("attention", impl, "softcap_30", "float32", "cpu", Status.SKIP,
+                            reason="attn: takes no softcap argument, which this case needs [x]")]
+    con = Console(record=True, width=400, color_system=None)
+    render_results(con, results)
+    text = con.export_text()
+    assert "2 skipped" in text and "takes no window argument" in text and "takes no softcap argument" in text
+    assert "needs [x]" in text   # escaped, not taken for markup

@@ -77,6 +77,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
+        from .commands._common import check_device_argument
+        check_device_argument(args)  # one check for every command's --device, before any work
         code = int(args.handler(args) or 0)
         sys.stdout.flush()  # a closed pipe shows up here, not at interpreter exit
         return code

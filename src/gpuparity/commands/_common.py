@@ -149,6 +149,17 @@ def add_device(parser: argparse.ArgumentParser) -> None:
                         help="cpu, cuda or cuda:N (ROCm GPUs are cuda:N too); default: the first GPU, else cpu")
 
 
+def check_device_argument(args) -> None:
+    """Every command's --device, checked the same way before its handler runs: a device that
+    is not cpu/cuda/cuda:N, or a GPU torch cannot see, raises ValueError ("device: ..."), which
+    cli.main turns into one line and exit 2 (not a traceback from deep inside torch)."""
+    value = getattr(args, "device", None)
+    if not isinstance(value, str):
+        return
+    from ..checks.plan import normalize_device, validate_device
+    validate_device(normalize_device(value))
+
+
 def add_json(parser: argparse.ArgumentParser, what: str = "the results") -> None:
     parser.add_argument("--json", metavar="FILE", default=None, type=output_json,
                         help=f"write {what} as JSON to FILE ('-' for stdout)")

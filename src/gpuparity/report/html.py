@@ -5,7 +5,7 @@ import html
 from typing import Any, Dict, List
 
 from ..checks.results import CheckResult
-from .terminal import summarize
+from .terminal import summarize, why_text
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em;color:#222;max-width:1200px}
@@ -61,7 +61,7 @@ def render_doctor_html(report: Dict[str, Any]) -> str:
     parts.append(html_table(["op", "backend", "status", "pass", "fail", "crash/timeout", "skip", "why"], [
         [esc(r["op"]), esc(r["backend"]), f"<span class='{r['status']}'>{r['status']}</span>", str(r["counts"]["PASS"]),
          str(r["counts"]["FAIL"] + r["counts"]["ERROR"]), str(r["counts"]["CRASH"] + r["counts"]["TIMEOUT"]),
-         str(r["counts"]["SKIP"]), esc(r["reason"][:300])] for r in summarize(results)]))
+         str(r["counts"]["SKIP"]), esc(why_text(r)[:300])] for r in summarize(results)]))
     bad = [r for r in results if r.status.bad]
     parts.append(f"<h2>Failed checks ({len(bad)})</h2>")
     parts.append(html_table(["status", "check", "seed", "error / allowed", "reason", "stderr"], [

@@ -95,9 +95,26 @@ def summarize(results: Iterable[CheckResult]) -> List[Dict[str, Any]]:
         reason = example.reason if status != Status.PASS else ""
         if status == Status.SKIP:
             reason = example.reason
+        skip_reasons: Dict[str, int] = {}   # each distinct reason a check was skipped, with its count
+        for m in members:
+            if m.status == Status.SKIP:
+                skip_reasons[m.reason] = skip_reasons.get(m.reason, 0) + 1
         rows.append({"op": op, "backend": backend, "status": status.value, "counts": counts,
-                     "reason": reason, "example_case": f"{example.case}/{example.dtype}"})
+                     "reason": reason, "example_case": f"{example.case}/{example.dtype}",
+                     "skip_reasons": skip_reasons})
     return rows
+
+
+def why_text(row: Dict[str, Any]) -> str:
+    """The "why" of a summarize() row: the worst status's first reason with its case, and why
+    checks were skipped in a row that also ran some (check --impl: an argument the function
+    lacks), so the table says it and not only --json."""
+    why = row["reason"]
+    if row["status"] not in ("PASS", "SKIP", "NOT_RUN") and why:
+        why = f"{row['example_case']}: {why}"
+    if row["status"] != "SKIP" and row["skip_reasons"]:
+        why = "; ".join(filter(None, [why, f"{row['counts']['SKIP']} skipped: " + "; ".join(row["skip_reasons"])]))
+    return why
 
 
 def render_results(console: Console, results: List[CheckResult], title: str = "Checks against float64") -> None:
@@ -107,12 +124,10 @@ def render_results(console: Console, results: List[CheckResult], title: str = "C
         table.add_column(column, overflow="fold")
     for row in summarize(results):
         c = row["counts"]
-        why = row["reason"]
-        if row["status"] not in ("PASS", "SKIP", "NOT_RUN") and why:
-            why = f"{row['example_case']}: {why}"
+        why = escape(why_text(row)[:220])
         table.add_row(row["op"], row["backend"], f"[{STYLE[row['status']]}]{row['status']}[/]", str(c["PASS"]),
                       str(c["FAIL"] + c["ERROR"]), str(c["CRASH"] + c["TIMEOUT"]), str(c["SKIP"]),
-                      *[str(c["NOT_RUN"])] * not_run, why[:220])
+                      *[str(c["NOT_RUN"])] * not_run, why)
     console.print(table)
     cut = next((r.reason for r in results if r.status == Status.NOT_RUN), None)
     if cut:
