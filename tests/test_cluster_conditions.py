@@ -176,3 +176,28 @@ def test_the_terminal_table_says_why_checks_were_skipped():
     text = con.export_text()
     assert "2 skipped" in text and "takes no window argument" in text and "takes no softcap argument" in text
     assert "needs [x]" in text   # escaped, not taken for markup
+
+
+# ------------------------------------------------------------------ 8. trace compare --plot, its hint
+
+TRACED = "import torch\n\nclass Scale(torch.nn.Module):\n    def __init__(self, by):\n" \
+         "        super().__init__()\n        self.by = by\n\n    def forward(self, x):\n        return x * self.by\n\n" \
+         "def factory(device='cpu', dtype=torch.float32, by=1.0):\n    torch.manual_seed(0)\n" \
+         "    model = torch.nn.Sequential(torch.nn.Linear(4, 4), Scale(by)).eval()\n" \
+         "    return model.to(device, dtype), (torch.randn(2, 4).to(device, dtype),)\n"
+
+
+def test_trace_compare_plots_into_a_new_folder_and_names_the_traces_to_replay(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    spec = tmp_path / "traced.py"
+    spec.write_text(TRACED)
+    a, b = tmp_path / "run a", tmp_path / "run_b"
+    assert main(["trace", "record", f"{spec}:factory", "--out", str(a), "--device", "cpu", "--no-grads"]) == 0
+    assert main(["trace", "record", f"{spec}:factory", "--out", str(b), "--device", "cpu", "--no-grads",
+                 "--factory-arg", "by=1.5"]) == 0
+    capsys.readouterr()
+    plot = tmp_path / "missing" / "dir" / "p.png"
+    assert main(["trace", "compare", str(a), str(b), "--plot", str(plot)]) == 1
+    out = " ".join(capsys.readouterr().out.split())   # rich may wrap the hint
+    assert plot.is_file()
+    assert f"gpuparity trace replay '{a}'" in out and f"gpuparity trace replay {b}" in out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import math
+import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 
@@ -23,6 +24,12 @@ def require_matplotlib():
                               "pip install 'gpuparity[plot]' (or pip install matplotlib); "
                               "--html works without it") from exc
     return plt
+
+
+def _savefig(fig, path: str, **options) -> None:
+    """Save a figure, creating missing folders as --json, --html and --out do."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, **options)
 
 
 def _series(rows: Sequence[Dict[str, Any]]) -> Tuple[List[int], List[float], List[float], List[bool]]:
@@ -74,7 +81,7 @@ def error_along_depth_png(panels: Sequence[Tuple[str, Sequence[Dict[str, Any]], 
         axis.legend(fontsize=8, loc="upper left")
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _savefig(fig, path, dpi=110)
     plt.close(fig)
     return path
 
@@ -108,7 +115,7 @@ def loss_curves_png(a: Dict[str, Any], b: Dict[str, Any], comparison: Dict[str, 
     right.set_title("final metrics (* > 5% apart)", fontsize=10)
     right.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _savefig(fig, path, dpi=110)
     plt.close(fig)
     return path
 
@@ -190,7 +197,7 @@ def _attention_bars(rows, path: str, title: str) -> str:
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    _savefig(fig, path, dpi=120)
     plt.close(fig)
     return path
 
@@ -210,6 +217,6 @@ def _gbps_bars(rows, path: str, title: str, backends: Sequence[str]) -> str:
     ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    _savefig(fig, path, dpi=120)
     plt.close(fig)
     return path

@@ -3,6 +3,7 @@ comparisons: terminal (rich) and self-contained HTML."""
 from __future__ import annotations
 
 import math
+import shlex
 from typing import Any, Dict, List, Optional, Sequence
 
 from rich.console import Console
@@ -76,8 +77,10 @@ def render_comparison(console: Console, data: Dict[str, Any], show_all: bool = F
     if data["passed"]:
         console.print("[bold green]the traces agree[/] under the tolerance policy (docs/diverging-runs.md)")
     else:
-        console.print("[bold red]the traces diverge[/]: replay the named module on each machine to see whose "
-                      "own computation is off: gpuparity trace replay A")
+        # each machine replays the other's trace: its own arithmetic on the other's recorded inputs
+        console.print("[bold red]the traces diverge[/]: replay each trace on the other machine to see whose own "
+                      f"computation is off: on B's machine `gpuparity trace replay {escape(shlex.quote(a['path']))}`, "
+                      f"on A's `gpuparity trace replay {escape(shlex.quote(b['path']))}`")
 
 
 def _comparison_tables(console: Console, data: Dict[str, Any], show_all: bool, title: str = "B against A") -> None:
