@@ -11,7 +11,8 @@ import pytest
 
 from gpuparity import __version__
 from gpuparity.cli import main
-from gpuparity.templates import apptainer_definition
+from gpuparity.templates import apptainer, apptainer_definition
+from gpuparity.templates.apptainer import checkout_root
 
 
 def sections(text):
@@ -39,7 +40,9 @@ def test_definition_sections_are_valid_sh(tmp_path, vendor):
     for name in ("post", "environment", "test", "runscript"):
         _check_sh(tmp_path, name, parts[name])
     assert "gpuparity doctor --quick" in parts["test"]
-    assert f"pip install --no-cache-dir --no-deps gpuparity=={__version__}" in parts["post"]
+    # gpuparity is not on PyPI: the default installs the checkout the definition was generated from
+    assert "pip install --no-cache-dir --no-deps /opt/gpuparity-src\n" in parts["post"]
+    assert f"gpuparity=={__version__}" not in text
     assert "HSA_OVERRIDE_GFX_VERSION" not in parts["environment"] or vendor == "amd"
 
 
@@ -49,6 +52,24 @@ def test_images():
     assert "From: pytorch/pytorch:2.7.1-cuda12.6-cudnn9-runtime" in apptainer_definition("nvidia", torch_version="2.7.1")
     assert "From: pytorch/pytorch:2.5.0-cuda12.4-cudnn9-runtime" in apptainer_definition("nvidia", torch_version="2.5")
     assert "From: rocm/pytorch:my-tag" in apptainer_definition("amd", image="rocm/pytorch:my-tag")
+
+
+def test_default_source_is_the_checkout_without_its_venv_or_git(tmp_path):
+    root = checkout_root()
+    assert root is not None  # the tests run from a checkout
+    files = sections(apptainer_definition("amd"))["files"]
+    assert files.split() == [os.path.join(root, "pyproject.toml"), "/opt/gpuparity-src/pyproject.toml",
+                             os.path.join(root, "README.md"), "/opt/gpuparity-src/README.md",
+                             os.path.join(root, "src"), "/opt/gpuparity-src/src"]
+
+
+def test_without_a_checkout_the_source_must_be_named(monkeypatch):
+    # installed from a wheel: nothing to copy in, and `gpuparity==VERSION` cannot be downloaded
+    monkeypatch.setattr(apptainer, "checkout_root", lambda: None)
+    with pytest.raises(ValueError, match="source: gpuparity is not on PyPI"):
+        apptainer_definition("amd")
+    assert "pip install --no-cache-dir --no-deps git+https://example.org/gpuparity.git\n" in apptainer_definition(
+        "amd", source="git+https://example.org/gpuparity.git")
 
 
 def test_local_source_is_copied_in(tmp_path):
@@ -95,7 +116,7 @@ def test_post_installs_without_deps_and_keeps_torch(tmp_path):
     proc, calls = _run_post(tmp_path, apptainer_definition("amd", torch_version="2.7.1"),
                             ["2.7.1+rocm6.3", "2.7.1+rocm6.3"])
     assert proc.returncode == 0, proc.stderr
-    assert "pip -m pip install --no-cache-dir --no-deps gpuparity" in calls
+    assert "pip -m pip install --no-cache-dir --no-deps /opt/gpuparity-src\n" in calls
 
 
 def test_post_fails_when_torch_changes(tmp_path):

@@ -50,8 +50,9 @@ def register(subparsers) -> None:
     apptainer.add_argument("--vendor", choices=("amd", "nvidia"), required=True)
     apptainer.add_argument("--torch", metavar="VERSION", help="the torch version the image must carry, e.g. 2.7.1")
     apptainer.add_argument("--image", help="the base image (default: rocm/pytorch:latest / an NGC PyTorch release)")
-    apptainer.add_argument("--source", help="what pip installs gpuparity from: a requirement, a git URL, or a local "
-                                            "wheel or source folder (default: gpuparity==this version)")
+    apptainer.add_argument("--source", help="what pip installs gpuparity from: a local wheel or source folder, a git "
+                                            "URL, or a requirement (default: the checkout this gpuparity runs from; "
+                                            "gpuparity is not on PyPI)")
     _add_output(apptainer)
     apptainer.set_defaults(handler=handle_apptainer)
     parser.set_defaults(handler=lambda args: (parser.print_help(), 2)[1])

@@ -1,5 +1,5 @@
 """Plots: error along depth for trace comparisons and replays, loss curves for workload runs,
-bars of `gpuparity bench` results. PNG files need matplotlib (optional: pip install 'gpuparity[plot]'); the inline SVG used in
+bars of `gpuparity bench` results. PNG files need matplotlib (optional: the plot extra, or pip install matplotlib); the inline SVG used in
 HTML reports does not."""
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def require_matplotlib():
         import matplotlib.pyplot as plt
     except ImportError as exc:
         raise PlotUnavailable("--plot needs matplotlib, which is not installed here: "
-                              "pip install 'gpuparity[plot]' (or pip install matplotlib); "
+                              "pip install matplotlib; "
                               "--html works without it") from exc
     return plt
 

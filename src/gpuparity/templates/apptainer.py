@@ -1,6 +1,7 @@
 """Apptainer definition files on the vendors' official PyTorch images. gpuparity goes in with
 `pip install --no-deps`, so the image's own torch and Triton (vendor builds) are never replaced;
-the build fails if torch changed anyway, and %test runs `gpuparity doctor --quick`."""
+the build fails if torch changed anyway, and %test runs `gpuparity doctor --quick`. gpuparity is
+not on PyPI: by default the image installs the checkout this gpuparity runs from."""
 from __future__ import annotations
 
 import os
@@ -36,23 +37,58 @@ def image_for(vendor: str, torch_version: Optional[str], image: Optional[str]) -
     return DEFAULT_IMAGES[vendor]
 
 
+# What pip needs of a gpuparity checkout to build it (not its .git, .venv or reports).
+_CHECKOUT_PARTS = ("pyproject.toml", "README.md", "src")
+
+
+def checkout_root() -> Optional[str]:
+    """The source checkout this gpuparity runs from (an editable install or PYTHONPATH=src), or
+    None when it was installed from a wheel."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    return root if _is_checkout(root) else None
+
+
+def _is_checkout(path: str) -> bool:
+    try:
+        with open(os.path.join(path, "pyproject.toml"), encoding="utf-8") as f:
+            named = 'name = "gpuparity"' in f.read()
+    except OSError:
+        return False
+    return named and os.path.isdir(os.path.join(path, "src", "gpuparity"))
+
+
 def apptainer_definition(vendor: str, *, torch_version: Optional[str] = None, image: Optional[str] = None,
                          source: Optional[str] = None, generated_by: str = "") -> str:
-    """The definition file as text. `source`: what pip installs gpuparity from: a pip requirement
-    (default `gpuparity==<this version>`), a git URL, or a local wheel / source folder (copied
-    into the image through %files)."""
+    """The definition file as text. `source`: what pip installs gpuparity from: a local wheel or
+    source folder (copied into the image through %files; of a gpuparity checkout only what the
+    build needs), a git URL or a pip requirement. Default: the checkout this gpuparity runs from
+    (gpuparity is not on PyPI); installed from a wheel, there is none and `source` is required."""
     if vendor not in VENDORS:
         raise ValueError(f"vendor: expected amd or nvidia, got {vendor!r}")
     if torch_version is not None and not _VERSION.match(torch_version):
         raise ValueError(f"torch: expected a version such as 2.7 or 2.7.1, got {torch_version!r}")
     base = image_for(vendor, torch_version, image)
-    source = source or f"gpuparity=={__version__}"
-    if "\n" in source or "'" in source:
+    if source is None:
+        source = checkout_root()
+        if source is None:
+            raise ValueError("source: gpuparity is not on PyPI and this one was installed from a wheel, not run from "
+                             "a checkout; pass --source with the repository folder, a wheel built from it "
+                             "(python -m pip wheel --no-deps -w dist REPO) or a git URL (git+https://...)")
+    if not source or "\n" in source or "'" in source:
         raise ValueError(f"source: expected a pip requirement, URL or path, got {source!r}")
     files = ""
     if os.path.exists(source):
         inside = "/opt/gpuparity-src" + ("/" + os.path.basename(source) if source.endswith(".whl") else "")
-        files = f"\n%files\n    {os.path.abspath(source)} {inside}\n"
+        if os.path.isdir(source) and _is_checkout(source):
+            copies = [(os.path.join(os.path.abspath(source), part), f"{inside}/{part}") for part in _CHECKOUT_PARTS
+                      if os.path.exists(os.path.join(source, part))]
+        else:
+            copies = [(os.path.abspath(source), inside)]
+        if any(" " in path for path, _ in copies):
+            # %files splits its lines on whitespace
+            raise ValueError(f"source: %files cannot copy a path with a space; got {source!r} (build a wheel "
+                             f"and pass it from a path without spaces)")
+        files = "\n%files\n" + "".join(f"    {path} {dest}\n" for path, dest in copies)
         source = inside
 
     flag = "--rocm" if vendor == "amd" else "--nv"
