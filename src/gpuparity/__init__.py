@@ -4,6 +4,8 @@ Ops: attention, rms_norm, layer_norm, apply_rotary (verified backend dispatch).
 Checks: check(op, impl=...), the battery behind `gpuparity doctor`.
 Devices: get_device() verifies a GPU in a separate process and falls back to the CPU.
 Modules: gpuparity.nn drop-ins and patch(model).
+Runs: monitor(model, every=N) shadow-checks sampled calls of a real run; explain(model, inputs)
+says which backend and kernel each attention / norm / rotary call ran.
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ _LAZY = {
     "get_device": "gpuparity.device",
     "patch": "gpuparity.nn.patch",
     "safe_compile": "gpuparity.compile",
+    "monitor": "gpuparity.shadow",
+    "explain": "gpuparity.explain_run",
 }
 
 __all__ = ["__version__", *_LAZY, "nn", "trace", "profile"]

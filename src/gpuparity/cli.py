@@ -30,6 +30,7 @@ SUMMARY = {
     "template": ("template", "write a SLURM job script or an Apptainer definition"),
     "profile": ("profile", "memory by phase, top kernels, and two machines' kernel profiles side by side"),
     "cache": ("cache", "show or clear the probe cache behind backend='auto'"),
+    "explain": ("explain", "which backend and kernel each attention / norm / rotary call of a model ran"),
 }
 COMMANDS = tuple(SUMMARY)
 

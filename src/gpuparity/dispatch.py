@@ -4,12 +4,17 @@ backend whose correctness verdict passed here, the op's plain composition as the
 Dispatch decides; it does not verify. The verdicts come from a callable the caller hands it
 (`verdict(problem, backend) -> {"passed", "reason", "time_ms"}`): the ops layer passes
 `gpuparity.checks.probe.probe_verdict`, which reads the on-disk probe cache and probes on a
-miss. Dispatch imports nothing above `backends`.
+miss. With a `rank` callable too (`rank(problem, candidates) -> [(backend, why)]`, fastest
+first: the ops layer passes `gpuparity.checks.probe.rank`), "auto" asks for verdicts in that
+order and stops at the first that passed, so a first call verifies one candidate rather than
+every backend. Dispatch imports nothing above `backends`.
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
+import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -21,6 +26,9 @@ __all__ = ["Backend", "BackendUnavailable", "Problem", "Verdict", "backends", "e
            "register", "resolve", "unregister"]
 
 Verdict = Callable[[Problem, Backend], Dict[str, Any]]
+Rank = Callable[[Problem, List[Backend]], List[Tuple[Backend, str]]]
+LOG = logging.getLogger("gpuparity")
+SLOW_RESOLUTION_S = 1.0   # a resolution slower than this (it verified a backend) logs one INFO line
 
 
 class _Memo:
@@ -85,20 +93,22 @@ def get(op: str, name: str) -> Backend:
     return table[name]
 
 
-def _key(problem: Problem, backend: str, verdict: Optional[Verdict]) -> tuple:
+def _key(problem: Problem, backend: str, verdict: Optional[Verdict], rank: Optional[Rank] = None) -> tuple:
     # the environment variables a resolution depends on, read one by one: this runs on every eager call
     get_env = os.environ.get
-    key = (problem, backend, verdict, get_env("GPUPARITY_TRUST_UNPROBED"), get_env("TRITON_INTERPRET"))
+    key = (problem, backend, verdict, rank, get_env("GPUPARITY_TRUST_UNPROBED"), get_env("TRITON_INTERPRET"))
     if problem.dtype == torch.float32:
         from .numerics import cudnn_tf32, matmul_tf32
         key += (matmul_tf32(), cudnn_tf32())
     return key
 
 
-def resolve(problem: Problem, backend: str = "auto", *, verdict: Optional[Verdict] = None) -> Backend:
+def resolve(problem: Problem, backend: str = "auto", *, verdict: Optional[Verdict] = None,
+            rank: Optional[Rank] = None) -> Backend:
     """The backend that serves `problem`: the named one (or BackendUnavailable with its
-    reasons), or for "auto" the verified choice, which needs `verdict`. Remembered (_Memo)."""
-    key = _key(problem, backend, verdict)
+    reasons), or for "auto" the verified choice, which needs `verdict` (and, to verify lazily
+    in rank order, `rank`). Remembered (_Memo)."""
+    key = _key(problem, backend, verdict, rank)
     chosen = _MEMO.get(key)
     if chosen is not None:
         return chosen
@@ -109,19 +119,33 @@ def resolve(problem: Problem, backend: str = "auto", *, verdict: Optional[Verdic
         if reasons:
             raise BackendUnavailable(f"backend={backend!r} cannot serve this {problem.op} call: " + "; ".join(reasons))
     else:
-        chosen = explain(problem, verdict=verdict)["chosen_backend"]
+        started = time.monotonic()
+        chosen = explain(problem, verdict=verdict, rank=rank)["chosen_backend"]
+        took = time.monotonic() - started
+        if took > SLOW_RESOLUTION_S:
+            # the library never prints: one line through logging, shown only where the user asks
+            LOG.info("gpuparity: backend='auto' chose %s for %s (%s, %s on %s) in %.1f s, verifying it against "
+                     "float64 first (once per call kind; cached; `gpuparity doctor` fills the cache ahead of time)",
+                     chosen.name, problem.op, str(problem.dtype).replace("torch.", ""), problem.kind,
+                     problem.device, took)
     _MEMO.keep(key, chosen, epoch)
     return chosen
 
 
-def explain(problem: Problem, *, verdict: Optional[Verdict]) -> Dict[str, Any]:
+def explain(problem: Problem, *, verdict: Optional[Verdict], rank: Optional[Rank] = None) -> Dict[str, Any]:
     """Why each backend was or was not chosen for `problem` under "auto".
+
+    Without `rank`, every candidate's verdict is asked and the fastest that passed wins. With
+    it, verdicts are asked in rank order and the first that passed wins (or the composition,
+    where the rank puts it first); the candidates after it are "unchecked".
 
     Returns {"chosen": name, "chosen_backend": Backend, "candidates": [{name, status, reason, time_ms}]}.
     """
     if verdict is None:
         raise TypeError("verdict: backend='auto' needs a verdict callable (problem, backend) -> dict; "
                         "gpuparity.ops.select hands it the probe cache's")
+    if rank is not None:
+        return _explain_ranked(problem, verdict, rank)
     rows = []
     verified: List[Tuple[float, Backend]] = []
     fallback: Optional[Backend] = None
@@ -151,6 +175,47 @@ def explain(problem: Problem, *, verdict: Optional[Verdict]) -> Dict[str, Any]:
     elif fallback is not None:
         chosen = fallback
     else:
+        raise BackendUnavailable(f"no backend can serve this {problem.op} call: " +
+                                 "; ".join(f"{r['name']}: {r['reason']}" for r in rows))
+    return {"chosen": chosen.name, "chosen_backend": chosen, "candidates": rows}
+
+
+def _explain_ranked(problem: Problem, verdict: Verdict, rank: Rank) -> Dict[str, Any]:
+    rows = []
+    candidates: List[Backend] = []
+    for candidate in backends(problem.op):
+        if not candidate.probed and not candidate.fallback:
+            rows.append({"name": candidate.name, "status": "never-auto", "reason": "only used when named"})
+        else:
+            candidates.append(candidate)
+    ranked = list(rank(problem, list(candidates)))
+    named = {b.name for b, _ in ranked}
+    # what the rank left out comes after what it named, the composition last of all
+    ranked += [(b, "not ranked") for b in candidates if b.name not in named and not b.fallback]
+    ranked += [(b, "last resort") for b in candidates if b.name not in named and b.fallback]
+    chosen: Optional[Backend] = None
+    for candidate, why in ranked:
+        if chosen is not None:
+            # declarations are not asked either: some cost seconds (the compile backend tries torch.compile)
+            rows.append({"name": candidate.name, "status": "unchecked",
+                         "reason": f"ranked after {chosen.name} ({why}); not asked for this choice"})
+            continue
+        reasons = candidate.reasons(problem)
+        if reasons:
+            rows.append({"name": candidate.name, "status": "unsupported", "reason": "; ".join(reasons)})
+        elif candidate.fallback:
+            chosen = candidate
+            rows.append({"name": candidate.name, "status": "fallback", "reason": f"trusted composition ({why})"})
+        else:
+            outcome = verdict(problem, candidate)
+            if outcome.get("passed"):
+                chosen = candidate
+                time_ms = outcome.get("time_ms")
+                rows.append({"name": candidate.name, "status": "verified", "reason": f"{outcome.get('reason', '')} ({why})",
+                             "time_ms": float(time_ms) if time_ms is not None else float("inf")})
+            else:
+                rows.append({"name": candidate.name, "status": "failed-probe", "reason": outcome.get("reason", "")})
+    if chosen is None:
         raise BackendUnavailable(f"no backend can serve this {problem.op} call: " +
                                  "; ".join(f"{r['name']}: {r['reason']}" for r in rows))
     return {"chosen": chosen.name, "chosen_backend": chosen, "candidates": rows}

@@ -40,14 +40,16 @@ def test_device_time_falls_back_to_synchronised_steps_on_the_cpu():
     assert ms > 0.0
 
 
-def test_a_first_call_probes_only_the_backends_without_a_verdict(monkeypatch, tmp_path):
+def test_a_first_call_probes_only_the_backend_asked_about(monkeypatch, tmp_path):
     """After `gpuparity doctor` (default level: backends that compile per shape are left for
-    --full), a first call must not re-check every backend of the op, only those missing."""
+    --full), a first call must not re-check every backend of the op, only the one asked about
+    that has no verdict (checks/probe.py: a first call verifies its candidate alone)."""
     from gpuparity import dispatch
     from gpuparity.backends.registry import Problem
     from gpuparity.checks import probe, verdicts
 
     monkeypatch.setenv("GPUPARITY_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(probe.REFINE, "off")
     monkeypatch.delenv(probe.TRUST_UNPROBED, raising=False)
     verdicts.clear_cache()
     problem = Problem("rms_norm", torch.device("cpu"), torch.bfloat16, "default", (("large", False),))
@@ -58,14 +60,13 @@ def test_a_first_call_probes_only_the_backends_without_a_verdict(monkeypatch, tm
                                              {"passed": True, "reason": "planted", "time_ms": 1.0}})
     asked = []
 
-    def fake_probe_op(op, dtype, kind, device, backends=None):
-        asked.append(list(backends) if backends is not None else None)
-        return {verdicts.probe_key(problem, dispatch.get(op, name)): {"passed": True, "reason": "probed", "time_ms": 2.0}
-                for name in (backends or names)}
+    def fake_verify(op, dtype, kind, device, backend):
+        asked.append(backend)
+        return {verdicts.probe_key(problem, dispatch.get(op, backend)): {"passed": True, "reason": "probed"}}
 
-    monkeypatch.setattr(probe, "probe_op", fake_probe_op)
+    monkeypatch.setattr(probe, "verify", fake_verify)
     found = probe.probe_verdict(problem, dispatch.get("rms_norm", missing[0]))
-    assert asked == [missing] and found["reason"] == "probed"
+    assert asked == [missing[0]] and found["reason"] == "probed"
     assert probe.probe_verdict(problem, dispatch.get("rms_norm", have))["reason"] == "planted"
     assert len(asked) == 1
     verdicts.clear_cache()

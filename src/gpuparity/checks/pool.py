@@ -251,10 +251,12 @@ def run_tasks(tasks: Iterable[Task], *, isolate: bool = True, timeout: Optional[
               env: Optional[Dict[str, str]] = None,
               on_result: Optional[Callable[[CheckResult], None]] = None,
               workers: Optional[int] = None, pool: Optional[WorkerPool] = None,
-              budget: Union[None, float, Budget] = None, crash_limit: Optional[int] = CRASH_LIMIT) -> List[CheckResult]:
+              budget: Union[None, float, Budget] = None, crash_limit: Optional[int] = CRASH_LIMIT,
+              keep_pool: bool = False) -> List[CheckResult]:
     """Run tasks in crash-isolated workers (or in-process); results in task order. `pool`: an
     already started worker to use when workers == 1 (ignored otherwise), e.g. one that imported
-    torch meanwhile; it is closed when the tasks are done. Tasks of mode "warm" run but are
+    torch meanwhile; it is closed when the tasks are done, unless `keep_pool` (the first-call
+    probe keeps its worker alive across calls: checks/probe.py). Tasks of mode "warm" run but are
     not passed to `on_result`. After `crash_limit` crashes or hangs in a row of one
     implementation (None: never) its remaining tasks are NOT_RUN, and so is every task left
     when `budget` (seconds from now, or a Budget) is spent."""
@@ -297,7 +299,7 @@ def run_tasks(tasks: Iterable[Task], *, isolate: bool = True, timeout: Optional[
                     if on_result and task.mode != "warm":
                         on_result(result)
         finally:
-            if pool:
+            if pool and not (keep_pool and pool is given):
                 pool.close()
 
     if workers == 1:

@@ -1,20 +1,30 @@
-"""Correctness probes for verified auto-selection. `probe_verdict` returns the stored verdict
-for a backend, probing on a miss: the op's quick battery cases (plus the default-level cases
-of the kind asked for) on every probed backend, then a timing of each backend that passed. On a GPU the probe runs in a worker process, so a backend that crashes
-the GPU cannot take the caller down with it."""
+"""Correctness probes for verified auto-selection.
+
+A first `backend="auto"` call (dispatch walks the candidates in `rank` order and asks
+`probe_verdict` about each until one passes) verifies only the candidate it would choose: that
+backend on a few small cases of the call's kind (`first_call_cases`), plus the known-issue
+probes that bear on it, against float64. On a GPU the checks run in a worker process kept
+alive across calls (a backend that crashes the GPU cannot take the caller down with it; the
+worker's start is paid once). The ranks come from timings stored here (`gpuparity doctor`, or
+the background refinement a first call starts on a GPU: `probe_op` over every backend, timed)
+and, until those exist, from the priors shipped per device family (checks/priors.py)."""
 from __future__ import annotations
 
+import atexit
 import logging
 import os
-import time
-from typing import Any, Dict, List, Optional, Sequence
+import queue
+import threading
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from .. import dispatch
 from ..backends.registry import Backend, Problem
+from . import priors
 from . import verdicts as verdicts_store
-from .battery import Task, normalize_device, plan, run_tasks, verdicts_from_results
+from .battery import Budget, Task, WorkerPool, normalize_device, plan, run_tasks, verdicts_from_results
+from .isolate import TF32_ENV, child_env
 from .plan import timing_cases, timing_field
 from .execute import dtype_name
 from .results import Status
@@ -38,10 +48,88 @@ def probed_backends(op: str) -> List[str]:
     return [b.name for b in dispatch.backends(op) if b.probed and not b.fallback]
 
 
+# ----------------------------------------------------------------------------- workers kept alive
+REFINE = "GPUPARITY_PROBE_REFINE"   # "background" or "off"; default: background where checks run in workers
+_POOLS: Dict[str, Tuple[str, WorkerPool]] = {}   # purpose -> (the fp32 switches it started with, worker)
+_POOLS_LOCK = threading.Lock()
+_FOREGROUND = threading.Lock()   # one first-call verification at a time uses the foreground worker
+_STOP = threading.Event()        # set at exit: the background stops between checks
+
+
+def _pool(purpose: str) -> WorkerPool:
+    """The worker kept for `purpose` ("verify": first calls, "refine": the background), started
+    again when this process changed its fp32 switches (the worker checks fp32 as the caller
+    computes it, read at its start)."""
+    switches = child_env().get(TF32_ENV, "")
+    with _POOLS_LOCK:
+        kept = _POOLS.get(purpose)
+        if kept is not None and kept[0] != switches:
+            kept[1].close()
+            kept = None
+        if kept is None:
+            kept = _POOLS[purpose] = (switches, WorkerPool())
+        return kept[1]
+
+
+def close_workers() -> None:
+    """End the kept workers (the next first call starts one again)."""
+    with _POOLS_LOCK:
+        pools = [pool for _, pool in _POOLS.values()]
+        _POOLS.clear()
+    for pool in pools:
+        pool._stop()   # kill, not close: a background check may be running and need not finish
+
+
+@atexit.register
+def shutdown() -> None:
+    """Stop the background refinement and end the kept workers (registered at exit)."""
+    _STOP.set()
+    close_workers()
+
+
+class _UntilExit(Budget):
+    """The background's budget: spent when the process exits (checks left are NOT_RUN)."""
+
+    def remaining(self) -> float:
+        return -1.0 if _STOP.is_set() else float("inf")
+
+
+# ----------------------------------------------------------------------------- verdicts from results
+def _complete(verdicts: Dict[str, Dict[str, Any]], results, op: str, vname: str, kind: str,
+              backends: Sequence[str]) -> None:
+    """A verdict for every backend at this call's kind, in place: where no case of exactly this
+    kind ran, all of the backend's probe checks decide (or the reason none ran)."""
+    for backend in backends:
+        key = f"{op}|{backend}|{vname}|{kind}"
+        if key in verdicts:
+            continue
+        ran = [r for r in results if r.backend == backend and r.status != Status.SKIP]
+        bad = [r for r in ran if r.status.bad]
+        if ran:
+            verdicts[key] = {"passed": not bad, "reason": (
+                f"passed {len(ran)} probe check{'s' * (len(ran) != 1)}" if not bad
+                else f"failed {len(bad)}/{len(ran)} probe check{'s' * (len(ran) != 1)}")}
+        else:
+            skipped = [r for r in results if r.backend == backend]
+            verdicts[key] = {"passed": False, "reason": skipped[0].reason if skipped else "not probed"}
+
+
+def _veto_known(verdicts: Dict[str, Dict[str, Any]], op: str, dtype: torch.dtype, device: torch.device,
+                backends: Sequence[str]) -> None:
+    # a confirmed known issue's remedy wins over a passing battery verdict; only the issues that
+    # name one of `backends` are probed (known/avoid.py)
+    from ..known import avoid
+    avoid.apply(verdicts, avoid.confirmed_here(op, dtype, device, backends), device.type)
+
+
+# ----------------------------------------------------------------------------- every backend, timed
 def probe_op(op: str, dtype: torch.dtype, kind: str, device,
-             backends: Optional[Sequence[str]] = None) -> Dict[str, Dict[str, Any]]:
+             backends: Optional[Sequence[str]] = None, *, workers: Optional[int] = None,
+             pool: Optional[WorkerPool] = None, budget: Optional[Budget] = None) -> Dict[str, Dict[str, Any]]:
     """Verdicts keyed as verdicts.probe_key for every probed backend of `op` at `dtype` (or
-    those of `backends` among them)."""
+    those of `backends` among them): the op's quick cases and the default-level cases of `kind`,
+    then a timing of each backend that passed. The background refinement runs this with one
+    kept worker (`pool`, `workers=1`) and a budget that ends at exit."""
     device = normalize_device(device)
     spec = get_spec(op)
     probed = [name for name in probed_backends(op) if backends is None or name in backends]
@@ -51,34 +139,22 @@ def probe_op(op: str, dtype: torch.dtype, kind: str, device,
     def wanted(_op, case):
         return case.level == "quick" or (case.level == "default" and spec.kind(case.params) == kind)
 
+    isolate = _isolate(device)
+    run = dict(isolate=isolate, pool=pool, keep_pool=pool is not None, budget=budget)
     # level "full" so that every backend is probed, including those the battery defers to --full
     tasks, decided = plan([op], "full", device, [dtype_name(dtype)], probed, None, 0, wanted)
-    results = decided + run_tasks(tasks, isolate=_isolate(device))
+    results = decided + run_tasks(tasks, workers=workers, **run)
     verdicts = verdicts_from_results(results)
     dname = dtype_name(dtype)
-    vname = verdicts_store.verdict_dtype(op, dtype, device)
-    for backend in probed:
-        key = f"{op}|{backend}|{vname}|{kind}"
-        if key not in verdicts:  # no case of exactly this kind: all of the backend's probe cases decide
-            ran = [r for r in results if r.backend == backend and r.status != Status.SKIP]
-            bad = [r for r in ran if r.status.bad]
-            if ran:
-                verdicts[key] = {"passed": not bad, "reason": (
-                    f"passed {len(ran)} probe check{'s' * (len(ran) != 1)}" if not bad
-                    else f"failed {len(bad)}/{len(ran)} probe check{'s' * (len(ran) != 1)}")}
-            else:
-                skipped = [r for r in results if r.backend == backend]
-                verdicts[key] = {"passed": False, "reason": skipped[0].reason if skipped else "not probed"}
-    # a confirmed known issue's remedy wins over a passing battery verdict
-    from ..known import avoid
-    avoid.apply(verdicts, avoid.confirmed_here(op, dtype, device, probed), device.type)
+    _complete(verdicts, results, op, verdicts_store.verdict_dtype(op, dtype, device), kind, probed)
+    _veto_known(verdicts, op, dtype, device, probed)
     timing = spec.timing_params()
     if timing is not None:
         passed = sorted({k.split("|")[1] for k, v in verdicts.items() if v.get("passed")})
         time_tasks = [Task(len(passed) * j + i, op, name, case, params, dname, str(device), 0, mode="time")
                       for j, (case, params) in enumerate(timing_cases(op, str(device)))
                       for i, name in enumerate(passed)]
-        for result in run_tasks(time_tasks, isolate=_isolate(device), workers=1):
+        for result in run_tasks(time_tasks, workers=1, **run):
             time_ms = result.params.get("time_ms") if result.status == Status.PASS else None
             for key, verdict in verdicts.items():
                 if key.split("|")[1] == result.backend:
@@ -88,32 +164,129 @@ def probe_op(op: str, dtype: torch.dtype, kind: str, device,
     return verdicts
 
 
+# ----------------------------------------------------------------------------- one candidate
+FIRST_CALL_CASES = 3   # at least this many cases of the call's kind, where the op has them
+
+
+def first_call_cases(op: str, kind: str) -> List[str]:
+    """The cases a first call verifies its candidate on: the op's quick (hostile, small) cases of
+    exactly this kind, topped up to FIRST_CALL_CASES with its default cases of the kind; an op
+    with no case of the kind gets its quick cases (the old probe's rule for such a kind)."""
+    spec = get_spec(op)
+    cases = spec.cases()
+    quick = [c.name for c in cases if c.level == "quick" and spec.kind(c.params) == kind]
+    more = [c.name for c in cases if c.level == "default" and spec.kind(c.params) == kind]
+    chosen = quick + more[:max(0, FIRST_CALL_CASES - len(quick))]
+    return chosen or [c.name for c in cases if c.level == "quick"]
+
+
+def verify(op: str, dtype: torch.dtype, kind: str, device, backend: str) -> Dict[str, Dict[str, Any]]:
+    """Verdicts for `backend` alone at this call's kind (and at any other kind its cases
+    covered): `first_call_cases` against float64, and the known issues that name it. No timing."""
+    device = normalize_device(device)
+    names = set(first_call_cases(op, kind))
+    tasks, decided = plan([op], "full", device, [dtype_name(dtype)], [backend], None, 0,
+                          lambda _op, case: case.name in names)
+    if _isolate(device):
+        with _FOREGROUND:
+            results = decided + run_tasks(tasks, isolate=True, workers=1, pool=_pool("verify"), keep_pool=True)
+    else:
+        results = decided + run_tasks(tasks, isolate=False)
+    verdicts = verdicts_from_results(results)
+    _complete(verdicts, results, op, verdicts_store.verdict_dtype(op, dtype, device), kind, [backend])
+    _veto_known(verdicts, op, dtype, device, [backend])
+    return verdicts
+
+
+# ----------------------------------------------------------------------------- the order to try
+def _time_of(found: Dict[str, Any], large: bool) -> Optional[float]:
+    if large and found.get("time_ms_large") is not None:
+        return float(found["time_ms_large"])
+    return None if found.get("time_ms") is None else float(found["time_ms"])
+
+
+def rank(problem: Problem, candidates: List[Backend]) -> List[Tuple[Backend, str]]:
+    """`candidates` in the order a first call tries them, each with why: those timed here
+    (doctor, background refinement) fastest first, then the rest in this device family's prior
+    order (checks/priors.py), the composition where the prior puts it, else last. Backends whose
+    stored verdict failed are left in (their verdict says no without a check)."""
+    stored = verdicts_store.load(verdicts_store.cache_path(problem.device))
+    large = get_spec(problem.op).is_large(problem)
+    prior = priors.order(problem.op, problem.device, large)
+    timed, untimed = [], []
+    for position, backend in enumerate(candidates):
+        found = stored.get(verdicts_store.probe_key(problem, backend)) if not backend.fallback else None
+        time_ms = _time_of(found, large) if found and found.get("passed") else None
+        if time_ms is not None:
+            timed.append((time_ms, position, backend))
+        else:
+            where = prior.index(backend.name) if backend.name in prior else (
+                len(prior) + (len(candidates) if backend.fallback else position))
+            untimed.append((where, position, backend))
+    family = priors.family(problem.device)
+    return ([(b, f"{t:.3g} ms measured here") for t, _, b in sorted(timed, key=lambda x: x[:2])] +
+            [(b, f"{family} prior") for _, _, b in sorted(untimed, key=lambda x: x[:2])])
+
+
+# ----------------------------------------------------------------------------- refinement
+_REFINE_QUEUE: "queue.Queue[tuple]" = queue.Queue()
+_REFINE_ASKED = set()
+_REFINE_THREAD: List[threading.Thread] = []
+
+
+def _refine_enabled(device: torch.device) -> bool:
+    mode = os.environ.get(REFINE)
+    if mode in ("background", "off"):
+        return mode == "background"
+    return _isolate(device)   # in-process on a CPU it would compete with the caller for its cores
+
+
+def _refine_later(problem: Problem) -> None:
+    """Time (and verify) every backend of this call's op and kind in a background worker; the
+    verdicts are stored as they arrive, and the next call ranks by them (dispatch forgets its
+    choices on every store)."""
+    job = (problem.op, problem.dtype, problem.kind, problem.device)
+    with _POOLS_LOCK:
+        if job in _REFINE_ASKED or _STOP.is_set():
+            return
+        _REFINE_ASKED.add(job)
+        if not _REFINE_THREAD:
+            thread = threading.Thread(target=_refine_loop, name="gpuparity-refine", daemon=True)
+            _REFINE_THREAD.append(thread)
+            thread.start()
+    _REFINE_QUEUE.put(job)
+
+
+def _refine_loop() -> None:
+    while not _STOP.is_set():
+        op, dtype, kind, device = _REFINE_QUEUE.get()
+        try:
+            found = probe_op(op, dtype, kind, device, workers=1, pool=_pool("refine"), budget=_UntilExit(1.0))
+            if not _STOP.is_set() and found:
+                # a check cut short by the exit is NOT_RUN and gives no verdict; timings left
+                # unmeasured then are None, so nothing half-done is stored as measured
+                verdicts_store.store_verdicts(device, found)
+        except Exception as exc:  # noqa: BLE001 - a refinement that fails leaves the priors in charge
+            LOG.debug("gpuparity: background timing of %s (%s) stopped: %s: %s", op, kind, type(exc).__name__, exc)
+
+
+# ----------------------------------------------------------------------------- the verdict source
 def probe_verdict(problem: Problem, backend: Backend) -> Dict[str, Any]:
-    """The stored verdict for (problem kind, backend), probing now if there is none."""
+    """The stored verdict for (problem kind, backend), verifying this backend now if there is none."""
     if os.environ.get(TRUST_UNPROBED) == "1":
         return {"passed": True, "reason": f"probe skipped ({TRUST_UNPROBED}=1)", "time_ms": None}
     path = verdicts_store.cache_path(problem.device)
     key = verdicts_store.probe_key(problem, backend)
     stored = verdicts_store.load(path)
     if key not in stored:
-        # only the backends with no verdict for this call's kind yet: after `gpuparity doctor`
-        # (which leaves the --full backends unchecked) a first call does not re-check the rest
-        missing = [name for name in probed_backends(problem.op)
-                   if verdicts_store.probe_key(problem, dispatch.get(problem.op, name)) not in stored]
-        dtype = str(problem.dtype).replace("torch.", "")
-        # A first call can take a minute on a GPU (Triton compiles, crash-isolated checks):
-        # say so through logging (shown on stderr by default), since the library never prints.
-        LOG.warning("gpuparity: first %s call with %s, %s on %s here: checking its backends against float64 "
-                    "before backend='auto' uses them (once; cached in %s; `gpuparity doctor` fills the cache "
-                    "ahead of time)", problem.op, dtype, problem.kind, problem.device, path)
-        started = time.monotonic()
-        verdicts_store.store_verdicts(problem.device, probe_op(problem.op, problem.dtype, problem.kind, problem.device,
-                                                               missing or None))
-        LOG.info("gpuparity: probed %s (%s, %s) in %.1f s", problem.op, dtype, problem.kind,
-                 time.monotonic() - started)
+        found = verify(problem.op, problem.dtype, problem.kind, problem.device, backend.name)
+        verdicts_store.store_verdicts(problem.device, found)
         stored = verdicts_store.load(path)
+        if _refine_enabled(problem.device):
+            _refine_later(problem)
     found = stored.get(key, {"passed": False, "reason": "no probe verdict recorded"})
-    if found.get("time_ms_large") is not None and get_spec(problem.op).is_large(problem):
+    time_ms = _time_of(found, get_spec(problem.op).is_large(problem))
+    if time_ms is not None and time_ms != found.get("time_ms"):
         # a large call is ranked by the large timing case (specs/base.py large_timing_params)
-        return {**found, "time_ms": found["time_ms_large"]}
+        return {**found, "time_ms": time_ms}
     return found

@@ -4,7 +4,7 @@ place the ops layer meets verification; `backend="auto"` in every op goes throug
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict
+from typing import Any, Dict, List, Tuple
 
 from .. import dispatch
 from ..backends.registry import Backend, Problem
@@ -16,11 +16,17 @@ def verdict(problem: Problem, backend: Backend) -> Dict[str, Any]:
     return probe.probe_verdict(problem, backend)
 
 
+def rank(problem: Problem, candidates: List[Backend]) -> List[Tuple[Backend, str]]:
+    # the order auto tries candidates in (timed here, else the device family's prior): a first
+    # call verifies only the first that passes, not every backend (checks/probe.py)
+    return probe.rank(problem, candidates)
+
+
 # resolve(problem, backend="auto") -> Backend. A partial, not a def: one Python frame fewer on
 # every eager call of every op (host time is what short shapes are bound by).
-resolve = functools.partial(dispatch.resolve, verdict=verdict)
+resolve = functools.partial(dispatch.resolve, verdict=verdict, rank=rank)
 
 
 def explain(problem: Problem) -> Dict[str, Any]:
-    return dispatch.explain(problem, verdict=verdict)
+    return dispatch.explain(problem, verdict=verdict, rank=rank)
 

@@ -1,0 +1,163 @@
+"""The monitor's checks, off the training's hot path: a background thread takes the copies made
+at a sampled call and judges them against the float64 reference on the CPU under the tolerance
+policy (`checks/tolerance.py`): output, and when the backward ran, every input gradient the
+call produced, with the upstream gradient the run itself fed it."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import threading
+import time
+import traceback
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+from ..checks import tolerance
+from ..checks.results import Comparison
+from .ops import OpKind
+
+LOG = logging.getLogger("gpuparity")
+
+
+@dataclasses.dataclass
+class SampledCall:
+    """What a sampled call left behind: detached copies (on the call's device until the worker
+    moves them), made before any later in-place change could touch them."""
+    kind: OpKind
+    backend: str
+    index: int                     # the call's number among this op's calls (0-based)
+    step: int
+    args: Dict[str, Any]           # bound arguments; tensors are copies
+    out: torch.Tensor
+    described: Dict[str, Any]      # ops.describe_args
+    precision: Optional[str] = None
+    grad_out: Optional[torch.Tensor] = None
+    grads: Dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)   # "grad_<name>" -> copy
+
+    @property
+    def has_backward(self) -> bool:
+        return self.grad_out is not None
+
+
+def _to_cpu(value, dtype=None):
+    if isinstance(value, torch.Tensor):
+        value = value.detach().to("cpu")
+        if dtype is not None and value.is_floating_point():
+            value = value.to(dtype)
+        return value
+    return value
+
+
+def _run(kind: OpKind, args: Dict[str, Any], dtype: torch.dtype, grad_names, grad_out):
+    """The kind's function (reference when dtype is float64, baseline otherwise) on CPU copies of
+    args cast to dtype; returns (out, {grad_name: grad})."""
+    inputs = {name: _to_cpu(value, dtype) for name, value in args.items()}
+    leaves = {}
+    for name in grad_names:
+        leaf = inputs[name].clone().requires_grad_(True)
+        inputs[name] = leaves[name] = leaf
+    fn = kind.reference if dtype == torch.float64 else kind.baseline
+    with torch.enable_grad():
+        out = fn(inputs)
+        grads = {}
+        if grad_out is not None and leaves and out.requires_grad:
+            out.backward(grad_out.to(out.dtype).reshape(out.shape))
+            grads = {f"grad_{name}": leaf.grad for name, leaf in leaves.items()}
+    return out.detach(), grads
+
+
+def check_call(call: SampledCall) -> List[Comparison]:
+    """Compare one sampled call with the float64 reference, forward and (if seen) backward."""
+    dtype = call.out.dtype
+    args = {name: _to_cpu(value) for name, value in call.args.items()}
+    args["_dtype"] = dtype
+    out = _to_cpu(call.out)
+    grad_out = _to_cpu(call.grad_out) if call.has_backward else None
+    grad_names = [name[len("grad_"):] for name in call.grads]
+    ref_out, ref_grads = _run(call.kind, args, torch.float64, grad_names, None if grad_out is None else
+                              grad_out.to(torch.float64))
+    try:
+        base_out, base_grads = _run(call.kind, args, dtype, grad_names, grad_out)
+    except Exception:  # noqa: BLE001 - without a baseline the floor alone decides (as the battery)
+        base_out, base_grads = None, {}
+    valid = call.kind.valid(args) if call.kind.valid else {}
+    zero = call.kind.must_be_zero(args) if call.kind.must_be_zero else {}
+    comparisons = [tolerance.compare("out", out, ref_out, base_out, dtype, valid.get("out"), zero.get("out"),
+                                     call.precision)]
+    for name, got in call.grads.items():
+        ref = ref_grads.get(name)
+        if ref is None:
+            continue
+        comparisons.append(tolerance.compare(name, _to_cpu(got), ref, base_grads.get(name), dtype,
+                                             valid.get(name), zero.get(name), call.precision))
+    return comparisons
+
+
+class Checker:
+    """One daemon thread draining a bounded queue. `submit` never blocks: when the queue is full
+    the sample is dropped and counted, so a slow check can never stall the run."""
+
+    def __init__(self, handle: Callable[[SampledCall, Optional[List[Comparison]], Optional[str]], None],
+                 max_pending: int = 2):
+        self._queue: "queue.Queue[Optional[SampledCall]]" = queue.Queue(maxsize=max_pending)
+        self._handle = handle
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+        self.dropped = 0
+        self.busy_s = 0.0
+
+    def submit(self, call: SampledCall) -> bool:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="gpuparity-monitor", daemon=True)
+                self._thread.start()
+        try:
+            self._queue.put_nowait(call)
+            return True
+        except queue.Full:
+            self.dropped += 1
+            return False
+
+    def room(self) -> bool:
+        return not self._queue.full()
+
+    def _loop(self) -> None:
+        # the checks' own F.* calls (references, baselines) must never be watched themselves
+        from .capture import DEPTH
+        DEPTH.__enter__()
+        while True:
+            call = self._queue.get()
+            try:
+                if call is None:
+                    return
+                started = time.perf_counter()
+                try:
+                    comparisons, error = check_call(call), None
+                except Exception as exc:  # noqa: BLE001 - a check that cannot run is reported, not raised
+                    frames = traceback.extract_tb(exc.__traceback__)
+                    where = f" at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
+                    comparisons, error = None, f"{type(exc).__name__}: {str(exc)[:300]}{where}"
+                self.busy_s += time.perf_counter() - started
+                self._handle(call, comparisons, error)
+            finally:
+                self._queue.task_done()
+
+    def drain(self, timeout: Optional[float] = None) -> bool:
+        """Wait until every submitted check has run (True), or timeout seconds (False)."""
+        if self._thread is None:
+            return True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._queue.unfinished_tasks:
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def stop(self) -> None:
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)
+            thread.join()

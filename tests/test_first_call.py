@@ -1,0 +1,163 @@
+"""The first backend="auto" call verifies only the candidate it would choose (checks/probe.py),
+in the order of the timings stored here or of the device family's priors (checks/priors.py),
+and still keeps the contract: only a backend that passed here is chosen, and a confirmed known
+issue still rules one out."""
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+import torch
+
+import gpuparity
+from gpuparity import dispatch
+from gpuparity.backends.registry import Backend
+from gpuparity.checks import priors, probe, verdicts
+from gpuparity.ops import select
+from gpuparity.ops.calls import norm_problem
+
+
+@pytest.fixture
+def empty_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUPARITY_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("GPUPARITY_PROBE", "inprocess")
+    monkeypatch.setenv(probe.REFINE, "off")
+    monkeypatch.delenv(probe.TRUST_UNPROBED, raising=False)
+    verdicts.clear_cache()
+    yield tmp_path
+    verdicts.clear_cache()
+
+
+@pytest.fixture
+def checks_run(monkeypatch):
+    """Every check task the probe runs, in order."""
+    ran = []
+    real = probe.run_tasks
+
+    def counting(tasks, **kwargs):
+        tasks = list(tasks)
+        ran.extend(tasks)
+        return real(tasks, **kwargs)
+
+    monkeypatch.setattr(probe, "run_tasks", counting)
+    return ran
+
+
+def _rms_inputs():
+    return torch.randn(4, 64), torch.randn(64)
+
+
+def test_a_first_auto_call_verifies_only_the_candidate(empty_cache, checks_run):
+    x, w = _rms_inputs()
+    out = gpuparity.rms_norm(x, (64,), w)
+    assert torch.allclose(out, torch.nn.functional.rms_norm(x, (64,), w), atol=1e-5)
+    first = priors.order("rms_norm", torch.device("cpu"))[0]
+    assert {t.backend for t in checks_run} == {first}                      # one backend checked
+    assert {t.mode for t in checks_run} == {"check"}                       # and nothing timed
+    assert len(checks_run) == len(probe.first_call_cases("rms_norm", "default")) <= 8
+    rows = {r["name"]: r for r in select.explain(norm_problem("rms_norm", x, (64,), w, None))["candidates"]}
+    assert rows[first]["status"] == "verified"
+    assert {r["status"] for name, r in rows.items() if name != first} <= {"unchecked", "never-auto"}
+    gpuparity.rms_norm(x, (64,), w)
+    assert len(checks_run) == len(probe.first_call_cases("rms_norm", "default"))   # the verdict is kept
+
+
+def _planted(name, fn, monkeypatch):
+    dispatch.register(Backend(name, "rms_norm", fn, "planted for a test", dtypes=(torch.float32,)))
+    monkeypatch.setitem(priors.PRIORS["cpu"], "rms_norm", [name, "torch", "composition"])
+
+
+def test_a_candidate_that_fails_verification_gives_way_to_the_next(empty_cache, checks_run, monkeypatch):
+    def wrong(x, normalized_shape, weight=None, eps=None):
+        return torch.nn.functional.rms_norm(x, normalized_shape, weight, eps) * 1.01
+
+    _planted("planted_wrong", wrong, monkeypatch)
+    try:
+        x, w = _rms_inputs()
+        problem = norm_problem("rms_norm", x, (64,), w, None)
+        assert select.resolve(problem).name == "torch"
+        assert [t.backend for t in checks_run][0] == "planted_wrong"
+        assert {t.backend for t in checks_run} == {"planted_wrong", "torch"}
+        rows = {r["name"]: r for r in select.explain(problem)["candidates"]}
+        assert rows["planted_wrong"]["status"] == "failed-probe"
+        # a failed verdict is kept: even timed fastest, the backend is never chosen
+        key = verdicts.probe_key(problem, dispatch.get("rms_norm", "planted_wrong"))
+        verdicts.store_verdicts(problem.device, {key: {**verdicts.load(verdicts.cache_path(problem.device))[key],
+                                                       "time_ms": 0.001}})
+        assert select.resolve(problem).name == "torch"
+    finally:
+        dispatch.unregister("rms_norm", "planted_wrong")
+
+
+def test_a_confirmed_known_issue_still_rules_the_candidate_out(empty_cache, checks_run, monkeypatch):
+    from gpuparity.known import avoid
+    asked = []
+
+    def confirmed(op, dtype, device, backends):
+        asked.append(list(backends))
+        return [avoid.Avoid("PLANTED-ISSUE", "rms_norm", "torch", remedy="use another backend")]
+
+    monkeypatch.setattr(avoid, "confirmed_here", confirmed)
+    x, w = _rms_inputs()
+    problem = norm_problem("rms_norm", x, (64,), w, None)
+    chosen = select.resolve(problem)
+    assert asked == [["torch"]]                                  # the issues bearing on the candidate only
+    assert chosen.name != "torch"
+    rows = {r["name"]: r for r in select.explain(problem)["candidates"]}
+    assert "PLANTED-ISSUE" in rows["torch"]["reason"]
+
+
+def test_stored_timings_rank_before_the_priors(empty_cache, checks_run):
+    x, w = _rms_inputs()
+    problem = norm_problem("rms_norm", x, (64,), w, None)
+    stored = {verdicts.probe_key(problem, dispatch.get("rms_norm", "torch")): {"passed": True, "reason": "", "time_ms": 9.0},
+              verdicts.probe_key(problem, dispatch.get("rms_norm", "triton")): {"passed": True, "reason": "", "time_ms": 1.0}}
+    verdicts.store_verdicts(problem.device, stored)
+    assert select.resolve(problem).name == "triton" and checks_run == []
+
+
+def test_a_slow_first_call_logs_one_info_line_and_no_warning(empty_cache, monkeypatch, caplog):
+    real = probe.verify
+
+    def slow(*args):
+        time.sleep(dispatch.SLOW_RESOLUTION_S + 0.1)
+        return real(*args)
+
+    monkeypatch.setattr(probe, "verify", slow)
+    x, w = _rms_inputs()
+    with caplog.at_level(logging.DEBUG, logger="gpuparity"):
+        gpuparity.rms_norm(x, (64,), w)
+        gpuparity.rms_norm(x, (64,), w)
+    said = [r for r in caplog.records if r.name.startswith("gpuparity")]
+    assert [r.levelno for r in said] == [logging.INFO], [r.getMessage() for r in said]
+    assert "rms_norm" in said[0].getMessage()
+
+
+def test_background_timings_refine_the_choice(empty_cache, monkeypatch):
+    monkeypatch.setenv(probe.REFINE, "background")
+    x, w = _rms_inputs()
+    problem = norm_problem("rms_norm", x, (64,), w, None)
+
+    def timed(op, dtype, kind, device, backends=None, **_):
+        return {verdicts.probe_key(problem, dispatch.get(op, name)): {"passed": True, "reason": "timed", "time_ms": t}
+                for name, t in (("torch", 5.0), ("triton", 1.0))}
+
+    monkeypatch.setattr(probe, "probe_op", timed)
+    assert select.resolve(problem).name == "torch"               # the prior, verified
+    deadline = time.monotonic() + 30
+    while select.resolve(problem).name != "triton" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert select.resolve(problem).name == "triton"              # the timings arrived
+
+
+def test_the_verification_worker_stays_alive_across_calls(empty_cache, monkeypatch):
+    monkeypatch.setenv("GPUPARITY_PROBE", "subprocess")
+    try:
+        x, w = _rms_inputs()
+        gpuparity.rms_norm(x, (64,), w)
+        pid = probe._pool("verify").proc.pid
+        gpuparity.layer_norm(x, (64,), w)
+        assert probe._pool("verify").proc.pid == pid and probe._pool("verify").proc.poll() is None
+    finally:
+        probe.close_workers()
