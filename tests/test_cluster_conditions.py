@@ -201,3 +201,31 @@ def test_trace_compare_plots_into_a_new_folder_and_names_the_traces_to_replay(tm
     out = " ".join(capsys.readouterr().out.split())   # rich may wrap the hint
     assert plot.is_file()
     assert f"gpuparity trace replay '{a}'" in out and f"gpuparity trace replay {b}" in out
+
+
+# ------------------------------------------------------------------ 7. errors raised by the user's code
+
+RAISING = "import torch\n\nclass Boom(torch.nn.Module):\n    def forward(self, x):\n" \
+          "        raise RuntimeError('forward exploded')\n\n" \
+          "def broken(device='cpu', dtype=torch.float32):\n    raise KeyError('no such weights')\n\n" \
+          "def factory(device='cpu', dtype=torch.float32):\n" \
+          "    return torch.nn.Sequential(torch.nn.Linear(4, 4), Boom()).to(device), (torch.randn(2, 4).to(device),)\n"
+
+
+@pytest.mark.parametrize("factory, raised, line", [("broken", "KeyError: 'no such weights'", 8),
+                                                   ("factory", "RuntimeError: forward exploded", 5)])
+def test_an_error_in_the_users_code_is_one_line_with_its_type_and_place(tmp_path, capsys, factory, raised, line):
+    spec = tmp_path / "raising.py"
+    spec.write_text(RAISING)
+    for command in (["model", f"{spec}:{factory}"], ["trace", "record", f"{spec}:{factory}", "--out", str(tmp_path / "t")]):
+        assert main(command + ["--device", "cpu"]) == 2, command
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        assert f"your code raised {raised}" in err and f"{spec}:{line}, in {factory if line == 8 else 'forward'}" in err
+
+
+def test_an_error_raised_inside_gpuparity_keeps_its_traceback():
+    from gpuparity.commands._common import user_code_location
+    with pytest.raises(ValueError) as raised:
+        gpuparity.rms_norm(torch.zeros(2, 3), (4,))
+    assert user_code_location(raised.value) is None

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
+import site
 import sys
+import sysconfig
 import tempfile
-from typing import Any, Dict, Iterator, Optional
+import traceback
+from typing import Any, Callable, Dict, Iterator, Optional
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -158,6 +162,63 @@ def check_device_argument(args) -> None:
         return
     from ..checks.plan import normalize_device, validate_device
     validate_device(normalize_device(value))
+
+
+# --------------------------------------------------------------------------- errors in the user's code
+# A factory or forward that raises is the user's error, reported as one line with its type and
+# the innermost line of the user's code that it passed through; an error raised inside gpuparity
+# keeps its traceback (it is ours to fix).
+
+def _folder(path: str) -> str:
+    return os.path.join(os.path.realpath(path), "")
+
+
+_GPUPARITY = _folder(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _library_roots() -> tuple:
+    paths = sysconfig.get_paths()
+    roots = {paths["stdlib"], paths["platstdlib"], paths["purelib"], paths["platlib"],
+             *getattr(site, "getsitepackages", lambda: [])()}
+    return (_GPUPARITY, *(_folder(r) for r in roots if r))
+
+
+def _is_library(filename: str, roots: tuple) -> bool:
+    return filename.startswith("<") or os.path.realpath(filename).startswith(roots)
+
+
+def user_code_location(exc: BaseException) -> Optional[str]:
+    """'file:line, in function' of the innermost frame of `exc`'s traceback in the user's code
+    (not gpuparity, the standard library or installed packages), or None when there is none or
+    the error was raised inside gpuparity itself."""
+    roots = _library_roots()
+    frames = traceback.extract_tb(exc.__traceback__)
+    if isinstance(exc, SyntaxError) and exc.filename and not _is_library(exc.filename, roots):
+        return f"{exc.filename}:{exc.lineno}"
+    if not frames or os.path.realpath(frames[-1].filename).startswith(_GPUPARITY):
+        return None
+    for frame in reversed(frames):
+        if not _is_library(frame.filename, roots):
+            return f"{frame.filename}:{frame.lineno}, in {frame.name}"
+    return None
+
+
+def reports_user_errors(handler: Callable) -> Callable:
+    """Wrap a handler that runs the user's code (a SPEC factory, a model's forward): an error
+    raised there ends the command with one line naming its type, message and location, exit 2."""
+    @functools.wraps(handler)
+    def run(args) -> int:
+        try:
+            return handler(args)
+        except Exception as exc:  # noqa: BLE001 - re-raised unless the user's code raised it
+            where = user_code_location(exc)
+            if where is None:
+                raise
+            message = str(exc).strip() or "(no message)"
+            print(f"gpuparity {args.command}: error: your code raised {type(exc).__name__}: {message} "
+                  f"(at {where})", file=sys.stderr)
+            return 2
+    return run
 
 
 def add_json(parser: argparse.ArgumentParser, what: str = "the results") -> None:

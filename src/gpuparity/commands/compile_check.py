@@ -8,7 +8,7 @@ import argparse
 import json
 
 from ..report.files import write_json
-from ._common import console, output_json, spec_argument, split_list
+from ._common import console, output_json, reports_user_errors, spec_argument, split_list
 
 
 def register(subparsers) -> None:
@@ -28,7 +28,7 @@ def register(subparsers) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--factory-arg", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--json", metavar="FILE", type=output_json, help="write the result as JSON ('-' for stdout)")
-    parser.set_defaults(handler=handle)
+    parser.set_defaults(handler=reports_user_errors(handle))
 
 
 def handle(args) -> int:

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from ..report.files import write_json, write_text
-from ._common import human_console, output_file, output_json, spec_argument
+from ._common import human_console, output_file, output_json, reports_user_errors, spec_argument
 
 EXAMPLE = """\
 SPEC is module:factory (or path/to/file.py:factory), as for `gpuparity trace record`:
@@ -45,7 +45,7 @@ def register(subparsers) -> None:
     parser.add_argument("--json", metavar="FILE", type=output_json, help="write the report as JSON ('-' for stdout)")
     parser.add_argument("--html", metavar="FILE", type=output_file, help="write a self-contained HTML report")
     parser.add_argument("--all", action="store_true", help="show every row")
-    parser.set_defaults(handler=handle_model)
+    parser.set_defaults(handler=reports_user_errors(handle_model))
 
 
 def handle_model(args) -> int:

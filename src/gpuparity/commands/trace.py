@@ -6,7 +6,7 @@ import json
 import sys
 
 from ..report.files import write_json, write_text
-from ._common import console, input_trace, output_dir, output_file, output_json, spec_argument
+from ._common import console, input_trace, output_dir, output_file, output_json, reports_user_errors, spec_argument
 
 EXAMPLE = """\
 SPEC is module:factory (or path/to/file.py:factory); the factory returns (model, inputs):
@@ -47,7 +47,7 @@ def register(subparsers) -> None:
                              "replay needs full tensors")
     record.add_argument("--no-grads", action="store_true", help="forward only")
     _add_factory_args(record)
-    record.set_defaults(handler=handle_record)
+    record.set_defaults(handler=reports_user_errors(handle_record))
 
     compare = sub.add_parser("compare", help="compare two traces module by module (B against A)")
     compare.add_argument("a", metavar="A", type=input_trace, help="the reference trace")
@@ -69,7 +69,7 @@ def register(subparsers) -> None:
     replay.add_argument("--html", metavar="FILE", type=output_file, help="write a self-contained HTML report")
     replay.add_argument("--plot", metavar="FILE.png", type=output_file, help="plot each module's own error (needs matplotlib)")
     replay.add_argument("--all", action="store_true", help="show every row")
-    replay.set_defaults(handler=handle_replay)
+    replay.set_defaults(handler=reports_user_errors(handle_replay))
     parser.set_defaults(handler=lambda args: (parser.print_help(), 2)[1])
 
 
