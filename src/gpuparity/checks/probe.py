@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .. import dispatch
+from .. import caches, dispatch
 from ..backends.registry import Backend, Problem
 from . import priors
 from . import verdicts as verdicts_store
@@ -50,7 +50,18 @@ def probed_backends(op: str) -> List[str]:
 
 # ----------------------------------------------------------------------------- workers kept alive
 REFINE = "GPUPARITY_PROBE_REFINE"   # "background" or "off"; default: background where checks run in workers
-_POOLS: Dict[str, Tuple[str, WorkerPool]] = {}   # purpose -> (the fp32 switches it started with, worker)
+
+
+class _Workers(dict):
+    """purpose -> (the fp32 switches it started with, worker); clearing it ends the workers."""
+
+    def clear(self) -> None:
+        for _, pool in list(self.values()):
+            pool._stop()   # kill, not close: a background check may be running and need not finish
+        super().clear()
+
+
+_POOLS: Dict[str, Tuple[str, WorkerPool]] = caches.register("checks.probe.workers", _Workers())
 _POOLS_LOCK = threading.Lock()
 _FOREGROUND = threading.Lock()   # one first-call verification at a time uses the foreground worker
 _STOP = threading.Event()        # set at exit: the background stops between checks
@@ -74,10 +85,7 @@ def _pool(purpose: str) -> WorkerPool:
 def close_workers() -> None:
     """End the kept workers (the next first call starts one again)."""
     with _POOLS_LOCK:
-        pools = [pool for _, pool in _POOLS.values()]
         _POOLS.clear()
-    for pool in pools:
-        pool._stop()   # kill, not close: a background check may be running and need not finish
 
 
 @atexit.register
@@ -230,8 +238,8 @@ def rank(problem: Problem, candidates: List[Backend]) -> List[Tuple[Backend, str
 
 # ----------------------------------------------------------------------------- refinement
 _REFINE_QUEUE: "queue.Queue[tuple]" = queue.Queue()
-_REFINE_ASKED = set()
-_REFINE_THREAD: List[threading.Thread] = []
+_REFINE_ASKED = caches.register("checks.probe.refine_asked", set())   # (op, dtype, kind, device) already queued
+_REFINE_THREAD: Optional[threading.Thread] = None
 
 
 def _refine_enabled(device: torch.device) -> bool:
@@ -245,15 +253,15 @@ def _refine_later(problem: Problem) -> None:
     """Time (and verify) every backend of this call's op and kind in a background worker; the
     verdicts are stored as they arrive, and the next call ranks by them (dispatch forgets its
     choices on every store)."""
+    global _REFINE_THREAD
     job = (problem.op, problem.dtype, problem.kind, problem.device)
     with _POOLS_LOCK:
         if job in _REFINE_ASKED or _STOP.is_set():
             return
         _REFINE_ASKED.add(job)
-        if not _REFINE_THREAD:
-            thread = threading.Thread(target=_refine_loop, name="gpuparity-refine", daemon=True)
-            _REFINE_THREAD.append(thread)
-            thread.start()
+        if _REFINE_THREAD is None:
+            _REFINE_THREAD = threading.Thread(target=_refine_loop, name="gpuparity-refine", daemon=True)
+            _REFINE_THREAD.start()
     _REFINE_QUEUE.put(job)
 
 
