@@ -7,6 +7,7 @@ import shlex
 from typing import Any, Dict, List, Optional, Sequence
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .html import esc, html_table, page_head
@@ -124,6 +125,8 @@ def _culprit_line(row: Optional[Dict[str, Any]], direction: str) -> str:
             f"{_num(row.get('allowed'))}; max abs {_num(row.get('max_abs'))} at {row.get('worst_index')}")
     if row.get("deviates"):
         text += f"; {_DEVIATES[row['deviates']]}"
+    if row.get("known_issue"):
+        text += f"; known issue {row['known_issue']} (confirmed here: torch's own kernel, not the model's code)"
     return text
 
 
@@ -231,8 +234,25 @@ _OWN_STATUS = {"ok": "[green]ok[/]", "diverged": "[bold red]DIVERGES[/]", "error
 
 def _model_header(data: Dict[str, Any]) -> str:
     scope = f"only {', '.join(data['include'])}, each on its recorded inputs" if data["include"] else "the whole model"
-    return (f"{data['spec']} {data.get('factory_args') or ''}: {data['device']} {data['dtype']} against "
+    mode = " in eval mode" if data.get("run_mode") == "eval" else ""
+    return (f"{data['spec']} {data.get('factory_args') or ''}: {data['device']} {data['dtype']}{mode} against "
             f"{data['reference']} (same weights and inputs), {scope}; {data['machine']}")
+
+
+def _padding_line(padding: Optional[Dict[str, Any]]) -> Optional[str]:
+    """One line for the padding-invariance check (trace/padding.py), or None when it did not run."""
+    if padding is None:
+        return None
+    if not padding["checked"]:
+        return f"padding invariance: not checked: {padding['why']}"
+    culprit = padding["culprit_forward"] or padding["culprit_backward"]
+    if culprit is None:
+        return (f"padding invariance ({padding['why']}): the outputs and gradients at the real tokens do not move: "
+                "no module uses what sits at the padded positions")
+    what = "own output" if culprit["direction"] == "forward" else "own backward"
+    return (f"padding invariance ({padding['why']}): {culprit['key']} ({culprit['type']}): its {what} at the real "
+            f"tokens moved by {_num(culprit['change'])} (allowed {_num(culprit['allowed'])}, {culprit['tensor']}) "
+            "when only the padded positions changed: it reads padding its mask should hide")
 
 
 def render_model_check(console: Console, data: Dict[str, Any], show_all: bool = False) -> None:
@@ -257,20 +277,32 @@ def render_model_check(console: Console, data: Dict[str, Any], show_all: bool = 
             table.add_row(str(row["index"]), row["key"], row["type"], _num(row.get("err")), _num(row.get("inherited")),
                           _num(row.get("allowed")), status, style=style)
         console.print(table)
-    for note in data.get("notes", []) + (comparison or {}).get("notes", []):
+    padding = data.get("padding")
+    for note in data.get("notes", []) + (comparison or {}).get("notes", []) + (padding or {}).get("notes", []):
         console.print(f"[yellow]note:[/] {note}")
     console.print(f"module whose own computation diverges, forward:  {_culprit_line(data['culprit_forward'], 'forward')}")
     console.print(f"module whose own computation diverges, backward: {_culprit_line(data['culprit_backward'], 'backward')}")
+    if _padding_line(padding):
+        console.print(escape(_padding_line(padding)), style=None if padding.get("passed", True) else "red")
     if data["passed"]:
-        console.print("[bold green]the model agrees with float64[/] under the tolerance policy (docs/diverging-runs.md)")
-    else:
-        culprit = data["culprit_forward"] or data["culprit_backward"]
+        console.print("[bold green]the model agrees with float64[/] under the tolerance policy (docs/diverging-runs.md)"
+                      + (" and its real tokens ignore the padding" if padding and padding["checked"] else ""))
+        return
+    culprit = data["culprit_forward"] or data["culprit_backward"]
+    if culprit is not None:
+        known = (f" (known issue {culprit['known_issue']}, confirmed on this machine: torch's {culprit['type']} "
+                 "kernel, not the model's code; the remedy is in the row's reason)" if culprit.get("known_issue") else "")
         console.print(f"[bold red]{culprit['key']} diverges[/]: fed the same inputs, its result on {data['device']} "
-                      f"differs from float64 beyond the tolerance policy")
+                      f"differs from float64 beyond the tolerance policy{known}")
+    if padding and not padding["passed"]:
+        moved = padding["culprit_forward"] or padding["culprit_backward"]
+        console.print(f"[bold red]{moved['key']} ignores the padding mask[/]: its result at the real tokens depends on "
+                      "the padded positions")
 
 
 def model_check_html(data: Dict[str, Any]) -> str:
-    verdict = "agrees with float64" if data["passed"] else "a module's own computation diverges"
+    verdict = ("agrees with float64" if data["passed"] else "a module's own computation diverges"
+               if data["culprit_forward"] or data["culprit_backward"] else "a module ignores the padding mask")
     parts = [*page_head("gpuparity model", "gpuparity model", data["passed"], verdict),
              f"<p>{esc(_model_header(data))}</p>"]
     for direction in ("forward", "backward"):
@@ -283,9 +315,13 @@ def model_check_html(data: Dict[str, Any]) -> str:
              _num(r.get("allowed")),
              f"<span class='{'ok' if r['status'] == 'ok' else 'bad'}'>{esc(r['status'])}</span> {esc(r.get('reason'))}"]
             for r in data[direction]]))
+    if _padding_line(data.get("padding")):
+        ok = data["padding"].get("passed", True)
+        parts.append(f"<h2>Padding invariance</h2><p class='{'ok' if ok else 'bad'}'>{esc(_padding_line(data['padding']))}</p>")
     if data.get("comparison"):
         parts += _comparison_sections(data["comparison"], "relative error against float64")
-    notes = data.get("notes", []) + (data.get("comparison") or {}).get("notes", [])
+    notes = data.get("notes", []) + (data.get("comparison") or {}).get("notes", []) + \
+        (data.get("padding") or {}).get("notes", [])
     if notes:
         parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>")
     parts.append("</body></html>")

@@ -26,6 +26,8 @@ from . import spec as _spec
 from . import store
 from .compare import TraceComparison, compare
 from .record import ROOT, record_in_memory
+from .padding import PaddingCheck, check_padding
+from .store import MemoryTrace
 from .replay import ReplayRow, _Decoder, _NotReplayable, _culprit, _pair_outputs
 
 SCHEMA_VERSION = 1
@@ -38,17 +40,8 @@ class ModelTooBig(ValueError):
     """The float64 CPU copy (weights, gradients, activations) would not fit in RAM."""
 
 
-class MemoryTrace(store.Trace):
-    """A trace held in memory: what `record_in_memory` returned, readable by `trace.compare`."""
-
-    def __init__(self, label: str, meta: Dict[str, Any], tensors: Dict[str, torch.Tensor]):
-        super().__init__(label, meta)
-        self._tensors = tensors
-
-    def tensor(self, key: str) -> torch.Tensor:
-        if key not in self._tensors:
-            raise KeyError(f"trace {self.path}: no tensor {key!r}")
-        return self._tensors[key]
+class CannotCompare(ValueError):
+    """The model's forward draws random numbers even in eval mode: no two runs can match (exit 2)."""
 
 
 class _Rounded(store.Trace):
@@ -73,6 +66,7 @@ class OwnRow(ReplayRow):
     err is device vs float64; status also "unconfirmed" (flagged by the comparison, impossible
     to re-run: the comparison's verdict stands)."""
     inherited: float = 0.0       # what its sub-modules' errors allow it (compare's rule)
+    known_issue: Optional[str] = None    # a confirmed known issue of the op this module is (torch's, not the model's)
 
     @property
     def failed(self) -> bool:
@@ -93,10 +87,13 @@ class ModelCheck:
     culprit_backward: Optional[OwnRow]
     memory: Dict[str, Any]
     notes: List[str]
+    padding: Optional[PaddingCheck] = None
+    mode: str = "as built"       # "as built", or "eval" when training-mode randomness was switched off
 
     @property
     def passed(self) -> bool:
-        return self.culprit_forward is None and self.culprit_backward is None
+        return (self.culprit_forward is None and self.culprit_backward is None
+                and (self.padding is None or self.padding.passed))
 
     def to_dict(self) -> Dict[str, Any]:
         report = _platform.current()
@@ -109,7 +106,8 @@ class ModelCheck:
             "culprit_backward": self.culprit_backward.to_dict() if self.culprit_backward else None,
             "forward": [r.to_dict() for r in self.forward], "backward": [r.to_dict() for r in self.backward],
             "comparison": self.comparison.to_dict() if self.comparison is not None else None,
-            "memory": self.memory, "notes": self.notes,
+            "padding": self.padding.to_dict() if self.padding is not None else None,
+            "run_mode": self.mode, "memory": self.memory, "notes": self.notes,
         }
 
 
@@ -289,7 +287,7 @@ def _copy_weights(source: torch.nn.Module, target: torch.nn.Module) -> None:
 def check_model(factory: Union[str, Callable], *, device=None, dtype: Optional[torch.dtype] = None,
                 factory_args: Optional[Dict[str, Any]] = None, seed: int = 0,
                 include: Optional[Sequence[str]] = None, grads: bool = True,
-                ram_bytes: Optional[int] = None) -> ModelCheck:
+                ram_bytes: Optional[int] = None, padding: bool = True) -> ModelCheck:
     """Check a model from a SPEC (or factory) on `device` in `dtype` against float64 on the CPU.
 
     device: default: the first verified GPU (gpuparity.get_device), else the CPU.
@@ -299,6 +297,13 @@ def check_model(factory: Union[str, Callable], *, device=None, dtype: Optional[t
     ram_bytes: RAM the float64 copy may use (default: $GPUPARITY_HOST_RAM_BYTES, else what the
         system reports available); a model that needs more is refused (ModelTooBig) before the
         float64 copy is made.
+    padding: also check padding invariance on the device (trace/padding.py) when the inputs hold
+        a padding mask: a module that ignores its mask in every dtype agrees with float64.
+
+    A model in training mode whose forward draws random numbers (dropout) is checked in eval
+    mode, said in the notes; one that draws them in eval mode too raises CannotCompare.
+    A diverging module that is one op of a known issue confirmed on this machine (torch's
+    LayerNorm in bf16 on the CPU) carries the issue's id (row.known_issue).
     """
     if isinstance(include, str):
         include = [include]
@@ -328,11 +333,13 @@ def check_model(factory: Union[str, Callable], *, device=None, dtype: Optional[t
         what = f"the float64 CPU copy of {type(model).__name__} ({_numel(model):,} parameters; weights and gradients)"
     _refuse(what, weights_need, have, source, include, example)
 
-    meta_b, tensors_b = record_in_memory(model, built.inputs, grads=grads, include=include or None, seed=seed,
-                                         loss_fn=built.loss_fn, spec=spec_name, factory_args=options)
+    notes: List[str] = []
+    meta_b, tensors_b, mode = _record_deterministic(model, built.inputs, device, seed, notes, grads=grads,
+                                                    include=include or None, loss_fn=built.loss_fn, spec=spec_name,
+                                                    factory_args=options)
     device_run = MemoryTrace(f"{device} {meta_b['dtype']}", meta_b, tensors_b)
     model_dtype = store.dtype_from_name(meta_b["dtype"]) if meta_b.get("dtype") else torch.float32
-    notes = list(meta_b.get("notes", []))
+    notes += meta_b.get("notes", [])
     memory = {"available_bytes": have, "available_from": source, "weights_bytes": weights_need}
 
     if include:
@@ -356,8 +363,103 @@ def check_model(factory: Union[str, Callable], *, device=None, dtype: Optional[t
                          "but fed the reference's inputs no module's own computation diverges: the model amplifies "
                          "rounding there")
     calls = dict(subcalls, **{c["key"]: c for c in meta_b["calls"]})
+    _label_known_issues(forward + backward, dict(model.named_modules()), device, model_dtype, notes)
+    padded = check_padding(model, built.inputs, grads=grads, include=include or None, seed=seed) if padding else None
     return ModelCheck(spec_name, options, str(device), meta_b.get("dtype"), include, comparison, forward, backward,
-                      _culprit(forward, calls), _culprit(backward, calls), memory, notes)
+                      _culprit(forward, calls), _culprit(backward, calls), memory, notes, padded, mode)
+
+
+# --------------------------------------------------------------------------- randomness
+def _rng_states(device: torch.device) -> List[torch.Tensor]:
+    states = [torch.random.get_rng_state()]
+    if device.type == "cuda":
+        states.append(torch.cuda.get_rng_state(device))
+    return states
+
+
+def _active_dropout(model: torch.nn.Module) -> bool:
+    return any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules())
+
+
+def _record_deterministic(model, inputs, device, seed, notes, **options):
+    """The device run, recorded so that a float64 run can repeat it: a model in training mode with
+    dropout (a module, or a forward whose draws move the random generator) runs in eval mode,
+    since a run on another device and dtype cannot draw the same dropout masks even from the same
+    seed; a forward that still draws random numbers in eval mode cannot be compared."""
+    mode = "as built"
+    eval_note = ("the model came in training mode and {what}: a run on {device} and a float64 run on the CPU "
+                 "cannot draw the same random numbers, so both ran in eval mode (dropout off; batch norm, if any, "
+                 "uses its running statistics); return model.eval() from the factory to say so yourself")
+    if model.training and _active_dropout(model):
+        model.eval()
+        mode = "eval"
+        notes.append(eval_note.format(what="has active dropout", device=device))
+    while True:
+        torch.manual_seed(seed)        # record_in_memory seeds the same way before the forward
+        fresh = _rng_states(device)
+        meta, tensors = record_in_memory(model, inputs, seed=seed, **options)
+        if all(torch.equal(a, b) for a, b in zip(fresh, _rng_states(device))):
+            return meta, tensors, mode
+        if model.training:
+            model.eval()
+            mode = "eval"
+            notes.append(eval_note.format(what="its forward draws random numbers (dropout called as a function?)",
+                                          device=device))
+            continue
+        raise CannotCompare(f"model: its forward draws random numbers in eval mode (torch's random generator on "
+                            f"{device} moved during the run): a run on {device} and a float64 run on the CPU cannot "
+                            "draw the same ones, so no module can be judged; make the forward deterministic (pass "
+                            "any noise in as an input) and run again")
+
+
+# --------------------------------------------------------------------------- known issues
+# Modules that are one op of the known-issue base (known/issues.json `avoid` entries name op and
+# backend): a plain torch LayerNorm runs torch's layer_norm kernel. A subclass with its own forward
+# computes something else, so it is not matched.
+_KNOWN_OPS = [(torch.nn.LayerNorm, "layer_norm")] + ([(torch.nn.RMSNorm, "rms_norm")] if hasattr(torch.nn, "RMSNorm")
+                                                    else [])
+_CONFIRMED: Dict[Tuple[str, str, str], list] = {}   # (op, dtype, device) -> confirmed avoid entries, per process
+
+
+def _op_of(module: Optional[torch.nn.Module]) -> Optional[str]:
+    for cls, op in _KNOWN_OPS:
+        if isinstance(module, cls) and type(module).forward is cls.forward:
+            return op
+    return None
+
+
+def _label_known_issues(rows: List[OwnRow], modules: Dict[str, torch.nn.Module], device: torch.device,
+                        model_dtype: torch.dtype, notes: List[str]) -> None:
+    """Label, in place, each diverging row whose module is torch's own op in a known issue
+    confirmed on this machine for that op, dtype and device (its probe runs once per process)."""
+    from ..known import avoid, engine
+    titles = None
+    for row in rows:
+        if row.status != "diverged":
+            continue
+        module = modules.get("" if row.module == ROOT else row.module)
+        op = _op_of(module)
+        if op is None:
+            continue
+        dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), model_dtype)
+        memo = (op, str(dtype), str(device))
+        if memo not in _CONFIRMED:
+            try:
+                _CONFIRMED[memo] = avoid.confirmed_here(op, dtype, device, ["torch"])
+            except Exception as exc:  # noqa: BLE001 - the labels are extra; the check's verdict stands
+                notes.append(f"the known issues of {op} could not be evaluated here ({type(exc).__name__}: {exc})")
+                continue
+        for entry in _CONFIRMED[memo]:
+            when = getattr(entry, "regime", None) or {}
+            if "requires_grad" in when and bool(when["requires_grad"]) != (row.direction == "backward"):
+                continue
+            if titles is None:
+                titles = {issue["id"]: issue["title"] for issue in engine.load_issues()}
+            row.known_issue = entry.issue
+            row.reason += (f"; {row.module} is torch's {op} in {str(dtype).replace('torch.', '')} on {device.type}: "
+                           f"known issue {entry.issue} ({titles.get(entry.issue, '')}), confirmed on this machine. "
+                           f"Remedy: {entry.remedy}")
+            break
 
 
 def _elements(meta: Dict[str, Any], key: str) -> int:

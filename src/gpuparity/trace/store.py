@@ -277,6 +277,20 @@ class Trace:
                 f"device={self.device}, dtype={self.dtype})")
 
 
+class MemoryTrace(Trace):
+    """A trace held in memory: what `record.record_in_memory` returned, readable by `compare`
+    (`gpuparity model` keeps its runs in memory)."""
+
+    def __init__(self, label: str, meta: Dict[str, Any], tensors: Dict[str, torch.Tensor]):
+        super().__init__(label, meta)
+        self._tensors = tensors
+
+    def tensor(self, key: str) -> torch.Tensor:
+        if key not in self._tensors:
+            raise KeyError(f"trace {self.path}: no tensor {key!r}")
+        return self._tensors[key]
+
+
 def save(path: str, meta: Dict[str, Any], tensors: Dict[str, torch.Tensor]) -> Trace:
     _, save_file = _safetensors()
     if os.path.exists(path) and not os.path.isdir(path):
