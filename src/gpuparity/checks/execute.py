@@ -15,6 +15,7 @@ import torch
 
 from ..dispatch import BackendUnavailable, get as get_backend
 from . import tolerance
+from .families import apply_values, apply_views
 from .results import Comparison, Status
 from .specs import OpSpec, get_spec
 
@@ -88,6 +89,13 @@ def _round_inputs(inputs: Dict[str, Any], spec: OpSpec, dtype: torch.dtype) -> D
     return out
 
 
+def make_inputs(spec: OpSpec, params: Dict[str, Any], dtype: torch.dtype, gen: torch.Generator) -> Dict[str, Any]:
+    """The case's float64 inputs, with its family's value regime (params "values") applied;
+    specs whose inputs depend on the dtype under test (finfo.min masks) read params["dtype"]."""
+    raw = spec.make_inputs({**params, "dtype": dtype_name(dtype)}, gen)
+    return apply_values(raw, params.get("values"), dtype, gen)
+
+
 def _forward_backward(spec: OpSpec, fn: Callable, inputs: Dict[str, Any], params: Dict[str, Any],
                       grad_out: Optional[torch.Tensor], expect_dtype: torch.dtype, expect_device: torch.device,
                       who: str, expect_shape=None) -> Tuple[Any, Dict[str, Optional[torch.Tensor]], List[str]]:
@@ -99,6 +107,9 @@ def _forward_backward(spec: OpSpec, fn: Callable, inputs: Dict[str, Any], params
             value = value.detach().clone().requires_grad_(True)
             inputs = {**inputs, name: value}
             leaves[name] = value
+    # a family's layout regime: one input as a view with an odd offset, stride 0, ... (the
+    # gradients still reach the leaves above)
+    inputs = apply_views(inputs, params.get("views"))
     out = spec.call(fn, inputs, params)
     problems = []
     if not isinstance(out, torch.Tensor):
@@ -123,7 +134,7 @@ def run_case(op: str, fn: Callable, params: Dict[str, Any], dtype: torch.dtype, 
     """One case: (status, comparisons, reason)."""
     spec = get_spec(op)
     gen = torch.Generator().manual_seed(seed)
-    raw = spec.make_inputs(params, gen)
+    raw = make_inputs(spec, params, dtype, gen)
     rounded = _round_inputs(raw, spec, dtype)
     ref_inputs = {**rounded, "orig_dtype": dtype}
     cpu = torch.device("cpu")

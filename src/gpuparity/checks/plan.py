@@ -8,9 +8,10 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 import torch
 
 from .. import dispatch
+from . import families
 from .execute import dtype_from_name, dtype_name, task_seed
 from .results import CheckResult, Status
-from .specs import LEVELS, OPS, get_spec
+from .specs import LEVELS, OPS, Case, get_spec
 
 # Rough cost of one check, for the up-front estimate of --full.
 # The up-front estimate: on a 16-core H100 machine the default level's 663 checks took 40 s in
@@ -64,8 +65,11 @@ def validate_device(device: torch.device) -> None:
 
 def plan(ops: Optional[Sequence[str]] = None, level: str = "default", device="cpu",
          dtypes: Optional[Sequence[str]] = None, backends: Optional[Sequence[str]] = None,
-         impl: Optional[str] = None, seed: int = 0, case_filter: Optional[Callable] = None):
-    """(tasks to run, results already decided: SKIP with a reason)."""
+         impl: Optional[str] = None, seed: int = 0, case_filter: Optional[Callable] = None,
+         cases: Optional[Dict[str, Sequence[Case]]] = None):
+    """(tasks to run, results already decided: SKIP with a reason). The cases of an op: its
+    listed cases of `level` and its families' members the level selects (checks/families.py),
+    or exactly `cases[op]` where given (named cases, explore's draws)."""
     if level not in LEVELS:
         raise ValueError(f"level: expected one of {list(LEVELS)}, got {level!r}")
     device = normalize_device(device)
@@ -88,16 +92,18 @@ def plan(ops: Optional[Sequence[str]] = None, level: str = "default", device="cp
             if backends:
                 available = [b for b in available if b.name in backends]
             candidates = [(b.name, b) for b in available]
-        for case in spec.cases():
-            if not case.at(level) or (case_filter and not case_filter(op, case)):
+        if cases is not None and op in cases:
+            op_cases = list(cases[op])
+        else:
+            op_cases = [case for case in spec.cases() if case.at(level)]
+            op_cases += [case for _, case in families.select(spec, level, seed,
+                                                             _implementations(spec, candidates, op_dtypes, device))]
+        for case in op_cases:
+            if case_filter and not case_filter(op, case):
                 continue
+            too_big = _sized_reason(spec, case, level, device, _serving(spec, case, candidates, op_dtypes, device, level))
             for dtype in op_dtypes:
-                if case.params.get("half_at_full") and dtype != torch.float32 and level != "full":
-                    continue
-                if (level == "default" and dtype == torch.float16 and torch.bfloat16 in op_dtypes
-                        and case.level != "quick"):
-                    # fp16 runs the kernels bf16 runs, in a second dtype: at the default level it
-                    # gets the quick (hostile) cases, bf16 every case; --full runs fp16 on all.
+                if not _runs_in(case, dtype, op_dtypes, level):
                     continue
                 seed_here = task_seed(seed, op, case.name, dtype_name(dtype))
                 for name, backend in candidates:
@@ -108,6 +114,9 @@ def plan(ops: Optional[Sequence[str]] = None, level: str = "default", device="cp
                         decided.append(task.result(Status.SKIP, f"{name}: compiles per shape, so the battery "
                                                                 f"checks it at --{backend.battery_level} (probed on first use)"))
                         continue
+                    if too_big:
+                        decided.append(task.result(Status.SKIP, f"not run here: {too_big}"))
+                        continue
                     if backend is not None:
                         reasons = backend.reasons(spec.problem(case.params, dtype, device))
                         if reasons:
@@ -115,6 +124,43 @@ def plan(ops: Optional[Sequence[str]] = None, level: str = "default", device="cp
                             continue
                     tasks.append(task)
     return tasks, decided
+
+
+def _sized_reason(spec, case: Case, level: str, device: torch.device, checks: int) -> Optional[str]:
+    """Why a case of a sized family (long sequences, > 2^31 elements) does not run here."""
+    work = spec.work(case.params)
+    if work is None or families.family_of(case.name) is None:
+        return None
+    return families.not_runnable(work, level, device, checks)
+
+
+def _implementations(spec, candidates, op_dtypes, device) -> int:
+    """How many of the candidates can serve the op's first case here (the others SKIP)."""
+    first = spec.cases()[0]
+    return sum(1 for _, backend in candidates
+               if backend is None or not backend.reasons(spec.problem(first.params, op_dtypes[0], device)))
+
+
+def _runs_in(case: Case, dtype: torch.dtype, op_dtypes, level: str) -> bool:
+    if case.params.get("half_at_full") and dtype != torch.float32 and level != "full":
+        return False
+    # fp16 runs the kernels bf16 runs, in a second dtype: at the default level it gets the
+    # quick (hostile) cases, bf16 every case; --full runs fp16 on all.
+    return not (level == "default" and dtype == torch.float16 and torch.bfloat16 in op_dtypes
+                and case.level != "quick")
+
+
+def _serving(spec, case: Case, candidates, op_dtypes, device, level: str) -> int:
+    """How many checks would run `case` (implementations that serve it x dtypes)."""
+    count = 0
+    for dtype in [d for d in op_dtypes if _runs_in(case, dtype=d, op_dtypes=op_dtypes, level=level)]:
+        for _, backend in candidates:
+            if backend is None:
+                count += 1
+            elif (LEVELS.index(backend.battery_level) <= LEVELS.index(level)
+                  and not backend.reasons(spec.problem(case.params, dtype, device))):
+                count += 1
+    return count
 
 
 def check_backend_names(ops: Sequence[str], backends: Sequence[str]) -> None:

@@ -11,13 +11,14 @@ from ... import reference
 from ...backends.masks import attention_kind
 from ...backends.registry import BackendUnavailable, Problem
 from ...numerics import matmul_tf32
+from .. import families as fam
 from .base import Case, OpSpec, randn, tf32_precision
 
 
 def _case(name, level="default", **params) -> Case:
     defaults = dict(B=2, H=2, Hkv=None, Sq=16, Sk=None, D=32, mask="none", causal=False, scale=None,
                     layout="bhsd", logit_scale=1.0, lengths=None, empty_rows=0, mask_shape="b1qk",
-                    window=None, softcap=None)
+                    window=None, softcap=None, value="normal", mask_fill="random")
     defaults.update(params)
     defaults["Hkv"] = defaults["Hkv"] or defaults["H"]
     defaults["Sk"] = defaults["Sk"] or defaults["Sq"]
@@ -78,6 +79,15 @@ class AttentionSpec(OpSpec):
     def cases(self):
         return CASES
 
+    def families(self):
+        return FAMILIES
+
+    def make_case(self, name, level="default", **overrides):
+        return _case(name, level, **overrides)
+
+    def work(self, p):
+        return p["B"] * p["H"] * p["Sq"] * p["Sk"]
+
     def kind(self, params):
         masks = self._mask_tensors_meta(params)
         return attention_kind(*masks, params["causal"], params.get("window"), params.get("softcap"))
@@ -116,23 +126,33 @@ class AttentionSpec(OpSpec):
             k = randn(gen, B, Hkv, Sk, width)
             v = randn(gen, B, Hkv, Sk, width)
         q = q * p["logit_scale"]
+        if p.get("value", "normal") != "normal":
+            _massive_rows(q, k, p)
         inputs: Dict[str, Any] = {"q": q, "k": k, "v": v}
         kinds = p["mask"].split("+")
         if "key_padding" in kinds:
             lengths = p["lengths"]
             inputs["key_padding_mask"] = torch.arange(Sk).view(1, Sk) >= torch.tensor(lengths).view(B, 1)
         if "bool" in kinds or "float" in kinds:
-            shape = {"b1qk": (B, 1, Sq, Sk), "bhqk": (B, H, Sq, Sk), "qk": (Sq, Sk), "11_k": (1, 1, 1, Sk)}[p["mask_shape"]]
+            shape = mask_shape(p["mask_shape"], B, H, Sq, Sk)
             keep = torch.rand(*shape, generator=gen) > 0.3
-            if p["empty_rows"] and shape[-2] > 1:
+            fill = p.get("mask_fill", "random")
+            if fill == "all_true":
+                keep = torch.ones(shape, dtype=torch.bool)
+            elif fill == "causal":  # is_causal spelled as a bool attn_mask (top-left, as SDPA's)
+                keep = torch.ones(shape[-2], Sk, dtype=torch.bool).tril().expand(shape).clone()
+            if p["empty_rows"] and shape[-2] > 1 and fill == "random":
                 keep.view(-1, shape[-2], Sk)[0, shape[-2] // 2, :] = False  # one row with nothing to attend to
-            if p["mask_shape"] == "11_k":
-                keep[..., 0] = True
+            if shape[-2] == 1 or fill == "finfo_min":
+                keep[..., 0] = True  # no head or batch item left with nothing at all; finfo.min rows are never empty
             if "bool" in kinds:
                 inputs["attn_mask"] = keep
             else:
                 additive = randn(gen, *shape, scale=2.0)
-                inputs["attn_mask"] = additive.masked_fill(~keep, float("-inf"))
+                # transformers' masks: the dtype's most negative finite value, not -inf
+                masked = (torch.finfo(getattr(torch, p.get("dtype", "float32"))).min if fill == "finfo_min"
+                          else float("-inf"))
+                inputs["attn_mask"] = additive.masked_fill(~keep, masked)
         return inputs
 
     def _views(self, inputs, p):
@@ -181,6 +201,162 @@ class AttentionSpec(OpSpec):
 
 
 SPEC = AttentionSpec()
+
+
+def mask_shape(code: str, B: int, H: int, Sq: int, Sk: int) -> tuple:
+    """An attn_mask shape from its code: one letter per dim, b/h/q/k for B/H/Sq/Sk, 1 or _ for a
+    broadcast dim ("b1qk": (B, 1, Sq, Sk); "qk": (Sq, Sk); "1h1k": (1, H, 1, Sk))."""
+    sizes = {"b": B, "h": H, "q": Sq, "k": Sk, "1": 1, "_": 1}
+    return tuple(sizes[letter] for letter in code)
+
+
+# Logits of a massive-activation row: every one about -120, so the row's logsumexp (~ -120 +
+# log Sk) is far below -88.7, where exp() of it underflows fp32 (pytorch#196678's regime).
+MASSIVE_LOGIT = 120.0
+MASSIVE_KEY = 8.0
+
+
+def _massive_rows(q: torch.Tensor, k: torch.Tensor, p: Dict[str, Any]) -> None:
+    """Every key gets MASSIVE_KEY in head-dim 0 (an attention sink's channel); the even query rows
+    of head 0 get -+a there, so their logits are all about -+MASSIVE_LOGIT ("massive_neg": the
+    logsumexp underflows fp32's exp; "massive_pos": exp overflows without the running max). The
+    other dims keep their random values: the rows still have a spread of ~1 in their logits."""
+    scale = p["scale"] if p["scale"] is not None else p["D"] ** -0.5
+    sign = -1.0 if p["value"] == "massive_neg" else 1.0
+    a = MASSIVE_LOGIT / (MASSIVE_KEY * scale)
+    k[..., 0] = MASSIVE_KEY
+    if p["layout"] == "bshd":        # stored (B, S, H, width)
+        q[:, ::2, 0, 0] = sign * a
+    else:                            # (B, H, S, width); sliced views read width 0
+        q[:, 0, ::2, 0] = sign * a
+
+
+def _families():
+    """Attention's regime families (checks/families.py)."""
+    tile_sizes = [15, 17, 31, 33, 63, 64, 65, 96, 127, 128, 129, 191, 193, 255, 256, 257, 320, 383, 384, 385,
+                  448, 511, 513, 576, 704]
+    masks = [dict(mask="bool"), dict(mask="key_padding"), dict(causal=True), dict(mask="float", mask_shape="qk"),
+             dict()]
+
+    def padded(B, Sk):  # distinct lengths per item, one full and one short
+        return [Sk] + [max(1, (Sk * (i + 1)) // (B + 1) - i) for i in range(B - 1)]
+
+    def with_lengths(params):
+        params = dict(params)
+        if "key_padding" in params.get("mask", ""):
+            params["lengths"] = padded(params.get("B", 2), params.get("Sk") or params["Sq"])
+        return params
+
+    tile = [("sq192_sk192_bool_d64", dict(Sq=192, D=64, mask="bool")),
+            ("sq127_sk129_padding", with_lengths(dict(Sq=127, Sk=129, mask="key_padding"))),
+            ("sq65_sk320_causal", dict(Sq=65, Sk=320, causal=True))]
+    for i, size in enumerate(tile_sizes):
+        tile.append((f"sq{size}_sk{size}", with_lengths(dict(Sq=size, **masks[i % len(masks)]))))
+        other = tile_sizes[(i * 7 + 3) % len(tile_sizes)]
+        tile.append((f"sq{size}_sk{other}", with_lengths(dict(Sq=size, Sk=other, **masks[(i + 2) % len(masks)]))))
+
+    def draw_tile(rng):
+        def size():
+            tile_n = rng.choice([16, 32, 64, 128])
+            return max(1, tile_n * rng.randint(1, 6) + rng.choice([-1, 0, 1, tile_n // 2]))
+        Sq = size()
+        Sk = Sq if rng.random() < 0.4 else size()
+        params = with_lengths(dict(Sq=Sq, Sk=Sk, D=rng.choice([32, 64]), **rng.choice(masks)))
+        return f"sq{Sq}_sk{Sk}", params
+
+    ratio = [("sq80_sk17_bool", dict(Sq=80, Sk=17, mask="bool")),
+             ("sq17_sk80_causal_padding", dict(Sq=17, Sk=80, causal=True, mask="key_padding", lengths=[80, 33])),
+             ("sq1_sk200", dict(Sq=1, Sk=200, mask="key_padding", lengths=[200, 71])),
+             ("sq200_sk1", dict(Sq=200, Sk=1)),
+             ("sq3_sk130_float", dict(Sq=3, Sk=130, mask="float", mask_shape="b1qk")),
+             ("sq130_sk3_causal", dict(Sq=130, Sk=3, causal=True)),
+             ("sq64_sk65_bool", dict(Sq=64, Sk=65, mask="bool"))]
+
+    long = [("sq64_sk16448_padding", dict(B=1, H=1, Sq=64, Sk=16448, mask="key_padding", lengths=[16445])),
+            ("sq16448_sk64_bool", dict(B=1, H=1, Sq=16448, Sk=64, mask="bool", mask_shape="11qk")),
+            ("sq4160_sk4160_bool", dict(B=1, H=1, Sq=4160, mask="bool", mask_shape="11qk")),
+            ("sq8_sk131136_padding", dict(B=1, H=1, Sq=8, Sk=131136, mask="key_padding", lengths=[131130])),
+            ("sq8256_sk8256_causal", dict(B=1, H=1, Sq=8256, causal=True)),
+            ("sq16448_sk16448_bool", dict(B=1, H=2, Sq=16448, mask="bool", mask_shape="11qk")),
+            # > 2^31 elements in the scores of one call: where 32-bit offsets overflow
+            ("sq32832_sk32832_b1_h2", dict(B=1, H=2, Sq=32832, D=32))]
+
+    batch = [("b5_bool_padding", dict(B=5, Sq=24, Sk=40, mask="bool+key_padding", lengths=[40, 1, 33, 17, 8])),
+             ("b3_float_b1qk", dict(B=3, Sq=20, Sk=36, mask="float", mask_shape="b1qk")),
+             ("b4_causal_padding", dict(B=4, Sq=30, causal=True, mask="key_padding", lengths=[30, 29, 12, 2])),
+             ("b6_bool_bhqk", dict(B=6, H=2, Sq=12, Sk=19, mask="bool", mask_shape="bhqk")),
+             ("b8_gqa_padding", dict(B=8, H=4, Hkv=2, Sq=16, mask="key_padding", lengths=[16, 15, 9, 8, 4, 3, 2, 1])),
+             ("b3_plain_d64", dict(B=3, Sq=33, D=64))]
+
+    values = [("massive_neg_bool_mask_d64", dict(value="massive_neg", Sq=64, D=64, mask="bool")),
+              ("massive_neg_float_mask_sk192", dict(value="massive_neg", Sq=192, D=64, mask="float",
+                                                    mask_shape="b1qk")),
+              ("massive_neg_padding", dict(value="massive_neg", Sq=40, mask="key_padding", lengths=[40, 19])),
+              ("massive_neg_causal", dict(value="massive_neg", Sq=48, causal=True)),
+              ("massive_pos_bool_mask", dict(value="massive_pos", Sq=48, mask="bool")),
+              ("massive_pos_plain", dict(value="massive_pos", Sq=33, D=64)),
+              ("logits_x30_bool_mask", dict(logit_scale=30.0, Sq=40, mask="bool")),
+              ("v_large", dict(Sq=24, mask="key_padding", lengths=[24, 9], values={"v": {"peak": 3e3, "max_frac": 0.05}})),
+              ("denormal_q", dict(Sq=24, values={"q": "denormal_mix"})),
+              ("denormal_kv", dict(Sq=24, mask="bool", values={"k": "denormal_mix", "v": "denormal_mix"}))]
+
+    mask_forms = [("all_true_bool_b1qk", dict(Sq=32, Sk=48, mask="bool", mask_fill="all_true")),
+                  ("causal_as_bool_mask", dict(Sq=40, mask="bool", mask_shape="qk", mask_fill="causal")),
+                  ("finfo_min_float_b1qk", dict(Sq=24, Sk=40, mask="float", mask_fill="finfo_min")),
+                  ("all_true_bool_qk", dict(Sq=24, mask="bool", mask_shape="qk", mask_fill="all_true")),
+                  ("all_true_bool_bhqk_padding", dict(Sq=20, mask="bool+key_padding", mask_shape="bhqk",
+                                                      mask_fill="all_true", lengths=[20, 7])),
+                  ("causal_as_bool_sq_gt_sk", dict(Sq=48, Sk=20, mask="bool", mask_shape="b1qk", mask_fill="causal")),
+                  ("causal_as_bool_sq_lt_sk", dict(Sq=20, Sk=48, mask="bool", mask_shape="qk", mask_fill="causal")),
+                  ("finfo_min_1hqk_per_head", dict(Sq=24, mask="float", mask_shape="1hqk", mask_fill="finfo_min")),
+                  ("finfo_min_causal", dict(Sq=24, mask="float+causal", causal=True, mask_shape="qk",
+                                            mask_fill="finfo_min"))]
+    for code in ("bhqk", "1hqk", "b11k", "bh1k", "11qk", "1h1k", "qk", "1k", "b1qk"):
+        for kind in ("bool", "float"):
+            mask_forms.append((f"{kind}_{code}", dict(Sq=17, Sk=23, mask=kind, mask_shape=code, empty_rows=1)))
+
+    layout_base = dict(Sq=24, Sk=40, mask="key_padding", lengths=[40, 9])
+    # anchors: every input unusual at once, then V and K alone non-contiguous; then each alone
+    layouts = ([("q_offset_k_expanded_v_sliced", dict(layout_base, views={"q": "offset", "k": "expanded",
+                                                                          "v": "sliced"})),
+                ("v_transposed", dict(layout_base, views={"v": "transposed"})),
+                ("k_sliced", dict(layout_base, views={"k": "sliced"}))]
+               + [(label, params) for label, params in fam.view_members(("q", "k", "v"), base=layout_base)
+                  if label not in ("v_transposed", "k_sliced")])
+
+    head_dims = [("d128_sq40_sk72_bool", dict(D=128, Sq=40, Sk=72, mask="bool")),
+                 ("d128_sq72_sk40_causal", dict(D=128, Sq=72, Sk=40, causal=True)),
+                 ("d128_sq65_sk192_padding", dict(D=128, Sq=65, Sk=192, mask="key_padding", lengths=[192, 64])),
+                 ("d64_sq33_sk17", dict(D=64, Sq=33, Sk=17, mask="bool")),
+                 ("d8_sq20", dict(D=8, Sq=20)), ("d24_sq20_sk9", dict(D=24, Sq=20, Sk=9)),
+                 ("d72_causal", dict(D=72, Sq=30, causal=True)), ("d112_bool", dict(D=112, Sq=21, Sk=30, mask="bool")),
+                 ("d192_sq9_sk30", dict(D=192, Sq=9, Sk=30)), ("d256_sq30_sk9_bool", dict(D=256, Sq=30, Sk=9, mask="bool"))]
+
+    gqa = [("h8_hkv2_bool", dict(H=8, Hkv=2, Sq=24, mask="bool")),
+           ("h4_hkv1_causal", dict(H=4, Hkv=1, Sq=30, causal=True)),
+           ("h6_hkv3_padding", dict(H=6, Hkv=3, Sq=20, mask="key_padding", lengths=[20, 5])),
+           ("h8_hkv1_float", dict(H=8, Hkv=1, Sq=16, Sk=28, mask="float", mask_shape="b1qk")),
+           ("h12_hkv4", dict(H=12, Hkv=4, Sq=17)),
+           ("h16_hkv2_sq_ne_sk", dict(H=16, Hkv=2, Sq=9, Sk=33, mask="bool"))]
+
+    scales = [(f"scale_{scale:g}_{name}".replace(".", "p"), dict(scale=scale, Sq=24, **extra))
+              for scale, (name, extra) in zip((0.01, 0.5, 1.0, 2.0, 0.05),
+                                              [("bool", dict(mask="bool")), ("causal", dict(causal=True)),
+                                               ("padding", dict(mask="key_padding", lengths=[24, 3])),
+                                               ("plain", {}), ("float", dict(mask="float", mask_shape="qk"))])]
+    return [fam.family("tile", tile, anchors=3, draw=draw_tile),
+            fam.family("seq_ratio", ratio, anchors=2),
+            fam.family("long", long, sized=True),
+            fam.family("batch", batch, anchors=1),
+            fam.family("values", values, anchors=2),
+            fam.family("masks", mask_forms, anchors=3),
+            fam.family("layouts", layouts, anchors=3),
+            fam.family("head_dim", head_dims, anchors=2),
+            fam.family("gqa", gqa, anchors=0),
+            fam.family("scale", scales, anchors=0)]
+
+
+FAMILIES = _families()
 
 
 def _takes(fn, name: str) -> bool:

@@ -42,6 +42,19 @@ class OpSpec:
     def cases(self) -> List[Case]:
         raise NotImplementedError
 
+    def families(self) -> list:
+        """The op's regime families (checks/families.py): cases generated per level and seed."""
+        return []
+
+    def make_case(self, name: str, level: str = "default", **overrides) -> Case:
+        """A case with the op's default params and `overrides` (families build their members so)."""
+        raise NotImplementedError
+
+    def work(self, params: Dict[str, Any]) -> Optional[int]:
+        """Elements of the largest intermediate the float64 referee materialises for `params`
+        (sized families: what decides whether a long case fits memory and the level's budget)."""
+        return None
+
     def dtypes(self, device: torch.device, level: str = "default") -> List[torch.dtype]:
         """fp16 on the CPU only at --full: torch's CPU half kernels are emulated and not where
         anyone trains (seen: CPU fp16 layer_norm weight grads ~5% off on offset rows)."""

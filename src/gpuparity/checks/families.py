@@ -1,0 +1,225 @@
+"""Regime families: battery cases generated, not only listed.
+
+A backend bug hides in a regime (sizes at a tile remainder, rows whose logsumexp underflows,
+an all-True mask, one input with an odd storage offset), so each op's spec names families of
+cases, each a pool of members aimed at one regime. Every level above quick runs every family:
+its anchors (the regime's canonical members) and a seeded sample of the rest; --level full
+samples more; --explore SECONDS keeps drawing (fresh members included) where errors came
+closest to the bound. Members too large for this machine or the level's budget are reported
+as SKIP with why (sized families), never dropped in silence.
+
+Generic transforms any spec gets through params: "views" gives one input an unusual layout
+(apply_views), "values" one input a hostile value regime (apply_values)."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import zlib
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+
+# Cases of a family are named "<family>.<label>"; explore's fresh draws "<family>.draw<N>".
+SEPARATOR = "."
+DRAW = "draw"
+
+# How many extra (non-anchor) members each level samples per family.
+SAMPLES = {"quick": 0, "default": 1, "full": 4}
+
+# Work budget of a sized family's member (the largest intermediate the float64 referee
+# materialises, in elements: B*H*Sq*Sk for attention) at each level, for ALL the checks that
+# run it (implementations x dtypes): one implementation (check --impl) gets long cases the
+# doctor, with every backend of the op, leaves to --full. The referee runs on the host.
+WORK_BUDGET = {("default", "cpu"): 2 ** 26, ("default", "cuda"): 2 ** 28,
+               ("full", "cpu"): 2 ** 28, ("full", "cuda"): 2 ** 32}
+REFERENCE_BYTES_PER_ELEMENT = 8 * 6   # float64, forward + backward intermediates of the referee
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """A regime: `members` (label -> params overrides, first `anchors` always run), an optional
+    `draw(rng)` making fresh members for --explore, and `sized`: members carry a work size
+    (`work(params)`) and all run where the level's budget and memory allow, else SKIP."""
+    name: str
+    members: Tuple[Tuple[str, Dict[str, Any]], ...]  # (label, params overrides)
+    anchors: int = 1
+    draw: Optional[Callable[[random.Random], Tuple[str, Dict[str, Any]]]] = None
+    sized: bool = False
+    level: str = "default"          # lowest level that runs it
+
+    def case(self, make: Callable[..., "Case"], label: str, overrides: Dict[str, Any]) -> "Case":
+        return make(f"{self.name}{SEPARATOR}{label}", "default", **overrides)
+
+
+def family(name: str, members: Sequence[Tuple[str, Dict[str, Any]]], anchors: int = 1, **kwargs) -> Family:
+    return Family(name, tuple((label, dict(params)) for label, params in members), anchors, **kwargs)
+
+
+def _rng(*parts) -> random.Random:
+    return random.Random(zlib.crc32("/".join(str(p) for p in parts).encode()))
+
+
+def select(spec, level: str, seed: int, implementations: int = 1) -> List[Tuple[Family, "Case"]]:
+    """The family members `level` runs for `spec`: anchors, then a seeded sample (one or a few
+    per family); sized families: every member (the budget decides, plan.py). At the default
+    level with several implementations to check (the doctor: every backend of the op), each
+    family gets one seeded member, so the run stays near the listed cases' time; one
+    implementation (check --impl) gets every anchor and a sample."""
+    from .specs.base import LEVELS  # specs import this module to declare their families
+    if level == "quick":
+        return []
+    chosen: List[Tuple[Family, "Case"]] = []
+    for fam in spec.families():
+        if LEVELS.index(fam.level) > LEVELS.index(level):
+            continue
+        members = list(fam.members)
+        rng = _rng(seed, spec.op, fam.name, level)
+        if fam.sized:
+            picked = members
+        elif level == "default" and implementations > 1:
+            picked = [rng.choice(members[:fam.anchors] or members)]
+        else:
+            rest = members[fam.anchors:]
+            count = min(len(rest), SAMPLES.get(level, 1))
+            picked = members[:fam.anchors] + rng.sample(rest, count)
+        chosen += [(fam, fam.case(spec.make_case, label, params)) for label, params in picked]
+    return chosen
+
+
+def pool(spec) -> Dict[str, Case]:
+    """Every enumerated member of every family of `spec`, by case name."""
+    return {case.name: case for fam in spec.families()
+            for case in (fam.case(spec.make_case, label, params) for label, params in fam.members)}
+
+
+def drawn(spec, fam: Family, number: int) -> Case:
+    """Explore's fresh member number `number` of `fam` (the same for the same number)."""
+    label, params = fam.draw(_rng(spec.op, fam.name, DRAW, number))
+    return fam.case(spec.make_case, f"{DRAW}{number}", {**params, "drawn_as": label})
+
+
+def lookup(spec, name: str) -> Optional[Case]:
+    """A listed case, a family member, or an explore draw ("tile.draw17"), by name."""
+    listed = {case.name: case for case in spec.cases()}
+    if name in listed:
+        return listed[name]
+    members = pool(spec)
+    if name in members:
+        return members[name]
+    fam_name, _, label = name.partition(SEPARATOR)
+    if label.startswith(DRAW) and label[len(DRAW):].isdigit():
+        for fam in spec.families():
+            if fam.name == fam_name and fam.draw is not None:
+                return drawn(spec, fam, int(label[len(DRAW):]))
+    return None
+
+
+def family_of(case_name: str) -> Optional[str]:
+    name, sep, _ = case_name.partition(SEPARATOR)
+    return name if sep else None
+
+
+# --------------------------------------------------------------------------- budget and memory
+def host_available_bytes() -> Optional[int]:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def device_total_bytes(device: torch.device) -> Optional[int]:
+    if device.type != "cuda":
+        return None
+    try:
+        return torch.cuda.get_device_properties(device.index or 0).total_memory
+    except Exception:  # noqa: BLE001 - no answer: the host budget alone decides
+        return None
+
+
+def not_runnable(work: int, level: str, device: torch.device, checks: int, itemsize: int = 4) -> Optional[str]:
+    """Why a sized member of `work` elements does not run here at `level` (None: it runs).
+    `checks`: how many checks run it (implementations x dtypes), who share the level's budget."""
+    need = work * REFERENCE_BYTES_PER_ELEMENT
+    free = host_available_bytes()
+    if free is not None and need > free // 2:
+        return (f"needs ~{need / 2 ** 30:.1f} GiB of host memory for the float64 referee "
+                f"({work:,} elements per intermediate); {free / 2 ** 30:.1f} GiB is available here")
+    total = device_total_bytes(device)
+    if total is not None and work * itemsize * 6 > total * 0.8:
+        return (f"needs ~{work * itemsize * 6 / 2 ** 30:.1f} GiB on {device}, which has {total / 2 ** 30:.1f} GiB")
+    budget_level = "full" if level not in WORK_BUDGET and level != "default" else level
+    budget = WORK_BUDGET.get((budget_level, device.type), WORK_BUDGET[("full", device.type)])
+    if work * max(1, checks) > budget:
+        where = ("--level full or --explore run it where memory allows" if budget_level == "default"
+                 else "it is past this level's budget on this device")
+        return (f"{work:,} elements per intermediate x {checks} checks is over the {level} level's budget of "
+                f"{budget:,} on {device.type}; {where}")
+    return None
+
+
+# --------------------------------------------------------------------------- generic transforms
+def apply_values(inputs: Dict[str, Any], regimes: Optional[Dict[str, Any]], dtype: torch.dtype,
+                 gen: torch.Generator) -> Dict[str, Any]:
+    """Hostile values for named float64 inputs (before rounding to `dtype`):
+    {"x": "denormal_mix"}: a quarter of the elements made subnormal (in fp32 and bf16; fp16
+    flushes them to 0 when rounded); {"x": {"peak": P, "max_frac": F}}: scaled so that its
+    largest magnitude is min(P, F * the dtype's max) (values near the dtype's max where the op's
+    math allows); {"x": "constant_rows"}: every row (last dim) one value."""
+    if not regimes:
+        return inputs
+    out = dict(inputs)
+    for name, regime in regimes.items():
+        value = out.get(name)
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point() or value.numel() == 0:
+            continue
+        if regime == "denormal_mix":
+            pick = torch.rand(value.shape, generator=gen) < 0.25
+            value = torch.where(pick, value * 1e-39, value)
+        elif regime == "constant_rows":
+            value = value[..., :1].expand_as(value).clone()
+        elif isinstance(regime, dict) and "peak" in regime:
+            target = min(float(regime["peak"]), float(regime.get("max_frac", 1.0)) * torch.finfo(dtype).max)
+            value = value * (target / value.abs().max().clamp_min(1e-300))
+        out[name] = value
+    return out
+
+
+VIEW_KINDS = ("offset", "sliced", "transposed", "expanded")
+
+
+def apply_views(inputs: Dict[str, Any], views: Optional[Dict[str, str]]) -> Dict[str, Any]:
+    """Give named inputs an unusual layout with the same values (differentiable, so gradients
+    reach the leaves): "offset": an odd storage offset (3 elements into its buffer); "sliced":
+    every other element of a wider last dim (non-unit stride); "transposed": stored with two
+    dims swapped (dims 1 and 2 of a 4-D tensor, else the last two); "expanded": item 0 of dim 0 expanded (stride 0; the others' values
+    become item 0's, for the reference too)."""
+    if not views:
+        return inputs
+    out = dict(inputs)
+    for name, kind in views.items():
+        value = out.get(name)
+        if not isinstance(value, torch.Tensor) or value.dim() == 0:
+            continue
+        if kind == "offset":
+            padded = torch.cat([value.new_zeros(3), value.reshape(-1)])
+            value = padded[3:].view(value.shape)
+        elif kind == "sliced":
+            value = torch.stack([value, torch.zeros_like(value)], dim=-1)[..., 0]
+        elif kind == "transposed" and value.dim() >= 2:
+            # (B, H, S, D) stored as (B, S, H, D), as a fused projection leaves it; 2-D: column-major
+            dims = (1, 2) if value.dim() == 4 else (-2, -1)
+            value = value.transpose(*dims).contiguous().transpose(*dims)
+        elif kind == "expanded" and value.shape[0] > 1:
+            value = value[:1].expand(value.shape)
+        elif kind not in VIEW_KINDS:
+            raise ValueError(f"views: {name}={kind!r}, expected one of {VIEW_KINDS}")
+        out[name] = value
+    return out
+
+
+def view_members(names: Sequence[str], kinds: Sequence[str] = VIEW_KINDS,
+                 base: Optional[Dict[str, Any]] = None) -> List[Tuple[str, Dict[str, Any]]]:
+    """One member per (input, layout): each input alone in each unusual layout."""
+    return [(f"{name}_{kind}", {**(base or {}), "views": {name: kind}}) for name in names for kind in kinds]
