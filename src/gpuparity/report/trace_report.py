@@ -290,10 +290,10 @@ def render_model_check(console: Console, data: Dict[str, Any], show_all: bool = 
         return
     culprit = data["culprit_forward"] or data["culprit_backward"]
     if culprit is not None:
-        known = (f" (known issue {culprit['known_issue']}, confirmed on this machine: torch's {culprit['type']} "
-                 "kernel, not the model's code; the remedy is in the row's reason)" if culprit.get("known_issue") else "")
         console.print(f"[bold red]{culprit['key']} diverges[/]: fed the same inputs, its result on {data['device']} "
-                      f"differs from float64 beyond the tolerance policy{known}")
+                      f"differs from float64 beyond the tolerance policy")
+        if culprit.get("known_issue"):
+            console.print(escape(culprit["known_issue_text"]))
     if padding and not padding["passed"]:
         moved = padding["culprit_forward"] or padding["culprit_backward"]
         console.print(f"[bold red]{moved['key']} ignores the padding mask[/]: its result at the real tokens depends on "
@@ -309,6 +309,7 @@ def model_check_html(data: Dict[str, Any]) -> str:
         culprit = data[f"culprit_{direction}"]
         parts.append(f"<h2>{direction}: own computation</h2><p>module whose own computation diverges: " +
                      (f"<b class='bad'>{esc(culprit['key'])}</b> ({esc(culprit['type'])}): {esc(culprit['reason'])}"
+                      + (f" {esc(culprit['known_issue_text'])}" if culprit.get("known_issue") else "")
                       if culprit else "<span class='ok'>none</span>") + "</p>")
         parts.append(html_table(["#", "module", "type", "own error", "inherited", "allowed", "status"], [
             [str(r["index"]), esc(r["key"]), esc(r["type"]), _num(r.get("err")), _num(r.get("inherited")),

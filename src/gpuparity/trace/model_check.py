@@ -67,6 +67,7 @@ class OwnRow(ReplayRow):
     to re-run: the comparison's verdict stands)."""
     inherited: float = 0.0       # what its sub-modules' errors allow it (compare's rule)
     known_issue: Optional[str] = None    # a confirmed known issue of the op this module is (torch's, not the model's)
+    known_issue_text: str = ""           # that issue in words, with its remedy
 
     @property
     def failed(self) -> bool:
@@ -456,9 +457,9 @@ def _label_known_issues(rows: List[OwnRow], modules: Dict[str, torch.nn.Module],
             if titles is None:
                 titles = {issue["id"]: issue["title"] for issue in engine.load_issues()}
             row.known_issue = entry.issue
-            row.reason += (f"; {row.module} is torch's {op} in {str(dtype).replace('torch.', '')} on {device.type}: "
-                           f"known issue {entry.issue} ({titles.get(entry.issue, '')}), confirmed on this machine. "
-                           f"Remedy: {entry.remedy}")
+            row.known_issue_text = (f"{row.module} is torch's {op} in {str(dtype).replace('torch.', '')} on "
+                                    f"{device.type}: known issue {entry.issue} ({titles.get(entry.issue, '')}), "
+                                    f"confirmed on this machine. Remedy: {entry.remedy}")
             break
 
 
