@@ -229,3 +229,144 @@ def test_an_error_raised_inside_gpuparity_keeps_its_traceback():
     with pytest.raises(ValueError) as raised:
         gpuparity.rms_norm(torch.zeros(2, 3), (4,))
     assert user_code_location(raised.value) is None
+
+
+# ------------------------------------------------------------------ 4. SIGTERM and SIGINT
+
+SLOW_CHECKS = '''"""Test only: every check of the battery takes 0.3 s longer (a slow run to interrupt)."""
+import importlib.abc
+import importlib.util
+import sys
+import time
+
+
+class _SlowChecks(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "gpuparity.checks.execute":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            real = module.run_case
+
+            def slow(*args, **kwargs):
+                time.sleep(0.3)
+                return real(*args, **kwargs)
+            module.run_case = slow
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _SlowChecks())
+'''
+
+
+def _children(pid):
+    kids = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as handle:
+                kids.update(int(p) for p in handle.read().split())
+        except OSError:
+            pass
+    return kids
+
+
+def _alive(pid) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"   # a zombie has ended
+    except OSError:
+        return False
+
+
+def _interrupt(tmp_path, command, signum):
+    """Run `command` in a real process, send `signum` once checks have finished (progress on
+    stderr), and return (exit code, stderr, the worker pids seen before the signal)."""
+    import signal
+    import time
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(SLOW_CHECKS)
+    env = {**os.environ, "GPUPARITY_PROGRESS_S": "0.2",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")]))}
+    err_path = tmp_path / "stderr.txt"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "gpuparity", *command], stdout=subprocess.DEVNULL,
+                                stderr=err, env=env, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            if any(line.split(": ")[1][:1] not in ("0", "") for line in err_path.read_text().splitlines()
+                   if line.startswith(("check: ", "doctor: ")) and ": " in line):
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, "the run ended before it could be interrupted:\n" + err_path.read_text()
+        workers = _children(proc.pid)
+        assert workers, "no worker process to check"
+        proc.send_signal(signum)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    for _ in range(50):
+        if not any(_alive(pid) for pid in workers):
+            break
+        time.sleep(0.1)
+    return code, err_path.read_text(), [pid for pid in workers if _alive(pid)]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for the worker processes")
+def test_check_killed_by_sigint_writes_its_json_and_leaves_no_worker(tmp_path):
+    import signal
+    out = tmp_path / "check.json"
+    code, err, survivors = _interrupt(tmp_path, ["check", "--op", "softmax", "--backend", "torch", "--device", "cpu",
+                                                 "--dtype", "float32", "--json", str(out)], signal.SIGINT)
+    assert code == 130, err
+    assert not survivors, f"worker processes outlived the run: {survivors}"
+    data = json.loads(out.read_text())
+    assert data["partial"] is True and data["interrupted"] == "SIGINT" and data["exit_code"] == 130
+    assert data["results"] and data["tally"]["PASS"] >= 1
+    assert "Traceback" not in err
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for the worker processes")
+def test_doctor_killed_by_sigterm_writes_every_report_and_leaves_no_worker(tmp_path):
+    import signal
+    out, page = tmp_path / "doctor.json", tmp_path / "doctor.html"
+    code, err, survivors = _interrupt(tmp_path, ["doctor", "--quick", "--ops", "softmax", "--backends", "torch",
+                                                 "--no-probes", "--device", "cpu", "--json", str(out),
+                                                 "--html", str(page)], signal.SIGTERM)
+    assert code == 143, err
+    assert not survivors, f"worker processes outlived the run: {survivors}"
+    data = json.loads(out.read_text())
+    assert data["partial"] is True and data["interrupted"] == "SIGTERM" and data["exit_code"] == 143
+    assert data["battery"]["results"]
+    assert "interrupted by SIGTERM" in page.read_text()
+    assert "Traceback" not in err
+
+
+def test_a_worker_ends_when_its_parent_is_killed(tmp_path):
+    """SIGKILL leaves the parent no chance to clean up: the child notices by itself."""
+    import time
+    script = ("import subprocess, sys, time\n"
+              "from gpuparity.checks.isolate import child_env, spawn\n"
+              "child = spawn([sys.executable, '-c', 'from gpuparity.checks.isolate import die_with_parent; "
+              "die_with_parent(); print(1, flush=True); import time; time.sleep(120)'], env=child_env(), "
+              "stdout=subprocess.PIPE, text=True)\n"
+              "child.stdout.readline()\nprint(child.pid, flush=True)\ntime.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        assert _alive(child)
+    finally:
+        parent.kill()
+        parent.wait()
+    for _ in range(100):
+        if not _alive(child):
+            break
+        time.sleep(0.1)
+    assert not _alive(child)

@@ -78,9 +78,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
-        from .commands._common import check_device_argument
+        from .commands._common import check_device_argument, interruptible
         check_device_argument(args)  # one check for every command's --device, before any work
-        code = int(args.handler(args) or 0)
+        with interruptible():  # SIGTERM/SIGINT: partial reports, no worker left, exit 128 + signal
+            code = int(args.handler(args) or 0)
         sys.stdout.flush()  # a closed pipe shows up here, not at interpreter exit
         return code
     except BrokenPipeError:
@@ -91,9 +92,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (UsageError, ValueError, TypeError, FileNotFoundError) as exc:
         print(f"gpuparity {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("gpuparity: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        # commands that write reports catch it themselves (and return the same code)
+        print(f"gpuparity {args.command}: interrupted by {getattr(exc, 'signal_name', 'SIGINT')}", file=sys.stderr)
+        return getattr(exc, "exit_code", 130)
 
 
 def _silence_stdout() -> None:

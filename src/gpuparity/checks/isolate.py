@@ -8,6 +8,7 @@ function or its libraries print does not get in the way.
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import importlib
 import json
@@ -15,9 +16,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Set
 
 MARKER = "GPUPARITY-RESULT "
 STDERR_TAIL_LINES = 20
@@ -83,6 +85,7 @@ def child_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     env.setdefault("PYTHONUNBUFFERED", "1")
     # A crash should be quick and quiet, not a core dump.
     env.setdefault("PYTHONFAULTHANDLER", "1")
+    env[PARENT_ENV] = str(os.getpid())   # die_with_parent() in the child watches this process
     if extra:
         env.update(extra)
     return env
@@ -98,19 +101,117 @@ def resolve(target: str):
     return obj
 
 
+# ------------------------------------------------------------------ children end with the parent
+# Every child process (battery workers, isolated calls) is registered here while it lives. When
+# the run is interrupted (SIGTERM from SLURM's time limit, SIGINT) the command line calls
+# stop_children(): they are killed at once and no new one starts. A parent killed without a
+# chance to clean up (SIGKILL) is noticed by the children themselves (die_with_parent).
+
+_CHILDREN: Set[subprocess.Popen] = set()
+_CHILDREN_LOCK = threading.Lock()
+_STOPPING = threading.Event()
+PARENT_ENV = "GPUPARITY_PARENT_PID"
+
+
+class Stopped(RuntimeError):
+    """A child process was asked for after stop_children(): the run is being interrupted."""
+
+
+def spawn(argv, **popen_args) -> subprocess.Popen:
+    """Popen a child in a session of its own (a crash or a hang is killed with its whole group),
+    registered so that stop_children() can end it."""
+    with _CHILDREN_LOCK:
+        if _STOPPING.is_set():
+            raise Stopped("interrupted: no new child process")
+        proc = subprocess.Popen(argv, start_new_session=True, **popen_args)
+        _CHILDREN.add(proc)
+    return proc
+
+
+def forget(proc: subprocess.Popen) -> None:
+    with _CHILDREN_LOCK:
+        _CHILDREN.discard(proc)
+
+
+def stopping() -> bool:
+    """Whether stop_children() was called: results that arrive now are the interruption's, not the checks'."""
+    return _STOPPING.is_set()
+
+
+def stop_children() -> None:
+    """Kill every live child process group now, and start no new one in this process."""
+    with _CHILDREN_LOCK:
+        _STOPPING.set()
+        children = list(_CHILDREN)
+    for proc in children:
+        kill_tree(proc)
+
+
+def allow_children() -> None:
+    """After an interruption was handled (the command returned): children may start again (a
+    process that runs several commands, e.g. tests calling cli.main)."""
+    _STOPPING.clear()
+
+
+def _kill_children_at_exit() -> None:
+    with _CHILDREN_LOCK:
+        children = list(_CHILDREN)
+    for proc in children:
+        if proc.poll() is None:
+            kill_tree(proc)
+
+
+atexit.register(_kill_children_at_exit)
+
+
+def die_with_parent() -> None:
+    """In a child: end when the parent that started it ends, however it ends. Linux's
+    PR_SET_PDEATHSIG has the kernel send SIGKILL; a watchdog thread that sees the parent change
+    (reparented: the parent is gone) covers other systems and a parent that died before this ran."""
+    expected = os.environ.get(PARENT_ENV)
+    parent = int(expected) if expected and expected.isdigit() else os.getppid()
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)   # PR_SET_PDEATHSIG = 1
+        except (OSError, AttributeError):
+            pass
+
+    def end() -> None:
+        try:
+            if os.getpgrp() == os.getpid():   # started by spawn(): the group is this child and what it started
+                os.killpg(os.getpgrp(), signal.SIGKILL)
+        finally:
+            os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        end()
+    if os.getppid() != parent:
+        end()
+    threading.Thread(target=watch, daemon=True, name="gpuparity-die-with-parent").start()
+
+
 def call_isolated(target: str, kwargs: Optional[Dict[str, Any]] = None, timeout: float = 60.0,
                   env: Optional[Dict[str, str]] = None) -> Outcome:
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "gpuparity.checks.isolate", target],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=child_env(env), start_new_session=True)
+    try:
+        proc = spawn([sys.executable, "-m", "gpuparity.checks.isolate", target],
+                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                     text=True, env=child_env(env))
+    except Stopped as exc:
+        return Outcome("error", error=str(exc))
     try:
         stdout, stderr = proc.communicate(json.dumps(kwargs or {}), timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_tree(proc)
         stdout, stderr = proc.communicate()
+        forget(proc)
         return Outcome("timeout", error=f"no answer within {timeout:g} s (hang?)", stderr_tail=tail(stderr),
                        duration_s=time.monotonic() - start)
+    forget(proc)
     duration = time.monotonic() - start
     answer = None
     for line in stdout.splitlines():
@@ -137,6 +238,7 @@ def kill_tree(proc: subprocess.Popen) -> None:
 
 
 def _child_main(target: str) -> int:
+    die_with_parent()
     kwargs = json.loads(sys.stdin.read() or "{}")
     try:
         value = resolve(target)(**kwargs)

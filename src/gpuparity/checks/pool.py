@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Union
 
 import torch
 
-from .isolate import child_env, describe_exit, kill_tree, tail
+from .isolate import Stopped, child_env, describe_exit, forget, kill_tree, spawn, stopping, tail
 from .plan import Task, is_jit
 from .results import CheckResult, Comparison, Status
 from .worker import MARKER
@@ -104,9 +104,9 @@ class WorkerPool:
     def _start(self) -> None:
         self.stderr_file = tempfile.TemporaryFile(mode="w+")
         self.lines = queue.Queue()
-        self.proc = subprocess.Popen([sys.executable, "-m", "gpuparity.checks.worker"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.stderr_file, text=True,
-                                     env=child_env(self.env), start_new_session=True, bufsize=1)
+        self.proc = spawn([sys.executable, "-m", "gpuparity.checks.worker"], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, stderr=self.stderr_file, text=True,
+                          env=child_env(self.env), bufsize=1)
         reader = threading.Thread(target=self._read, args=(self.proc, self.lines), daemon=True)
         reader.start()
 
@@ -130,12 +130,16 @@ class WorkerPool:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+            forget(self.proc)
         if self.stderr_file is not None:
             self.stderr_file.close()
         self.proc, self.stderr_file = None, None
 
     def run(self, task: Task, timeout: float) -> Dict[str, Any]:
-        self.start()
+        try:
+            self.start()
+        except Stopped as exc:
+            return {"status": "NOT_RUN", "reason": f"not run: {exc}"}
         deadline = time.monotonic() + timeout
         try:
             self.proc.stdin.write(json.dumps(dataclasses.asdict(task)) + "\n")
@@ -293,6 +297,8 @@ def run_tasks(tasks: Iterable[Task], *, isolate: bool = True, timeout: Optional[
                     cut = breaker.reason(task) if breaker else None
                 result = _run_one(task, pool, timeout, budget, cut)
                 with lock:
+                    if stopping():
+                        return  # interrupted: what it killed is not a result of the check
                     if breaker and cut is None:
                         breaker.record(task, result.status)
                     done[task.id] = result
@@ -310,4 +316,6 @@ def run_tasks(tasks: Iterable[Task], *, isolate: bool = True, timeout: Optional[
             thread.start()
         for thread in threads:
             thread.join()
+    if stopping():
+        raise Stopped("interrupted: the checks left were not run")
     return [done[task.id] for task in tasks]

@@ -7,10 +7,12 @@ import contextlib
 import functools
 import json
 import os
+import signal
 import site
 import sys
 import sysconfig
 import tempfile
+import threading
 import traceback
 from typing import Any, Callable, Dict, Iterator, Optional
 
@@ -162,6 +164,59 @@ def check_device_argument(args) -> None:
         return
     from ..checks.plan import normalize_device, validate_device
     validate_device(normalize_device(value))
+
+
+# --------------------------------------------------------------------------- interruptions
+# SLURM ends a job at its time limit with SIGTERM (then SIGKILL after KillWait, 30 s by default);
+# a user presses Ctrl-C (SIGINT). Either way the command writes every report it was asked for
+# with what ran so far, marked interrupted, kills its worker processes, and exits 128 + the
+# signal's number (130 for SIGINT, 143 for SIGTERM), the shell's convention.
+
+INTERRUPTING = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGINT arrived while a command ran."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+        self.signal_name = signal.Signals(signum).name
+        self.exit_code = 128 + signum
+
+    def __str__(self) -> str:
+        return f"interrupted by {self.signal_name}"
+
+
+def interruption(exc: BaseException) -> tuple:
+    """(signal name, exit code) of an interruption; a bare KeyboardInterrupt is SIGINT's."""
+    return getattr(exc, "signal_name", "SIGINT"), getattr(exc, "exit_code", 128 + signal.SIGINT)
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """While a command runs: SIGTERM and SIGINT kill the child processes at once and raise
+    Interrupted in the main thread, where the command writes its partial reports; a second
+    signal meanwhile is ignored (the reports are nearly written). Outside the main thread, or
+    after the command, the signals act as before."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    from ..checks.isolate import allow_children, stop_children
+    raised = []
+
+    def handler(signum, _frame) -> None:
+        stop_children()
+        if not raised:
+            raised.append(signum)
+            raise Interrupted(signum)
+    previous = {sig: signal.signal(sig, handler) for sig in INTERRUPTING}
+    try:
+        yield
+    finally:
+        for sig, action in previous.items():
+            signal.signal(sig, action)
+        allow_children()
 
 
 # --------------------------------------------------------------------------- errors in the user's code

@@ -3,13 +3,14 @@ a user's implementation."""
 from __future__ import annotations
 
 import sys
+import time
 
 from .. import platform
 from ..api import check as run_check
 from ..checks.results import tally
 from ..checks.specs import OPS, get_spec
 from ..report.terminal import PlainProgress, render_failures, render_results, tally_text
-from ._common import add_device, add_json, battery_progress, emit_json, human_console, split_list
+from ._common import add_device, add_json, battery_progress, emit_json, human_console, interruption, split_list
 
 
 def register(subparsers) -> None:
@@ -43,19 +44,34 @@ def handle(args) -> int:
     if args.signature:
         con.print(f"{args.op}: {spec.signature}")
         return 0
+    kept = []        # every result as it arrives: what an interrupted run reports
+    started = time.monotonic()
+    interrupted = None
     with battery_progress(con) as bar, PlainProgress(sys.stderr, "check", enabled=not con.is_terminal,
                                                      also=bar) as progress:
-        run = run_check(args.op, impl=args.impl, backends=split_list(args.backend), dtypes=split_list(args.dtype),
-                        level=args.level, device=args.device, seed=args.seed, progress=progress,
-                        timeout=args.timeout, cases=split_list(args.case), budget=args.budget)
-    render_results(con, run.results, title=f"{args.op}: checks against float64")
-    render_failures(con, run.results, timeout=args.timeout)
-    counts = tally(run.results)
-    con.print(f"{tally_text(counts)} in {run.duration_s:.1f} s on {run.device}")
+        def keep(done, total, result):
+            kept.append(result)
+            progress(done, total, result)
+        try:
+            run = run_check(args.op, impl=args.impl, backends=split_list(args.backend),
+                            dtypes=split_list(args.dtype), level=args.level, device=args.device, seed=args.seed,
+                            progress=keep, timeout=args.timeout, cases=split_list(args.case), budget=args.budget)
+            results, device, duration, code = run.results, run.device, run.duration_s, 0 if run.ok else 1
+        except KeyboardInterrupt as exc:   # SIGINT, or SIGTERM (cli.interruptible): report what ran
+            interrupted, code = interruption(exc)
+            results, duration = list(kept), time.monotonic() - started
+            device = results[0].device if results else str(args.device or "the default device")
+    render_results(con, results, title=f"{args.op}: checks against float64")
+    render_failures(con, results, timeout=args.timeout)
+    counts = tally(results)
+    con.print(f"{tally_text(counts)} in {duration:.1f} s on {device}")
+    if interrupted:
+        con.print(f"[bold red]interrupted by {interrupted}[/]: {len(results)} results kept, the checks left "
+                  f"did not run (exit {code})")
     if args.json:
         data = {"schema_version": 1, "kind": "check", "op": args.op, "impl": args.impl,
-                "platform": platform.collect(), "level": args.level, "device": run.device, "seed": args.seed,
-                "budget": args.budget,
-                "tally": counts, "results": [r.to_dict() for r in run.results]}
+                "platform": platform.collect(), "level": args.level, "device": device, "seed": args.seed,
+                "budget": args.budget, "partial": interrupted is not None, "interrupted": interrupted,
+                "exit_code": code, "tally": counts, "results": [r.to_dict() for r in results]}
         emit_json(con, args.json, data)
-    return 0 if run.ok else 1
+    return code

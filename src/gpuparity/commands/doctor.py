@@ -4,14 +4,14 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import time
 
-from .. import platform
-from ..checks.results import read_stream, tally
-from ..doctor import DoctorOptions, estimate, run_doctor
+from ..checks.results import read_stream
+from ..doctor import DoctorOptions, estimate, partial_report, run_doctor
 from ..report.files import write_text
 from ..report.html import render_doctor_html
-from ..report.terminal import PlainProgress, render_doctor
-from ._common import (add_device, add_json, battery_progress, emit_json, human_console, output_file,
+from ..report.terminal import PlainProgress, render_doctor, render_results
+from ._common import (add_device, add_json, battery_progress, emit_json, human_console, interruption, output_file,
                       split_list)
 
 
@@ -57,6 +57,7 @@ def handle(args) -> int:
     con.print(f"gpuparity doctor: {plan['checks']} checks ({plan['skipped']} cannot run here), "
               f"about {plan['seconds']:.0f} s" + (f" (~{minutes:.0f} min)" if minutes >= 2 else "")
               + f"; results stream to {stream}")
+    started = time.monotonic()
     try:
         total = plan["checks"] + plan["skipped"]
         with battery_progress(con, total) as bar, PlainProgress(sys.stderr, "doctor", total,
@@ -65,22 +66,27 @@ def handle(args) -> int:
     except (ValueError, TypeError):
         raise
     except BaseException as exc:
-        # No data is lost: whatever was measured is in the stream; write what we have.
+        # No data is lost: whatever was measured is in the stream; every report asked for is
+        # written from it, marked partial. SIGINT/SIGTERM exit 128 + the signal (130, 143).
         kept = list(read_stream(stream)) if os.path.exists(stream) else []
-        results = [r.to_dict() for r in kept]
-        partial = {"schema_version": 1, "kind": "doctor", "partial": True,
-                   "error": f"{type(exc).__name__}: {exc}", "platform": platform.collect(),
-                   "battery": {"results": results, "tally": tally(kept)}, "exit_code": 1}
-        if args.json:
-            emit_json(con, args.json, partial)
-        con.print(f"[bold red]doctor stopped: {type(exc).__name__}: {exc}[/]; {len(results)} results kept in {stream}")
-        if isinstance(exc, KeyboardInterrupt):
+        signal_name, code = interruption(exc) if isinstance(exc, KeyboardInterrupt) else (None, 1)
+        report = partial_report(options, kept, error=str(exc) if signal_name else f"{type(exc).__name__}: {exc}",
+                                exit_code=code, interrupted=signal_name, duration_s=time.monotonic() - started)
+        render_results(con, kept)
+        con.print(f"[bold red]doctor stopped: {report['error']}[/]; {len(kept)} results kept in {stream} "
+                  f"(exit {code})")
+        _write_reports(con, args, report)
+        if isinstance(exc, (SystemExit, GeneratorExit)):
             raise
-        return 1
+        return code
     render_doctor(con, report)
+    _write_reports(con, args, report)
+    return report["exit_code"]
+
+
+def _write_reports(con, args, report) -> None:
     if args.json:
         emit_json(con, args.json, report)
     if args.html:
         write_text(args.html, render_doctor_html(report))
         con.print(f"[dim]wrote {args.html}[/]")
-    return report["exit_code"]

@@ -41,6 +41,9 @@ def render_doctor_html(report: Dict[str, Any]) -> str:
     results = [CheckResult.from_dict(r) for r in report["battery"]["results"]]
     tally = report["battery"]["tally"]
     verdict = "all checks passed" if report["exit_code"] == 0 else "problems found"
+    if report.get("partial"):
+        verdict = (f"interrupted by {report['interrupted']}" if report.get("interrupted") else "stopped early") + \
+            f": partial report of the {len(results)} checks that ran"
     parts = [*page_head(f"gpuparity doctor: {report['machine']}", "gpuparity doctor", report["exit_code"] == 0, verdict),
              f"<p>{esc(report['machine'])}<br><span class='small'>created {esc(report['created'])}, gpuparity "
              f"{esc(report['gpuparity_version'])}, level {esc(report['options']['level'])}, device "
