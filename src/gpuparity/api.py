@@ -12,19 +12,24 @@ def check(op: str, impl: Optional[str] = None, *, backends: Optional[Sequence[st
           dtypes: Optional[Sequence[str]] = None, level: str = "default", device=None, seed: int = 0,
           progress: Optional[Callable] = None, timeout: Optional[float] = None,
           stream_path: Optional[str] = None, cases: Optional[Sequence[str]] = None,
-          budget: Optional[float] = None) -> BatteryRun:
+          budget: Optional[float] = None, explore: Optional[float] = None, shrink: bool = True,
+          repro_dir: Optional[str] = None, shrink_seconds: float = 60.0) -> BatteryRun:
     """Run `op`'s whole battery (forward and backward, against float64, crash-isolated) on the
     registered backends, or on `impl` ("package.module:function" or "file.py:function") with the
     op's public signature; `cases` names the cases to run (default: every case of `level`).
     `budget`: seconds for the whole run; checks left when it is spent are NOT_RUN. An
     implementation that crashes or hangs 3 times in a row has the rest of its checks NOT_RUN.
-    `run.ok` is False when anything failed, errored, crashed or hung, or was not run."""
+    `run.ok` is False when anything failed, errored, crashed or hung, or was not run.
+    `explore`: seconds more spent on the op's regime families where errors came closest to the
+    bound. `shrink`: each implementation's first failure is shrunk to the smallest case that
+    still fails (`run.shrunk`) and, given `repro_dir`, handed over as a standalone repro script
+    there (checks/shrink.py, checks/repro.py); `shrink_seconds` bounds each search."""
     spec = get_spec(op)  # a clear error for an unknown op
     if impl is not None and not isinstance(impl, str):
         raise TypeError(f"impl: expected 'package.module:function' or 'file.py:function' (a string, so the "
                         f"check can run in a separate process), got {type(impl).__name__}")
     budget = as_budget(budget)  # a bad budget is a usage error before anything runs
-    case_filter = _case_filter(op, cases, level) if cases else None
+    named = _named_cases(op, cases, level) if cases else None
     if device is None:
         import torch
         device = "cuda:0" if torch.cuda.is_available() else "cpu"
@@ -34,32 +39,40 @@ def check(op: str, impl: Optional[str] = None, *, backends: Optional[Sequence[st
         problem = _impl_load_error_isolated(impl, op, timeout or DEFAULT_TIMEOUT_S[device.type])
         if problem:
             raise ValueError(f"{problem}; needs a function with {op}'s signature {spec.signature}")
-    if case_filter is not None:
-        tasks, decided = plan([op], level, device, dtypes, backends, impl, seed, case_filter)
+    if named is not None:
+        tasks, decided = plan([op], level, device, dtypes, backends, impl, seed, cases={op: named})
         if not tasks and not decided:
             raise ValueError(f"case: {', '.join(cases)} of {op} selects no check at level {level}"
                              + (f" in {', '.join(dtypes)}" if dtypes else "")
                              + "; some cases run in 16-bit dtypes only at --level full")
-    return run_battery([op], level, device, dtypes, backends, impl, seed, stream_path, progress, timeout,
-                       case_filter=case_filter, budget=budget)
+    run = run_battery([op], level, device, dtypes, backends, impl, seed, stream_path, progress, timeout,
+                      budget=budget, explore=explore, case_lists={op: named} if named is not None else None)
+    if shrink and not run.ok:
+        from .checks.shrink import shrink_failures
+        run.shrunk = shrink_failures(run.results, impl=impl, timeout=timeout, seconds=shrink_seconds,
+                                     repro_dir=repro_dir)
+    return run
 
 
-def _case_filter(op: str, cases: Sequence[str], level: str) -> Callable:
-    """The battery's case_filter for named cases; an unknown name, or one the level leaves out,
-    is a usage error rather than a run with nothing in it."""
+def _named_cases(op: str, cases: Sequence[str], level: str) -> list:
+    """The cases named (listed cases, family members such as "tile.sq192_sk192_bool_d64", explore
+    draws such as "tile.draw3"); an unknown name, or one the level leaves out, is a usage error
+    rather than a run with nothing in it."""
+    from .checks.families import lookup
     if level not in LEVELS:
         raise ValueError(f"level: expected one of {list(LEVELS)}, got {level!r}")
-    by_name = {case.name: case for case in get_spec(op).cases()}
-    unknown = [name for name in cases if name not in by_name]
+    spec = get_spec(op)
+    found = {name: lookup(spec, name) for name in cases}
+    unknown = [name for name, case in found.items() if case is None]
     if unknown:
         raise ValueError(f"case: got {', '.join(unknown)}, which {op} does not have; expected names from "
-                         f"{', '.join(by_name)}")
-    for name in cases:
-        if not by_name[name].at(level):
-            raise ValueError(f"case: {name} of {op} runs from level {by_name[name].level} up, "
-                             f"got level {level}; use --level {by_name[name].level}")
-    wanted = set(cases)
-    return lambda _op, case: case.name in wanted
+                         f"{', '.join(case.name for case in spec.cases())} or a family member "
+                         f"(<family>.<label>, families: {', '.join(f.name for f in spec.families())})")
+    for name, case in found.items():
+        if not case.at(level):
+            raise ValueError(f"case: {name} of {op} runs from level {case.level} up, "
+                             f"got level {level}; use --level {case.level}")
+    return list(found.values())
 
 
 def impl_load_error(impl: str, op: Optional[str] = None) -> Optional[str]:

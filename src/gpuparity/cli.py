@@ -1,7 +1,7 @@
 """The command line: parse, call the library, render. Each subcommand lives in
 gpuparity/commands/<name>.py and exposes `register(subparsers)`, which adds its parser and
 sets `handler(args) -> exit code`. Exit codes: 0 all passed, 1 a check failed or crashed,
-2 bad usage or input."""
+2 bad usage or input, 130 / 143 interrupted by SIGINT / SIGTERM (128 + the signal)."""
 from __future__ import annotations
 
 import argparse

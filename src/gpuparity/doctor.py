@@ -121,7 +121,8 @@ def recommendations(results: List[CheckResult], times: Dict[tuple, float], avoid
             not_run = [m for m in members if m.status == Status.NOT_RUN]
             if not ran and not not_run:
                 continue
-            ruled_out = next((a for a in avoids if a.matches(op, name, dtype, device_type)), None)
+            # an avoid with a regime (known/avoid.py) rules out only some calls: a note, below
+            ruled_out = next((a for a in avoids if a.matches(op, name, dtype, device_type) and a.when is None), None)
             if ruled_out is not None:
                 avoid.append({"backend": name, "failed": len(bad), "of": len(ran), "statuses": ["known-issue"],
                               "example": ruled_out.reason[:200], "known_issue": ruled_out.issue})
@@ -148,11 +149,16 @@ def recommendations(results: List[CheckResult], times: Dict[tuple, float], avoid
             text += "; avoid " + ", ".join(
                 f"{a['backend']}: known issue {a['known_issue']} confirmed here" if a.get("known_issue")
                 else f"{a['backend']}: failed {a['failed']}/{a['of']} check{'s' * (a['of'] != 1)}" for a in avoid)
+        ran_any = [name for name, members in backends.items()
+                   if any(m.status not in (Status.SKIP, Status.NOT_RUN) for m in members)]
+        regimes = known_avoid.regime_notes(avoids, op, ran_any, dtype, device_type)
+        if regimes:
+            text += "; " + "; ".join(r["text"] for r in regimes)
         if unfinished:
             text += "; not verified: " + ", ".join(f"{u['backend']}: {u['not_run']}/{u['of']} check{'s' * (u['of'] != 1)} not run"
                                                    for u in unfinished)
         out.append({"op": op, "dtype": dtype, "use": use, "verified": good, "avoid": avoid, "unfinished": unfinished,
-                    "text": text})
+                    "avoid_calls": regimes, "text": text})
     return out
 
 
@@ -161,38 +167,6 @@ def _avoids(known_results: List[Dict[str, Any]]) -> list:
         return known_avoid.from_results(known_results)
     except Exception:  # noqa: BLE001 - the base failed to load: reported under known_issues_error already
         return []
-
-
-def partial_report(options: DoctorOptions, results: List[CheckResult], *, error: str, exit_code: int,
-                   interrupted: Optional[str] = None, duration_s: float = 0.0) -> Dict[str, Any]:
-    """The report of a run that stopped early (SIGTERM, SIGINT, an unexpected error), from the
-    results measured so far (the stream), in run_doctor's shape so that every writer takes it:
-    marked partial, with `interrupted` naming the signal; no known issues or recommendations
-    (the evidence is incomplete)."""
-    report = platform.collect()
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "doctor",
-        "partial": True,
-        "interrupted": interrupted,
-        "error": error,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "gpuparity_version": __version__,
-        "platform": report,
-        "machine": platform.summary_line(report),
-        "options": {"level": options.level, "device": options.device or default_device(), "seed": options.seed,
-                    "timeout": options.timeout, "budget": options.budget,
-                    "ops": list(options.ops) if options.ops else None,
-                    "dtypes": list(options.dtypes) if options.dtypes else None},
-        "known_issues": [],
-        "known_issues_error": "not evaluated: the run stopped early",
-        "battery": {"results": [r.to_dict() for r in results], "tally": tally(results), "duration_s": duration_s},
-        "recommendations": [],
-        "probe_cache": None,
-        "duration_s": duration_s,
-        "phases_s": {},
-        "exit_code": exit_code,
-    }
 
 
 def run_doctor(options: DoctorOptions, *, progress: Optional[Callable[[int, int, CheckResult], None]] = None,

@@ -33,7 +33,8 @@ def test_every_entry_of_the_knowledge_file_is_in_the_base():
     have = {issue["id"] for issue in load_issues()}
     missing = [i for i in wanted if i not in have]
     assert not missing, f"in known-issues.md but not in issues.json: {missing}"
-    found_here = {issue["id"] for issue in load_issues() if issue.get("found_by") == "gpuparity"}
+    # the rest came from gpuparity's own battery or from a review of the public trackers
+    found_here = {issue["id"] for issue in load_issues() if issue.get("found_by") in ("gpuparity", "tracker review")}
     extra = sorted(have - set(wanted) - found_here)
     assert not extra, f"in issues.json but not in known-issues.md: {extra}"
 
@@ -58,6 +59,22 @@ def test_entries_are_well_formed():
         assert issue["sources"], issue["id"]
         assert issue["remedy"].strip(), issue["id"]
         assert describe_rule(issue["rule"])
+
+
+def test_every_entry_has_sources_a_reviewed_date_and_a_probe_or_why_not():
+    for issue in load_issues():
+        assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", issue.get("reviewed", "")), issue["id"]
+        for source in issue["sources"]:
+            # a URL, or a named non-tracker source (the user stories, torch's documentation, gpuparity's battery)
+            assert source.startswith("https://") or re.match(r"user story|PyTorch .* docs|found by gpuparity", source), \
+                (issue["id"], source)
+        assert issue["probe"] or issue.get("no_probe", "").strip(), f"{issue['id']}: no probe and no no_probe reason"
+
+
+def test_the_readme_counts_the_entries():
+    with open(os.path.join(REPO_ROOT, "README.md"), encoding="utf-8") as handle:
+        readme = handle.read()
+    assert f"the {len(load_issues())}-entry known-issue base" in readme
 
 
 def test_every_probe_is_used_and_every_used_probe_exists():
@@ -109,6 +126,8 @@ def test_docs_table_is_generated_from_the_base():
     with open(doc, encoding="utf-8") as handle:
         text = handle.read()
     section = text.split(BEGIN, 1)[1].split(END, 1)[0]
+    rows = [line.split("|")[1].strip() for line in section.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows[1:] == [issue["id"] for issue in load_issues()]     # every entry, with probe, sources, reviewed
     assert section.strip() == markdown_table(load_issues()).strip(), \
         "docs/known-issues.md is stale: run python -m gpuparity.report.known_table docs/known-issues.md"
 

@@ -37,7 +37,9 @@ def test_checkpoint_probe_reports_the_forward_only_pattern_as_torch_behaviour():
 GPU_ONLY = ["sdpa_mask_dtype", "sdpa_cudnn", "sdpa_cudnn_gqa", "sdpa_eff_stride0", "sdpa_maskgrad", "sdpa_fused_vs_fp64",
             "sdpa_aotriton_rdna35", "sdpa_fused_launch", "sdpa_flash_alone", "tf32_defaults", "xf32_high_precision",
             "gemm_2gib_tail", "bf16_emulated", "det_cublas_workspace", "gemv_twice_bitwise", "flex_attention_twice",
-            "arch_smoke", "apu_memory", "numa_spill"]
+            "arch_smoke", "apu_memory", "numa_spill", "sdpa_cudnn_mask_lse", "sdpa_cudnn_sq1_lse", "sdpa_noncontig_v",
+            "sdpa_fp32_lse_race", "gemm_small_dim_fp32", "gemm_transposed_fp32", "layer_norm_2pow32", "cumsum_2pow32",
+            "gemm_4gib_tail", "gemm_huge_m", "triton_buffer_ops_2gib", "sdpa_long_mask"]
 
 
 @pytest.mark.parametrize("name", GPU_ONLY)
@@ -48,7 +50,8 @@ def test_gpu_probes_cannot_tell_on_a_cpu(name):
 
 @pytest.mark.parametrize("name", ["sdpa_mask_dtype", "sdpa_cudnn", "sdpa_eff_stride0", "sdpa_maskgrad",
                                   "sdpa_fused_vs_fp64", "sdpa_fused_launch", "sdpa_flash_alone", "tf32_defaults",
-                                  "xf32_high_precision", "det_cublas_workspace", "gemv_twice_bitwise"])
+                                  "xf32_high_precision", "det_cublas_workspace", "gemv_twice_bitwise",
+                                  "sdpa_cudnn_mask_lse", "sdpa_cudnn_sq1_lse", "sdpa_noncontig_v", "gemm_small_dim_fp32", "gemm_transposed_fp32"])
 def test_gpu_probe_code_runs_on_cpu_tensors(name, monkeypatch):
     # No GPU here: let the GPU probes run on CPU tensors so their code paths are exercised; a
     # backend the CPU lacks must come back as "cannot tell", never as an exception.
@@ -188,3 +191,44 @@ def test_probe_decorator_sets_up_the_device_and_the_gpu_check(monkeypatch):
     seen.clear()
     result = gpu_only(device="cpu")
     assert result["failed"] is None and "needs a GPU device, got cpu" in result["detail"] and not seen
+
+
+@pytest.mark.parametrize("name", ["layer_norm_2pow32", "cumsum_2pow32", "gemm_4gib_tail", "gemm_huge_m",
+                                  "triton_buffer_ops_2gib", "sdpa_long_mask"])
+def test_size_probes_say_why_they_did_not_run(name, monkeypatch):
+    monkeypatch.setattr(probes.base, "needs_gpu", lambda dev: None)
+    result = check_shape(getattr(probes, name)(device="cpu"))
+    assert result["failed"] is None and result["detail"].startswith("not run: ") and "GiB" in result["detail"]
+
+
+def test_massive_activation_rows_have_a_logsumexp_below_the_fp32_exp_limit():
+    q, k, _ = probes.attention.massive_activation_qkv(192, 64, torch.device("cpu"), torch.float32)
+    lse = torch.logsumexp((q @ k.transpose(-2, -1)) * 64 ** -0.5, dim=-1)
+    assert float(lse.max()) < -88.7
+
+
+class _NanGradQ(torch.autograd.Function):
+    """Identity forward; a NaN gradient for q (what cuDNN's backward returns in the regime)."""
+    @staticmethod
+    def forward(ctx, q):
+        return q.view_as(q)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.full_like(grad, float("nan"))
+
+
+def _math(backend, q, k, v, **kwargs):
+    return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+
+def test_the_cudnn_regime_probe_catches_nan_grad_q(monkeypatch):
+    monkeypatch.setattr(probes.base, "needs_gpu", lambda dev: None)
+    planted = {"cudnn": lambda q, k, v, **kw: _math("cudnn", _NanGradQ.apply(q), k, v, **kw)}
+    monkeypatch.setattr(probes.attention, "run_sdpa",
+                        lambda backend, q, k, v, **kw: planted.get(backend, lambda *a, **k2: _math(backend, *a, **k2))(q, k, v, **kw))
+    result = check_shape(probes.sdpa_cudnn_mask_lse(device="cpu"))
+    assert result["failed"] is True and "non-finite grad_q in 5/5 calls" in result["detail"]
+    assert result["nonfinite_grad_q"]["efficient D64 bool causal"] == 0
+    monkeypatch.setattr(probes.attention, "run_sdpa", _math)
+    assert check_shape(probes.sdpa_cudnn_mask_lse(device="cpu"))["failed"] is False

@@ -36,6 +36,7 @@ class BatteryRun:
     seed: int
     duration_s: float
     stream_path: Optional[str] = None
+    shrunk: List[Any] = dataclasses.field(default_factory=list)   # shrink.Shrunk of failures (api.check)
 
     @property
     def ok(self) -> bool:
@@ -50,17 +51,22 @@ def run_battery(ops: Optional[Sequence[str]] = None, level: str = "default", dev
                 timeout: Optional[float] = None, isolate: bool = True,
                 case_filter: Optional[Callable] = None, env: Optional[Dict[str, str]] = None,
                 warm_timings: bool = False, budget: Union[None, float, Budget] = None,
-                crash_limit: Optional[int] = CRASH_LIMIT) -> BatteryRun:
+                crash_limit: Optional[int] = CRASH_LIMIT, explore: Optional[float] = None,
+                case_lists: Optional[Dict[str, Sequence[Any]]] = None) -> BatteryRun:
     """Run the battery; returns every result (SKIPs included) in the order they finished.
     warm_timings: also run each compiling backend's timing case once, alongside the checks,
-    so that the timings that follow (doctor) find their kernels compiled. budget: seconds for
+    so that the timings that follow (doctor) find their kernels compiled. case_lists: exactly
+    these cases for the ops named (plan's `cases`). budget: seconds for
     the whole run (or a Budget started earlier); crash_limit: crashes or hangs in a row after
-    which an implementation's remaining checks are NOT_RUN (pool.run_tasks)."""
+    which an implementation's remaining checks are NOT_RUN (pool.run_tasks). explore: seconds
+    more spent drawing family members where errors came closest to the bound (explore.py)."""
+    if explore is not None and (not isinstance(explore, (int, float)) or isinstance(explore, bool) or explore <= 0):
+        raise ValueError(f"explore: expected a positive number of seconds, got {explore!r}")
     device = normalize_device(device)
     validate_device(device)
     budget = as_budget(budget)
     started = time.monotonic()
-    tasks, decided = plan(ops, level, device, dtypes, backends, impl, seed, case_filter)
+    tasks, decided = plan(ops, level, device, dtypes, backends, impl, seed, case_filter, case_lists)
     total = len(tasks) + len(decided)  # what progress counts: warm-ups report nothing
     if warm_timings:
         keys = [(t.op, t.backend, t.dtype) for t in tasks if not t.impl]
@@ -79,6 +85,11 @@ def run_battery(ops: Optional[Sequence[str]] = None, level: str = "default", dev
             record(result)
         run_tasks(tasks, isolate=isolate, timeout=timeout, env=env, on_result=record, budget=budget,
                   crash_limit=crash_limit)
+        if explore and not (budget and budget.spent):
+            from .explore import explore as explore_more
+            seconds = min(explore, budget.remaining()) if budget else explore
+            explore_more(seconds, ops, device, dtypes, backends, impl, seed, previous=list(results),
+                         on_result=record, isolate=isolate, timeout=timeout, env=env)
     return BatteryRun(results, level, str(device), seed, time.monotonic() - started, stream_path)
 
 

@@ -130,9 +130,37 @@ def _forward_backward(spec: OpSpec, fn: Callable, inputs: Dict[str, Any], params
 
 
 def run_case(op: str, fn: Callable, params: Dict[str, Any], dtype: torch.dtype, device: torch.device,
-             seed: int, baseline_fn: Optional[Callable] = None) -> Tuple[Status, List[Comparison], str]:
-    """One case: (status, comparisons, reason)."""
+             seed: int, baseline_fn: Optional[Callable] = None,
+             repro: Optional[Dict[str, Any]] = None) -> Tuple[Status, List[Comparison], str]:
+    """One case: (status, comparisons, reason). `repro`: {"stem": path without extension, and
+    op/backend/impl/case names}: also write a standalone repro of this check (checks/repro.py)."""
     spec = get_spec(op)
+    if repro is not None:
+        from .repro import CallRecorder
+        impl_call, ref_call = CallRecorder(fn), CallRecorder(spec.reference_fn)
+        fn = impl_call.wrapped
+        spec = _with_reference(spec, ref_call.wrapped)
+    status, comparisons, reason, grad_out = _run_case(spec, fn, params, dtype, device, seed, baseline_fn)
+    if repro is not None and status != Status.SKIP and impl_call.args:
+        from . import repro as repro_module
+        repro_module.write(repro["stem"], op=op, backend=repro.get("backend", ""), impl=repro.get("impl"),
+                           case=repro.get("case", ""), dtype=dtype_name(dtype), device=str(device), seed=seed,
+                           impl_call=impl_call, ref_call=ref_call, reference_fn=get_spec(op).repro_reference(),
+                           grad_out=grad_out, bounds={c.name: c.allowed for c in comparisons}, reason=reason)
+    return status, comparisons, reason
+
+
+def _with_reference(spec: OpSpec, reference_fn: Callable) -> OpSpec:
+    """A shallow copy of `spec` whose reference is `reference_fn` (the recorded one)."""
+    import copy
+    twin = copy.copy(spec)
+    twin.reference_fn = reference_fn
+    return twin
+
+
+def _run_case(spec: OpSpec, fn: Callable, params: Dict[str, Any], dtype: torch.dtype, device: torch.device,
+              seed: int, baseline_fn: Optional[Callable]):
+    """run_case's body: (status, comparisons, reason, grad_out)."""
     gen = torch.Generator().manual_seed(seed)
     raw = make_inputs(spec, params, dtype, gen)
     rounded = _round_inputs(raw, spec, dtype)
@@ -151,13 +179,13 @@ def run_case(op: str, fn: Callable, params: Dict[str, Any], dtype: torch.dtype, 
         out, grads, problems = _forward_backward(spec, fn, spec.cast_inputs(rounded, dtype, device), params,
                                                  grad_out, dtype, device, "the implementation", ref_out.shape)
     except BackendUnavailable as exc:
-        return Status.SKIP, [], str(exc)
+        return Status.SKIP, [], str(exc), grad_out
     except Exception as exc:  # noqa: BLE001 - an implementation that raises is a result
         frames = traceback.extract_tb(exc.__traceback__)
         where = f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
-        return Status.ERROR, [], f"raised {type(exc).__name__}: {str(exc)[:400]}{where}"
+        return Status.ERROR, [], f"raised {type(exc).__name__}: {str(exc)[:400]}{where}", grad_out
     if problems:
-        return Status.FAIL, [], "; ".join(problems)
+        return Status.FAIL, [], "; ".join(problems), grad_out
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -185,7 +213,7 @@ def run_case(op: str, fn: Callable, params: Dict[str, Any], dtype: torch.dtype, 
     reason = "; ".join(c.reason for c in failed)
     if precision == "tf32" and not failed:
         reason = "fp32 under TF32 (torch's TF32 switch is on for this op)"
-    return status, comparisons, reason
+    return status, comparisons, reason, grad_out
 
 
 # Device cycles the GPU sleeps before a device-time round (~30 ms at 1.7 GHz): long enough for

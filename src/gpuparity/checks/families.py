@@ -94,10 +94,43 @@ def pool(spec) -> Dict[str, Case]:
             for case in (fam.case(spec.make_case, label, params) for label, params in fam.members)}
 
 
-def drawn(spec, fam: Family, number: int) -> Case:
-    """Explore's fresh member number `number` of `fam` (the same for the same number)."""
-    label, params = fam.draw(_rng(spec.op, fam.name, DRAW, number))
-    return fam.case(spec.make_case, f"{DRAW}{number}", {**params, "drawn_as": label})
+def drawn(spec, fam: Family, number: int) -> "Case":
+    """Explore's fresh member number `number` of `fam` (the same for the same number): the
+    family's own draw, else one of its members with its sizes moved to other tile boundaries."""
+    rng = _rng(spec.op, fam.name, DRAW, number)
+    for _ in range(20):
+        label, params = fam.draw(rng) if fam.draw is not None else _perturbed(rng, fam)
+        case = fam.case(spec.make_case, f"{DRAW}{number}", {**params, "drawn_as": label})
+        from .shrink import normalize   # (shrink imports the battery, which imports this module)
+        fixed = normalize(spec.op, case.params)
+        if fixed is not None:
+            return type(case)(case.name, fixed, case.level, case.kind)
+    return fam.case(spec.make_case, f"{DRAW}{number}", dict(fam.members[0][1]))
+
+
+PERTURBED = ("Sq", "Sk", "S", "S_max", "n", "c", "vocab", "hidden")
+
+
+def _boundary_near(rng: random.Random, value: int) -> int:
+    tile = rng.choice([16, 32, 64, 128])
+    return max(1, tile * max(1, round(value / tile) + rng.choice([-1, 0, 1])) + rng.choice([-1, 0, 1, tile // 2]))
+
+
+def _perturbed(rng: random.Random, fam: Family) -> Tuple[str, Dict[str, Any]]:
+    label, params = rng.choice(fam.members)
+    params = dict(params)
+    moved = []
+    for key in PERTURBED:
+        if isinstance(params.get(key), int) and rng.random() < 0.6:
+            params[key] = _boundary_near(rng, params[key])
+            moved.append(f"{key}{params[key]}")
+    shape = params.get("shape")
+    if isinstance(shape, (list, tuple)) and shape and rng.random() < 0.8:
+        shape = list(shape)
+        shape[-1] = _boundary_near(rng, shape[-1])
+        params["shape"] = tuple(shape)
+        moved.append(f"width{shape[-1]}")
+    return f"{label}_{'_'.join(moved) or 'reseeded'}", params
 
 
 def lookup(spec, name: str) -> Optional[Case]:

@@ -35,6 +35,7 @@ class Task:
     mode: str = "check"
     base_seed: Optional[int] = None  # the run's --seed, from which `seed` is derived
     level: Optional[str] = None
+    repro: Optional[Dict[str, Any]] = None  # write a standalone repro of this check (execute.run_case)
 
     def result(self, status: Status, reason: str = "", **extra) -> CheckResult:
         return CheckResult(op=self.op, backend=self.backend, case=self.case, dtype=self.dtype, device=self.device,

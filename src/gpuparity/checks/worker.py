@@ -36,7 +36,7 @@ def handle(task: Dict[str, Any]) -> Dict[str, Any]:
         return answer
     baseline = get_backend(task["op"], "composition").fn
     status, comparisons, reason = run_case(task["op"], fn, task["params"], dtype, device, task["seed"],
-                                           baseline_fn=baseline)
+                                           baseline_fn=baseline, repro=task.get("repro"))
     answer.update(status=status.value, reason=reason, comparisons=[c.to_dict() for c in comparisons],
                   duration_s=time.monotonic() - started)
     return answer

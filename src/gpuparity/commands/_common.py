@@ -276,6 +276,22 @@ def reports_user_errors(handler: Callable) -> Callable:
     return run
 
 
+def add_explore(parser) -> None:
+    parser.add_argument("--explore", metavar="SECONDS", type=_positive_seconds, default=None,
+                        help="after the level's checks, spend SECONDS more drawing regime-family cases (seeded), "
+                             "more where errors came closest to the bound")
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
 def add_json(parser: argparse.ArgumentParser, what: str = "the results") -> None:
     parser.add_argument("--json", metavar="FILE", default=None, type=output_json,
                         help=f"write {what} as JSON to FILE ('-' for stdout)")

@@ -20,7 +20,8 @@ def register(subparsers) -> None:
         "doctor", help="the main job: platform report, known issues, every op and backend vs float64",
         description="Checks every op on every backend of this machine against a float64 reference, forward and "
                     "backward, each check in a crash-isolated worker. Exit code 0: all passed; 1: a check failed, "
-                    "crashed or hung, or a known issue was confirmed; 2: bad usage.")
+                    "crashed or hung, or a known issue was confirmed; 2: bad usage; 130 / 143: interrupted by SIGINT / "
+                    "SIGTERM (the reports asked for are still written, marked partial).")
     level = parser.add_mutually_exclusive_group()
     level.add_argument("--quick", dest="level", action="store_const", const="quick", help="the hostile core only (seconds)")
     level.add_argument("--full", dest="level", action="store_const", const="full",

@@ -18,7 +18,8 @@ def register(subparsers) -> None:
         "known-issues", help="match this machine against the base of known backend bugs",
         description="Match the platform against the known-issue base. Each entry ends as: does not apply, "
                     "may apply (by version, arch or setup), confirmed (its probe failed here) or ruled out "
-                    "(its probe passed here). Probes run crash-isolated, only for entries that may apply. "
+                    "(its probe passed here: not reproduced here). Probes run crash-isolated, for entries that may apply "
+                    "and for those only a version range rules out: the probe decides, not the version rule. "
                     "Exit code 0 (informational), 2 on bad input.")
     parser.add_argument("--platform", metavar="ENV_JSON", type=input_file,
                         help="judge a saved `gpuparity env --json` from another machine (rules only, no probes)")

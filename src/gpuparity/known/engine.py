@@ -19,7 +19,7 @@ from .rules import evaluate_rule, kernel_param_state, validate_rule
 DOES_NOT_APPLY = "does not apply"
 MAY_APPLY = "may apply"
 CONFIRMED = "confirmed"      # its probe failed here (or crashed, or hung)
-RULED_OUT = "ruled out"      # its probe passed here
+RULED_OUT = "ruled out"      # its probe passed here: not reproduced here
 # Display order: what needs action first.
 STATUS_ORDER = (CONFIRMED, MAY_APPLY, RULED_OUT, DOES_NOT_APPLY)
 
@@ -33,6 +33,7 @@ SCOPES = (MAY_APPLY, CONFIRMED)
 KINDS = ("bug", "config", "behaviour", "limitation")
 
 Progress = Callable[[int, int, str], None]
+VERSION_ONLY_NOTE = "only version ranges rule it out: not expected here, but a probe that can run here decides"
 
 
 @dataclasses.dataclass
@@ -54,6 +55,11 @@ class KnownIssueResult:
     group: str = ""
     remedy_env_scope: str = MAY_APPLY
     kind: str = "bug"                 # one of KINDS
+    # What the rule's version clauses say: True when they match (or cannot tell), False when
+    # only a version range rules the entry out. An expectation, not a verdict: a probe that runs
+    # here decides (evaluate), so a version rule never hides a bug a probe reproduces.
+    expected: bool = True
+    reviewed: str = ""                # the date the entry's sources were last read (YYYY-MM-DD)
 
     @property
     def applies(self) -> bool:
@@ -95,9 +101,30 @@ def validate_issue(issue: Any, probe_names: Optional[set] = None) -> None:
         raise ValueError(f"{where}: sources must be a list")
     for entry in issue.get("avoid", []):   # backends a confirmed issue rules out (known/avoid.py)
         if not (isinstance(entry, dict) and isinstance(entry.get("op"), str) and isinstance(entry.get("backend"), str)
-                and set(entry) <= {"op", "backend", "dtype", "device"}):
+                and set(entry) <= {"op", "backend", "dtype", "device", "when"}):
             raise ValueError(f"{where}: avoid entries must be objects with op and backend (and optionally dtype, "
-                             f"device), got {entry!r}")
+                             f"device, when), got {entry!r}")
+        if "when" in entry:
+            validate_regime(entry["when"], f"{where}: avoid")
+    if not isinstance(issue.get("no_probe", ""), str):
+        raise ValueError(f"{where}: no_probe must be a sentence saying why there is no probe")
+    reviewed = issue.get("reviewed")
+    if reviewed is not None and not (isinstance(reviewed, str) and re.fullmatch(r"\d{4}-\d{2}-\d{2}", reviewed)):
+        raise ValueError(f"{where}: reviewed must be a date YYYY-MM-DD, got {reviewed!r}")
+
+
+def validate_regime(when: Any, where: str) -> None:
+    """Raise ValueError naming the entry when an avoid entry's `when` is not a regime (a shape rule
+    over a call's Problem features, known/avoid.py)."""
+    if not isinstance(when, dict) or not when:
+        raise ValueError(f"{where}: when must be a non-empty object of regime clauses, got {when!r}")
+    for key, value in when.items():
+        if key.endswith("_mod"):
+            if not (isinstance(value, list) and len(value) == 2 and all(isinstance(n, int) for n in value)
+                    and value[0] > 0):
+                raise ValueError(f"{where}: when.{key} must be [modulus, remainder] (integers), got {value!r}")
+        elif not isinstance(value, (bool, int, str)):
+            raise ValueError(f"{where}: when.{key} must be a bool, int or string, got {value!r}")
 
 
 def load_issues() -> List[Dict[str, Any]]:
@@ -189,13 +216,22 @@ def _rule_status(issue: Dict[str, Any], report: Dict[str, Any]) -> KnownIssueRes
     else:
         status = DOES_NOT_APPLY
         why = list(verdict.missed)
+        if verdict.version_only:
+            why.append(VERSION_ONLY_NOTE)
     why = list(dict.fromkeys(why))  # clauses of one rule often share a sentence (the build)
     return KnownIssueResult(
         id=issue["id"], title=issue["title"], status=status, why=why, remedy=issue["remedy"],
         remedy_env=dict(issue["remedy_env"]), sources=list(issue["sources"]), probe=issue["probe"],
         symptom=issue["symptom"], affects=issue["affects"], fixed_in=issue["fixed_in"],
         unconfirmed=bool(issue["unconfirmed"]), group=issue.get("group", ""),
-        remedy_env_scope=issue.get("remedy_env_scope", MAY_APPLY), kind=issue.get("kind", "bug"))
+        remedy_env_scope=issue.get("remedy_env_scope", MAY_APPLY), kind=issue.get("kind", "bug"),
+        expected=verdict.applies, reviewed=str(issue.get("reviewed", "")))
+
+
+def _version_excluded(issue: Dict[str, Any], report: Dict[str, Any]) -> bool:
+    """Ruled out by version ranges alone: the platform is the kind the entry is about."""
+    verdict = evaluate_rule(issue["rule"], report)
+    return not verdict.applies and verdict.version_only
 
 
 _EVIDENCE = re.compile(r"(?i)error|fault|violation|illegal|abort|exception|denied|killed|timed? ?out")
@@ -257,8 +293,11 @@ def evaluate(platform: Optional[Dict[str, Any]] = None, *, probes: bool = True, 
     Rules decide "does not apply" / "may apply". With probes=True and the report being this
     machine's, each entry that may apply and has a probe is confirmed or ruled out by running
     the probe crash-isolated on `device` (default: the first GPU, else the CPU); a crash or
-    hang of the probe counts as confirmed. A saved report from another machine is judged by
-    its rules only. `ids` limits the evaluation to those entries; `timeout` is per probe;
+    hang of the probe counts as confirmed. The probe decides, not the version rule: an entry
+    whose rule misses only on version ranges (torch, ROCm, CUDA, cuDNN, ...) is probed too, and
+    a failing probe confirms it ("not expected here by version" stays in its why); only when
+    its probe cannot run or cannot tell does the version rule's "does not apply" stand. A
+    saved report from another machine is judged by its rules only. `ids` limits the evaluation to those entries; `timeout` is per probe;
     `issues` replaces the base (for tests and experiments with new entries).
     """
     if platform is not None and not isinstance(platform, dict):
@@ -289,11 +328,12 @@ def evaluate(platform: Optional[Dict[str, Any]] = None, *, probes: bool = True, 
     device = device or default_device(report)
     on_cpu = device.split(":")[0] == "cpu"
     pending = [(issue, result) for issue, result in zip(entries, results)
-               if result.status == MAY_APPLY and issue["probe"]]
+               if issue["probe"] and (result.status == MAY_APPLY or _version_excluded(issue, report))]
     runnable = []
     for issue, result in pending:
         if on_cpu and _gpu_only(issue):
-            result.why.append(f"probe {issue['probe']} not run: it needs a GPU device, and the device is {device}")
+            if result.expected:   # an entry the versions rule out stays quiet about its probe
+                result.why.append(f"probe {issue['probe']} not run: it needs a GPU device, and the device is {device}")
         else:
             runnable.append((issue, result))
     lock = threading.Lock()
@@ -304,9 +344,13 @@ def evaluate(platform: Optional[Dict[str, Any]] = None, *, probes: bool = True, 
         outcome = run_probe(issue, device, timeout)
         with lock:
             result.probe_outcome = outcome
-            result.status = outcome["verdict"]
-            prefix = {CONFIRMED: "probe failed here", RULED_OUT: "probe passed here"}.get(
+            if outcome["verdict"] != MAY_APPLY or result.expected:
+                result.status = outcome["verdict"]
+            # else: the probe could not tell, so the version rule's "does not apply" stands
+            prefix = {CONFIRMED: "probe failed here", RULED_OUT: "not reproduced here, its probe passed"}.get(
                 outcome["verdict"], "probe inconclusive")
+            if outcome["verdict"] == CONFIRMED and not result.expected:
+                prefix += ", although its version rule did not expect it here"
             result.why.append(f"{prefix}: {outcome['detail']}")
             finished[0] += 1
             if progress:

@@ -54,12 +54,16 @@ class RuleResult:
 
     matched: clauses that hold; missed: hard clauses that do not (why it does not apply);
     unknown: clauses the report cannot decide; soft_missed: unconfirmed bounds that do not hold.
+    version_only: a MISS whose every missed clause is a version range (torch, ROCm, CUDA or a
+    library outside the range): the platform is the right kind, only the versions say "not
+    expected here". A probe that can run here decides such an entry (engine.evaluate).
     """
     verdict: Verdict
     matched: List[str] = dataclasses.field(default_factory=list)
     missed: List[str] = dataclasses.field(default_factory=list)
     unknown: List[str] = dataclasses.field(default_factory=list)
     soft_missed: List[str] = dataclasses.field(default_factory=list)
+    version_only: bool = False
 
     @property
     def applies(self) -> bool:
@@ -111,12 +115,18 @@ def range_text(spec: Dict[str, str]) -> str:
     return " and ".join(f"{op} {bound}" for op, bound in spec.items())
 
 
+class VersionMiss(str):
+    """The sentence of a clause that missed only because a known version is outside its range
+    (not because the build is of another kind): a version rule sets expectation, and a probe
+    that can run here overrides it."""
+
+
 def _range_clause(label: str, version: Optional[tuple], shown: str, spec: Dict[str, str]):
     if not version:
         return Verdict.UNKNOWN, f"{label} version unknown ({shown})"
     if in_range(version, spec):
         return Verdict.MATCH, f"{label} {shown} {range_text(spec)}"
-    return Verdict.MISS, f"{label} {shown} is not {range_text(spec)}"
+    return Verdict.MISS, VersionMiss(f"{label} {shown} is not {range_text(spec)}")
 
 
 def _packed_version(text: Any, unpack: Callable[[int], tuple]) -> tuple:
@@ -355,7 +365,10 @@ def _and_simple(results):
     for verdict in (Verdict.MISS, Verdict.UNKNOWN):
         texts = [text for v, text in results if v == verdict]
         if texts:
-            return verdict, "; ".join(texts)
+            joined = "; ".join(texts)
+            if verdict == Verdict.MISS and all(isinstance(text, VersionMiss) for text in texts):
+                joined = VersionMiss(joined)
+            return verdict, joined
     return Verdict.MATCH, "; ".join(text for _, text in results)
 
 
@@ -644,7 +657,7 @@ def _evaluate_key(key: str, arg: Any, report: Dict[str, Any]) -> RuleResult:
         return _and([evaluate_rule(sub, report) for sub in arg])
     if key == "any_of":
         return _any([evaluate_rule(sub, report) for sub in arg])
-    if key == "not":
+    if key == "not":   # a negated version range stays a hard clause (version_only False)
         inner = evaluate_rule(arg, report)
         if inner.verdict == Verdict.MATCH:
             return RuleResult(Verdict.MISS, missed=inner.matched)
@@ -663,7 +676,7 @@ def _evaluate_key(key: str, arg: Any, report: Dict[str, Any]) -> RuleResult:
     if verdict == Verdict.MATCH:
         return RuleResult(verdict, matched=[text])
     if verdict == Verdict.MISS:
-        return RuleResult(verdict, missed=[text])
+        return RuleResult(verdict, missed=[str(text)], version_only=isinstance(text, VersionMiss))
     return RuleResult(verdict, unknown=[text])
 
 
@@ -675,7 +688,8 @@ def _and(parts: List[RuleResult]) -> RuleResult:
         merged.unknown += part.unknown
         merged.soft_missed += part.soft_missed
     if missed:
-        return RuleResult(Verdict.MISS, matched=merged.matched, missed=missed)
+        return RuleResult(Verdict.MISS, matched=merged.matched, missed=missed,
+                          version_only=all(part.version_only for part in parts if part.verdict == Verdict.MISS))
     if any(part.verdict == Verdict.UNKNOWN for part in parts):
         merged.verdict = Verdict.UNKNOWN
     return merged
@@ -690,7 +704,7 @@ def _any(parts: List[RuleResult]) -> RuleResult:
         return _and(undecided)
     texts = ["; ".join(part.missed) for part in parts]
     return RuleResult(Verdict.MISS, missed=["none of: " + " | ".join(f"({text})" for text in texts)]
-                      if len(texts) > 1 else texts)
+                      if len(texts) > 1 else texts, version_only=all(part.version_only for part in parts))
 
 
 # --------------------------------------------------------------------------- rules in words

@@ -64,10 +64,13 @@ def check_dropout(dropout_p) -> float:
 
 def attention_problem(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None,
                       mask_requires_grad: Optional[bool] = None, window=None, softcap=None,
-                      dropout_p=0.0) -> Problem:
+                      dropout_p=0.0, requires_grad: Optional[bool] = None) -> Problem:
     """Validate the inputs of `attention` and describe the call for the dispatcher.
     mask_requires_grad overrides what attn_mask.requires_grad says (inside a torch.library op,
     where tensors carry no autograd state, the traced call's answer is passed down).
+    requires_grad: whether gradients are required (default: grad mode on and q, k or v requires
+    grad; inside a torch.library op, where that cannot be seen, assumed True), a feature only
+    when True: a known issue's regime may rule a backend out for training calls (known/avoid.py).
 
     Raises TypeError/ValueError naming the argument, what it got and what it needs.
     """
@@ -91,6 +94,7 @@ def attention_problem(q, k, v, *, attn_mask=None, key_padding_mask=None, is_caus
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)):
         raise TypeError(f"scale: expected None or a real number, got {describe(scale)}")
 
+    inside_op = mask_requires_grad is not None   # the torch.library op passes it down
     if attn_mask is None:
         mask_requires_grad = False
     else:
@@ -136,6 +140,11 @@ def attention_problem(q, k, v, *, attn_mask=None, key_padding_mask=None, is_caus
         features += (("softcap", softcap),)
     if dropout_p > 0.0:   # an OPT_IN feature: only backends that implement dropout serve it
         features += (("dropout", dropout_p),)
+    if requires_grad is None:
+        requires_grad = (True if inside_op else
+                         torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+    if requires_grad:
+        features += (("requires_grad", True),)
     return Problem(op="attention", device=q.device, dtype=q.dtype,
                    kind=attention_kind(attn_mask, key_padding_mask, is_causal, window, softcap), features=features)
 
@@ -168,7 +177,8 @@ def attention_signature(q, k, v, attn_mask, key_padding_mask, is_causal, scale, 
     try:
         return (_tensor_signature(q), _tensor_signature(k), _tensor_signature(v), _tensor_signature(attn_mask),
                 None if attn_mask is None else attn_mask.requires_grad, _tensor_signature(key_padding_mask), type(is_causal), is_causal, type(scale), type(softcap), softcap,
-                type(dropout_p), dropout_p, window)
+                type(dropout_p), dropout_p, window,
+                torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
     except AttributeError:   # not a tensor: attention_problem says what it needs
         return None
 

@@ -96,17 +96,34 @@ def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _sources_text(sources: List[str]) -> str:
+    """Each source as a short markdown link: owner/repo#N for a GitHub issue or pull request."""
+    parts = []
+    for source in sources:
+        match = re.fullmatch(r"https://github\.com/([^/]+/[^/]+)/(issues|pull)/(\d+)(.*)", source)
+        if match:
+            label = f"{match.group(1)}#{match.group(3)}" + (" (PR)" if match.group(2) == "pull" else "")
+            parts.append(f"[{label}](https://github.com/{match.group(1)}/{match.group(2)}/{match.group(3)})"
+                         + match.group(4))
+        else:
+            parts.append(source)
+    return "; ".join(parts) or "-"
+
+
 def markdown_table(issues: List[Dict[str, Any]]) -> str:
-    """The base as a markdown table: id, title, rule in words, probe, remedy environment."""
-    lines = ["| id | what | kind | rule (may apply when) | probe | remedy env |", "|---|---|---|---|---|---|"]
+    """The base as a markdown table: id, title, rule in words, probe (or why there is none),
+    remedy environment, sources and the date they were reviewed."""
+    lines = ["| id | what | kind | rule (may apply when) | probe | remedy env | sources | reviewed |",
+             "|---|---|---|---|---|---|---|---|"]
     for issue in issues:
         env = _env_text(issue.get("remedy_env") or {})
         if env and issue.get("remedy_env_scope") == CONFIRMED:
             env += " (when confirmed)"
         title = issue["title"] + (" (unconfirmed)" if issue.get("unconfirmed") else "")
+        probe = f"`{issue['probe']}`" if issue["probe"] else f"no probe: {issue.get('no_probe', 'none written')}"
         lines.append("| " + " | ".join(_cell(part) for part in (
-            issue["id"], title, issue.get("kind", "bug"), describe_rule(issue["rule"]), f"`{issue['probe']}`" if issue["probe"] else "-",
-            f"`{env}`" if env else "-")) + " |")
+            issue["id"], title, issue.get("kind", "bug"), describe_rule(issue["rule"]), probe,
+            f"`{env}`" if env else "-", _sources_text(issue["sources"]), issue.get("reviewed", "-"))) + " |")
     return "\n".join(lines) + "\n"
 
 

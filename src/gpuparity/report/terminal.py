@@ -213,7 +213,9 @@ def rerun_command(result: CheckResult, timeout: Optional[float] = None) -> Optio
 
 
 def render_failures(console: Console, results: List[CheckResult], limit: int = 15,
-                    timeout: Optional[float] = None) -> None:
+                    timeout: Optional[float] = None, shrunk: Optional[List[Dict[str, Any]]] = None) -> None:
+    """Failed checks, each with its rerun line and, where it was shrunk (`shrunk`: Shrunk.to_dict()
+    of checks/shrink.py), the minimal failing case and its standalone repro script."""
     bad = [r for r in results if r.status.bad]
     if not bad:
         return
@@ -226,9 +228,22 @@ def render_failures(console: Console, results: List[CheckResult], limit: int = 1
         if command:
             # never wrapped, so it can be copied whole
             console.print(f"      [dim]rerun:[/] {escape(command)}", soft_wrap=True)
+        for item in shrunk or []:
+            if (item["op"], item["backend"], item["case"], item["dtype"]) == (r.op, r.backend, r.case, r.dtype):
+                render_shrunk(console, item)
         if r.stderr_tail:
             for line in r.stderr_tail.splitlines()[-4:]:
                 console.print(f"      [dim]{line[:200]}[/]")
+
+
+def render_shrunk(console: Console, item: Dict[str, Any]) -> None:
+    steps = "; ".join(item["steps"]) or "already minimal"
+    note = "" if item["minimal"] else " (search stopped by its time limit)"
+    console.print(f"      [dim]shrunk in {item['attempts']} runs{note}:[/] {escape(steps)}", soft_wrap=True)
+    if item.get("repro"):
+        console.print(f"      [dim]repro:[/] python {escape(item['repro'])}", soft_wrap=True)
+    elif item.get("repro_error"):
+        console.print(f"      [dim]repro:[/] {escape(item['repro_error'])}")
 
 
 def render_known_issues(console: Console, known: List[Dict[str, Any]], error: Optional[str] = None) -> None:

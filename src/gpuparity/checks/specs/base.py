@@ -50,6 +50,11 @@ class OpSpec:
         """A case with the op's default params and `overrides` (families build their members so)."""
         raise NotImplementedError
 
+    def repro_reference(self) -> Callable:
+        """The float64 reference a standalone repro copies (called with the arguments the
+        reference got in the check)."""
+        return self.reference_fn
+
     def work(self, params: Dict[str, Any]) -> Optional[int]:
         """Elements of the largest intermediate the float64 referee materialises for `params`
         (sized families: what decides whether a long case fits memory and the level's budget)."""

@@ -8,11 +8,28 @@ import torch
 
 from ... import reference
 from ...numerics import cudnn_tf32, matmul_tf32
+from .. import families as fam
 from .base import Case, OpSpec, randn, tf32_precision
 
 
+class _ListedSpec(OpSpec):
+    """Specs whose cases are plain dicts: families' members are DEFAULTS + overrides."""
+    CASES: List[Case] = []
+    DEFAULTS: dict = {}
+    FAMILIES: list = []
+
+    def cases(self):
+        return self.CASES
+
+    def families(self):
+        return self.FAMILIES
+
+    def make_case(self, name, level="default", **overrides):
+        return Case(name, {**self.DEFAULTS, **overrides}, level)
+
+
 # --------------------------------------------------------------------------- softmax
-class SoftmaxSpec(OpSpec):
+class SoftmaxSpec(_ListedSpec):
     op = "softmax"
     signature = "fn(x, dim=-1)"
     grad_inputs = ("x",)
@@ -32,9 +49,18 @@ class SoftmaxSpec(OpSpec):
         Case("transposed_view", dict(shape=(40, 9), dim=-1, scale=1.0, transposed=True)),
         Case("width_32768", dict(shape=(2, 32768), dim=-1, scale=5.0), "full"),
     ]
-
-    def cases(self):
-        return self.CASES
+    DEFAULTS = dict(shape=(4, 33), dim=-1, scale=1.0)
+    FAMILIES = [
+        fam.family("sizes", [(f"width_{n}", dict(shape=(3, n))) for n in (1025, 63, 65, 127, 129, 255, 257, 1023,
+                                                                           2049, 4095, 8193)]),
+        fam.family("values", [("near_max", dict(shape=(3, 64), values={"x": {"peak": 1e38, "max_frac": 0.5}},
+                                                forward_only=True)),
+                              ("denormal_mix", dict(shape=(3, 64), values={"x": "denormal_mix"})),
+                              ("constant_rows", dict(shape=(3, 64), values={"x": "constant_rows"}))]),
+        fam.family("layouts", fam.view_members(("x",), ("offset", "sliced", "transposed", "expanded"))),
+        fam.family("dims", [("dim0_of_2d", dict(shape=(33, 5), dim=0)), ("dim1_of_4d", dict(shape=(2, 17, 3, 4), dim=1)),
+                            ("batch_5x3", dict(shape=(5, 3, 40)))]),
+    ]
 
     def make_inputs(self, p, gen):
         x = randn(gen, *p["shape"], scale=p["scale"])
@@ -53,7 +79,7 @@ class SoftmaxSpec(OpSpec):
 
 
 # --------------------------------------------------------------------------- matmul
-class MatmulSpec(OpSpec):
+class MatmulSpec(_ListedSpec):
     op = "matmul"
     signature = "fn(a, b)"
     grad_inputs = ("a", "b")
@@ -68,9 +94,21 @@ class MatmulSpec(OpSpec):
         Case("broadcast_batch", dict(a=(2, 3, 10, 16), b=(16, 6))),
         Case("k_4097", dict(a=(64, 4097), b=(4097, 64)), "full"),
     ]
-
-    def cases(self):
-        return self.CASES
+    DEFAULTS = dict(a=(17, 33), b=(33, 9))
+    FAMILIES = [
+        # m or n == 1 (rocBLAS fp32 at 16-bit precision), tile edges of 16/32/64/128
+        fam.family("sizes", [("m1_n65", dict(a=(1, 64), b=(64, 65))), ("n1_m129", dict(a=(129, 32), b=(32, 1))),
+                             ("k_127", dict(a=(31, 127), b=(127, 33))), ("k_129_m65", dict(a=(65, 129), b=(129, 63))),
+                             ("m192_n64_k65", dict(a=(192, 65), b=(65, 64))), ("k_1", dict(a=(33, 1), b=(1, 17)))],
+                   anchors=2),
+        fam.family("layouts", [("both_transposed", dict(a=(20, 24), b=(24, 12), views={"a": "transposed",
+                                                                                    "b": "transposed"}))]
+                   + fam.view_members(("a", "b"), ("offset", "sliced", "transposed"), base=dict(a=(20, 24), b=(24, 12)))),
+        fam.family("batch", [("batch_5", dict(a=(5, 9, 17), b=(5, 17, 6))),
+                             ("broadcast_b", dict(a=(3, 4, 8, 16), b=(16, 5))),
+                             ("batch_expanded", dict(a=(4, 9, 17), b=(4, 17, 6), views={"b": "expanded"}))]),
+        fam.family("values", [("denormal_mix", dict(a=(16, 32), b=(32, 16), values={"a": "denormal_mix"}))]),
+    ]
 
     def make_inputs(self, p, gen):
         b_shape = tuple(p["b"])
@@ -89,7 +127,7 @@ class MatmulSpec(OpSpec):
 
 
 # --------------------------------------------------------------------------- conv2d
-class Conv2dSpec(OpSpec):
+class Conv2dSpec(_ListedSpec):
     op = "conv2d"
     signature = "fn(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1)"
     grad_inputs = ("x", "weight", "bias")
@@ -103,9 +141,15 @@ class Conv2dSpec(OpSpec):
         Case("depthwise", dict(x=(2, 8, 14, 14), w=(8, 1, 5, 5), padding=2, groups=8)),
         Case("large_image", dict(x=(1, 3, 128, 128), w=(16, 3, 7, 7), stride=2, padding=3), "full"),
     ]
-
-    def cases(self):
-        return self.CASES
+    DEFAULTS = dict(x=(2, 3, 17, 17), w=(8, 3, 3, 3), stride=1, padding=1)
+    FAMILIES = [
+        fam.family("sizes", [("image_33_channels_65", dict(x=(1, 65, 33, 9), w=(16, 65, 3, 3))),
+                             ("image_1x1", dict(x=(3, 4, 1, 1), w=(5, 4, 1, 1), padding=0)),
+                             ("channels_1", dict(x=(2, 1, 16, 16), w=(4, 1, 3, 3)))]),
+        fam.family("batch", [("batch_5", dict(x=(5, 3, 9, 9), w=(4, 3, 3, 3)))]),
+        fam.family("layouts", fam.view_members(("x", "weight"), ("offset", "transposed"))),
+        fam.family("values", [("denormal_mix", dict(values={"x": "denormal_mix"}))]),
+    ]
 
     def make_inputs(self, p, gen):
         w_shape = p["w"]
@@ -128,7 +172,7 @@ class Conv2dSpec(OpSpec):
 
 
 # --------------------------------------------------------------------------- cross-entropy
-class CrossEntropySpec(OpSpec):
+class CrossEntropySpec(_ListedSpec):
     op = "cross_entropy"
     signature = "fn(logits, target, *, ignore_index=-100, label_smoothing=0.0, reduction='mean')"
     grad_inputs = ("logits",)
@@ -142,9 +186,15 @@ class CrossEntropySpec(OpSpec):
         Case("reduction_none", dict(n=9, c=5, reduction="none")),
         Case("vocab_32000", dict(n=32, c=32000), "full"),
     ]
-
-    def cases(self):
-        return self.CASES
+    DEFAULTS = dict(n=17, c=10)
+    FAMILIES = [
+        fam.family("sizes", [("classes_4097", dict(n=5, c=4097)), ("classes_127", dict(n=9, c=127)),
+                             ("classes_129_ignore", dict(n=13, c=129, ignore=True)), ("rows_129", dict(n=129, c=33)),
+                             ("classes_1", dict(n=7, c=1))]),
+        fam.family("values", [("huge_logits", dict(n=12, c=40, scale=3000.0)),
+                              ("denormal_mix", dict(n=12, c=40, values={"logits": "denormal_mix"}))]),
+        fam.family("layouts", fam.view_members(("logits",), ("offset", "sliced", "transposed"), base=dict(n=12, c=20))),
+    ]
 
     def make_inputs(self, p, gen):
         logits = randn(gen, p["n"], p["c"], scale=p.get("scale", 2.0))

@@ -10,6 +10,7 @@ import torch
 from ...backends.registry import Problem
 from ...backends.triton_decode import decode_reference
 from ...numerics import matmul_tf32
+from .. import families as fam
 from .base import Case, OpSpec, randn, tf32_precision
 
 
@@ -49,6 +50,15 @@ class DecodeSpec(OpSpec):
     def cases(self):
         return CASES
 
+    def families(self):
+        return FAMILIES
+
+    def make_case(self, name, level="default", **overrides):
+        return _case(name, level, **overrides)
+
+    def work(self, p):
+        return p["B"] * p["H"] * p["Sq"] * p["S_max"]
+
     def kind(self, p):
         return "softcap" if p["softcap"] is not None else "default"
 
@@ -80,6 +90,24 @@ class DecodeSpec(OpSpec):
 
     def precision(self, dtype, device):
         return tf32_precision(dtype, device, matmul_tf32())
+
+
+FAMILIES = [
+    fam.family("tile", [("cache_192_lengths_64_65", dict(S_max=192, lengths=[192, 64, 65], D=64)),
+                        ("cache_129", dict(S_max=129, lengths=[127, 128, 129])),
+                        ("cache_320_sq4", dict(S_max=320, Sq=4, lengths=[320, 63, 1])),
+                        ("cache_256_sq2", dict(S_max=256, Sq=2, lengths=[255, 256, 2]))]),
+    fam.family("batch", [("b5_distinct", dict(B=5, lengths=[40, 0, 17, 1, 33])),
+                         ("b8_mqa", dict(B=8, H=4, Hkv=1, S_max=20, lengths=[20, 19, 1, 0, 7, 8, 15, 2]))]),
+    fam.family("head_dim", [("d128_sq3", dict(D=128, Sq=3, lengths=[40, 9, 2])),
+                            ("d64_sq16", dict(D=64, Sq=16, lengths=[16, 40, 20])), ("d96", dict(D=96))]),
+    fam.family("gqa", [("h8_hkv2", dict(H=8, Hkv=2)), ("h6_hkv1", dict(H=6, Hkv=1)), ("h12_hkv4", dict(H=12, Hkv=4))]),
+    fam.family("values", [("logits_x30", dict(logit_scale=30.0, lengths=[40, 23, 2])),
+                          ("denormal_cache", dict(values={"k_cache": "denormal_mix", "v_cache": "denormal_mix"}))]),
+    fam.family("layouts", fam.view_members(("q", "k_cache", "v_cache"), ("offset", "sliced", "transposed"))),
+    fam.family("long", [("cache_16448", dict(B=2, H=2, Hkv=1, S_max=16448, lengths=[16448, 4097])),
+                        ("cache_131136", dict(B=1, H=2, Hkv=1, S_max=131136, lengths=[131136]))], sized=True),
+]
 
 
 SPEC = DecodeSpec()

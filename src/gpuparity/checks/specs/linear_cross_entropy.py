@@ -8,6 +8,7 @@ from typing import List
 import torch
 import torch.nn.functional as F
 
+from .. import families as fam
 from .base import Case, OpSpec, randn
 
 
@@ -69,6 +70,12 @@ class LinearCrossEntropySpec(OpSpec):
     def cases(self):
         return CASES
 
+    def families(self):
+        return FAMILIES
+
+    def make_case(self, name, level="default", **overrides):
+        return _case(name, level, **overrides)
+
     def kind(self, params):
         return "softcap" if params.get("softcap") else "default"
 
@@ -106,6 +113,21 @@ class LinearCrossEntropySpec(OpSpec):
             masks["grad_weight"] = torch.ones((1, 1), dtype=torch.bool)
             masks["grad_bias"] = torch.ones((1,), dtype=torch.bool)
         return masks
+
+
+FAMILIES = [
+    fam.family("sizes", [("vocab_4097_hidden_65", dict(shape=(7,), vocab=4097, hidden=65, ignore="every_third")),
+                         ("vocab_4095", dict(shape=(5,), vocab=4095, hidden=16)),
+                         ("vocab_8193", dict(shape=(3,), vocab=8193, hidden=8)),
+                         ("tokens_129", dict(shape=(129,), vocab=64, hidden=8)),
+                         ("hidden_127", dict(shape=(9,), vocab=33, hidden=127))]),
+    fam.family("batch", [("batch_3x5", dict(shape=(3, 5), vocab=40, ignore="every_third")),
+                         ("batch_4x9_sum", dict(shape=(4, 9), vocab=30, reduction="sum"))]),
+    fam.family("values", [("huge_logits", dict(shape=(8,), vocab=50, scale=300.0)),
+                          ("hidden_denormal", dict(shape=(8,), vocab=50, values={"hidden": "denormal_mix"}))]),
+    fam.family("layouts", fam.view_members(("hidden", "weight"), ("offset", "sliced", "transposed"),
+                                           base=dict(shape=(9,), vocab=37, hidden=12))),
+]
 
 
 SPEC = LinearCrossEntropySpec()

@@ -8,6 +8,7 @@ from typing import List
 import torch
 
 from ... import reference
+from .. import families as fam
 from .base import Case, OpSpec, randn
 
 
@@ -44,6 +45,12 @@ class RotarySpec(OpSpec):
 
     def cases(self):
         return CASES
+
+    def families(self):
+        return FAMILIES
+
+    def make_case(self, name, level="default", **overrides):
+        return _case(name, level, **overrides)
 
     def kind(self, p):
         return ("varlen-" if p["varlen"] else "") + ("interleaved" if p["interleaved"] else "half")
@@ -87,6 +94,26 @@ class RotarySpec(OpSpec):
         if p["varlen"]:
             kwargs.update(cu_seqlens=inputs["cu_seqlens"], max_seqlen=max(p["varlen"]))
         return fn(x, inputs["cos"], inputs["sin"], **kwargs)
+
+
+FAMILIES = [
+    fam.family("sizes", [("s65_d128_interleaved", dict(S=65, D=128, interleaved=True, offsets=[0, 3])),
+                         ("s129_d64_partial", dict(S=129, D=64, rotary_dim=32, H=2)),
+                         ("s64_d96", dict(S=64, D=96, H=2)), ("s127_d80_interleaved", dict(S=127, D=80, interleaved=True)),
+                         ("s192_d256", dict(S=192, D=256, H=1)), ("s1_d64", dict(S=1, D=64, offsets=[7, 0]))]),
+    fam.family("batch", [("b5_interleaved_offsets", dict(B=5, interleaved=True, offsets=[0, 5, 11, 2, 31])),
+                         ("b4_half_offsets", dict(B=4, offsets=[9, 0, 1, 30])),
+                         ("b3_varlen_interleaved", dict(varlen=[3, 17, 1, 9, 6], interleaved=True)),
+                         ("b8_bhsd", dict(B=8, layout="bhsd", S=9, offsets=[0, 1, 2, 3, 4, 5, 6, 7]))]),
+    fam.family("values", [("denormal_x", dict(values={"x": "denormal_mix"}, B=3, offsets=[0, 2, 4])),
+                          ("large_x", dict(values={"x": {"peak": 1e30, "max_frac": 0.25}}, interleaved=True))]),
+    fam.family("layouts", [("x_offset_interleaved", dict(views={"x": "offset"}, interleaved=True, B=3,
+                                                         offsets=[0, 5, 11]))]
+               + fam.view_members(("x",), ("sliced", "transposed", "expanded"), base=dict(B=3, offsets=[0, 5, 11]))
+               + fam.view_members(("cos", "sin"), ("offset", "sliced"))),
+    fam.family("long", [("s4160_offsets", dict(B=2, S=4160, H=1, D=64, offsets=[0, 64])),
+                        ("s16448_interleaved", dict(B=1, S=16448, H=1, D=32, interleaved=True))]),
+]
 
 
 SPEC = RotarySpec()

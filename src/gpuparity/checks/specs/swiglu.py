@@ -7,6 +7,7 @@ from typing import List
 
 import torch
 
+from .. import families as fam
 from .base import Case, OpSpec, randn
 
 
@@ -46,6 +47,12 @@ class SwiGLUSpec(OpSpec):
     def cases(self):
         return CASES
 
+    def families(self):
+        return FAMILIES
+
+    def make_case(self, name, level="default", **overrides):
+        return _case(name, level, **overrides)
+
     def timing_params(self):
         return _case("timing", shape=(1024, 2048)).params
 
@@ -81,6 +88,18 @@ class SwiGLUSpec(OpSpec):
         unused_gate = torch.zeros_like(inputs["gate"], dtype=torch.bool)
         unused_gate[..., n:] = True
         return {"grad_gate": unused_gate, "grad_up": ~unused_gate}
+
+
+FAMILIES = [
+    fam.family("sizes", [(f"width_{n}", dict(shape=(3, n))) for n in (1025, 63, 65, 127, 129, 255, 257, 1023, 4097,
+                                                                       8193, 11009)]),
+    fam.family("rows", [("rows_129", dict(shape=(129, 32))), ("batch_5x3", dict(shape=(5, 3, 24))),
+                        ("rows_1", dict(shape=(1, 200)))]),
+    fam.family("values", [("gate_denormal", dict(values={"gate": "denormal_mix", "up": "denormal_mix"})),
+                          ("up_large", dict(values={"up": {"peak": 1e30, "max_frac": 0.05}})),
+                          ("gate_large", dict(values={"gate": {"peak": 1e30, "max_frac": 0.05}}))]),
+    fam.family("layouts", fam.view_members(("gate", "up"), base=dict(shape=(6, 40)))),
+]
 
 
 SPEC = SwiGLUSpec()

@@ -8,27 +8,34 @@ known/engine.py calls them by name as `gpuparity.known.probes:<name>`; PROBES li
 # platform, and they keep memory modest. The families are imported in registry order.
 from .base import PROBES, inconclusive, probe, summarize, verdict
 from .attention import (NO_KERNEL, SDPA_MEMBERS, NoKernel, attention_vs_fp64, run_sdpa, sdpa_aotriton_rdna35,
-                        sdpa_cudnn, sdpa_cudnn_gqa, sdpa_eff_stride0, sdpa_flash_alone, sdpa_fullmask_nan,
-                        sdpa_fused_launch, sdpa_fused_vs_fp64, sdpa_mask_dtype, sdpa_mask_rocm, sdpa_maskgrad)
+                        sdpa_cudnn, sdpa_cudnn_gqa, sdpa_cudnn_mask_lse, sdpa_cudnn_sq1_lse, sdpa_eff_stride0,
+                        sdpa_flash_alone, sdpa_fp32_lse_race, sdpa_fullmask_nan, sdpa_fused_launch, sdpa_fused_vs_fp64,
+                        sdpa_mask_dtype, sdpa_mask_rocm, sdpa_maskgrad, sdpa_noncontig_v)
 from .numerics import (BF16_LEVEL, TF32_LEVEL, bf16_emulated, conv2d_vs_fp64, conv_train_step,
-                       cpu_bf16_layer_norm_grad, gemm_2gib_tail, gemm_large_m, layer_norm_huge_rows, norm_weight_grads,
-                       softmax_fp64_odd, tf32_defaults, xf32_high_precision)
+                       cpu_bf16_layer_norm_grad, gemm_2gib_tail, gemm_large_m, gemm_small_dim_fp32,
+                       gemm_transposed_fp32, layer_norm_huge_rows, norm_weight_grads, softmax_fp64_odd, tf32_defaults,
+                       xf32_high_precision)
 from .compile import ENVIRONMENT_PROBLEMS, _compile_failure, compile_bf16_block, compile_masked_pooling, masked_pooling
 from .determinism import checkpoint_masked_attention, det_cublas_workspace, flex_attention_twice, gemv_twice_bitwise
-from .collectives import all_reduce_size_sweep, all_reduce_timed
+from .collectives import all_reduce_size_sweep, all_reduce_small_repeated, all_reduce_timed
+from .sizes import (cumsum_2pow32, gemm_4gib_tail, gemm_huge_m, layer_norm_2pow32, memory_shortfall, sdpa_long_mask,
+                    triton_buffer_ops_2gib)
 from .system import (apu_memory, arch_smoke, gfx_name, hsa_override, kfd_gfx_targets, numa_spill, override_target,
                      rocm_perms)
 
 __all__ = [
     "PROBES", "probe", "verdict", "inconclusive", "summarize",
     "SDPA_MEMBERS", "NO_KERNEL", "NoKernel", "run_sdpa", "attention_vs_fp64", "TF32_LEVEL", "BF16_LEVEL",
-    "ENVIRONMENT_PROBLEMS", "_compile_failure", "masked_pooling", "kfd_gfx_targets", "gfx_name", "override_target",
+    "memory_shortfall", "ENVIRONMENT_PROBLEMS", "_compile_failure", "masked_pooling", "kfd_gfx_targets", "gfx_name", "override_target",
     # the probes, in registry order
-    "sdpa_mask_rocm", "sdpa_fullmask_nan", "sdpa_mask_dtype", "sdpa_cudnn", "sdpa_cudnn_gqa", "sdpa_eff_stride0",
+    "sdpa_mask_rocm", "sdpa_fullmask_nan", "sdpa_mask_dtype", "sdpa_cudnn", "sdpa_cudnn_gqa", "sdpa_cudnn_mask_lse",
+    "sdpa_cudnn_sq1_lse", "sdpa_noncontig_v", "sdpa_fp32_lse_race", "sdpa_eff_stride0",
     "sdpa_maskgrad", "sdpa_fused_vs_fp64", "sdpa_aotriton_rdna35", "sdpa_fused_launch", "sdpa_flash_alone",
     "cpu_bf16_layer_norm_grad", "norm_weight_grads", "layer_norm_huge_rows", "softmax_fp64_odd", "tf32_defaults",
     "xf32_high_precision", "gemm_large_m", "gemm_2gib_tail", "bf16_emulated", "conv2d_vs_fp64", "conv_train_step",
     "compile_masked_pooling", "compile_bf16_block", "checkpoint_masked_attention", "det_cublas_workspace",
-    "gemv_twice_bitwise", "flex_attention_twice", "all_reduce_timed", "all_reduce_size_sweep", "arch_smoke",
+    "gemv_twice_bitwise", "flex_attention_twice", "all_reduce_timed", "all_reduce_size_sweep",
+    "all_reduce_small_repeated", "layer_norm_2pow32", "cumsum_2pow32", "gemm_4gib_tail", "gemm_huge_m", "triton_buffer_ops_2gib", "sdpa_long_mask",
+    "gemm_small_dim_fp32", "gemm_transposed_fp32", "arch_smoke",
     "rocm_perms", "hsa_override", "apu_memory", "numa_spill",
 ]

@@ -173,6 +173,133 @@ def sdpa_cudnn(dev: torch.device) -> Dict[str, Any]:
     return result
 
 
+def massive_activation_qkv(seq: int, dim: int, dev, dtype, heads: int = 2):
+    """q, k, v (1, heads, seq, dim) whose every logit is about -120 (q[..., 0] = 1, k[..., 0] =
+    -120 * sqrt(dim)): each query row's logsumexp is near -120 + ln(seq), far below -88.7 =
+    ln(FLT_MAX), as in a "massive activation" head (pytorch/pytorch#196678)."""
+    q = randn((1, heads, seq, dim), dev, torch.float32, 1, scale=0.1)
+    k = randn((1, heads, seq, dim), dev, torch.float32, 2, scale=0.1)
+    v = randn((1, heads, seq, dim), dev, torch.float32, 3)
+    q[..., 0], k[..., 0] = 1.0, -120.0 * dim ** 0.5
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def nonfinite_grad_q(backend: str, q, k, v, attn_mask) -> int:
+    """Non-finite values in grad_q of SDPA forced to `backend` (NoKernel if it refuses)."""
+    leaf = q.detach().clone().requires_grad_(True)
+    out = run_sdpa(backend, leaf, k.detach().requires_grad_(True), v.detach().requires_grad_(True),
+                   attn_mask=attn_mask)
+    out.backward(randn(tuple(out.shape), out.device, out.dtype, 5))
+    sync(out.device)
+    return int((~torch.isfinite(leaf.grad)).sum())
+
+
+@probe(gpu=True)
+def sdpa_cudnn_mask_lse(dev: torch.device) -> Dict[str, Any]:
+    """cuDNN SDPA backward with an attn_mask (bool causal, float zeros; and no mask at D64),
+    Sq = Sk = 192 (% 128 == 64), head dim 64 and 128, bf16, every row's logsumexp below -88.7:
+    non-finite grad_q? The efficient backend on the same inputs is the control (0 expected)."""
+    seq = 192
+    counts: Dict[str, Any] = {}
+    refused = []
+    for dim in (64, 128):
+        q, k, v = massive_activation_qkv(seq, dim, dev, torch.bfloat16)
+        masks = {"bool causal": torch.ones(seq, seq, dtype=torch.bool, device=dev).tril()[None, None],
+                 "float zeros": torch.zeros(1, 1, seq, seq, dtype=torch.bfloat16, device=dev)}
+        if dim == 64:   # no mask, not causal: failed too on an H200 (cuDNN 9.19)
+            masks["no mask"] = None
+        for label, mask in masks.items():
+            for backend in ("cudnn", "efficient"):
+                try:
+                    counts[f"{backend} D{dim} {label}"] = nonfinite_grad_q(backend, q, k, v, mask)
+                except NoKernel as exc:
+                    refused.append(f"{backend} D{dim} {label}: {exc}")
+    cudnn = {key: n for key, n in counts.items() if key.startswith("cudnn")}
+    if not cudnn:
+        return inconclusive(f"cuDNN SDPA has no kernel for these calls here ({refused[0] if refused else 'none ran'})",
+                            refused=refused)
+    bad = {key: n for key, n in cudnn.items() if n}
+    control = {key: n for key, n in counts.items() if key.startswith("efficient")}
+    where = f"bf16 Sq=Sk={seq}, rows with logsumexp < -88.7"
+    measured = {"nonfinite_grad_q": counts, "cudnn_version": torch.backends.cudnn.version(), "refused": refused}
+    if bad:
+        worst = max(bad, key=bad.get)
+        return verdict(True, f"cuDNN SDPA returned non-finite grad_q in {len(bad)}/{len(cudnn)} calls "
+                             f"({where}; worst {worst}: {bad[worst]} of {q.numel()}); the efficient "
+                             f"backend: {sum(control.values()) if control else 'not run'} non-finite", **measured)
+    return verdict(False, f"cuDNN SDPA grad_q finite in {len(cudnn)} calls ({where})", **measured)
+
+
+@probe(gpu=True)
+def sdpa_cudnn_sq1_lse(dev: torch.device) -> Dict[str, Any]:
+    """cuDNN SDPA backward with Sq = 1, Sk = 128 and every logit near -128 (a strongly negative
+    logsumexp), bf16, no mask: non-finite dK / dV (NVIDIA/cudnn-frontend#1072)?"""
+    dim = 64
+    q = randn((1, 2, 1, dim), dev, torch.float32, 1, scale=0.1)
+    k = randn((1, 2, 128, dim), dev, torch.float32, 2, scale=0.1)
+    v = randn((1, 2, 128, dim), dev, torch.float32, 3)
+    q[..., 0], k[..., 0] = 1.0, -128.0 * dim ** 0.5
+    q, k, v = (t.to(torch.bfloat16).requires_grad_(True) for t in (q, k, v))
+    try:
+        out = run_sdpa("cudnn", q, k, v)
+    except NoKernel as exc:
+        return inconclusive(f"cuDNN SDPA has no kernel for Sq=1 here ({exc})")
+    out.backward(randn(tuple(out.shape), dev, out.dtype, 5))
+    sync(dev)
+    counts = {name: int((~torch.isfinite(t.grad)).sum()) for name, t in (("dq", q), ("dk", k), ("dv", v))}
+    bad = sum(counts.values())
+    return verdict(bad > 0, f"cuDNN SDPA bf16 Sq=1 Sk=128, logits ~ -128: non-finite gradients {counts}",
+                   nonfinite=counts, cudnn_version=torch.backends.cudnn.version())
+
+
+@probe(gpu=True)
+def sdpa_noncontig_v(dev: torch.device) -> Dict[str, Any]:
+    """FLASH and EFFICIENT with q, k contiguous and v a transposed view of (B, L, H*D), bf16
+    B1 H16 L62 D128, against float64 (ROCm/pytorch#3230: max error ~2-3 on ROCm 7.0, MI300X)."""
+    batch, heads, seq, dim = 1, 16, 62, 128
+    q, k = randns((batch, heads, seq, dim), dev, torch.bfloat16, 1, 2)
+    v = randn((batch, seq, heads * dim), dev, torch.bfloat16, 3).view(batch, seq, heads, dim).transpose(1, 2)
+    ref = reference_attention(upcast(q, False), upcast(k, False), upcast(v, False))
+    comparisons, skipped = [], []
+    for backend in ("flash", "efficient"):
+        try:
+            out = run_sdpa(backend, q, k, v)
+        except NoKernel as exc:
+            skipped.append(f"{backend}: {exc}")
+            continue
+        comparisons.append(compare(f"{backend} non-contiguous v out", out, ref,
+                                   _composition(q, k, v.contiguous()), torch.bfloat16))
+    if not comparisons:
+        return inconclusive("no fused backend has a kernel here: " + "; ".join(skipped))
+    return summarize(comparisons, "FLASH/EFFICIENT with a non-contiguous v, bf16 B1 H16 L62 D128")
+
+
+@probe(gpu=True)
+def sdpa_fp32_lse_race(dev: torch.device) -> Dict[str, Any]:
+    """FLASH and EFFICIENT fp32, head dim 80, is_causal, (3, 5, 256) queries over 32 keys,
+    forward+backward 20 times: a NaN in the saved logsumexp shows as non-finite gradients
+    (ROCm/aotriton#183: about half the calls on gfx1150)."""
+    q = randn((3, 5, 256, 80), dev, torch.float32, 1)
+    k, v = randns((3, 5, 32, 80), dev, torch.float32, 2, 3)
+    bad_runs, ran, skipped = {}, [], []
+    for backend in ("flash", "efficient"):
+        try:
+            for _ in range(20):
+                leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+                out = run_sdpa(backend, *leaves, is_causal=True)
+                out.sum().backward()
+                finite = all(bool(torch.isfinite(t.grad).all()) for t in leaves) and bool(torch.isfinite(out).all())
+                bad_runs[backend] = bad_runs.get(backend, 0) + (not finite)
+            ran.append(backend)
+        except NoKernel as exc:
+            skipped.append(f"{backend}: {exc}")
+    if not ran:
+        return inconclusive("no fused fp32 kernel here: " + "; ".join(skipped))
+    bad = {name: n for name, n in bad_runs.items() if n}
+    return verdict(bool(bad), f"fp32 D80 causal fwd+bwd, 20 runs per backend: non-finite in {bad or 'none'} "
+                              f"({', '.join(ran)} ran)", bad_runs=bad_runs)
+
+
 @probe(gpu=True)
 def sdpa_cudnn_gqa(dev: torch.device) -> Dict[str, Any]:
     """cuDNN SDPA with Hq=32, Hkv=4 (GQA) against float64, bf16, fwd+bwd."""
@@ -304,6 +431,8 @@ def sdpa_fused_launch(dev: torch.device) -> Dict[str, Any]:
             ran.append(backend)
             if not torch.isfinite(out).all() or total != 32.0:
                 findings.append(f"{backend}: wrong results after the launch (later op gave {total}, expected 32)")
+            elif float(out.abs().max()) == 0.0:   # a kernel image that never ran leaves zeros (ROCm/aotriton#210)
+                findings.append(f"{backend}: all-zero output (the kernel did not run)")
         except NoKernel as exc:
             skipped.append(f"{backend}: {exc}")
         except RuntimeError as exc:

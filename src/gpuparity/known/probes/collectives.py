@@ -83,7 +83,7 @@ def _all_reduce(dev: torch.device, sizes: Sequence[int], deadline_s: float = 45.
     rows = answers[0]["report"]
     wrong = sum(row["wrong"] for answer in answers.values() for row in answer["report"])
     slowest = max(rows, key=lambda row: row["seconds"])
-    sizes_text = ", ".join(_bytes(row["bytes"]) for row in rows)
+    sizes_text = ", ".join(dict.fromkeys(_bytes(row["bytes"]) for row in rows))   # each size once
     return verdict(wrong > 0, f"2-process {backend} all_reduce over {sizes_text}: {wrong} wrong elements; "
                               f"slowest {slowest['seconds'] * 1e3:.1f} ms at {_bytes(slowest['bytes'])}",
                    sizes=[row["bytes"] for row in rows], seconds=[row["seconds"] for row in rows], wrong=wrong)
@@ -106,3 +106,10 @@ def all_reduce_timed(dev: torch.device) -> Dict[str, Any]:
 def all_reduce_size_sweep(dev: torch.device) -> Dict[str, Any]:
     """A 2-process all_reduce from 8 B to 4 MiB (the failures start at 512 KiB)."""
     return _all_reduce(dev, [8, 1024, 64 * 1024, 512 * 1024, 2 ** 20, 4 * 2 ** 20])
+
+
+@probe
+def all_reduce_small_repeated(dev: torch.device) -> Dict[str, Any]:
+    """A 2-process all_reduce of small messages (1 KiB to 384 KiB, under the 512 KiB MSCCL range),
+    each size 25 times: any wrong element confirms (ROCm/rccl#1960: MSCCL data corruption on gfx950)."""
+    return _all_reduce(dev, [1024, 8 * 1024, 64 * 1024, 384 * 1024] * 25)

@@ -154,6 +154,32 @@ def gemm_large_m(dev: torch.device) -> Dict[str, Any]:
 
 
 @probe(gpu=True)
+def gemm_small_dim_fp32(dev: torch.device) -> Dict[str, Any]:
+    """fp32 matmuls with m == 1 and n == 1 (K = 4096) against float64: 16-bit-level error means the
+    BLAS ran them at reduced precision (ROCm/legacy-rocm-build#5640, rocBLAS/hipBLAS gemm_ex, ROCm 7.1.0)."""
+    a, b = randn((512, 4096), dev, torch.float32, 1), randn((4096, 512), dev, torch.float32, 2)
+    errors = {}
+    for label, left, right in (("n == 1", a, b[:, :1]), ("m == 1", a[:1], b), ("both > 1", a, b)):
+        errors[label] = rel_err(torch.mm(left, right), left.double().cpu() @ right.double().cpu())
+    reduced = [label for label in ("n == 1", "m == 1") if errors[label] > TF32_LEVEL]
+    return verdict(bool(reduced), "fp32 GEMM error vs float64: " + ", ".join(f"{k} {v:.2g}" for k, v in errors.items())
+                   + (f"; {' and '.join(reduced)} at reduced precision" if reduced else ""), errors=errors)
+
+
+@probe(gpu=True)
+def gemm_transposed_fp32(dev: torch.device) -> Dict[str, Any]:
+    """fp32 matmul with both operands transposed (A^T B^T), against float64 and the NN product
+    (ROCm/legacy-rocm-build#4615: hipBLASLt TT with FP32/XF32 wrong on ROCm 6.4.0)."""
+    a, b = randn((384, 256), dev, torch.float32, 1), randn((512, 384), dev, torch.float32, 2)
+    ref = (a.double().cpu().t() @ b.double().cpu().t())
+    tt = rel_err(a.t() @ b.t(), ref)
+    nn = rel_err(a.t().contiguous() @ b.t().contiguous(), ref)
+    failed = tt > BF16_LEVEL and tt > 10 * nn
+    return verdict(failed, f"fp32 A^T B^T error vs float64 {tt:.2g} (same product from contiguous copies {nn:.2g})",
+                   tt_err=tt, nn_err=nn)
+
+
+@probe(gpu=True)
 def gemm_2gib_tail(dev: torch.device) -> Dict[str, Any]:
     """bf16 GEMM into a NaN-prefilled output of more than 2 GiB with M % 256 != 0: tail written?"""
     m, n, k = 2 ** 17 + 100, 8192, 64
