@@ -88,20 +88,23 @@ def main(argv=None):
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
     log = {"lse_min": lse, "steps": []}
     started = time.perf_counter()
-    with gpuparity.monitor(model, every=args.every, repro_dir=os.path.join(args.out, "repro")) as mon:
+    with gpuparity.monitor(model, every=args.every, repro_dir=os.path.join(args.out, "repro"), max_pending=8) as mon:
         for step in range(args.steps):
             mon.step(step)
             loss = model(**inputs).loss
             loss.backward()
             nonfinite = sum(int((~torch.isfinite(q.grad)).sum()) for q in model.parameters() if q.grad is not None)
-            log["steps"].append({"step": step, "loss": float(loss), "nonfinite_param_grads": nonfinite})
-            optimizer.step()
+            log["steps"].append({"step": step, "loss": float(loss.detach()), "nonfinite_param_grads": nonfinite})
+            if not nonfinite:     # as a grad scaler does: a step with NaN gradients is skipped
+                optimizer.step()
             optimizer.zero_grad(set_to_none=True)
     report = mon.report()
     log["seconds"] = time.perf_counter() - started
     log["report"] = report.to_dict()
     first = report.failures[0] if report.failures else None
     log["first_failure"] = None if first is None else {k: first[k] for k in ("op", "backend", "step", "call", "reason")}
+    if first is not None:
+        print(f"first failure: {first['op']} [{first['backend']}] at step {first['step']}, call {first['call']}")
     with open(os.path.join(args.out, "monitor.json"), "w") as handle:
         json.dump(log, handle, indent=1, default=str)
     print(f"planted head: min row logsumexp {lse:.1f}")

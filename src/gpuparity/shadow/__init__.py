@@ -40,6 +40,7 @@ class MonitorReport:
     calls: Dict[str, int]
     failures: List[Dict[str, Any]]
     errors: List[Dict[str, Any]]
+    notes: List[Dict[str, Any]]
     skipped: Dict[str, int]
     dropped: int
     unseen: Optional[str] = None
@@ -144,7 +145,8 @@ class Monitor:
 
     def __init__(self, model: Optional[torch.nn.Module] = None, every: int = 100, *, ops_filter=None,
                  repro_dir: Optional[str] = None, max_pending: int = 2, max_reference_elements: int = 2 ** 28,
-                 drain_timeout: Optional[float] = 600.0, on_failure: Optional[Callable[[Dict[str, Any]], None]] = None):
+                 drain_timeout: Optional[float] = 600.0, on_failure: Optional[Callable[[Dict[str, Any]], None]] = None,
+                 check_threads: Optional[int] = None):
         if model is not None and not isinstance(model, torch.nn.Module):
             raise TypeError(f"model: expected a torch.nn.Module or None, got {type(model).__name__}")
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
@@ -155,7 +157,7 @@ class Monitor:
         self.ops_filter = None if ops_filter is None else set(ops_filter)
         self.max_reference_elements = max_reference_elements
         self.drain_timeout, self.on_failure = drain_timeout, on_failure
-        self._checker = Checker(self._checked, max_pending)
+        self._checker = Checker(self._checked, max_pending, check_threads)
         self._lock = threading.Lock()
         self._calls: Dict[str, int] = collections.Counter()
         self._sampled: Dict[str, int] = collections.Counter()
@@ -164,6 +166,7 @@ class Monitor:
         self._pending: List[_Pending] = []
         self.failures: List[Dict[str, Any]] = []
         self.errors: List[Dict[str, Any]] = []
+        self.notes: List[Dict[str, Any]] = []   # calls judged forward only, with why
         self._step: Optional[int] = None
         self._forwards = 0
         self._handles: List[Any] = []
@@ -203,7 +206,7 @@ class Monitor:
         for item in pending:          # no backward seen: the forward alone is checked
             item.call.grads.clear()
             item.call.grad_out = None
-            self._submit(item.call)
+            self._checker.submit(item.call, wait=True)
         if not self._checker.drain(self.drain_timeout):
             LOG.warning("gpuparity monitor: checks still running after %ss; their results are not in the report",
                         self.drain_timeout)
@@ -304,6 +307,12 @@ class Monitor:
                  "dtype": call.described["dtype"], "device": call.described["device"],
                  "shapes": call.described["shapes"], "options": call.described["options"],
                  "backward": call.has_backward}
+        if error is not None and error.startswith("not judged: "):
+            self._skipped[f"{call.kind.name}: {error[len('not judged: '):]}"] += 1
+            return
+        if call.note:
+            self._skipped[f"{call.kind.name}: {call.note}"] += 1
+            self.notes.append({**entry, "note": call.note})
         if error is not None:
             self.errors.append({**entry, "error": error})
             LOG.warning("gpuparity monitor: could not check %s at step %s: %s", call.kind.name, call.step, error)
@@ -327,7 +336,7 @@ class Monitor:
 
     def report(self) -> MonitorReport:
         return MonitorReport(sampled=dict(self._sampled), checked=dict(self._checked_counts), calls=dict(self._calls),
-                             failures=list(self.failures), errors=list(self.errors), skipped=dict(self._skipped),
+                             failures=list(self.failures), errors=list(self.errors), notes=list(self.notes), skipped=dict(self._skipped),
                              dropped=self._checker.dropped, unseen=self._unseen)
 
 
@@ -364,5 +373,6 @@ def monitor(model: Optional[torch.nn.Module] = None, every: int = 100, **options
     to watch, e.g. {"attention"}), repro_dir (where the first failure's repro goes; a temporary
     folder by default), max_pending (checks queued before samples are dropped, default 2),
     max_reference_elements (larger calls are counted as not checked), drain_timeout (seconds
-    to wait for the checks at exit), on_failure(entry) (called from the checker thread)."""
+    to wait for the checks at exit), on_failure(entry) (called from the checker thread),
+    check_threads (CPU threads of the checker in a GPU run; default a quarter of the cores)."""
     return Monitor(model, every, **options)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import queue
 import threading
 import time
@@ -35,6 +36,7 @@ class SampledCall:
     precision: Optional[str] = None
     grad_out: Optional[torch.Tensor] = None
     grads: Dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)   # "grad_<name>" -> copy
+    note: Optional[str] = None
 
     @property
     def has_backward(self) -> bool:
@@ -68,13 +70,30 @@ def _run(kind: OpKind, args: Dict[str, Any], dtype: torch.dtype, grad_names, gra
     return out.detach(), grads
 
 
+class NotJudged(Exception):
+    """A sampled call the reference cannot judge (its inputs were already non-finite)."""
+
+
+def _finite(tensor) -> bool:
+    return not tensor.is_floating_point() or bool(torch.isfinite(tensor).all())
+
+
 def check_call(call: SampledCall) -> List[Comparison]:
-    """Compare one sampled call with the float64 reference, forward and (if seen) backward."""
+    """Compare one sampled call with the float64 reference, forward and (if seen) backward.
+    A call whose inputs hold NaN/Inf is not judged (NotJudged): the run broke before it; one whose
+    upstream gradient does is judged forward only, and `call.note` says so."""
     dtype = call.out.dtype
     args = {name: _to_cpu(value) for name, value in call.args.items()}
+    bad = [name for name in call.kind.tensors if isinstance(args.get(name), torch.Tensor) and not _finite(args[name])]
+    if bad:
+        raise NotJudged(f"non-finite inputs ({', '.join(bad)}): the run was already broken before this call")
     args["_dtype"] = dtype
     out = _to_cpu(call.out)
     grad_out = _to_cpu(call.grad_out) if call.has_backward else None
+    if grad_out is not None and not _finite(grad_out):
+        call.note = "backward not judged: the upstream gradient reaching this call was already non-finite"
+        grad_out = None
+        call.grads.clear()
     grad_names = [name[len("grad_"):] for name in call.grads]
     ref_out, ref_grads = _run(call.kind, args, torch.float64, grad_names, None if grad_out is None else
                               grad_out.to(torch.float64))
@@ -95,26 +114,36 @@ def check_call(call: SampledCall) -> List[Comparison]:
     return comparisons
 
 
+def _lower_priority() -> None:
+    """Nice the checker thread (Linux: per thread; the OpenMP threads it starts inherit it), so
+    the run's own threads come first on a busy host."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):
+        pass
+
+
 class Checker:
     """One daemon thread draining a bounded queue. `submit` never blocks: when the queue is full
     the sample is dropped and counted, so a slow check can never stall the run."""
 
     def __init__(self, handle: Callable[[SampledCall, Optional[List[Comparison]], Optional[str]], None],
-                 max_pending: int = 2):
+                 max_pending: int = 2, threads: Optional[int] = None):
         self._queue: "queue.Queue[Optional[SampledCall]]" = queue.Queue(maxsize=max_pending)
         self._handle = handle
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
         self.dropped = 0
         self.busy_s = 0.0
+        self.threads = threads if threads is not None else max(1, (os.cpu_count() or 4) // 4)
 
-    def submit(self, call: SampledCall) -> bool:
+    def submit(self, call: SampledCall, wait: bool = False) -> bool:
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="gpuparity-monitor", daemon=True)
                 self._thread.start()
         try:
-            self._queue.put_nowait(call)
+            self._queue.put(call, block=wait)
             return True
         except queue.Full:
             self.dropped += 1
@@ -127,14 +156,24 @@ class Checker:
         # the checks' own F.* calls (references, baselines) must never be watched themselves
         from .capture import DEPTH
         DEPTH.__enter__()
+        _lower_priority()
+        capped = False
         while True:
             call = self._queue.get()
             try:
                 if call is None:
                     return
+                if not capped and call.out.device.type != "cpu":
+                    # OpenMP thread counts are per thread: this caps the checker's own CPU work
+                    # and leaves the cores to the run's host thread (not done for a CPU run,
+                    # whose numbers must not depend on anything the monitor does)
+                    torch.set_num_threads(self.threads)
+                    capped = True
                 started = time.perf_counter()
                 try:
                     comparisons, error = check_call(call), None
+                except NotJudged as exc:
+                    comparisons, error = None, f"not judged: {exc}"
                 except Exception as exc:  # noqa: BLE001 - a check that cannot run is reported, not raised
                     frames = traceback.extract_tb(exc.__traceback__)
                     where = f" at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
