@@ -169,6 +169,38 @@ def _avoids(known_results: List[Dict[str, Any]]) -> list:
         return []
 
 
+def partial_report(options: DoctorOptions, results: List[CheckResult], *, error: str, exit_code: int,
+                   interrupted: Optional[str] = None, duration_s: float = 0.0) -> Dict[str, Any]:
+    """The report of a run that stopped early (SIGTERM, SIGINT, an unexpected error), from the
+    results measured so far (the stream), in run_doctor's shape so that every writer takes it:
+    marked partial, with `interrupted` naming the signal; no known issues or recommendations
+    (the evidence is incomplete)."""
+    report = platform.collect()
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "doctor",
+        "partial": True,
+        "interrupted": interrupted,
+        "error": error,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpuparity_version": __version__,
+        "platform": report,
+        "machine": platform.summary_line(report),
+        "options": {"level": options.level, "device": options.device or default_device(), "seed": options.seed,
+                    "timeout": options.timeout, "budget": options.budget,
+                    "ops": list(options.ops) if options.ops else None,
+                    "dtypes": list(options.dtypes) if options.dtypes else None},
+        "known_issues": [],
+        "known_issues_error": "not evaluated: the run stopped early",
+        "battery": {"results": [r.to_dict() for r in results], "tally": tally(results), "duration_s": duration_s},
+        "recommendations": [],
+        "probe_cache": None,
+        "duration_s": duration_s,
+        "phases_s": {},
+        "exit_code": exit_code,
+    }
+
+
 def run_doctor(options: DoctorOptions, *, progress: Optional[Callable[[int, int, CheckResult], None]] = None,
                on_phase: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
     """Everything `gpuparity doctor` reports, as one dict (schema_version 1). options.budget
