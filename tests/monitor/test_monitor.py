@@ -1,0 +1,118 @@
+"""gpuparity.monitor on CPU: a planted wrong op is caught at the sampled step, the run's loss and
+gradients are bitwise those without the monitor, and F.* is restored on exit."""
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import gpuparity
+from gpuparity.shadow import capture
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(16, 48)
+        self.norm = nn.LayerNorm(16)
+
+    def forward(self, x, mask):
+        h = self.norm(x)
+        q, k, v = self.proj(h).view(2, 12, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return (out.transpose(1, 2).reshape(2, 12, 16) + x).pow(2).mean()
+
+
+def _run(monitored, every=1, planted=None):
+    torch.manual_seed(0)
+    model = Tiny()
+    x = torch.randn(2, 12, 16)
+    mask = torch.ones(12, 12, dtype=torch.bool).tril()
+    losses = []
+    mon = gpuparity.monitor(model, every=every, max_pending=64) if monitored else None
+    if mon:
+        mon.__enter__()
+    try:
+        for step in range(3):
+            if planted:
+                planted["step"] = step
+            loss = model(x, mask)
+            loss.backward()
+            losses.append(loss.detach())
+    finally:
+        if mon:
+            mon.__exit__(None, None, None)
+    return losses, [p.grad for p in model.parameters()], mon
+
+
+def test_no_difference_to_the_run():
+    plain_losses, plain_grads, _ = _run(False)
+    losses, grads, mon = _run(True)
+    assert all(torch.equal(a, b) for a, b in zip(plain_losses, losses))
+    assert all(torch.equal(a, b) for a, b in zip(plain_grads, grads))
+    report = mon.report()
+    assert report.passed and report.checked.get("F.scaled_dot_product_attention") == 3
+    assert F.scaled_dot_product_attention is capture._ORIGINALS.get("x", F.scaled_dot_product_attention)
+    assert not hasattr(F.layer_norm, "__gpuparity_watched__")
+    assert not hasattr(F.scaled_dot_product_attention, "__gpuparity_watched__")
+
+
+def test_planted_wrong_layer_norm_caught_at_sampled_step(monkeypatch):
+    real = F.layer_norm
+    planted = {"step": 0}
+
+    def wrong(x, shape, weight=None, bias=None, eps=1e-5):
+        out = real(x, shape, weight, bias, eps)
+        return out * 1.05 if planted["step"] >= 2 else out   # wrong from step 2 on
+    monkeypatch.setattr(F, "layer_norm", wrong)
+    _, _, mon = _run(True, every=2, planted=planted)
+    failures = mon.report().failures
+    assert failures and failures[0]["op"] == "F.layer_norm" and failures[0]["step"] == 2
+    assert F.layer_norm is wrong
+
+
+def test_planted_nan_grad_query_and_repro(monkeypatch, tmp_path):
+    real = F.scaled_dot_product_attention
+
+    class NanGradQ(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q):
+            return q.view_as(q)
+
+        @staticmethod
+        def backward(ctx, grad):
+            grad = grad.clone()
+            grad[0, 0, 3] = float("nan")
+            return grad
+
+    def wrong(q, k, v, attn_mask=None, **kw):
+        return real(NanGradQ.apply(q), k, v, attn_mask=attn_mask, **kw)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", wrong)
+    torch.manual_seed(0)
+    model, x = Tiny(), torch.randn(2, 12, 16)
+    with gpuparity.monitor(model, every=1, repro_dir=str(tmp_path)) as mon:
+        model(x, torch.ones(12, 12, dtype=torch.bool).tril()).backward()
+    failure = mon.report().failures[0]
+    assert failure["op"] == "F.scaled_dot_product_attention" and "grad_query" in failure["reason"]
+    script = failure["repro"]["script"]
+    clean = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120)
+    assert clean.returncode == 0, clean.stdout + clean.stderr       # real torch: fine
+    planted = ("import torch, torch.nn.functional as F, runpy\n"
+               "real = F.scaled_dot_product_attention\n"
+               "class N(torch.autograd.Function):\n"
+               "    forward = staticmethod(lambda ctx, q: q.view_as(q))\n"
+               "    backward = staticmethod(lambda ctx, g: g * float('nan'))\n"
+               "F.scaled_dot_product_attention = lambda query, key, value, **k: real(\n"
+               "    N.apply(query) if query.dtype != torch.float64 else query, key, value, **k)\n"
+               f"runpy.run_path({script!r}, run_name='__main__')\n")
+    bad = subprocess.run([sys.executable, "-c", planted], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "grad_query" in bad.stdout
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="every"):
+        gpuparity.monitor(None, every=0)
+    with pytest.raises(TypeError, match="model"):
+        gpuparity.monitor("model")
