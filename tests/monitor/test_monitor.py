@@ -116,3 +116,43 @@ def test_bad_arguments():
         gpuparity.monitor(None, every=0)
     with pytest.raises(TypeError, match="model"):
         gpuparity.monitor("model")
+
+
+def test_trainer_callback_drives_a_monitor():
+    from types import SimpleNamespace
+
+    from gpuparity.integrations.monitor_callback import MonitorCallback
+    torch.manual_seed(0)
+    model, x = Tiny(), torch.randn(2, 12, 16)
+    callback = MonitorCallback(every=1, max_pending=64)
+    callback.on_train_begin(None, SimpleNamespace(global_step=0), None, model=model)
+    for step in range(2):
+        callback.on_step_begin(None, SimpleNamespace(global_step=step + 10), None)
+        model(x, torch.ones(12, 12, dtype=torch.bool).tril()).backward()
+    callback.on_train_end(None, None, None)
+    report = callback.report
+    assert report.passed and report.checked.get("F.scaled_dot_product_attention") == 2
+    assert not hasattr(F.scaled_dot_product_attention, "__gpuparity_watched__")
+
+
+def test_nested_monitors_and_exceptions_restore_functionals():
+    before = (F.scaled_dot_product_attention, F.layer_norm, F.softmax)
+    outer = gpuparity.monitor(None, every=1)
+    with pytest.raises(RuntimeError, match="boom"):
+        with outer:
+            with gpuparity.monitor(None, every=1) as inner:
+                F.softmax(torch.randn(3, 4, requires_grad=True), dim=-1).sum().backward()
+            assert hasattr(F.softmax, "__gpuparity_watched__")       # the outer one still watches
+            raise RuntimeError("boom")
+    assert (F.scaled_dot_product_attention, F.layer_norm, F.softmax) == before
+    assert inner.report().checked == {"F.softmax": 1} and outer.report().calls == {}
+
+
+def test_compiled_model_is_said_once(caplog):
+    model = Tiny()
+    model.compile()
+    with caplog.at_level("WARNING", logger="gpuparity"):
+        with gpuparity.monitor(model, every=1) as mon:
+            pass
+    assert "torch.compile" in (mon.report().unseen or "")
+    assert sum("torch.compile" in r.message for r in caplog.records) == 1
