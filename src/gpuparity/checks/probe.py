@@ -82,6 +82,22 @@ def _pool(purpose: str) -> WorkerPool:
         return kept[1]
 
 
+def prestart() -> None:
+    """Start the first-call worker now where checks run in workers (a visible GPU, or
+    GPUPARITY_PROBE=subprocess), so that its imports (torch, Triton, the backends: seconds)
+    overlap the caller's own setup instead of the first call. It takes no GPU memory until a
+    check arrives. ops/select.py calls this when it is imported."""
+    mode = os.environ.get("GPUPARITY_PROBE", "auto")
+    if mode == "inprocess" or os.environ.get(TRUST_UNPROBED) == "1":
+        return
+    try:
+        wanted = mode == "subprocess" or torch.cuda.is_available()
+        if wanted:
+            _pool("verify").start()
+    except Exception as exc:  # noqa: BLE001 - the first call starts it then
+        LOG.debug("gpuparity: the first-call worker did not start ahead: %s: %s", type(exc).__name__, exc)
+
+
 def close_workers() -> None:
     """End the kept workers (the next first call starts one again)."""
     with _POOLS_LOCK:

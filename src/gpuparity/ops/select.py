@@ -33,3 +33,7 @@ resolve = functools.partial(dispatch.resolve, verdict=verdict, rank=rank)
 def explain(problem: Problem) -> Dict[str, Any]:
     return dispatch.explain(problem, verdict=verdict, rank=rank)
 
+
+# On a GPU, the first auto call verifies its candidate in a worker process: start it now, so
+# that its imports overlap the caller's setup (checks/probe.py prestart).
+probe.prestart()
