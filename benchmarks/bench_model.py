@@ -357,36 +357,45 @@ def main(argv=None):
     def late():
         return args.deadline_s is not None and time.monotonic() - started > args.deadline_s
 
-    def run(variant, mode, seq, phase, env, round_):
+    def run(variant, mode, seq, phase, env, round_, setting=""):
         if late():
             row = {"variant": variant, "mode": mode, "seq": seq, "not_run": "past --deadline-s"}
         else:
             row = _child(args, child_argv, variant, mode, seq, env, args.child_timeout)
         row.update(phase=phase, round=round_)
+        if setting:
+            row["notes"] = row.get("notes", []) + [setting]
         result["rows"].append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "losses"}), file=sys.stderr, flush=True)
         save()
 
     for round_ in range(args.rounds):
-        # eager first in every round: its rows come back even when the compiled ones run out of time
-        for mode in modes:
+        # modes in the order given (eager first by default): its rows come back even when the
+        # compiled ones run out of time; the first-steps rows come after the first mode's
+        for m, mode in enumerate(modes):
             for seq in seqs:
                 shift = round_ % len(variants)
                 for variant in variants[shift:] + variants[:shift]:
                     run(variant, mode, seq, "round", env, round_)
-        if round_ == 0 and args.first_steps:
-            for variant in variants:
-                empty = tempfile.mkdtemp(prefix="gpuparity-first-steps-")
-                try:
-                    # default settings (background timing as shipped), nothing in the probe cache
-                    fresh = {k: v for k, v in os.environ.items() if k != "GPUPARITY_PROBE_REFINE"}
-                    run(variant, "eager", seqs[0], "first-steps", {**fresh, "GPUPARITY_CACHE_DIR": empty}, 0)
-                finally:
-                    shutil.rmtree(empty, ignore_errors=True)
+            if round_ == 0 and m == 0 and args.first_steps:
+                first_steps(run, variants, seqs)
     save()
     print(markdown(result))
     return 0
 
+
+def first_steps(run, variants, seqs):
+    """Each variant's first eager steps in a fresh process with an empty probe cache, then the
+    full patch again without the background timing (what the verification alone costs)."""
+    settings = [(v, {}, "background timing as shipped" if v in ("attn-impl", "gpuparity") else "") for v in variants]
+    settings.append(("gpuparity", {"GPUPARITY_PROBE_REFINE": "off"}, "GPUPARITY_PROBE_REFINE=off"))
+    for variant, extra, setting in settings:
+        empty = tempfile.mkdtemp(prefix="gpuparity-first-steps-")
+        try:
+            env = {k: v for k, v in os.environ.items() if k != "GPUPARITY_PROBE_REFINE"}
+            run(variant, "eager", seqs[0], "first-steps", {**env, **extra, "GPUPARITY_CACHE_DIR": empty}, 0, setting)
+        finally:
+            shutil.rmtree(empty, ignore_errors=True)
 
 if __name__ == "__main__":
     sys.exit(main())
