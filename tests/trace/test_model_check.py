@@ -310,8 +310,10 @@ def test_padding_mask_conventions():
     assert found.valid.tolist() == (~pad_true).tolist()
     found, _ = find_padding({"x": x, "attention_mask": torch.tensor([[1, 1, 0, 0], [1, 0, 0, 1]])})
     assert found.valid_value == 1 and found.path == "attention_mask"
-    found, why = find_padding((x, torch.tensor([[1, 1, 0, 0], [1, 0, 0, 1]])))
+    found, why = find_padding((x, torch.tensor([[True, True, False, False], [True, False, False, True]])))
     assert found is None and "cannot tell" in why
+    ids = torch.zeros(2, 4, dtype=torch.long)
+    assert find_padding({"input_ids": ids, "token_type_ids": torch.tensor([[0, 0, 1, 1], [0, 1, 1, 1]])})[0] is None
     found, why = find_padding((x, torch.ones(2, 4, dtype=torch.bool)))
     assert found is None and "no padded position" in why
     assert find_padding((x,))[0] is None

@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from .. import caches
 from .. import platform as _platform
 from . import spec as _spec
 from . import store
@@ -419,7 +420,8 @@ def _record_deterministic(model, inputs, device, seed, notes, **options):
 # computes something else, so it is not matched.
 _KNOWN_OPS = [(torch.nn.LayerNorm, "layer_norm")] + ([(torch.nn.RMSNorm, "rms_norm")] if hasattr(torch.nn, "RMSNorm")
                                                     else [])
-_CONFIRMED: Dict[Tuple[str, str, str], list] = {}   # (op, dtype, device) -> confirmed avoid entries, per process
+# (op, dtype, device) -> the avoid entries confirmed here: a probe is a process of seconds, once per process
+_CONFIRMED: Dict[Tuple[str, str, str], list] = caches.register("trace.model_check.known_issues", {})
 
 
 def _op_of(module: Optional[torch.nn.Module]) -> Optional[str]:

@@ -5,8 +5,8 @@ padded positions replaced, and names the first module whose own output (or own b
 the real tokens moves: one that ignores its mask. It finds what a float64 comparison cannot,
 a mask ignored in every dtype (the float64 run of the same wrong code agrees with itself).
 
-What "padded" means comes from the inputs: a (batch, tokens) bool or 0/1 tensor that has both
-values and whose shape leads another input (input_ids, hidden states). The value every row
+What "padded" means comes from the inputs: a (batch, tokens) bool tensor (or a 0/1 one whose name
+says mask) that has both values and whose shape leads another input (input_ids, hidden states). The value every row
 holds marks the real tokens (a row can be all real, never all padding); under the name
 `attention_mask` 1 is a real token, as in transformers.
 """
@@ -115,12 +115,14 @@ def find_padding(inputs) -> Tuple[Optional[Padding], str]:
     for path, tensor in named:
         if tensor.dim() != 2 or not _is_binary(tensor):
             continue
+        if tensor.dtype != torch.bool and "mask" not in path.rsplit(".", 1)[-1].lower():
+            continue   # 0/1 integers are a mask only by name: token_type_ids hold 0 and 1 too
         if not any(other != path and shape == tuple(tensor.shape) for other, shape in leading):
             continue   # a mask of what? no other input has (batch, tokens) in front
         candidates.append((path, tensor))
     if not candidates:
-        return None, ("no padding mask among the inputs (a (batch, tokens) bool or 0/1 tensor in front of another "
-                      "input's shape)")
+        return None, ("no padding mask among the inputs (a (batch, tokens) bool tensor, or 0/1 one named *mask*, "
+                      "in front of another input's shape)")
     candidates.sort(key=lambda c: "mask" not in c[0].rsplit(".", 1)[-1].lower())  # named masks first
     path, tensor = candidates[0]
     mask = tensor.detach().to("cpu").to(torch.int64)
