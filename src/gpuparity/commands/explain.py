@@ -11,7 +11,7 @@ EXAMPLE = """\
 SPEC is module:factory (or path/to/file.py:factory), as for `gpuparity model`:
 
   gpuparity explain my_models.py:factory --dtype bfloat16
-  gpuparity explain benchmarks/monitor_demo.py:planted_qwen2 --device cuda --dtype bfloat16 --json calls.json
+  gpuparity explain benchmarks/monitor_demo.py:planted_qwen2 --device cuda --dtype bfloat16 --json -
 
 Exit codes: 0 no call inside a confirmed known issue's regime, 1 some call is, 2 bad usage or input.
 Guide: docs/monitor.md ("Which backend actually ran")."""

@@ -82,7 +82,7 @@ def _describe_backend(kind: ops.OpKind, bound: Dict[str, Any], backend: Optional
 
 
 def _precision(kind: ops.OpKind, dtype: torch.dtype, device: torch.device) -> Optional[str]:
-    """fp32 attention on a GPU may run on TF32 units when torch's switches allow it (DESIGN.md)."""
+    """fp32 attention on a GPU may run on TF32 units when torch's switches allow it (docs/design.md)."""
     if dtype == torch.float32 and device.type == "cuda" and kind.family == "attention":
         if torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32:
             return "tf32"

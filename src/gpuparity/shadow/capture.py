@@ -26,10 +26,23 @@ LOG = logging.getLogger("gpuparity")
 
 _LOCK = threading.RLock()
 _LOCAL = threading.local()
-_LISTENERS: List[Any] = []          # innermost last; only the innermost one sees calls
-_ORIGINALS: Dict[str, Callable] = {}
-_RESOLVE: Dict[str, Callable] = {}  # "select" -> the original ops.select.resolve
-_PROXIES: Dict[int, Any] = {}       # id(Backend) -> (Backend, its watching copy)
+
+
+class _PatchState:
+    """What is patched while a listener is active (undo state, emptied by the last uninstall)."""
+
+    def __init__(self):
+        self.listeners: List[Any] = []          # innermost last; only the innermost one sees calls
+        self.originals: Dict[str, Callable] = {}
+        self.resolve: Dict[str, Callable] = {}  # "select" -> the original ops.select.resolve
+        self.proxies: Dict[int, Any] = {}       # id(Backend) -> (Backend, its watching copy)
+
+
+_STATE = _PatchState()
+_LISTENERS = _STATE.listeners
+_ORIGINALS = _STATE.originals
+_RESOLVE = _STATE.resolve
+_PROXIES = _STATE.proxies
 
 
 def current():

@@ -197,7 +197,7 @@ FUNCTIONAL = {"scaled_dot_product_attention": SDPA, "layer_norm": LAYER_NORM, "r
               "softmax": SOFTMAX, "cross_entropy": CROSS_ENTROPY}
 
 # gpuparity's ops, seen through the backend the dispatcher chose (problem.op -> kind); the
-# backends' call conventions (ops/attention.py, norms.py, rotary.py)
+# backends' call conventions (src/gpuparity/ops/attention.py, ops/norms.py, ops/rotary.py)
 GPUPARITY = {
     "attention": OpKind("gpuparity.attention", "attention",
                         (("q", _NO_DEFAULT), ("k", _NO_DEFAULT), ("v", _NO_DEFAULT)), ("q", "k", "v"),
