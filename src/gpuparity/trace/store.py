@@ -42,7 +42,7 @@ def _safetensors():
     except ImportError as exc:
         raise RuntimeError(
             "traces are stored with safetensors, which is not installed here: "
-            "pip install 'gpuparity[trace]' (or: pip install safetensors)") from exc
+            "pip install safetensors (gpuparity's trace extra)") from exc
     return safe_open, save_file
 
 
