@@ -156,3 +156,31 @@ def test_compiled_model_is_said_once(caplog):
             pass
     assert "torch.compile" in (mon.report().unseen or "")
     assert sum("torch.compile" in r.message for r in caplog.records) == 1
+
+
+def test_large_attention_checked_on_a_slice_and_scanned_whole():
+    from gpuparity.shadow import ops as shadow_ops
+    from gpuparity.shadow.checker import SampledCall, check_call
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 8) for _ in range(3))
+    mask = torch.rand(2, 1, 16, 16) > 0.3
+    mask[..., 0] = True
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    grad_out = torch.randn_like(out)
+    grad_q = torch.randn_like(q)
+    grad_q[1, 3, 5, 0] = float("nan")            # outside slice 0 (batch 0, head 0)
+    bound = shadow_ops.SDPA.bind((q, k, v), {"attn_mask": mask})
+    described = shadow_ops.describe_args(bound, shadow_ops.SDPA)
+
+    def call(grads, index):
+        return SampledCall(shadow_ops.SDPA, "sdpa", index, 0, dict(bound), out, described, grad_out=grad_out,
+                           grads=grads, slice_above=100)
+    comparisons = check_call(call({"grad_query": grad_q}, 0))
+    failed = [c for c in comparisons if not c.passed]
+    assert [c.name for c in failed][:1] == ["grad_query"] and "every batch item and head" in failed[0].reason
+    wrong = out.clone()
+    wrong[0, 1] *= 1.1                           # slice 1 (batch 0, head 1)
+    results = {index: [c.name for c in check_call(SampledCall(shadow_ops.SDPA, "sdpa", index, 0, dict(bound), wrong,
+                                                              described, slice_above=100)) if not c.passed]
+               for index in (0, 1)}
+    assert results == {0: [], 1: ["out"]}

@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from . import capture, ops, repro
+from . import capture, checker, ops, repro, slices
 from .checker import Checker, SampledCall
 
 LOG = logging.getLogger("gpuparity")
@@ -146,7 +146,7 @@ class Monitor:
     def __init__(self, model: Optional[torch.nn.Module] = None, every: int = 100, *, ops_filter=None,
                  repro_dir: Optional[str] = None, max_pending: int = 2, max_reference_elements: int = 2 ** 28,
                  drain_timeout: Optional[float] = 600.0, on_failure: Optional[Callable[[Dict[str, Any]], None]] = None,
-                 check_threads: Optional[int] = None):
+                 check_threads: Optional[int] = None, slice_attention_above: Optional[int] = 2 ** 22):
         if model is not None and not isinstance(model, torch.nn.Module):
             raise TypeError(f"model: expected a torch.nn.Module or None, got {type(model).__name__}")
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
@@ -156,6 +156,7 @@ class Monitor:
         self.model, self.every, self.repro_dir = model, every, repro_dir
         self.ops_filter = None if ops_filter is None else set(ops_filter)
         self.max_reference_elements = max_reference_elements
+        self.slice_attention_above = slice_attention_above
         self.drain_timeout, self.on_failure = drain_timeout, on_failure
         self._checker = Checker(self._checked, max_pending, check_threads)
         self._lock = threading.Lock()
@@ -254,7 +255,7 @@ class Monitor:
         reason = kind.uncheckable(bound) if kind.uncheckable else None
         if reason:
             return self._skip(f"{kind.name}: {reason}", original, args, kwargs)
-        size = _reference_elements(kind, bound)
+        size = _reference_elements(kind, bound, self.slice_attention_above)
         if size > self.max_reference_elements:
             return self._skip(f"{kind.name}: larger than max_reference_elements ({size} > "
                               f"{self.max_reference_elements})", original, args, kwargs)
@@ -266,7 +267,8 @@ class Monitor:
                   and name in _positional_or_kw(kind, args, kwargs)] if _single_node(kind, backend) else []
         described = ops.describe_args(bound, kind)
         first = bound[kind.tensors[0]]
-        call = SampledCall(kind, label, index, self.current_step, copies, out=None, described=described)
+        call = SampledCall(kind, label, index, self.current_step, copies, out=None, described=described,
+                           slice_above=self.slice_attention_above)
         pending = _Pending(self, call, tapped) if tapped else None
         for name in tapped:
             args, kwargs = _replace_arg(kind, args, kwargs, name, _Tap.apply(bound[name], pending, name))
@@ -355,12 +357,14 @@ def _positional_or_kw(kind, args, kwargs):
     return set(names) | set(kwargs)
 
 
-def _reference_elements(kind: ops.OpKind, bound: Dict[str, Any]) -> int:
-    """The size of the float64 reference's largest intermediate (attention: the score matrix)."""
+def _reference_elements(kind: ops.OpKind, bound: Dict[str, Any], slice_above: Optional[int]) -> int:
+    """The size of the float64 reference's largest intermediate (attention: the score matrix, of
+    one slice when the call is checked on slices)."""
     if kind.family == "attention":
-        q = bound[kind.tensors[0]]
-        k = bound[kind.tensors[1]]
-        return int(q.shape[:-1].numel() * k.shape[-2])
+        size = checker._score_elements(kind, bound)
+        if slice_above is not None and size > slice_above:
+            size //= slices.count(kind, bound)
+        return size
     return max((v.numel() for v in bound.values() if isinstance(v, torch.Tensor)), default=0)
 
 
@@ -374,5 +378,8 @@ def monitor(model: Optional[torch.nn.Module] = None, every: int = 100, **options
     folder by default), max_pending (checks queued before samples are dropped, default 2),
     max_reference_elements (larger calls are counted as not checked), drain_timeout (seconds
     to wait for the checks at exit), on_failure(entry) (called from the checker thread),
-    check_threads (CPU threads of the checker in a GPU run; default a quarter of the cores)."""
+    check_threads (CPU threads of the checker in a GPU run; default a quarter of the cores),
+    slice_attention_above (attention calls whose B x H x Sq x Sk exceeds it are checked against
+    float64 on one batch item and KV head group, rotating with the call, and scanned whole for
+    NaN/Inf; None: always whole)."""
     return Monitor(model, every, **options)

@@ -17,6 +17,7 @@ import torch
 
 from ..checks import tolerance
 from ..checks.results import Comparison
+from . import slices
 from .ops import OpKind
 
 LOG = logging.getLogger("gpuparity")
@@ -37,6 +38,7 @@ class SampledCall:
     grad_out: Optional[torch.Tensor] = None
     grads: Dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)   # "grad_<name>" -> copy
     note: Optional[str] = None
+    slice_above: Optional[int] = None   # attention checked on one slice above this many score elements
 
     @property
     def has_backward(self) -> bool:
@@ -94,7 +96,15 @@ def check_call(call: SampledCall) -> List[Comparison]:
         call.note = "backward not judged: the upstream gradient reaching this call was already non-finite"
         grad_out = None
         call.grads.clear()
-    grad_names = [name[len("grad_"):] for name in call.grads]
+    grads = {name: _to_cpu(value) for name, value in call.grads.items()}
+    scanned: List[Comparison] = []
+    where = ""
+    if call.kind.family == "attention" and call.slice_above is not None and slices.count(call.kind, args) > 1 \
+            and _score_elements(call.kind, args) > call.slice_above:
+        valid = call.kind.valid(args) if call.kind.valid else {}
+        scanned = slices.scan_nonfinite([("out", out), *grads.items()], valid)
+        args, out, grad_out, grads, where = slices.take(call.kind, args, out, grad_out, grads, call.index)
+    grad_names = [name[len("grad_"):] for name in grads]
     ref_out, ref_grads = _run(call.kind, args, torch.float64, grad_names, None if grad_out is None else
                               grad_out.to(torch.float64))
     try:
@@ -105,13 +115,23 @@ def check_call(call: SampledCall) -> List[Comparison]:
     zero = call.kind.must_be_zero(args) if call.kind.must_be_zero else {}
     comparisons = [tolerance.compare("out", out, ref_out, base_out, dtype, valid.get("out"), zero.get("out"),
                                      call.precision)]
-    for name, got in call.grads.items():
+    for name, got in grads.items():
         ref = ref_grads.get(name)
         if ref is None:
             continue
-        comparisons.append(tolerance.compare(name, _to_cpu(got), ref, base_grads.get(name), dtype,
+        comparisons.append(tolerance.compare(name, got, ref, base_grads.get(name), dtype,
                                              valid.get(name), zero.get(name), call.precision))
-    return comparisons
+    if where:
+        for comparison in comparisons:
+            if comparison.reason:
+                comparison.reason = f"{comparison.reason} (checked on {where})"
+    return scanned + comparisons
+
+
+def _score_elements(kind: OpKind, args: Dict[str, Any]) -> int:
+    """B x H x Sq x Sk: the size of the float64 reference's score matrix."""
+    q, k = args[kind.tensors[0]], args[kind.tensors[1]]
+    return int(q.shape[:-1].numel() * k.shape[-2])
 
 
 def _lower_priority() -> None:
