@@ -108,7 +108,8 @@ def resolve(target: str):
 # chance to clean up (SIGKILL) is noticed by the children themselves (die_with_parent).
 
 _CHILDREN: Set[subprocess.Popen] = set()
-_CHILDREN_LOCK = threading.Lock()
+# reentrant: stop_children() runs in a signal handler, which may interrupt this thread inside spawn()
+_CHILDREN_LOCK = threading.RLock()
 _STOPPING = threading.Event()
 PARENT_ENV = "GPUPARITY_PARENT_PID"
 
