@@ -184,3 +184,30 @@ def test_large_attention_checked_on_a_slice_and_scanned_whole():
                                                               described, slice_above=100)) if not c.passed]
                for index in (0, 1)}
     assert results == {0: [], 1: ["out"]}
+
+
+def test_gpuparity_ops_and_transformers_rmsnorm_bitwise():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                      num_key_value_heads=1, vocab_size=50, attn_implementation="sdpa")
+    ids = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, 6:] = 0
+
+    def run(monitored):
+        torch.manual_seed(0)
+        model = transformers.Qwen2ForCausalLM(config)
+        weight = torch.ones(32, requires_grad=True)
+        with (gpuparity.monitor(model, every=1, max_pending=64) if monitored else torch.enable_grad()) as mon:
+            hidden = model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[-1]
+            loss = gpuparity.rms_norm(hidden, (32,), weight, backend="torch").pow(2).mean()
+            loss.backward()
+        return loss.detach(), [p.grad for p in model.parameters()] + [weight.grad], mon
+    plain_loss, plain_grads, _ = run(False)
+    loss, grads, mon = run(True)
+    assert torch.equal(plain_loss, loss)
+    assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(plain_grads, grads))
+    report = mon.report()
+    assert report.passed
+    assert report.checked.get("RMSNorm module", 0) >= 2 and report.checked.get("gpuparity.rms_norm") == 1
+    assert "F.rms_norm" not in report.calls          # the torch backend's own F.rms_norm is inside a watched call
