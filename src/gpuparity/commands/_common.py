@@ -255,6 +255,14 @@ def user_code_location(exc: BaseException) -> Optional[str]:
     for frame in reversed(frames):
         if not _is_library(frame.filename, roots):
             return f"{frame.filename}:{frame.lineno}, in {frame.name}"
+    # A model made only of torch modules (nn.Sequential of nn.Linear) has no line of the user's
+    # code: an error raised inside a module that gpuparity called is still the model's (wrong
+    # input shapes, dtypes); one raised by a torch function gpuparity called itself is not.
+    ours = max(i for i, f in enumerate(frames) if os.path.realpath(f.filename).startswith(_GPUPARITY)) \
+        if any(os.path.realpath(f.filename).startswith(_GPUPARITY) for f in frames) else -1
+    if any(f.name in ("_call_impl", "_wrapped_call_impl") and f.filename.endswith(os.path.join("nn", "modules", "module.py"))
+           for f in frames[ours + 1:]):
+        return f"{frames[-1].filename}:{frames[-1].lineno}, in {frames[-1].name}, a torch module of the model"
     return None
 
 
