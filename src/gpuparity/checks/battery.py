@@ -89,7 +89,8 @@ def run_battery(ops: Optional[Sequence[str]] = None, level: str = "default", dev
             from .explore import explore as explore_more
             seconds = min(explore, budget.remaining()) if budget else explore
             explore_more(seconds, ops, device, dtypes, backends, impl, seed, previous=list(results),
-                         on_result=record, isolate=isolate, timeout=timeout, env=env)
+                         on_result=record, isolate=isolate, timeout=timeout, env=env,
+                         level="full" if level == "full" else "default")
     return BatteryRun(results, level, str(device), seed, time.monotonic() - started, stream_path)
 
 

@@ -14,7 +14,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from . import families as fam
 from .plan import plan
 from .pool import Budget, run_tasks
-from .results import CheckResult
+from .results import CheckResult, Status
 from .specs import OPS, get_spec
 
 log = logging.getLogger(__name__)
@@ -37,9 +37,9 @@ def closeness(result: CheckResult) -> Optional[float]:
 
 def explore(seconds: float, ops: Optional[Sequence[str]], device, dtypes=None, backends=None, impl=None,
             seed: int = 0, previous: Sequence[CheckResult] = (), on_result: Optional[Callable] = None,
-            isolate: bool = True, timeout: Optional[float] = None, env=None) -> List[CheckResult]:
+            isolate: bool = True, timeout: Optional[float] = None, env=None, level: str = "default") -> List[CheckResult]:
     """Explore for `seconds` after `previous` (the level's results, which seed the weights);
-    returns the new results."""
+    returns the new results. `level`: the run's (its dtypes and its budget for sized members)."""
     if not isinstance(seconds, (int, float)) or seconds <= 0:
         raise ValueError(f"explore: expected a positive number of seconds, got {seconds!r}")
     budget = Budget(seconds)
@@ -75,13 +75,15 @@ def explore(seconds: float, ops: Optional[Sequence[str]], device, dtypes=None, b
             picks.setdefault(key[0], []).append(case)
         if not picks:
             break
-        tasks, decided = plan(list(picks), "full", device, dtypes, backends, impl, seed, cases=picks)
+        tasks, decided = plan(list(picks), level, device, dtypes, backends, impl, seed, cases=picks)
         for result in decided:
             found.append(result)
             if on_result:
                 on_result(result)
 
         def record(result: CheckResult) -> None:
+            if result.status == Status.NOT_RUN and result.reason.startswith(budget.reason):
+                return  # a draw the exploring time did not reach: not a check left out
             learn(result)
             found.append(result)
             if on_result:

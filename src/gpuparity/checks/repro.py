@@ -10,6 +10,7 @@ exits 1 while the failure reproduces (0 once fixed).
 worker that ran the check (the tensors live there)."""
 from __future__ import annotations
 
+import dis
 import functools
 import inspect
 import os
@@ -70,8 +71,7 @@ def _reference_source(fn: Callable) -> str:
         if name in seen:
             return
         seen[name] = textwrap.dedent(inspect.getsource(func))
-        for ref in func.__code__.co_names + tuple(
-                n for const in func.__code__.co_consts if inspect.iscode(const) for n in const.co_names):
+        for ref in _globals_used(func.__code__):
             target = func.__globals__.get(ref)
             if inspect.isfunction(target) and not target.__module__.startswith(("torch", "typing")):
                 visit(target)
@@ -82,6 +82,16 @@ def _reference_source(fn: Callable) -> str:
     # decorators (@staticmethod) and module-qualified calls of the helpers copied above
     lines = [line for line in source.splitlines() if not line.strip().startswith("@staticmethod")]
     return "\n".join(lines).replace("reference.", "")
+
+
+def _globals_used(code) -> List[str]:
+    """Global names a code object (and the functions nested in it) loads: helpers it calls,
+    not attributes such as torch.matmul."""
+    names = [ins.argval for ins in dis.get_instructions(code) if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME")]
+    for const in code.co_consts:
+        if inspect.iscode(const):
+            names += _globals_used(const)
+    return names
 
 
 def _impl_import(impl: Optional[str], op: str, backend: str) -> str:
@@ -135,7 +145,7 @@ import sys
 {prelude}
 {impl_import}
 
-# ---- the float64 reference (copied from gpuparity, so this script does not need it)
+# ---- the float64 reference (its source copied in: this script needs only torch and the implementation)
 {reference_source}
 
 

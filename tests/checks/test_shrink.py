@@ -1,0 +1,96 @@
+"""A failing check is shrunk to a minimal failing case and handed over as a standalone repro
+script that fails on the planted bug and passes on a correct implementation."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import torch
+
+from gpuparity.checks import families
+from gpuparity.checks.battery import run_battery
+from gpuparity.checks.execute import run_case
+from gpuparity.checks.results import Status
+from gpuparity.checks.shrink import shrink
+from gpuparity.checks.specs import get_spec
+
+HERE = os.path.dirname(__file__)
+REGIMES = os.path.join(HERE, "planted_regimes.py")
+IMPLS = os.path.join(HERE, "planted_impls.py")
+
+
+def _failing(name, case, dtype="float32", **overrides):
+    spec = get_spec("attention")
+    found = families.lookup(spec, case)
+    found = spec.make_case(case, **{**found.params, **overrides})
+    run = run_battery(["attention"], "default", "cpu", impl=f"{REGIMES}:{name}", dtypes=[dtype], isolate=False,
+                      case_lists={"attention": [found]})
+    [result] = run.results
+    assert result.status == Status.FAIL
+    return result
+
+
+def _run_script(path, **env):
+    # a clean environment: the script needs torch and the implementation, not gpuparity's test setup
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "GPUPARITY"))}
+    return subprocess.run([sys.executable, path], capture_output=True, text=True, timeout=120,
+                          env={**environ, **env}, cwd=os.path.dirname(path))
+
+
+def test_shrinker_reduces_a_tile_remainder_bug_to_its_minimal_case(tmp_path):
+    impl = f"{REGIMES}:attention_tile_remainder_64"
+    original = _failing("attention_tile_remainder_64", "tile.sq192_sk192_bool_d64", D=8)
+    shrunk = shrink(original, impl=impl, isolate=False, seconds=120, repro_dir=str(tmp_path))
+    p = shrunk.params
+    assert shrunk.minimal and shrunk.result.status == Status.FAIL
+    # the smallest key length that is 64 mod 128, one item, one head, the mask gone
+    assert (p["Sk"], p["B"], p["H"], p["Sq"], p["mask"]) == (64, 1, 1, 1, "none"), shrunk.steps
+    assert p["D"] < original.params["D"]
+    assert shrunk.steps[0].startswith("sizes:")
+
+    # the repro runs standalone and fails on the bug, printing the numbers
+    proc = _run_script(shrunk.repro)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "relative L2 error" in proc.stdout and "allowed" in proc.stdout and "FAILS" in proc.stdout
+    source = open(shrunk.repro).read()
+    assert not re.search(r"^\s*(import|from) gpuparity", source, re.M)  # only torch and the implementation
+
+    # the same case written for a correct implementation passes
+    correct = os.path.join(str(tmp_path), "correct")
+    status, _, _ = run_case("attention", _load(f"{IMPLS}:attention_correct"), p, torch.float32, torch.device("cpu"),
+                            shrunk.result.seed, repro={"stem": correct, "impl": f"{IMPLS}:attention_correct",
+                                                       "case": "shrunk"})
+    assert status == Status.PASS
+    proc = _run_script(correct + ".py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "passes" in proc.stdout
+
+
+def test_shrinking_keeps_the_regime_that_makes_the_bug():
+    # NaN grad_q only on massive-activation rows with a mask: values and mask must survive
+    impl = f"{REGIMES}:attention_massive_rows_nan_grad"
+    original = _failing("attention_massive_rows_nan_grad", "values.massive_neg_bool_mask_d64")
+    shrunk = shrink(original, impl=impl, isolate=False, seconds=120)
+    assert shrunk.params["value"] == "massive_neg" and shrunk.params["mask"] != "none"
+    assert shrunk.params["Sq"] <= 2 and shrunk.params["B"] == 1
+
+
+def test_repro_keeps_the_layout_the_implementation_received(tmp_path):
+    spec = get_spec("attention")
+    case = families.lookup(spec, "layouts.q_offset_k_expanded_v_sliced")
+    impl = f"{REGIMES}:attention_noncontiguous_v"
+    stem = os.path.join(str(tmp_path), "layout")
+    status, _, _ = run_case("attention", _load(impl), case.params, torch.float32, torch.device("cpu"), 3,
+                            repro={"stem": stem, "impl": impl, "case": case.name})
+    assert status == Status.FAIL
+    saved = torch.load(stem + ".pt", weights_only=False)
+    q, k, v = saved["impl_args"][:3]
+    assert q["offset"] == 3 and k["stride"][0] == 0 and v["stride"][-1] == 2
+    assert _run_script(stem + ".py").returncode == 1
+
+
+def _load(target):
+    from gpuparity.checks.execute import load_impl
+    return load_impl(target)
