@@ -75,6 +75,13 @@ def test_library_works_uncached_when_the_cache_dir_is_read_only(tmp_path, monkey
         folder.chmod(0o755)
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_library_works_uncached_when_the_cache_dir_is_a_folder_nobody_can_write(monkeypatch, caplog):
+    # /proc/self exists and takes no new files, root included (the 0o555 test above skips as root)
+    assert _cannot_write("/proc/self")
+    _rms_norm_in("/proc/self", monkeypatch, caplog)
+
+
 def test_library_works_uncached_when_the_cache_dir_cannot_be_made(tmp_path, monkeypatch, caplog):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
