@@ -215,3 +215,14 @@ def test_gpuparity_ops_and_transformers_rmsnorm_bitwise():
     assert report.passed
     assert report.checked.get("RMSNorm module", 0) >= 2 and report.checked.get("gpuparity.rms_norm") == 1
     assert "F.rms_norm" not in report.calls          # the torch backend's own F.rms_norm is inside a watched call
+
+
+def test_calls_whose_backward_never_comes_are_checked_forward_only():
+    from gpuparity import shadow
+    x = torch.randn(4, 8, requires_grad=True)
+    with gpuparity.monitor(None, every=1, max_pending=64) as mon:
+        for _ in range(shadow.MAX_WAITING + 4):
+            F.layer_norm(x, (8,))                  # grad mode on, no backward
+        assert len(mon._pending) <= shadow.MAX_WAITING
+    report = mon.report()
+    assert report.checked == {"F.layer_norm": shadow.MAX_WAITING + 4} and report.passed

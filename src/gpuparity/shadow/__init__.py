@@ -30,6 +30,8 @@ from .checker import Checker, SampledCall
 
 LOG = logging.getLogger("gpuparity")
 
+MAX_WAITING = 16   # sampled calls held for their backward at most
+
 __all__ = ["Monitor", "MonitorReport", "monitor"]
 
 
@@ -283,7 +285,11 @@ class Monitor:
             out.register_hook(pending.grad_out_hook)
             with self._lock:
                 self._pending.append(pending)
+                # a backward that has not come a step later, or beyond MAX_WAITING calls, will not
+                # (eval with grad mode on, grads asked for other tensors): check those forward only,
+                # so the copies they hold do not pile up
                 stale = [p for p in self._pending if p.call.step < call.step - 1]
+                stale += [p for p in self._pending[:-MAX_WAITING] if p not in stale]
                 self._pending = [p for p in self._pending if p not in stale]
             for item in stale:    # their backward never came (eval, or grads not asked for)
                 item.call.grads.clear()
