@@ -94,3 +94,18 @@ def test_repro_keeps_the_layout_the_implementation_received(tmp_path):
 def _load(target):
     from gpuparity.checks.execute import load_impl
     return load_impl(target)
+
+
+def test_repro_of_a_torch_backend_calls_torch_directly(tmp_path):
+    # gpuparity's sdpa_math backend: the script pins torch's SDPA to the math kernel itself
+    from gpuparity.dispatch import get
+    spec = get_spec("attention")
+    case = families.lookup(spec, "gqa.h8_hkv2_bool")
+    stem = os.path.join(str(tmp_path), "sdpa")
+    status, _, _ = run_case("attention", get("attention", "sdpa_math").fn, case.params, torch.float32,
+                            torch.device("cpu"), 5, repro={"stem": stem, "backend": "sdpa_math", "case": case.name})
+    assert status == Status.PASS
+    source = open(stem + ".py").read()
+    assert "SDPBackend.MATH" in source and not re.search(r"^\s*(import|from) gpuparity", source, re.M)
+    proc = _run_script(stem + ".py")
+    assert proc.returncode == 0 and "passes" in proc.stdout, proc.stdout + proc.stderr

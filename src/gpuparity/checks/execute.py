@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from ..dispatch import BackendUnavailable, get as get_backend
+from .. import reference
 from . import tolerance
 from .families import apply_values, apply_views
 from .results import Comparison, Status
@@ -135,17 +136,31 @@ def run_case(op: str, fn: Callable, params: Dict[str, Any], dtype: torch.dtype, 
     """One case: (status, comparisons, reason). `repro`: {"stem": path without extension, and
     op/backend/impl/case names}: also write a standalone repro of this check (checks/repro.py)."""
     spec = get_spec(op)
-    if repro is not None:
-        from .repro import CallRecorder
-        impl_call, ref_call = CallRecorder(fn), CallRecorder(spec.reference_fn)
-        fn = impl_call.wrapped
-        spec = _with_reference(spec, ref_call.wrapped)
-    status, comparisons, reason, grad_out = _run_case(spec, fn, params, dtype, device, seed, baseline_fn)
-    if repro is not None and status != Status.SKIP and impl_call.args:
-        from . import repro as repro_module
+    if repro is None:
+        return _run_case(spec, fn, params, dtype, device, seed, baseline_fn)[:3]
+    from . import repro as repro_module
+    impl_fn, reference_fn = fn, get_spec(op).repro_reference()
+    impl_call, ref_call = repro_module.CallRecorder(fn), repro_module.CallRecorder(spec.reference_fn)
+    fn = impl_call.wrapped
+    spec = _with_reference(spec, ref_call.wrapped)
+    sdpa = None
+    if not repro.get("impl") and repro.get("backend") in repro_module.SDPA_KERNELS:
+        # the repro calls torch's SDPA as the backend did: record that call, judged by the reference
+        import torch.nn.functional as F
+        sdpa = repro_module.CallRecorder(F.scaled_dot_product_attention)
+        F.scaled_dot_product_attention = sdpa.wrapped
+    try:
+        status, comparisons, reason, grad_out = _run_case(spec, fn, params, dtype, device, seed, baseline_fn)
+    finally:
+        if sdpa is not None:
+            F.scaled_dot_product_attention = sdpa.fn
+    if sdpa is not None and sdpa.args:
+        impl_call = ref_call = sdpa
+        reference_fn = reference.attention
+    if status != Status.SKIP and impl_call.args:
         repro_module.write(repro["stem"], op=op, backend=repro.get("backend", ""), impl=repro.get("impl"),
                            case=repro.get("case", ""), dtype=dtype_name(dtype), device=str(device), seed=seed,
-                           impl_call=impl_call, ref_call=ref_call, reference_fn=get_spec(op).repro_reference(),
+                           impl_call=impl_call, ref_call=ref_call, reference_fn=reference_fn, impl_fn=impl_fn,
                            grad_out=grad_out, bounds={c.name: c.allowed for c in comparisons}, reason=reason)
     return status, comparisons, reason
 

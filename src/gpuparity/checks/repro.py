@@ -94,7 +94,22 @@ def _globals_used(code) -> List[str]:
     return names
 
 
-def _impl_import(impl: Optional[str], op: str, backend: str) -> str:
+# gpuparity's SDPA backends pick one of torch's kernels: their repro calls that kernel directly,
+# with the arguments the backend gave it (execute.run_case records them)
+SDPA_KERNELS = {"sdpa_math": "MATH", "sdpa_efficient": "EFFICIENT_ATTENTION", "sdpa_flash": "FLASH_ATTENTION",
+                "sdpa_cudnn": "CUDNN_ATTENTION"}
+TORCH_WRAPPERS = "gpuparity.backends.torch_ops"   # thin wrappers of one torch call: copied in
+
+
+def _impl_import(impl: Optional[str], op: str, backend: str, fn: Optional[Callable] = None) -> str:
+    if not impl and backend in SDPA_KERNELS:
+        return ("import torch.nn.functional as F\nfrom torch.nn.attention import SDPBackend, sdpa_kernel\n\n\n"
+                "def impl(*args, **kwargs):\n"
+                f"    # the call gpuparity's {backend} made: torch's SDPA pinned to one kernel\n"
+                f"    with sdpa_kernel([SDPBackend.{SDPA_KERNELS[backend]}]):\n"
+                "        return F.scaled_dot_product_attention(*args, **kwargs)\n")
+    if not impl and fn is not None and getattr(fn, "__module__", "") == TORCH_WRAPPERS:
+        return f"{_reference_source(fn)}\n\n\nimpl = {fn.__name__}  # gpuparity's {backend!r} backend: this torch call\n"
     if impl:
         module_part, _, attr = impl.rpartition(":")
         if module_part.endswith(".py") or os.sep in module_part:
@@ -110,7 +125,8 @@ def _impl_import(impl: Optional[str], op: str, backend: str) -> str:
 
 def write(path_stem: str, *, op: str, backend: str, impl: Optional[str], case: str, dtype: str, device: str,
           seed: int, impl_call: CallRecorder, ref_call: CallRecorder, reference_fn: Callable,
-          grad_out: Optional[torch.Tensor], bounds: Dict[str, float], reason: str) -> str:
+          grad_out: Optional[torch.Tensor], bounds: Dict[str, float], reason: str,
+          impl_fn: Optional[Callable] = None) -> str:
     """Write `<path_stem>.py` and `<path_stem>.pt`; returns the script's path."""
     data = {"impl_args": _encode(list(impl_call.args)), "impl_kwargs": _encode(dict(impl_call.kwargs)),
             "ref_args": _encode(list(ref_call.args)), "ref_kwargs": _encode(dict(ref_call.kwargs)),
@@ -121,7 +137,7 @@ def write(path_stem: str, *, op: str, backend: str, impl: Optional[str], case: s
     reference_name = inspect.unwrap(reference_fn).__name__
     script = _SCRIPT.format(
         op=op, backend=impl or backend, case=case, dtype=dtype, device=device, seed=seed,
-        reason=textwrap.shorten(reason, 300), prelude=_PRELUDE, impl_import=_impl_import(impl, op, backend),
+        reason=textwrap.shorten(reason, 300), prelude=_PRELUDE, impl_import=_impl_import(impl, op, backend, impl_fn),
         reference_source=_reference_source(reference_fn), reference_name=reference_name,
         data_file=os.path.basename(path_stem) + ".pt")
     with open(path_stem + ".py", "w", encoding="utf-8") as handle:
