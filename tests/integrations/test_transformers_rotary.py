@@ -219,9 +219,15 @@ def test_cos_sin_without_equal_halves_is_left_with_reason():
 
 
 # --------------------------------------------------------------------------- torch.compile
+@pytest.mark.triton
 def test_patched_llama_compiles_fullgraph_with_gpuparity_rotary():
+    # forced (patch's default leaves the rotation to inductor under compile) and served by the
+    # Triton kernel, which stays one op in the graph (a composition would be traced inline)
     model = build("llama")
-    gpuparity.patch(model)
+    gpuparity.patch(model, force=("rotary",))
+    for module in model.modules():
+        if hasattr(module, "gpuparity_rotary_backend"):
+            module.gpuparity_rotary_backend = "triton"
     batch, valid = inputs("llama", torch.float32)
     batch = per_item_positions(batch)
     targets = []

@@ -11,16 +11,17 @@ import json
 import os
 import sys
 import threading
+import types
 from typing import Callable, Dict, List, Optional
 
 import torch
 
 from .registry import Backend, Problem, register
 from . import torch_ops
-from .. import reference
+from .. import caches, reference
 
-_VERDICTS: Dict[str, Optional[str]] = {}
-_COMPILED: Dict[str, Callable] = {}
+_VERDICTS: Dict[str, Optional[str]] = caches.register("backends.compiled.verdicts", {})
+_COMPILED: Dict[tuple, Callable] = caches.register("backends.compiled.compiled", {})
 _LOCK = threading.Lock()
 
 
@@ -131,25 +132,55 @@ def rotary_composition(x, cos, sin, *, interleaved=False, seqlen_offsets=0, cu_s
     return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
 
 
-def _compiled(name: str, fn: Callable) -> Callable:
-    with _LOCK:
-        if name not in _COMPILED:
-            _COMPILED[name] = torch.compile(fn)
-        return _COMPILED[name]
+def _autograd_state(tensors) -> tuple:
+    """What dynamo guards on besides shapes: the grad mode (a global-state guard), each input's
+    requires_grad and whether the inputs are inference tensors (their dispatch key set lacks
+    the autograd keys). One compiled copy per state (see _compiled)."""
+    inference = any(t is not None and t.is_inference() for t in tensors)
+    if not torch.is_grad_enabled() or inference:
+        return (False, inference)
+    return (True, tuple(t is not None and t.requires_grad for t in tensors))
 
 
+def _compiled(name: str, fn: Callable, tensors) -> Callable:
+    """torch.compile(dynamic=True) of `fn` for this call's autograd state. dynamo keeps its
+    compiled entries on the function's code object and guards each on the grad mode and every
+    input's requires_grad and dispatch keys, so one compiled function called with grad, under
+    no_grad and under inference_mode recompiled on each switch and, after eight, warned and fell
+    back to eager (generate() alternates them). Each state gets its own copy of the code object:
+    each copy compiles once (dynamic shapes: no recompile per sequence length either)."""
+    key = (name, _autograd_state(tensors))
+    compiled = _COMPILED.get(key)
+    if compiled is None:
+        with _LOCK:
+            if key not in _COMPILED:
+                code = fn.__code__.replace(co_name=f"{fn.__name__}_{len(_COMPILED)}")
+                copy = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+                copy.__kwdefaults__ = fn.__kwdefaults__
+                _COMPILED[key] = torch.compile(copy, dynamic=True)
+            compiled = _COMPILED[key]
+    return compiled
+
+
+# Under an outer torch.compile (or export) a composition is traced inline: inductor fuses it
+# with its neighbours, and no inner compiled function (with its own guards) runs in the graph.
 def compiled_rms_norm(x, normalized_shape, weight=None, eps=None):
-    return _compiled("rms_norm", torch_ops.rms_norm_composition)(x, tuple(normalized_shape), weight, eps)
+    if torch.compiler.is_compiling():
+        return torch_ops.rms_norm_composition(x, tuple(normalized_shape), weight, eps)
+    return _compiled("rms_norm", torch_ops.rms_norm_composition, (x, weight))(x, tuple(normalized_shape), weight, eps)
 
 
 def compiled_layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
-    return _compiled("layer_norm", torch_ops.layer_norm_composition)(x, tuple(normalized_shape), weight, bias, eps)
+    if torch.compiler.is_compiling():
+        return torch_ops.layer_norm_composition(x, tuple(normalized_shape), weight, bias, eps)
+    return _compiled("layer_norm", torch_ops.layer_norm_composition, (x, weight, bias))(
+        x, tuple(normalized_shape), weight, bias, eps)
 
 
 def compiled_apply_rotary(x, cos, sin, *, interleaved=False, seqlen_offsets=0, cu_seqlens=None, max_seqlen=None):
-    return _compiled("rotary", rotary_composition)(x, cos, sin, interleaved=interleaved,
-                                                   seqlen_offsets=seqlen_offsets, cu_seqlens=cu_seqlens,
-                                                   max_seqlen=max_seqlen)
+    fn = rotary_composition if torch.compiler.is_compiling() else _compiled("rotary", rotary_composition, (x, cos, sin))
+    return fn(x, cos, sin, interleaved=interleaved, seqlen_offsets=seqlen_offsets, cu_seqlens=cu_seqlens,
+              max_seqlen=max_seqlen)
 
 
 def _supports(problem: Problem) -> List[str]:

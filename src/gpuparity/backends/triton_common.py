@@ -359,6 +359,25 @@ def _hook_active(hook) -> bool:
     return bool(calls) if isinstance(calls, list) else True
 
 
+class _Traced:
+    """Set while a torch.library.triton_op body of gpuparity's is traced (ops/library.py): its
+    launches then go through torch.library.wrap_triton, so inductor sees each kernel and calls it
+    from its generated code (the tensors are fake then: no pointer to read, nothing to launch)."""
+    on = False
+
+
+TRACED = _Traced()
+
+
+@contextlib.contextmanager
+def traced_launches():
+    previous, TRACED.on = TRACED.on, True
+    try:
+        yield
+    finally:
+        TRACED.on = previous
+
+
 def launch(kernel, grid, args, *, num_warps: int, num_stages: Optional[int] = None, **constexprs):
     """`kernel[grid](*args, num_warps=..., num_stages=..., **constexprs)`, with the per-call
     specialization work done once per distinct key (see above). `args` are the runtime
@@ -366,6 +385,9 @@ def launch(kernel, grid, args, *, num_warps: int, num_stages: Optional[int] = No
     (compiled kernel, constexpr tail) entry it launched through, or None on Triton's own path."""
     grid = tuple(grid) + (1,) * (3 - len(grid))
     options = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
+    if TRACED.on:
+        torch.library.wrap_triton(kernel)[grid](*args, **options, **constexprs)
+        return None
     if _fast_launch_state() is None:
         kernel[grid](*args, **options, **constexprs)
         return None
@@ -421,7 +443,7 @@ class PreparedLaunch:
         change the compiled kernel: parameters the kernel marks `do_not_specialize` (the kept
         compiled kernel is reused whatever their values), of the same integer width as the kept
         ones (Triton still types an int as i32 or i64; the launcher would truncate a wider one)."""
-        if _fast_launch_state() is None:
+        if TRACED.on or _fast_launch_state() is None:
             launch(self.kernel, self.grid, tensors + scalars, **self.options)
             return
         device = _current_device()
@@ -452,9 +474,13 @@ class PlanCache:
         _PLAN_CACHES.append(self)
 
     def get(self, key: tuple):
-        return self._plans.get(key)
+        # traced (TRACED.on): plans hold allocation templates, real or fake tensors of one trace,
+        # which no other trace (nor a real call) may reuse
+        return None if TRACED.on else self._plans.get(key)
 
     def keep(self, key: tuple, plan):
+        if TRACED.on:
+            return plan
         if len(self._plans) >= self.max_size:
             self._plans.clear()
         self._plans[key] = plan

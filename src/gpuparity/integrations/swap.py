@@ -4,7 +4,26 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict
 
+import torch
 import torch.nn as nn
+
+# (eagerly, under torch.compile): where a swapped module's gpuparity forward serves (nn.patch.Plan)
+EVERYWHERE = (True, True)
+
+
+def serves(module: nn.Module) -> bool:
+    """Whether gpuparity serves this call of a swapped module: patch(mode="auto") swaps a module
+    whose gpuparity forward wins in one mode only, and the other mode runs transformers' own.
+    Under torch.compile this is read while tracing (a constant of the graph)."""
+    return getattr(module, "gpuparity_serves", EVERYWHERE)[torch.compiler.is_compiling()]
+
+
+def mark(module: nn.Module, plan, kind: str) -> str:
+    """Record where `module` is served (plan.serves(kind)); returns the summary's addition."""
+    if plan is None:
+        return ""
+    module.gpuparity_serves = plan.serves(kind)
+    return plan.note(kind)
 
 
 def qualname(module: nn.Module) -> str:

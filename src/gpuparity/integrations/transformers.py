@@ -3,20 +3,24 @@ and patch_model() (called by gpuparity.patch) swapping transformers' RMSNorms in
 from __future__ import annotations
 
 import inspect
+import logging
 import re
+import sys
 from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
 
+from .. import caches
 from ..nn.summary import PatchEntry, PatchSummary
 from ..ops.attention import attention
 from ..ops.norms import rms_norm
 from .transformers_loss import patch_causal_lm_loss
 from .transformers_mlp import patch_mlps
 from .transformers_rotary import patch_rotary
-from .swap import qualname, swapped_subclass
+from .swap import mark, qualname, serves, swapped_subclass
 
+LOG = logging.getLogger("gpuparity")
 NAME = "gpuparity"
 # transformers versions this module is tested with: AttentionInterface (4.48+) and the mask
 # interface that builds a mask for a registered implementation (masking_utils, 4.53+).
@@ -120,6 +124,8 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
                       is_causal: Optional[bool] = None, **kwargs):
     """transformers' attention function signature: query (B, H, Sq, D), key/value (B, Hkv, Sk, D)
     -> ((B, Sq, H, D), None). GQA goes to gpuparity.attention as is (no repeat_kv)."""
+    if kwargs.get("output_attentions"):
+        return _eager_with_weights(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
     for name in ("s_aux", "position_bias"):
         if kwargs.get(name) is not None:
             raise ValueError(f"{name}: gpuparity.attention does not implement it (got a value for module "
@@ -142,10 +148,51 @@ def attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     return out.transpose(1, 2).contiguous(), None
 
 
+_LOGGED = caches.register("integrations.transformers.logged", set())  # classes whose fallback was logged
+
+
+def _eager_with_weights(module: nn.Module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs):
+    """A call that asks for the attention weights (output_attentions=True): gpuparity.attention
+    returns none (its kernels never form the probabilities), so this call goes to the model's own
+    eager_attention_forward (transformers' reference), given the additive mask eager expects."""
+    modeling = sys.modules.get(type(module).__module__)
+    eager = getattr(modeling, "eager_attention_forward", None)
+    if eager is None:
+        raise ValueError(f"output_attentions=True: {type(module).__name__}'s module has no eager_attention_forward "
+                         "to return attention weights with; use attn_implementation='eager' for this call")
+    if type(module) not in _LOGGED:
+        _LOGGED.add(type(module))
+        LOG.info("gpuparity: output_attentions=True in %s: served by transformers' eager attention for those "
+                 "calls (gpuparity.attention returns no weights)", type(module).__name__)
+    attn_mask, key_padding_mask = hf_masks(attention_mask, key)
+    q_len, k_len = query.shape[2], key.shape[2]
+    causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    compact = attention_mask is not None and attention_mask.dim() == 2 and k_len == q_len
+    allowed = None
+    if bool(causal) and q_len > 1 and (attention_mask is None or compact):
+        # top-left, as attention_forward's is_causal (which crops a static cache's unused slots)
+        allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril()[None, None]
+    if key_padding_mask is not None:
+        keep = ~key_padding_mask[:, None, None, :]
+        allowed = keep if allowed is None else allowed & keep
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        allowed = attn_mask if allowed is None else allowed & attn_mask
+    lowest = torch.finfo(query.dtype).min
+    additive = None
+    if allowed is not None:
+        additive = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device).masked_fill(~allowed, lowest)
+    if attn_mask is not None and attn_mask.is_floating_point():
+        float_mask = attn_mask.to(query.dtype).clamp(min=lowest)      # hf_masks' -inf back to eager's finfo.min
+        additive = float_mask if additive is None else additive + float_mask
+    kwargs.pop("output_attentions", None)
+    return eager(module, query, key, value, additive, scaling=module.scaling if scaling is None else scaling,
+                 dropout=dropout, **kwargs)
+
+
 # --------------------------------------------------------------------------- RMSNorm
 def _rms_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     weight = self.weight
-    if weight.dtype != hidden_states.dtype:
+    if weight.dtype != hidden_states.dtype or not serves(self):
         # Llama's form multiplies in the weight's dtype (type promotion); keep HF's own there
         return self.gpuparity_original.forward(self, hidden_states)
     return rms_norm(hidden_states, weight.shape, weight, getattr(self, self.gpuparity_eps_attr),
@@ -156,6 +203,8 @@ def _rms_one_plus_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     # Gemma: norm(x) * (1 + w), the sum formed in fp32 (a weight near zero keeps its low bits),
     # then in x's dtype: one rounding more than Gemma's fp32 product (tested within the policy),
     # but a weight of x's dtype is what the fused kernels take (mixed dtypes fall off them)
+    if not serves(self):
+        return self.gpuparity_original.forward(self, hidden_states)
     weight = (1.0 + self.weight.float()).to(hidden_states.dtype)
     return rms_norm(hidden_states, weight.shape, weight, getattr(self, self.gpuparity_eps_attr),
                     backend=self.gpuparity_backend)
@@ -206,6 +255,20 @@ def _dropout_note(config) -> str:
     return ""
 
 
+def _explicit_choice(model: nn.Module) -> Optional[str]:
+    """Why the attention implementation the user chose stays, or None when it is transformers'
+    default (sdpa; eager for a class without sdpa support): an explicit attn_implementation="eager"
+    (e.g. to get attention weights), a flash or flex kernel, is the user's to keep."""
+    current = getattr(model.config, "_attn_implementation", None)
+    if current in (None, "sdpa", NAME):
+        return None
+    if current == "eager" and not getattr(type(model), "_supports_sdpa", False):
+        return None   # transformers' own default for this class
+    return (f"attn_implementation={current!r} was chosen for this model (transformers' default would be 'sdpa') "
+            f"and is kept; pass force=('attention',) to patch(), or set attn_implementation='{NAME}', to use "
+            "gpuparity's")
+
+
 def _set_attention(model: nn.Module) -> Optional[str]:
     """Switch the model to attn_implementation="gpuparity"; returns why not, or None."""
     register()
@@ -223,14 +286,16 @@ def _set_attention(model: nn.Module) -> Optional[str]:
 
 
 def patch_model(model: nn.Module, *, backend: str = "auto", include=None,
-                summary: Optional[PatchSummary] = None) -> PatchSummary:
+                summary: Optional[PatchSummary] = None, plan=None) -> PatchSummary:
     """Patch a transformers PreTrainedModel in place (gpuparity.patch calls this first; the
     torch drop-ins, nn.LayerNorm included, follow there): RMSNorms of the families in RMS_NORMS
     become subclasses calling gpuparity.rms_norm; attention switches to "gpuparity" unless the
     config needs what gpuparity.attention lacks; the attention's apply_rotary_pos_emb goes to
     gpuparity.apply_rotary (transformers_rotary); silu gated MLPs go to gpuparity.swiglu
-    (transformers_mlp); the causal-LM loss to gpuparity.linear_cross_entropy (transformers_loss)."""
+    (transformers_mlp); the causal-LM loss to gpuparity.linear_cross_entropy (transformers_loss).
+    plan: gpuparity.nn.patch.Plan, which kinds are swapped in which mode (None: all, everywhere)."""
     transformers = _import()
+    force = () if plan is None else plan.force
     summary = PatchSummary() if summary is None else summary
     found = version_tuple(transformers.__version__)
     if found >= MAX_VERSION:
@@ -248,8 +313,10 @@ def patch_model(model: nn.Module, *, backend: str = "auto", include=None,
                     f"attention: {type(module).__name__} in transformers {transformers.__version__} computes "
                     "attention itself, not through AttentionInterface (a newer transformers routes it)")))
     if attention_sites and any(wanted(m) for _, m in attention_sites):
-        reason = _attention_left_reason(model)
+        reason = _attention_left_reason(model) or (None if plan is None else plan.left("attention"))
         already = getattr(model.config, "_attn_implementation", None) == NAME
+        if reason is None and not already and "attention" not in force:
+            reason = _explicit_choice(model)
         if reason is None and not already:
             reason = _set_attention(model)
         for path, module in attention_sites:
@@ -269,14 +336,19 @@ def patch_model(model: nn.Module, *, backend: str = "auto", include=None,
             if not wanted(module):
                 continue
             original = qualname(module)
+            left = None if plan is None else plan.left("rms_norm")
+            if left is not None:
+                summary.left.append(PatchEntry(path, original, f"RMSNorm: {left}"))
+                continue
             module.__class__ = _swapped_class(cls)
             module.gpuparity_backend = backend
             formula = "x * (1 + weight)" if RMS_NORMS[cls.__name__][1] else "x * weight"
-            summary.replaced.append(PatchEntry(path, original, f"RMSNorm ({formula}) -> gpuparity.rms_norm"))
+            summary.replaced.append(PatchEntry(path, original, f"RMSNorm ({formula}) -> gpuparity.rms_norm"
+                                               + mark(module, plan, "rms_norm")))
         elif cls.__module__.startswith("transformers.") and cls.__name__.endswith("RMSNorm") \
                 and not hasattr(cls, "gpuparity_original"):
             summary.left.append(PatchEntry(path, qualname(module), "RMSNorm of a family gpuparity has not checked"))
-    patch_rotary(model, backend=backend, summary=summary, wanted=wanted)
-    patch_mlps(model, backend=backend, summary=summary, wanted=wanted)
-    patch_causal_lm_loss(model, backend=backend, summary=summary, wanted=wanted)
+    patch_rotary(model, backend=backend, summary=summary, wanted=wanted, plan=plan)
+    patch_mlps(model, backend=backend, summary=summary, wanted=wanted, plan=plan)
+    patch_causal_lm_loss(model, backend=backend, summary=summary, wanted=wanted, plan=plan)
     return summary

@@ -2,6 +2,7 @@
 (tokens, vocab) logits are never made when labels are given (called by patch_model)."""
 from __future__ import annotations
 
+import functools
 import inspect
 import types
 from typing import Callable, Optional
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 
 from ..nn.summary import PatchEntry, PatchSummary
 from ..ops.linear_cross_entropy import linear_cross_entropy
+from .swap import mark, serves
 
 # Causal-LM classes whose forward is model -> lm_head -> ForCausalLMLoss (Gemma-2 with its
 # final logit softcap in between), checked against their own forward by the tests.
@@ -57,7 +59,7 @@ def causal_lm_forward(self, *args, **kwargs):
     arguments.pop(next(iter(signature.parameters)))            # self
     labels = arguments.pop("labels", None)
     keep = arguments.pop("logits_to_keep", 0)
-    if labels is None or not (isinstance(keep, int) and keep == 0):
+    if labels is None or not (isinstance(keep, int) and keep == 0) or not serves(self):
         return cls_forward(self, *args, **kwargs)
     extra = dict(arguments.pop(_var_keyword(signature), None) or {})
     return_dict = extra.pop("return_dict", None)
@@ -78,8 +80,22 @@ def causal_lm_forward(self, *args, **kwargs):
     return result
 
 
+def _signed_forward(cls: type) -> Callable:
+    """causal_lm_forward under the class forward's name, docstring and signature (functools.wraps
+    sets __wrapped__, which inspect.signature follows): transformers reads the signature of
+    `model.forward` to decide what to pass (generate() passes logits_to_keep only to a forward that
+    names it, and runs the LM head over the whole prompt otherwise; Trainer's remove_unused_columns
+    and the tests' "does not support position_ids" skips read it too)."""
+    @functools.wraps(cls.forward)
+    def forward(self, *args, **kwargs):
+        return causal_lm_forward(self, *args, **kwargs)
+
+    forward.gpuparity_causal_lm = True
+    return forward
+
+
 def patch_causal_lm_loss(model: nn.Module, *, backend: str = "auto", summary: Optional[PatchSummary] = None,
-                         wanted: Optional[Callable[[nn.Module], bool]] = None) -> PatchSummary:
+                         wanted: Optional[Callable[[nn.Module], bool]] = None, plan=None) -> PatchSummary:
     """Give `model` (one of CAUSAL_LM) causal_lm_forward as its own forward: the instance's,
     not the class's, so other models of that class keep theirs. Idempotent."""
     summary = PatchSummary() if summary is None else summary
@@ -89,14 +105,19 @@ def patch_causal_lm_loss(model: nn.Module, *, backend: str = "auto", summary: Op
         return summary
     if wanted is not None and not (wanted(model) or (head is not None and wanted(head))):
         return summary
-    if getattr(model.forward, "__func__", None) is causal_lm_forward:
+    if getattr(getattr(model.forward, "__func__", None), "gpuparity_causal_lm", False):
         return summary
     if type(head) is not nn.Linear or not isinstance(getattr(model, "model", None), nn.Module):
         summary.left.append(PatchEntry("lm_head", type(head).__name__, (
             "lm_head+loss: not an nn.Linear head over model.model (a wrapped or quantised head); "
             "transformers' loss is kept")))
         return summary
-    model.forward = types.MethodType(causal_lm_forward, model)
+    left = None if plan is None else plan.left("loss")
+    if left is not None:
+        summary.left.append(PatchEntry("lm_head", f"{cls.__module__}.{cls.__qualname__}", f"lm_head+loss: {left}"))
+        return summary
+    model.forward = types.MethodType(_signed_forward(cls), model)
     model.gpuparity_loss_backend = backend
-    summary.replaced.append(PatchEntry("lm_head", f"{cls.__module__}.{cls.__qualname__}", REASON))
+    summary.replaced.append(PatchEntry("lm_head", f"{cls.__module__}.{cls.__qualname__}",
+                                       REASON + mark(model, plan, "loss")))
     return summary

@@ -9,7 +9,7 @@ import torch.nn as nn
 
 from ..nn.summary import PatchEntry, PatchSummary
 from ..ops.swiglu import swiglu
-from .swap import qualname, swapped_subclass
+from .swap import mark, qualname, serves, swapped_subclass
 
 # MLP classes whose forward is down_proj(act_fn(gate_proj(x)) * up_proj(x)), checked against
 # their own forward by the tests; served when act_fn is silu (Gemma's gelu is left, with why).
@@ -18,13 +18,17 @@ SILU_NAMES = ("SiLU", "SiLUActivation")
 
 
 def _forward(self, x):
+    if not serves(self):
+        return self.gpuparity_original.forward(self, x)
     return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x), backend=self.gpuparity_backend))
 
 
 _SWAPPED: Dict[type, type] = {}
 
 
-def patch_mlps(model: nn.Module, *, backend: str, summary: PatchSummary, wanted: Callable[[nn.Module], bool]) -> None:
+def patch_mlps(model: nn.Module, *, backend: str, summary: PatchSummary, wanted: Callable[[nn.Module], bool],
+               plan=None) -> None:
+    left = None if plan is None else plan.left("swiglu")
     for path, module in model.named_modules():
         cls = type(module)
         if cls.__name__ not in MLPS or not cls.__module__.startswith("transformers.") or not wanted(module):
@@ -35,6 +39,10 @@ def patch_mlps(model: nn.Module, *, backend: str, summary: PatchSummary, wanted:
                 f"MLP activation {type(act).__name__}: gpuparity.swiglu is silu(gate) * up only")))
             continue
         original = qualname(module)
+        if left is not None:
+            summary.left.append(PatchEntry(path, original, f"MLP: {left}"))
+            continue
         module.__class__ = swapped_subclass(cls, _forward, globals(), _SWAPPED)
         module.gpuparity_backend = backend
-        summary.replaced.append(PatchEntry(path, original, "MLP act_fn(gate) * up -> gpuparity.swiglu"))
+        summary.replaced.append(PatchEntry(path, original, "MLP act_fn(gate) * up -> gpuparity.swiglu"
+                                           + mark(module, plan, "swiglu")))

@@ -14,7 +14,7 @@ import torch.nn as nn
 
 from ..nn.summary import PatchEntry, PatchSummary
 from ..ops.rotary import apply_rotary
-from .swap import qualname
+from .swap import mark, qualname, serves
 
 FUNCTION = "apply_rotary_pos_emb"
 # model_type of the families whose apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1) the tests
@@ -42,7 +42,8 @@ _SERVING = _Serving()
 
 
 def _enter(module: nn.Module, args) -> None:
-    _SERVING.backends.append(module.gpuparity_rotary_backend)
+    # None: this forward keeps transformers' rotation (patch(mode=...) left it for this mode)
+    _SERVING.backends.append(module.gpuparity_rotary_backend if serves(module) else None)
 
 
 def _leave(module: nn.Module, args, output) -> None:
@@ -112,7 +113,7 @@ def _wrapper(original: Callable, unsqueeze_index: int) -> Callable:
     @functools.wraps(original)
     def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
         backends = _SERVING.backends
-        if backends:
+        if backends and backends[-1] is not None:
             unsqueeze_dim = kwargs.get("unsqueeze_dim", args[unsqueeze_index] if len(args) > unsqueeze_index else 1)
             rotated = _rotate(q, k, cos, sin, unsqueeze_dim, backends[-1])
             if rotated is not None:
@@ -155,7 +156,7 @@ def _halves_left(model: nn.Module) -> Optional[str]:
 
 
 def patch_rotary(model: nn.Module, *, backend: str = "auto", summary: Optional[PatchSummary] = None,
-                 wanted: Optional[Callable[[nn.Module], bool]] = None) -> PatchSummary:
+                 wanted: Optional[Callable[[nn.Module], bool]] = None, plan=None) -> PatchSummary:
     """Serve the rotary of `model`'s attention modules with gpuparity.apply_rotary: the modeling
     module's apply_rotary_pos_emb becomes (once, for every model) a wrapper that only rotates
     with gpuparity inside a forward of an attention module patched here. Idempotent."""
@@ -173,7 +174,7 @@ def patch_rotary(model: nn.Module, *, backend: str = "auto", summary: Optional[P
     if model_type not in FAMILIES:
         reason = f"model_type {model_type!r} is not a family whose {FUNCTION} gpuparity has checked"
     else:
-        reason = _halves_left(model)
+        reason = (None if plan is None else plan.left("rotary")) or _halves_left(model)
     for path, module in sites:
         modeling = sys.modules[type(module).__module__]
         current = getattr(modeling, FUNCTION)
@@ -193,5 +194,6 @@ def patch_rotary(model: nn.Module, *, backend: str = "auto", summary: Optional[P
         module.register_forward_hook(_leave, always_call=True)
         summary.replaced.append(PatchEntry(path, qualname(module), (
             f"rotary: {FUNCTION} -> gpuparity.apply_rotary (backend={backend!r}; cos/sin's first half, per-item "
-            "cos/sin as one table; a call of another shape or dtype falls back to transformers' per call)")))
+            "cos/sin as one table; a call of another shape or dtype falls back to transformers' per call)"
+            + mark(module, plan, "rotary"))))
     return summary

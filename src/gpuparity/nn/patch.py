@@ -1,13 +1,19 @@
 """`gpuparity.patch(model)`: swap torch.nn modules for gpuparity's verified drop-ins in place,
 keeping their weights. Each drop-in class declares `from_torch(module)` and names the torch
 class it replaces in `REPLACES`; the table below is the one list of drop-ins. Hugging Face
-transformers models also go through gpuparity.integrations.transformers."""
+transformers models also go through gpuparity.integrations.transformers.
+
+A module is swapped only where the swap wins on this device family in the mode the model runs
+(`mode=`): `PRIORS` holds, per family and mode, the kinds of module left and why, from the
+measurements its comments cite. A user can still force a kind (`force=`)."""
 from __future__ import annotations
 
 import importlib
 import sys
-from typing import Dict, Tuple
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
 
+import torch
 import torch.nn as nn
 
 from .summary import PatchEntry, PatchSummary  # noqa: F401 - re-exported
@@ -18,6 +24,94 @@ DROP_INS: Tuple[Tuple[str, str], ...] = (
     ("gpuparity.nn.norms", "RMSNorm"),
     ("gpuparity.nn.norms", "LayerNorm"),
 )
+
+
+MODES = ("auto", "eager", "compiled")
+KINDS = ("attention", "rms_norm", "layer_norm", "rotary", "swiglu", "loss")
+
+_FUSED = ("inductor fuses the plain {what} with its neighbours under torch.compile (no extra read and write of "
+          "the activations), which a separate kernel cannot")
+# device family -> mode -> kind -> why a module of that kind is left in that mode (absent: swapped).
+# A prior, shipped per family: eager, every kind swapped (a Llama training step on an H200,
+# benchmarks/records/h200/patch-model-2026-11-27.md: the whole patch 1.18x sdpa, attention alone
+# 1.17x; each op's `auto` still picks, per call, the fastest backend verified here, the torch
+# composition where nothing beats it). Compiled: attention and the loss swapped; the elementwise
+# and norm modules left to inductor, which fuses their plain forms into their neighbours, where
+# a kernel of ours is a fusion barrier (reasoned, not yet measured: that record's compiled rows
+# failed, see it). Under compile a swapped op's backend is still auto's choice at trace time.
+PRIORS: Dict[str, Dict[str, Dict[str, str]]] = {
+    "nvidia": {"eager": {}, "compiled": {
+        "rms_norm": _FUSED.format(what="RMSNorm"),
+        "layer_norm": _FUSED.format(what="LayerNorm"),
+        "rotary": _FUSED.format(what="rotary (into the q/k projections' epilogue)"),
+        "swiglu": _FUSED.format(what="silu(gate) * up")}},
+}
+PRIORS["cpu"] = PRIORS["nvidia"]   # no kernels of ours on a CPU: the torch compositions either way
+PRIORS["amd"] = PRIORS["nvidia"]   # not measured on ROCm: the NVIDIA table, for the same reasons
+
+
+def device_family(model: nn.Module) -> str:
+    """"nvidia", "amd" or "cpu": the model's parameters' device, else the GPU this process sees
+    (a model is often patched before .to("cuda"))."""
+    param = next(iter(model.parameters()), None)
+    device_type = param.device.type if param is not None and param.device.type not in ("meta", "cpu") else (
+        "cuda" if torch.cuda.is_available() else "cpu")
+    if device_type != "cuda":
+        return "cpu"
+    return "amd" if getattr(torch.version, "hip", None) else "nvidia"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where each kind of module is swapped: `serves(kind)` = (eagerly, under torch.compile), and
+    why one is left (`left(kind)`), for the model's device family and the mode asked for."""
+    family: str
+    mode: str
+    force: Tuple[str, ...] = ()
+
+    def why_left(self, kind: str, mode: str) -> Optional[str]:
+        if kind in self.force:
+            return None
+        return PRIORS[self.family][mode].get(kind)
+
+    def serves(self, kind: str) -> Tuple[bool, bool]:
+        eager, compiled = self.why_left(kind, "eager") is None, self.why_left(kind, "compiled") is None
+        if self.mode == "eager":
+            return (eager, eager)     # compiled anyway: what was swapped serves there too
+        if self.mode == "compiled":
+            return (compiled, compiled)
+        return (eager, compiled)
+
+    def left(self, kind: str) -> Optional[str]:
+        """Why no call of this kind is served by gpuparity (None when some are)."""
+        if any(self.serves(kind)):
+            return None
+        why = self.why_left(kind, "compiled" if self.mode == "compiled" else "eager") or \
+            self.why_left(kind, "compiled")
+        return f"{why} (device family {self.family}, mode={self.mode!r}; force=({kind!r},) swaps it anyway)"
+
+    def note(self, kind: str) -> str:
+        """What a swapped module's summary line adds when it serves in one mode only."""
+        eager, compiled = self.serves(kind)
+        if eager and not compiled:
+            return f"; under torch.compile transformers' own runs ({self.why_left(kind, 'compiled')})"
+        if compiled and not eager:
+            return f"; eagerly transformers' own runs ({self.why_left(kind, 'eager')})"
+        return ""
+
+
+def make_plan(model: nn.Module, mode: str, force) -> Plan:
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+    if force is True:
+        force = KINDS
+    if isinstance(force, str) or force is None:
+        raise TypeError(f"force: expected an iterable of kinds from {KINDS} (or True for all), got {force!r}")
+    force = tuple(force)
+    unknown = [k for k in force if k not in KINDS]
+    if unknown:
+        raise ValueError(f"force: expected kinds from {KINDS}, got {unknown}")
+    return Plan(device_family(model), mode, force)
 
 
 def _drop_in_table() -> Dict[type, type]:
@@ -42,22 +136,34 @@ def _is_transformers_model(model: nn.Module) -> bool:
     return transformers is not None and isinstance(model, getattr(transformers, "PreTrainedModel", ()))
 
 
-def patch(model: nn.Module, *, backend: str = "auto", include=None) -> PatchSummary:
-    """Swap every supported module of `model` in place; returns a PatchSummary (replaced and
-    left modules with reasons; iterating it gives the replaced module paths).
+# drop-in class name -> its kind in PRIORS
+_DROP_IN_KINDS = {"MultiheadAttention": "attention", "RMSNorm": "rms_norm", "LayerNorm": "layer_norm"}
+
+
+def patch(model: nn.Module, *, backend: str = "auto", include=None, mode: str = "auto", force=()) -> PatchSummary:
+    """Swap the supported modules of `model` in place where the swap wins here; returns a
+    PatchSummary (replaced and left modules with reasons; iterating it gives the replaced paths).
 
     include: optional iterable of classes to swap (default: all that have a drop-in); for a
     transformers model it may also name transformers' norm and attention classes.
+    mode: how the model will run. "eager" or "compiled" (torch.compile) swaps the kinds of module
+    that win in that mode on this device family (PRIORS); "auto" swaps what wins in either, and
+    a transformers module swapped for one mode only runs transformers' own forward in the other
+    (decided when torch.compile traces it: no cost per call). The summary says why each module
+    that was left was left.
+    force: kinds to swap whatever PRIORS say (or an explicit attn_implementation the user chose),
+    from KINDS: "attention", "rms_norm", "layer_norm", "rotary", "swiglu", "loss"; True for all.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(backend, str):
         raise TypeError(f"backend: expected a backend name (str) or 'auto', got {type(backend).__name__}")
+    plan = make_plan(model, mode, force)
     include = None if include is None else tuple(include)
     summary = PatchSummary()
     if _is_transformers_model(model):
         from ..integrations import transformers as hf
-        hf.patch_model(model, backend=backend, include=include, summary=summary)
+        hf.patch_model(model, backend=backend, include=include, summary=summary, plan=plan)
     table = _drop_in_table()
     if include is not None:
         table = {k: v for k, v in table.items() if k in include}
@@ -66,8 +172,17 @@ def patch(model: nn.Module, *, backend: str = "auto", include=None) -> PatchSumm
             replacement_cls = table.get(type(child))
             if replacement_cls is None:
                 continue
-            setattr(parent, child_name, replacement_cls.from_torch(child, backend=backend))
             path = f"{parent_name}.{child_name}" if parent_name else child_name
-            summary.replaced.append(PatchEntry(path, f"{type(child).__module__}.{type(child).__name__}",
+            cls_name = f"{type(child).__module__}.{type(child).__name__}"
+            # a drop-in has no per-call switch: it is swapped when it wins in the mode asked for
+            # (eager's answer under "auto", where the model has not run yet)
+            kind = _DROP_IN_KINDS.get(replacement_cls.__name__)
+            why = None if kind is None else plan.why_left(kind, "compiled" if mode == "compiled" else "eager")
+            if why is not None:
+                summary.left.append(PatchEntry(path, cls_name, f"{why} (device family {plan.family}, mode={mode!r}; "
+                                                               f"force=({kind!r},) swaps it anyway)"))
+                continue
+            setattr(parent, child_name, replacement_cls.from_torch(child, backend=backend))
+            summary.replaced.append(PatchEntry(path, cls_name,
                                                f"-> {replacement_cls.__module__}.{replacement_cls.__name__}"))
     return summary

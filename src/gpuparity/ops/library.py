@@ -1,17 +1,27 @@
-"""gpuparity's ops as torch.library custom ops, for torch.compile(fullgraph=True) and torch.export:
+"""gpuparity's ops as torch.library ops, for torch.compile(fullgraph=True) and torch.export:
 `gpuparity::attention`, `::rms_norm`, `::layer_norm` and `::apply_rotary`, each with a fake
 (meta) implementation and a registered autograd formula that calls a backward op
 (`::attention_backward`, `::norm_backward`; rotary's backward is itself rotated by -theta).
 
 The public functions take this path only while torch.compile or torch.export traces them; eager
 calls go straight to the backend (a custom op's dispatch costs host time on every call).
-An op's body chooses its backend when it runs, through the verified dispatcher (ops.select),
-so the traced graph holds no backend choice, no probe-cache lookup and no graph break. That is
-also why these are `custom_op`s and not `triton_op`s: inductor traces a triton_op's body, and
-this body is a dispatcher with a probe cache behind it, not one kernel.
+
+While tracing, the backend is chosen when the graph is traced (`traced_backend`: the verified
+dispatcher's answer for the call's Problem, which depends only on shapes, dtypes, devices and
+flags, all of which the graph's guards pin), not inside an op body at every call:
+- a backend without its own kernels (a torch composition, torch's rms_norm, sdpa) is traced
+  inline: inductor fuses it with its neighbours (for a norm or rotary that beats a separate
+  kernel), and autograd differentiates it;
+- a Triton backend becomes a `torch.library.triton_op` (`gpuparity::<op>_kernels`, torch >= 2.6)
+  whose body inductor traces with its launches wrapped by `torch.library.wrap_triton`: the
+  kernels are called from inductor's generated code (CUDA graphs, `mode="reduce-overhead"`,
+  capture them), with no Python of ours per call;
+- otherwise (torch < 2.6, the Triton interpreter, whose kernels wrap_triton cannot trace,
+  dynamic shapes, which the kernels' launch plans cannot key on) the opaque `custom_op`
+  `gpuparity::<op>` as before: its body runs the chosen backend when the graph runs.
 
 Backward: a backend that declares `forward_saving`/`backward_from` (the Triton kernels) runs its
-own fused backward from what its forward saved. Any other backend (sdpa, torch compositions)
+own fused backward from what its forward saved. Any other backend served through the opaque op
 recomputes its forward under autograd inside the backward op and differentiates that: the
 gradient of exactly the forward it served. The backward serves with the backend the forward
 used for the same call signature (`_SERVED`).
@@ -19,12 +29,15 @@ used for the same call signature (`_SERVED`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
+from .. import caches
+from ..backends import triton_common
 from ..backends.registry import Backend, Problem
 from . import dropout, select
 from .calls import attention_extras, attention_problem, check_rotary_inputs, norm_problem, rotary_problem
@@ -33,7 +46,7 @@ __all__ = ["attention", "layer_norm", "rms_norm", "apply_rotary"]
 
 # (problem, backend asked for) -> the backend the forward served it with. Bounded: problems
 # carry sequence lengths.
-_SERVED: Dict[tuple, Backend] = {}
+_SERVED: Dict[tuple, Backend] = caches.register("ops.library.served", {})
 _SERVED_MAX = 4096
 
 
@@ -94,6 +107,96 @@ def _nothing(like: Tensor) -> Tensor:
     return like.new_empty(0, dtype=torch.float32)
 
 
+# ----------------------------------------------------------------------------- traced routing
+# torch.library.triton_op and wrap_triton (torch >= 2.6): inductor traces such an op's body and
+# calls the Triton kernels it launches from its own generated code.
+TRITON_OP = hasattr(torch.library, "triton_op") and hasattr(torch.library, "wrap_triton")
+
+
+def _constant(value):
+    """A Problem's feature values as Python constants: under dynamic shapes a feature such as
+    "large" (numel >= 4M) is symbolic; bool()/int() make dynamo guard on it instead."""
+    if isinstance(value, torch.SymBool):
+        return bool(value)
+    if isinstance(value, torch.SymInt):
+        return int(value)
+    if isinstance(value, torch.SymFloat):
+        return float(value)
+    if isinstance(value, tuple):
+        return tuple([_constant(v) for v in value])
+    return value
+
+
+class _Chosen:
+    """Backends chosen while tracing, as attributes "<op>/<name>": dynamo reads a class attribute
+    when it meets it (a dict it would have read once, before _choose added to it)."""
+
+
+def _choose(op: str, device: torch.device, dtype: torch.dtype, kind: str, features: tuple, backend: str) -> str:
+    """The name of the verified dispatcher's backend for this Problem. dynamo calls it while it
+    traces (below) and keeps the answer as a constant of the graph: no lookup per call. Any mode
+    of the tracer (fake tensors) is set aside, so a first-call verification runs for real."""
+    from torch.utils._python_dispatch import _disable_current_modes
+    problem = Problem(op, device, dtype, kind, features)
+    with _disable_current_modes():
+        chosen = (dropout.resolve if op == "attention" else select.resolve)(problem, backend)
+    setattr(_Chosen, f"{op}/{chosen.name}", chosen)
+    return chosen.name
+
+
+# torch._dynamo.assume_constant_result's whole effect, without importing torch._dynamo with
+# gpuparity (it costs import time; dynamo reads the attribute when it meets the call).
+_choose._dynamo_marked_constant = True
+
+
+def traced_backend(problem: Problem, backend: str) -> Backend:
+    """The backend that serves `problem` in a graph being traced, chosen now (see _choose)."""
+    name = _choose(problem.op, problem.device, problem.dtype, problem.kind, _constant(problem.features), backend)
+    return getattr(_Chosen, f"{problem.op}/{name}")
+
+
+def _static(*tensors: Optional[Tensor]) -> bool:
+    return all(not isinstance(size, torch.SymInt) for t in tensors if t is not None for size in t.shape)
+
+
+def _inductor_floats_fp32() -> bool:
+    """Whether inductor passes a Python float to a user Triton kernel as fp32, as Triton's own
+    launch does. By default (torch._inductor.config._use_fp64_for_unbacked_floats, True outside
+    fbcode) it passes fp64, and a scale in fp64 promotes the attention kernels' fp32 accumulator:
+    their compile fails ("acc.type.element_ty == out_dtype", seen on an H200 with torch 2.11)."""
+    try:
+        from torch._inductor import config
+    except Exception:  # noqa: BLE001 - no inductor: nothing to call the kernels from its code
+        return False
+    return not getattr(config, "_use_fp64_for_unbacked_floats", False)
+
+
+def _kernels_traceable(*tensors: Optional[Tensor]) -> bool:
+    """Whether the triton_op twin serves this traced call: torch has triton_op, the kernels are
+    compiled ones (the interpreter's cannot be wrapped), the shapes are static (a Triton
+    backend's launch plans are keyed by concrete sizes) and inductor types float arguments as
+    the kernels expect (_inductor_floats_fp32). Else the opaque custom op serves it."""
+    return TRITON_OP and not triton_common.interpreting() and _static(*tensors) and _inductor_floats_fp32()
+
+
+def _twin(name: str, fn: Callable):
+    """`fn` (a custom op's body) registered again as the triton_op gpuparity::<name>_kernels,
+    its launches wrapped by wrap_triton while inductor traces it. None without triton_op."""
+    if not TRITON_OP:
+        return None
+
+    @functools.wraps(fn)
+    def body(*args, **kwargs):
+        with triton_common.traced_launches():
+            return fn(*args, **kwargs)
+
+    return torch.library.triton_op(f"gpuparity::{name}_kernels", body, mutates_args=())
+
+
+def _op(name: str, kernels: bool):
+    return getattr(torch.ops.gpuparity, f"{name}_kernels" if kernels else name)
+
+
 # ----------------------------------------------------------------------------- norms
 def _rows(x: Tensor, normalized_shape: Sequence[int]) -> int:
     return math.prod(x.shape[:x.dim() - len(normalized_shape)])
@@ -121,16 +224,20 @@ def _norm_forward(op: str, x, normalized_shape, weight, bias, eps, backend) -> T
     return _like(out, x), stats
 
 
-@torch.library.custom_op("gpuparity::rms_norm", mutates_args=())
-def rms_norm_op(x: Tensor, normalized_shape: List[int], weight: Optional[Tensor], eps: Optional[float],
-                backend: str) -> Tuple[Tensor, Tensor]:
+def _rms_norm_body(x: Tensor, normalized_shape: List[int], weight: Optional[Tensor], eps: Optional[float],
+                   backend: str) -> Tuple[Tensor, Tensor]:
     return _norm_forward("rms_norm", x, normalized_shape, weight, None, eps, backend)
 
 
-@torch.library.custom_op("gpuparity::layer_norm", mutates_args=())
-def layer_norm_op(x: Tensor, normalized_shape: List[int], weight: Optional[Tensor], bias: Optional[Tensor],
-                  eps: float, backend: str) -> Tuple[Tensor, Tensor]:
+def _layer_norm_body(x: Tensor, normalized_shape: List[int], weight: Optional[Tensor], bias: Optional[Tensor],
+                     eps: float, backend: str) -> Tuple[Tensor, Tensor]:
     return _norm_forward("layer_norm", x, normalized_shape, weight, bias, eps, backend)
+
+
+rms_norm_op = torch.library.custom_op("gpuparity::rms_norm", _rms_norm_body, mutates_args=())
+layer_norm_op = torch.library.custom_op("gpuparity::layer_norm", _layer_norm_body, mutates_args=())
+rms_norm_kernels_op = _twin("rms_norm", _rms_norm_body)
+layer_norm_kernels_op = _twin("layer_norm", _layer_norm_body)
 
 
 @rms_norm_op.register_fake
@@ -145,8 +252,7 @@ def _layer_norm_fake(x, normalized_shape, weight, bias, eps, backend):
 
 # The Triton backward counts its programs' arrivals in the last element of `stats` and its last
 # program sets it back to zero: the op leaves `stats` as it found them, so it declares no mutation.
-@torch.library.custom_op("gpuparity::norm_backward", mutates_args=())
-def norm_backward_op(grad: Tensor, x: Tensor, normalized_shape: List[int], weight: Optional[Tensor],
+def _norm_backward_body(grad: Tensor, x: Tensor, normalized_shape: List[int], weight: Optional[Tensor],
                      bias: Optional[Tensor], eps: Optional[float], stats: Tensor, is_rms: bool, backend: str,
                      wanted: List[bool]) -> Tuple[Tensor, Tensor, Tensor]:
     """(dx, dweight, dbias); a gradient not wanted (or of an absent parameter) is an empty tensor."""
@@ -165,6 +271,10 @@ def norm_backward_op(grad: Tensor, x: Tensor, normalized_shape: List[int], weigh
                  for g, w in zip(grads, wanted))
 
 
+norm_backward_op = torch.library.custom_op("gpuparity::norm_backward", _norm_backward_body, mutates_args=())
+norm_backward_kernels_op = _twin("norm_backward", _norm_backward_body)
+
+
 @norm_backward_op.register_fake
 def _norm_backward_fake(grad, x, normalized_shape, weight, bias, eps, stats, is_rms, backend, wanted):
     params = (x, weight, bias)
@@ -172,7 +282,8 @@ def _norm_backward_fake(grad, x, normalized_shape, weight, bias, eps, stats, is_
                  else x.new_empty(0, dtype=torch.float32) for p, w in zip(params, wanted))
 
 
-def _norm_setup(ctx, inputs, output, is_rms):
+def _norm_setup(ctx, inputs, output, is_rms, kernels=False):
+    ctx.kernels = kernels
     if is_rms:
         x, shape, weight, eps, backend = inputs
         bias = None
@@ -188,27 +299,36 @@ def _norm_backward(ctx, grad, _grad_stats):
     needs = ctx.needs_input_grad
     wanted = [bool(needs[0]), bool(needs[2]) and weight is not None,
               (not is_rms) and bool(needs[3]) and bias is not None]
-    dx, dw, db = torch.ops.gpuparity.norm_backward(grad, x, shape, weight, bias, eps, stats, is_rms, backend, wanted)
+    dx, dw, db = _op("norm_backward", ctx.kernels)(grad, x, shape, weight, bias, eps, stats, is_rms, backend, wanted)
     dx, dw, db = (g if w else None for g, w in zip((dx, dw, db), wanted))
     if is_rms:
         return dx, None, dw, None, None
     return dx, None, dw, db, None, None
 
 
-rms_norm_op.register_autograd(lambda ctx, grad, grad_stats: _norm_backward(ctx, grad, grad_stats),
-                              setup_context=lambda ctx, inputs, output: _norm_setup(ctx, inputs, output, True))
-layer_norm_op.register_autograd(lambda ctx, grad, grad_stats: _norm_backward(ctx, grad, grad_stats),
-                                setup_context=lambda ctx, inputs, output: _norm_setup(ctx, inputs, output, False))
+for _is_rms, _ops in ((True, (rms_norm_op, rms_norm_kernels_op)), (False, (layer_norm_op, layer_norm_kernels_op))):
+    for _kernels, _norm_op in enumerate(_ops):
+        if _norm_op is not None:
+            _norm_op.register_autograd(
+                _norm_backward, setup_context=functools.partial(_norm_setup, is_rms=_is_rms, kernels=bool(_kernels)))
 
 
 def rms_norm(x: Tensor, normalized_shape: Sequence[int], weight: Optional[Tensor], eps: Optional[float],
              backend: str) -> Tensor:
-    return torch.ops.gpuparity.rms_norm(x, list(normalized_shape), weight, eps, backend)[0]
+    """A traced gpuparity.rms_norm: a composition inline, a Triton backend as an op (see the top)."""
+    chosen = traced_backend(_norm_problem("rms_norm", x, normalized_shape, weight, None), backend)
+    if chosen.forward_saving is None:
+        return chosen.fn(x, list(normalized_shape), weight, eps)
+    return _op("rms_norm", _kernels_traceable(x))(x, list(normalized_shape), weight, eps, chosen.name)[0]
 
 
 def layer_norm(x: Tensor, normalized_shape: Sequence[int], weight: Optional[Tensor], bias: Optional[Tensor],
                eps: float, backend: str) -> Tensor:
-    return torch.ops.gpuparity.layer_norm(x, list(normalized_shape), weight, bias, float(eps), backend)[0]
+    chosen = traced_backend(_norm_problem("layer_norm", x, normalized_shape, weight, bias), backend)
+    if chosen.forward_saving is None:
+        return chosen.fn(x, list(normalized_shape), weight, bias, eps)
+    return _op("layer_norm", _kernels_traceable(x))(x, list(normalized_shape), weight, bias, float(eps),
+                                                     chosen.name)[0]
 
 
 # ----------------------------------------------------------------------------- attention
@@ -230,8 +350,7 @@ def _attention_extras(problem: Problem, seed: Optional[Tensor]):
     return extras
 
 
-@torch.library.custom_op("gpuparity::attention", mutates_args=())
-def attention_op(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor],
+def _attention_body(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor],
                  is_causal: bool, scale: Optional[float], mask_grad: bool, backend: str,
                  window: Optional[List[int]] = None, softcap: Optional[float] = None, dropout_p: float = 0.0,
                  seed: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
@@ -250,14 +369,17 @@ def attention_op(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], k
     return _like(out, q), lse
 
 
+attention_op = torch.library.custom_op("gpuparity::attention", _attention_body, mutates_args=())
+attention_kernels_op = _twin("attention", _attention_body)
+
+
 @attention_op.register_fake
 def _attention_fake(q, k, v, attn_mask, key_padding_mask, is_causal, scale, mask_grad, backend, window=None,
                     softcap=None, dropout_p=0.0, seed=None):
     return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
-@torch.library.custom_op("gpuparity::attention_backward", mutates_args=())
-def attention_backward_op(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+def _attention_backward_body(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                           attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], is_causal: bool,
                           scale: Optional[float], mask_grad: bool, backend: str,
                           window: Optional[List[int]] = None, softcap: Optional[float] = None,
@@ -281,6 +403,11 @@ def attention_backward_op(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Te
             dmask.contiguous() if mask_grad else _nothing(q))
 
 
+attention_backward_op = torch.library.custom_op("gpuparity::attention_backward", _attention_backward_body,
+                                                mutates_args=())
+attention_backward_kernels_op = _twin("attention_backward", _attention_backward_body)
+
+
 @attention_backward_op.register_fake
 def _attention_backward_fake(grad, q, k, v, out, lse, attn_mask, key_padding_mask, is_causal, scale, mask_grad,
                              backend, window=None, softcap=None, dropout_p=0.0, seed=None):
@@ -289,7 +416,8 @@ def _attention_backward_fake(grad, q, k, v, out, lse, attn_mask, key_padding_mas
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dmask
 
 
-def _attention_setup(ctx, inputs, output):
+def _attention_setup(ctx, inputs, output, kernels=False):
+    ctx.kernels = kernels
     q, k, v, attn_mask, key_padding_mask, is_causal, scale, mask_grad, backend, window, softcap, dropout_p, seed = inputs
     ctx.save_for_backward(q, k, v, output[0], output[1], attn_mask, key_padding_mask, seed)
     ctx.spec = (is_causal, scale, mask_grad, backend, window, softcap, dropout_p)
@@ -298,27 +426,41 @@ def _attention_setup(ctx, inputs, output):
 def _attention_backward(ctx, grad, _grad_lse):
     q, k, v, out, lse, attn_mask, key_padding_mask, seed = ctx.saved_tensors
     is_causal, scale, mask_grad, backend, window, softcap, dropout_p = ctx.spec
-    dq, dk, dv, dmask = torch.ops.gpuparity.attention_backward(
+    dq, dk, dv, dmask = _op("attention_backward", ctx.kernels)(
         grad, q, k, v, out, lse, attn_mask, key_padding_mask, is_causal, scale, mask_grad, backend, window, softcap,
         dropout_p, seed)
     return dq, dk, dv, (dmask if mask_grad else None), None, None, None, None, None, None, None, None, None
 
 
 attention_op.register_autograd(_attention_backward, setup_context=_attention_setup)
+if attention_kernels_op is not None:
+    attention_kernels_op.register_autograd(_attention_backward,
+                                           setup_context=functools.partial(_attention_setup, kernels=True))
 
 
 def attention(q, k, v, attn_mask, key_padding_mask, is_causal, scale, backend, window=None, softcap=None,
               dropout_p: float = 0.0, seed: Optional[Tensor] = None) -> Tensor:
+    """A traced gpuparity.attention: sdpa or the composition inline (inductor has its own
+    lowering for sdpa), a Triton backend as an op (see the top). With dropout, the op (its body
+    reads the seed drawn in the graph)."""
     mask_grad = attn_mask is not None and attn_mask.is_floating_point() and attn_mask.requires_grad
-    return torch.ops.gpuparity.attention(q, k, v, attn_mask, key_padding_mask, bool(is_causal),
-                                         None if scale is None else float(scale), bool(mask_grad), backend,
-                                         None if window is None else [int(w) for w in window],
-                                         None if softcap is None else float(softcap), float(dropout_p), seed)[0]
+    problem = attention_problem(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                                is_causal=bool(is_causal), scale=scale, window=window, softcap=softcap,
+                                dropout_p=dropout_p)
+    chosen = traced_backend(problem, backend)
+    if chosen.forward_saving is None and not chosen.jit and problem.feature("dropout") is None:
+        return chosen.fn(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=bool(is_causal),
+                         scale=scale, **attention_extras(problem))
+    kernels = chosen.forward_saving is not None and not mask_grad and _kernels_traceable(q, k, v, attn_mask,
+                                                                                         key_padding_mask)
+    return _op("attention", kernels)(q, k, v, attn_mask, key_padding_mask, bool(is_causal),
+                                     None if scale is None else float(scale), bool(mask_grad), chosen.name,
+                                     None if window is None else [int(w) for w in window],
+                                     None if softcap is None else float(softcap), float(dropout_p), seed)[0]
 
 
 # ----------------------------------------------------------------------------- rotary
-@torch.library.custom_op("gpuparity::apply_rotary", mutates_args=())
-def rotary_op(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, offset: int, offsets: Optional[Tensor],
+def _rotary_body(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, offset: int, offsets: Optional[Tensor],
               cu_seqlens: Optional[Tensor], max_seqlen: Optional[int], backend: str) -> Tensor:
     seqlen_offsets = offset if offsets is None else offsets
     # the checks that read device values (cu_seqlens order, offsets within the table) were
@@ -331,12 +473,17 @@ def rotary_op(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, offset: in
     return _like(out, x)
 
 
+rotary_op = torch.library.custom_op("gpuparity::apply_rotary", _rotary_body, mutates_args=())
+rotary_kernels_op = _twin("apply_rotary", _rotary_body)
+
+
 @rotary_op.register_fake
 def _rotary_fake(x, cos, sin, interleaved, offset, offsets, cu_seqlens, max_seqlen, backend):
     return torch.empty_like(x)
 
 
-def _rotary_setup(ctx, inputs, output):
+def _rotary_setup(ctx, inputs, output, kernels=False):
+    ctx.kernels = kernels
     x, cos, sin, interleaved, offset, offsets, cu_seqlens, max_seqlen, backend = inputs
     ctx.save_for_backward(cos, sin, offsets, cu_seqlens)
     ctx.spec = (interleaved, offset, max_seqlen, backend)
@@ -346,18 +493,28 @@ def _rotary_backward(ctx, grad):
     cos, sin, offsets, cu_seqlens = ctx.saved_tensors
     interleaved, offset, max_seqlen, backend = ctx.spec
     # a rotation's transpose is the rotation by -theta; the pass-through features pass through
-    dx = torch.ops.gpuparity.apply_rotary(grad, cos, -sin, interleaved, offset, offsets, cu_seqlens, max_seqlen,
+    dx = _op("apply_rotary", ctx.kernels)(grad, cos, -sin, interleaved, offset, offsets, cu_seqlens, max_seqlen,
                                           backend)
     return dx, None, None, None, None, None, None, None, None
 
 
 rotary_op.register_autograd(_rotary_backward, setup_context=_rotary_setup)
+if rotary_kernels_op is not None:
+    rotary_kernels_op.register_autograd(_rotary_backward, setup_context=functools.partial(_rotary_setup, kernels=True))
 
 
 def apply_rotary(x, cos, sin, interleaved, seqlen_offsets, cu_seqlens, max_seqlen, backend) -> Tensor:
+    """A traced gpuparity.apply_rotary: a composition inline, the Triton kernel as an op. With
+    cu_seqlens or an offsets tensor, always the opaque op: its body checks their values (order,
+    positions within the table) when it runs, which a traced composition could not."""
+    chosen = traced_backend(rotary_problem(x, cos, interleaved, seqlen_offsets, cu_seqlens), backend)
     if isinstance(seqlen_offsets, Tensor):
         offset, offsets = 0, seqlen_offsets
     else:
         offset, offsets = int(seqlen_offsets), None
-    return torch.ops.gpuparity.apply_rotary(x, cos, sin, bool(interleaved), offset, offsets, cu_seqlens, max_seqlen,
-                                            backend)
+    plain = offsets is None and cu_seqlens is None
+    if chosen.name != "triton" and plain:
+        return chosen.fn(x, cos, sin, interleaved=interleaved, seqlen_offsets=offset, max_seqlen=max_seqlen)
+    kernels = plain and _kernels_traceable(x, cos, sin)
+    return _op("apply_rotary", kernels)(x, cos, sin, bool(interleaved), offset, offsets, cu_seqlens, max_seqlen,
+                                        chosen.name)

@@ -4,12 +4,13 @@ op) as a torch.library custom op, the path the public function takes while torch
 torch.export traces it."""
 from __future__ import annotations
 
+import functools
 from typing import Tuple
 
 import torch
 from torch import Tensor
 
-from . import select
+from . import library, select
 from .calls import swiglu_problem
 from .library import _recomputed_grads
 
@@ -24,17 +25,25 @@ def swiglu(gate: Tensor, up: Tensor, *, backend: str = "auto") -> Tensor:
     `F.silu(gate) * up` keeps three. backend: "auto" or a name from
     `gpuparity.dispatch.backends("swiglu")`."""
     problem = swiglu_problem(gate, up)
-    if torch.compiler.is_compiling():  # traced: one op that chooses its backend when it runs
-        return torch.ops.gpuparity.swiglu(gate, up, backend)
+    if torch.compiler.is_compiling():
+        # traced: the backend chosen now (library.traced_backend); a composition inline, the
+        # Triton kernels as an op (the triton_op twin where inductor can call them)
+        chosen = library.traced_backend(problem, backend)
+        if chosen.forward_saving is None:
+            return chosen.fn(gate, up)
+        return library._op("swiglu", library._kernels_traceable(gate, up))(gate, up, chosen.name)
     return select.resolve(problem, backend).fn(gate, up)
 
 
-@torch.library.custom_op("gpuparity::swiglu", mutates_args=())
-def swiglu_op(gate: Tensor, up: Tensor, backend: str) -> Tensor:
+def _swiglu_body(gate: Tensor, up: Tensor, backend: str) -> Tensor:
     chosen = select.resolve(swiglu_problem(gate, up), backend)
     if chosen.forward_saving is not None:
         return chosen.forward_saving(gate, up)[0]
     return chosen.fn(gate, up).contiguous()
+
+
+swiglu_op = torch.library.custom_op("gpuparity::swiglu", _swiglu_body, mutates_args=())
+swiglu_kernels_op = library._twin("swiglu", _swiglu_body)
 
 
 @swiglu_op.register_fake
@@ -42,8 +51,7 @@ def _swiglu_fake(gate, up, backend):
     return torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
 
 
-@torch.library.custom_op("gpuparity::swiglu_backward", mutates_args=())
-def swiglu_backward_op(grad: Tensor, gate: Tensor, up: Tensor, backend: str) -> Tuple[Tensor, Tensor]:
+def _swiglu_backward_body(grad: Tensor, gate: Tensor, up: Tensor, backend: str) -> Tuple[Tensor, Tensor]:
     chosen = select.resolve(swiglu_problem(gate, up), backend)
     if chosen.backward_from is not None:
         dgate, dup = chosen.backward_from(grad, (), gate, up)
@@ -52,13 +60,18 @@ def swiglu_backward_op(grad: Tensor, gate: Tensor, up: Tensor, backend: str) -> 
     return dgate.contiguous(), dup.contiguous()
 
 
+swiglu_backward_op = torch.library.custom_op("gpuparity::swiglu_backward", _swiglu_backward_body, mutates_args=())
+swiglu_backward_kernels_op = library._twin("swiglu_backward", _swiglu_backward_body)
+
+
 @swiglu_backward_op.register_fake
 def _swiglu_backward_fake(grad, gate, up, backend):
     return (torch.empty(gate.shape, dtype=gate.dtype, device=gate.device),
             torch.empty(up.shape, dtype=up.dtype, device=up.device))
 
 
-def _setup(ctx, inputs, output):
+def _setup(ctx, inputs, output, kernels=False):
+    ctx.kernels = kernels
     gate, up, backend = inputs
     ctx.save_for_backward(gate, up)
     ctx.backend = backend
@@ -66,9 +79,11 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, grad):
     gate, up = ctx.saved_tensors
-    dgate, dup = torch.ops.gpuparity.swiglu_backward(grad, gate, up, ctx.backend)
+    dgate, dup = library._op("swiglu_backward", ctx.kernels)(grad, gate, up, ctx.backend)
     needs = ctx.needs_input_grad
     return (dgate if needs[0] else None), (dup if needs[1] else None), None
 
 
 swiglu_op.register_autograd(_backward, setup_context=_setup)
+if swiglu_kernels_op is not None:
+    swiglu_kernels_op.register_autograd(_backward, setup_context=functools.partial(_setup, kernels=True))

@@ -10,7 +10,7 @@ import torch
 
 from ...numerics import matmul_tf32
 from .. import triton_common
-from ..triton_common import PlanCache, PreparedLaunch, cdiv, lazy_kernel
+from ..triton_common import TRACED, PlanCache, PreparedLaunch, cdiv, lazy_kernel
 from .tiles import SCAN_BLOCK, fused_backward, padded_head_dim, split_kpm_dq, tile_config, tma_backward
 from ... import caches
 
@@ -50,6 +50,13 @@ def _broadcast_strides(t: torch.Tensor) -> Tuple[int, int, int, int]:
     return tuple(0 if size == 1 else stride for size, stride in zip(shape, strides))  # type: ignore[return-value]
 
 
+def _bytes(mask: torch.Tensor) -> torch.Tensor:
+    """A bool mask as uint8: the same bytes, no copy (a view); while traced for inductor a
+    conversion, which inductor fuses into the mask's producer (its lowering of a bool -> uint8
+    view fails: "torch.bool is not supported by torch.iinfo", torch 2.11)."""
+    return mask.to(torch.uint8) if TRACED.on else mask.view(torch.uint8)
+
+
 def prepare_masks(q: torch.Tensor, k: torch.Tensor, attn_mask=None, key_padding_mask=None,
                   key_lengths=None) -> MaskArgs:
     batch, k_len = q.shape[0], k.shape[2]
@@ -57,7 +64,7 @@ def prepare_masks(q: torch.Tensor, k: torch.Tensor, attn_mask=None, key_padding_
     if attn_mask is not None:
         if attn_mask.dtype == torch.bool:
             args.kind = MASK_BOOL
-            args.mask = attn_mask.view(torch.uint8)  # same bytes, no copy; Triton reads u8
+            args.mask = _bytes(attn_mask)  # Triton reads u8
         else:
             args.kind = MASK_ADDITIVE
             args.mask = attn_mask.detach()
@@ -68,7 +75,7 @@ def prepare_masks(q: torch.Tensor, k: torch.Tensor, attn_mask=None, key_padding_
     if key_padding_mask is not None:
         kpm = key_padding_mask
         if kpm.dtype == torch.bool:
-            kpm = kpm.view(torch.uint8)
+            kpm = _bytes(kpm)
         args.kpm = kpm
         args.kpm_strides = (0 if kpm.shape[0] == 1 else kpm.stride(0), kpm.stride(1))
         # the kernels find each item's kept-key range by scanning its row of the mask themselves
@@ -119,7 +126,10 @@ _DUMMIES: Dict[torch.device, torch.Tensor] = caches.register("backends.triton_at
 
 
 def _dummy(device) -> torch.Tensor:
-    """A placeholder pointer for absent masks (the kernels never read it); one per device."""
+    """A placeholder pointer for absent masks (the kernels never read it); one per device
+    (a new one per call while traced for inductor: a kept one would be a fake tensor or a constant)."""
+    if TRACED.on:
+        return torch.zeros(16, dtype=torch.uint8, device=device)
     if device not in _DUMMIES:
         _DUMMIES[device] = torch.zeros(16, dtype=torch.uint8, device=device)
     return _DUMMIES[device]
@@ -320,7 +330,9 @@ class _DescriptorLaunch:
 
     def __call__(self, q, k, v, dout, lse, delta, dk, dv, mask, kpm, bounds) -> None:
         tensors = (q, dout, k, v)
-        if any(t.data_ptr() & 15 for t in tensors):
+        # traced for inductor (triton_common.TRACED): fake tensors, and host-made descriptors
+        # are not something wrap_triton takes; the pointer form serves the compiled graph
+        if TRACED.on or any(t.data_ptr() & 15 for t in tensors):
             self.pointers(q, k, v, dout, lse, delta, dk, dv, mask, kpm, bounds)
             return
         from triton.tools.tensor_descriptor import TensorDescriptor
