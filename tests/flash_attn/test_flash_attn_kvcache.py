@@ -1,0 +1,184 @@
+"""gpuparity.flash_attn.flash_attn_with_kvcache against the float64 referee, modelled on
+FlashAttention's test_flash_attn_kvcache: in-place append of new keys/values (rotated by
+rotary_cos/sin, interleaved or not), GQA, causal / window / ALiBi bottom-right on each item's
+length, cache_leftpad, cache_batch_idx, paged caches on shuffled pages, the lse output, the
+inference-only refusal and the argument errors."""
+from __future__ import annotations
+
+import pytest
+import torch
+from device_env import TEST_DEVICE, require_device  # sets TRITON_INTERPRET=1 on the CPU
+
+import gpuparity.flash_attn as flash_attn
+from fa_reference import check, reference
+
+require_device()
+DEVICE = torch.device(TEST_DEVICE)
+BATCH, HEADS, KV_HEADS, HEAD_DIM, SEQ_CACHE = 3, 4, 2, 16, 20
+BACKENDS = dict(attention="composition", rotary="composition")
+
+
+def rotate(x, cos, sin, positions, interleaved):
+    """Rotary by hand: x (B, S, H, D) at positions (B, S); the first 2 * cos.shape[1] features turn."""
+    half = cos.shape[1]
+    c, s = cos[positions].unsqueeze(2), sin[positions].unsqueeze(2)
+    turned, rest = x[..., :2 * half], x[..., 2 * half:]
+    if interleaved:
+        a, b = turned[..., 0::2], turned[..., 1::2]
+        turned = torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2)
+    else:
+        a, b = turned[..., :half], turned[..., half:]
+        turned = torch.cat([a * c - b * s, a * s + b * c], dim=-1)
+    return torch.cat([turned, rest], dim=-1)
+
+
+def case_inputs(q_len=3, new_len=2, cache_rows=BATCH, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(BATCH, q_len, HEADS, HEAD_DIM, generator=gen)
+    k_new, v_new = (torch.randn(BATCH, new_len, KV_HEADS, HEAD_DIM, generator=gen) for _ in range(2))
+    k_cache, v_cache = (torch.randn(cache_rows, SEQ_CACHE, KV_HEADS, HEAD_DIM, generator=gen) for _ in range(2))
+    angle = torch.rand(SEQ_CACHE + q_len, 4, generator=gen) * 6.28
+    return dict(q=q, k=k_new, v=v_new, k_cache=k_cache, v_cache=v_cache, cos=angle.cos(), sin=angle.sin())
+
+
+CASES = {
+    "append_rotary_interleaved_causal": dict(causal=True, rotary=True, interleaved=True),
+    "append_rotary_neox_not_causal": dict(causal=False, rotary=True, interleaved=False),
+    "append_rotary_window": dict(window=(4, 0), rotary=True, interleaved=True),
+    "leftpad_alibi_window": dict(leftpad=True, alibi=True, window=(6, 1)),
+    "batch_idx_causal_alibi_per_head": dict(batch_idx=True, causal=True, alibi="head"),
+    "no_new_kv_causal_q_longer_than_some_caches": dict(new=False, causal=True, q_len=5),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_kvcache_matches_the_reference(name):
+    case = CASES[name]
+    q_len, new_len = case.get("q_len", 3), (2 if case.get("new", True) else 0)
+    cache_rows = 2 * BATCH if case.get("batch_idx") else BATCH
+    t = case_inputs(q_len, max(new_len, 1), cache_rows, seed=len(name))
+    seqlens = torch.tensor([3, 0, 11], dtype=torch.int32)
+    leftpad = torch.tensor([1, 0, 5], dtype=torch.int32) if case.get("leftpad") else None
+    batch_idx = torch.tensor([4, 0, 2], dtype=torch.int32) if case.get("batch_idx") else None
+    slopes = None
+    if case.get("alibi"):
+        slopes = torch.rand((HEADS,) if case["alibi"] == "head" else (BATCH, HEADS),
+                            generator=torch.Generator().manual_seed(1)) * 0.4 + 0.05
+    causal, window = case.get("causal", False), case.get("window", (-1, -1))
+    k_new, v_new = (t["k"], t["v"]) if new_len else (None, None)
+    rows = torch.arange(BATCH) if batch_idx is None else batch_idx.long()
+    # what the cache rows must hold afterwards, and the queries the attention must see
+    k_want, v_want = t["k_cache"][rows].clone(), t["v_cache"][rows].clone()
+    q_seen = t["q"]
+    positions = seqlens.long().view(-1, 1) + torch.arange(new_len).view(1, -1)
+    if new_len:
+        k_put = rotate(k_new, t["cos"], t["sin"], positions, case["interleaved"]) if case.get("rotary") else k_new
+        for b in range(BATCH):
+            k_want[b, positions[b]] = k_put[b]
+            v_want[b, positions[b]] = v_new[b]
+    if case.get("rotary"):
+        local = causal or window != (-1, -1)
+        q_positions = seqlens.long().view(-1, 1) + (torch.arange(q_len).view(1, -1) if local else 0)
+        q_seen = rotate(t["q"], t["cos"], t["sin"], q_positions.expand(BATCH, q_len), case["interleaved"])
+    caches = [t["k_cache"].clone().to(DEVICE), t["v_cache"].clone().to(DEVICE)]
+    move = (lambda x: None if x is None else x.to(DEVICE))
+    with flash_attn.backends(**BACKENDS):
+        out, lse = flash_attn.flash_attn_with_kvcache(
+            t["q"].to(DEVICE), *caches, k=move(k_new), v=move(v_new),
+            rotary_cos=move(t["cos"]) if case.get("rotary") else None,
+            rotary_sin=move(t["sin"]) if case.get("rotary") else None, cache_seqlens=seqlens.to(DEVICE),
+            cache_batch_idx=move(batch_idx), cache_leftpad=move(leftpad), causal=causal, window_size=window,
+            rotary_interleaved=case.get("interleaved", True), alibi_slopes=move(slopes), return_softmax_lse=True)
+    torch.testing.assert_close(caches[0][rows.to(DEVICE)].cpu(), k_want, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(caches[1][rows.to(DEVICE)].cpu(), v_want)
+    kwargs = dict(causal=causal, window=window, alibi=slopes, q_lens=torch.full((BATCH,), q_len),
+                  k_lens=seqlens + new_len, key_start=leftpad)
+    ref, ref_lse, empty = reference(q_seen.double(), k_want.double(), v_want.double(), **kwargs)
+    base = reference(q_seen, k_want, v_want, dtype=torch.float32, **kwargs)[0]
+    check([out], [ref], [base], torch.float32, names=("out",),
+          must_be_zero=empty.view(BATCH, q_len, 1, 1).expand(out.shape))
+    finite = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse.cpu().double()[finite], ref_lse[finite], rtol=1e-5, atol=1e-5)
+    assert torch.isposinf(lse.cpu()[~finite]).all()
+    if name.startswith("no_new_kv"):
+        assert empty.any()   # item 1 has an empty cache: its rows see nothing
+
+
+def paged_copy(k_cache, v_cache, page, seed=0, spare=3):
+    """A contiguous (B, S, Hkv, D) cache moved onto shuffled pages of a pool with spare pages."""
+    batch, width = k_cache.shape[:2]
+    blocks = -(-width // page)
+    pool = batch * blocks + spare
+    order = torch.randperm(pool, generator=torch.Generator().manual_seed(seed))[:batch * blocks].view(batch, blocks)
+    k_pool = torch.randn(pool, page, *k_cache.shape[2:])
+    v_pool = torch.randn(pool, page, *k_cache.shape[2:])
+    for b in range(batch):
+        for j in range(blocks):
+            piece = slice(j * page, min(width, (j + 1) * page))
+            count = piece.stop - piece.start
+            k_pool[order[b, j], :count], v_pool[order[b, j], :count] = k_cache[b, piece], v_cache[b, piece]
+    return k_pool, v_pool, order.to(torch.int32)
+
+
+@pytest.mark.parametrize("page", [4, 7])
+def test_paged_kvcache_equals_the_contiguous_cache(page):
+    """Append (crossing a page boundary) with rotary, GQA and causal on a shuffled paged pool: the
+    same output and lse as the contiguous cache, and the pages hold what the contiguous rows hold."""
+    t = case_inputs(q_len=3, new_len=3, seed=page)
+    width = -(-SEQ_CACHE // page) * page
+    k_cache = torch.cat([t["k_cache"], torch.zeros(BATCH, width - SEQ_CACHE, KV_HEADS, HEAD_DIM)], dim=1)
+    v_cache = torch.cat([t["v_cache"], torch.zeros(BATCH, width - SEQ_CACHE, KV_HEADS, HEAD_DIM)], dim=1)
+    k_pool, v_pool, table = paged_copy(k_cache, v_cache, page)
+    seqlens = torch.tensor([page - 1, 0, SEQ_CACHE - 3], dtype=torch.int32)
+    common = dict(k=t["k"], v=t["v"], rotary_cos=t["cos"], rotary_sin=t["sin"], cache_seqlens=seqlens, causal=True,
+                  alibi_slopes=torch.full((HEADS,), 0.25), return_softmax_lse=True)
+    with flash_attn.backends(**BACKENDS):
+        want, want_lse = flash_attn.flash_attn_with_kvcache(t["q"], k_cache, v_cache, **common)
+        got, got_lse = flash_attn.flash_attn_with_kvcache(t["q"], k_pool, v_pool, block_table=table, **common)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_lse, want_lse)
+    reread = k_pool[table.long()].reshape(BATCH, width, KV_HEADS, HEAD_DIM)
+    torch.testing.assert_close(reread, k_cache)
+    assert not torch.equal(k_cache[:, :SEQ_CACHE], t["k_cache"])   # the append happened
+
+
+def test_paged_capacity_and_pool_errors():
+    """As FlashAttention's block-table bounds test: a sequence past max_num_blocks_per_seq *
+    page_block_size raises naming block_table (a RuntimeError, as FlashAttention's), exactly at
+    capacity does not; a table entry past the pool raises."""
+    page = 4
+    k_pool, v_pool = torch.randn(4, page, 1, 8), torch.randn(4, page, 1, 8)
+    table = torch.zeros(1, 1, dtype=torch.int32)
+    q = torch.randn(1, 1, 1, 8)
+    with flash_attn.backends(**BACKENDS):
+        with pytest.raises(RuntimeError, match="block_table"):
+            flash_attn.flash_attn_with_kvcache(q, k_pool, v_pool, k=torch.randn(1, 1, 1, 8), v=torch.randn(1, 1, 1, 8),
+                                               cache_seqlens=torch.tensor([page], dtype=torch.int32), block_table=table)
+        with pytest.raises(RuntimeError, match="block_table"):
+            flash_attn.flash_attn_with_kvcache(q, k_pool, v_pool, cache_seqlens=torch.tensor([page + 1], dtype=torch.int32),
+                                               block_table=table)
+        out = flash_attn.flash_attn_with_kvcache(q, k_pool, v_pool, cache_seqlens=torch.tensor([page], dtype=torch.int32),
+                                                 block_table=table)
+        assert out.shape == (1, 1, 1, 8) and torch.isfinite(out).all()
+        with pytest.raises(ValueError, match=r"block_table: entries in use must be page indices in \[0, 4\)"):
+            flash_attn.flash_attn_with_kvcache(q, k_pool, v_pool, cache_seqlens=2,
+                                               block_table=torch.tensor([[4]], dtype=torch.int32))
+
+
+def test_kvcache_argument_errors():
+    t = case_inputs()
+    q, k_cache, v_cache = t["q"], t["k_cache"], t["v_cache"]
+    with pytest.raises(ValueError, match="q: requires grad.*inference only"):
+        flash_attn.flash_attn_with_kvcache(q.clone().requires_grad_(), k_cache, v_cache, cache_seqlens=2)
+    with pytest.raises(ValueError, match="alibi_slopes: expected shape"):
+        flash_attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=2, alibi_slopes=torch.ones(BATCH, 2))
+    with pytest.raises(ValueError, match="rotary_cos: rotary embedding applies to new keys"):
+        flash_attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=2, rotary_cos=t["cos"],
+                                           rotary_sin=t["sin"])
+    with pytest.raises(ValueError, match="cache_seqlens: expected 0 <= cache_seqlens"):
+        flash_attn.flash_attn_with_kvcache(q, k_cache, v_cache, k=t["k"], v=t["v"], cache_seqlens=SEQ_CACHE - 1)
+    with pytest.raises(ValueError, match="cache_batch_idx: expected rows of k_cache"):
+        flash_attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=2,
+                                           cache_batch_idx=torch.tensor([0, 1, BATCH], dtype=torch.int32))
+    with pytest.raises(ValueError, match="k_cache: expected"):
+        flash_attn.flash_attn_with_kvcache(q, k_cache[..., :8], v_cache[..., :8], cache_seqlens=2)
