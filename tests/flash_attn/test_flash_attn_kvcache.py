@@ -182,3 +182,26 @@ def test_kvcache_argument_errors():
                                            cache_batch_idx=torch.tensor([0, 1, BATCH], dtype=torch.int32))
     with pytest.raises(ValueError, match="k_cache: expected"):
         flash_attn.flash_attn_with_kvcache(q, k_cache[..., :8], v_cache[..., :8], cache_seqlens=2)
+
+
+@pytest.mark.parametrize("decode_backend", ["composition", "triton"])
+def test_decode_case_runs_the_decode_op_and_equals_the_general_path(decode_backend, monkeypatch):
+    """Causal, no ALiBi/leftpad/lse, Sq <= 16: the call goes to gpuparity.attention_decode (the
+    split-KV kernel for "triton") and equals the masked dense path, cache append and rotary included."""
+    from gpuparity.flash_attn import flash_attn_interface
+    calls = []
+    real = flash_attn_interface.attention_decode
+    monkeypatch.setattr(flash_attn_interface, "attention_decode", lambda *a, **k: calls.append(1) or real(*a, **k))
+    t = case_inputs(q_len=2, new_len=2, seed=21)
+    seqlens = torch.tensor([5, 0, 9], dtype=torch.int32)
+    results = []
+    for lse in (False, True):
+        caches = [t["k_cache"].clone(), t["v_cache"].clone()]
+        with flash_attn.backends(attention_decode=decode_backend, **BACKENDS):
+            out = flash_attn.flash_attn_with_kvcache(t["q"], *caches, k=t["k"], v=t["v"], rotary_cos=t["cos"],
+                                                     rotary_sin=t["sin"], cache_seqlens=seqlens, causal=True,
+                                                     return_softmax_lse=lse)
+        results.append((out[0] if lse else out, caches))
+    assert len(calls) == 1
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(results[0][1][0], results[1][1][0])

@@ -17,6 +17,7 @@ from typing import Dict, Optional, Union
 import torch
 
 from ..ops.attention import attention, attention_lse
+from ..ops.decode import MAX_NEW_QUERIES, attention_decode
 from ..ops.rotary import apply_rotary
 from ..ops.varlen import attention_varlen, attention_varlen_problem
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_same_dtype, expect_tensor
@@ -28,13 +29,14 @@ __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_
            "FlashAttnArgumentError", "backends"]
 
 # The backend each gpuparity op runs on ("auto": the fastest verified on this machine).
-_BACKENDS: Dict[str, str] = {"attention": "auto", "attention_varlen": "auto", "rotary": "auto"}
+_BACKENDS: Dict[str, str] = {"attention": "auto", "attention_varlen": "auto", "attention_decode": "auto",
+                             "rotary": "auto"}
 
 
 @contextlib.contextmanager
 def backends(**names: str):
     """Run the calls inside on the named backends, e.g. backends(attention="triton"), keys
-    "attention", "attention_varlen", "rotary" (see gpuparity.dispatch.backends(op))."""
+    "attention", "attention_varlen", "attention_decode", "rotary" (see gpuparity.dispatch.backends(op))."""
     unknown = sorted(set(names) - set(_BACKENDS))
     if unknown:
         raise TypeError(f"backends: unknown op(s) {unknown}; expected keys among {sorted(_BACKENDS)}")
@@ -350,8 +352,16 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if paged:
         keys, values = C.gather_pages(k_cache, block_table, width), C.gather_pages(v_cache, block_table, width)
     else:
-        rows = item if batch_idx is None else batch_idx
-        keys, values = k_cache[rows], v_cache[rows]
+        # without cache_batch_idx the cache's first rows, as views (no copy)
+        keys, values = (k_cache[:batch], v_cache[:batch]) if batch_idx is None else (k_cache[batch_idx], v_cache[batch_idx])
+    if alibi_slopes is None and leftpad is None and left < 0 and (right == 0 or q_len == 1) and \
+            q_len <= MAX_NEW_QUERIES and not return_softmax_lse:
+        # FlashAttention's decode case (causal; one query needs no mask): the split-KV decode kernel
+        # reads the cache through strides, its lengths bottom-right aligned as FlashAttention's
+        out = attention_decode(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), ends,
+                               scale=softmax_scale, softcap=C.softcap_value(softcap),
+                               backend=_BACKENDS["attention_decode"])
+        return out.transpose(1, 2).contiguous()
     q_lens = torch.full((batch,), q_len, dtype=torch.long, device=device)
     allowed = C.item_allowed(q_lens, ends, q_len, width, left, right, key_start=leftpad)
     bias = None
