@@ -90,8 +90,17 @@ def build_batch(args, seq, torch):
 
 
 def run_one(args, variant, mode, seq):
+    import logging
+
     import torch
     import transformers
+    # gpuparity's INFO lines (a first call that verified a backend says which and how long) go
+    # into the row, not to the terminal
+    said = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: said.append(f"{time.perf_counter():.2f} {record.getMessage()}")
+    logging.getLogger("gpuparity").addHandler(handler)
+    logging.getLogger("gpuparity").setLevel(logging.INFO)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     device = torch.device(args.device)
     notes = []
@@ -143,6 +152,7 @@ def run_one(args, variant, mode, seq):
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     losses = []
     started = time.perf_counter()
+    said.append(f"{started:.2f} first step starts")
     for _ in range(args.warmup):
         losses.append(float(step()))
     sync()
@@ -166,7 +176,7 @@ def run_one(args, variant, mode, seq):
     return {"variant": variant, "mode": mode, "seq": seq, "tokens_per_step": tokens, "positions_per_step": positions,
             "tokens_per_s": tokens * args.steps / elapsed, "positions_per_s": positions * args.steps / elapsed,
             "step_ms": 1e3 * elapsed / args.steps, "peak_gib": peak,
-            "peak_warmup_gib": peak_all, "warmup_s": warm_s, "losses": losses, "notes": notes}
+            "peak_warmup_gib": peak_all, "warmup_s": warm_s, "losses": losses, "notes": notes, "log": said}
 
 
 def write_profile(args, label, step, sync, torch):
@@ -326,8 +336,8 @@ def main(argv=None):
         variant, mode, seq = args.one.split(":")
         print(json.dumps(run_one(args, variant, mode, int(seq))))
         return 0
-    if args.rounds < 1:
-        raise SystemExit(f"--rounds: expected at least 1, got {args.rounds}")
+    if args.rounds < 0 or (args.rounds == 0 and not args.first_steps):
+        raise SystemExit(f"--rounds: expected at least 1 (0 only with --first-steps), got {args.rounds}")
     variants = args.variants.split(",")
     for variant in variants:
         if variant not in VARIANTS + EXTRA and variant not in PARTIAL and variant not in FORCED:
@@ -379,6 +389,8 @@ def main(argv=None):
                     run(variant, mode, seq, "round", env, round_)
             if round_ == 0 and m == 0 and args.first_steps:
                 first_steps(run, variants, seqs)
+    if args.rounds == 0:
+        first_steps(run, variants, seqs)
     save()
     print(markdown(result))
     return 0
