@@ -154,3 +154,21 @@ def test_argument_errors_name_the_argument():
         flash_attn.flash_attn_func(qkv[0], qkv[1][:1], qkv[2][:1])
     with pytest.raises(TypeError, match="return_lse"):
         gpuparity.attention(*(t.transpose(1, 2) for t in qkv), return_lse=1)
+
+
+def test_dropout_with_alibi_and_bottom_right_causal_on_the_triton_kernel():
+    """flash_attn_func(dropout_p=) is gpuparity.attention's dropout: the mask attention_dropout_mask
+    regenerates for the seed torch's generator gives, forward and backward."""
+    from gpuparity.ops.dropout import attention_dropout_mask, draw_seed
+    qkv, grad = inputs(q_len=6, k_len=9)
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625], device=DEVICE)
+    torch.manual_seed(3)
+    keep = attention_dropout_mask(2, 4, 6, 9, 0.25, draw_seed(DEVICE), DEVICE).cpu()
+    torch.manual_seed(3)
+    with flash_attn.backends(attention="triton"):
+        mine = grads(lambda q, k, v: flash_attn.flash_attn_func(q, k, v, dropout_p=0.25, causal=True,
+                                                                alibi_slopes=slopes), qkv, grad)
+    flags = dict(causal=True, alibi=slopes, keep=keep, dropout_p=0.25)
+    ref = grads(lambda q, k, v: reference(q, k, v, **flags)[0], [t.cpu().double() for t in qkv], grad.cpu())
+    base = grads(lambda q, k, v: reference(q, k, v, dtype=q.dtype, **flags)[0], qkv, grad)
+    check(mine, ref, base, qkv[0].dtype)

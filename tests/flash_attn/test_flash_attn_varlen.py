@@ -99,7 +99,7 @@ def test_varlen_lse(alibi):
     torch.testing.assert_close(lse.cpu().double()[:, ~empty], want[:, ~empty], rtol=1e-5, atol=1e-5)
 
 
-def test_varlen_dropout_uses_the_dense_philox_mask_forward_and_backward():
+def test_varlen_dropout_with_alibi_uses_the_dense_philox_mask_forward_and_backward():
     """The padded batch's mask is attention_dropout_mask(B, H, max_seqlen_q, max_seqlen_k, p, seed)
     with the seed torch's generator gives: the referee with that mask equals the call, gradients too."""
     qkv, grad = packed_inputs(seed=4)
@@ -107,15 +107,15 @@ def test_varlen_dropout_uses_the_dense_philox_mask_forward_and_backward():
     torch.manual_seed(11)
     seed = draw_seed(DEVICE)
     keep = attention_dropout_mask(len(Q_LENS), HEADS, max(Q_LENS), max(K_LENS), p, seed, DEVICE).cpu()
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625], device=DEVICE)
     torch.manual_seed(11)
     with flash_attn.backends(attention="triton"):
         mine = grads(lambda q, k, v: flash_attn.flash_attn_varlen_func(q, k, v, cumulative(Q_LENS), cumulative(K_LENS),
                                                                         max(Q_LENS), max(K_LENS), dropout_p=p,
-                                                                        causal=True), qkv, grad)
-    ref = grads(lambda q, k, v: padded_reference(q, k, v, causal=True, keep=keep, dropout_p=p)[0],
-                [t.cpu().double() for t in qkv], grad.cpu())
-    base = grads(lambda q, k, v: padded_reference(q, k, v, dtype=q.dtype, causal=True, keep=keep, dropout_p=p)[0],
-                 qkv, grad)
+                                                                        causal=True, alibi_slopes=slopes), qkv, grad)
+    flags = dict(causal=True, keep=keep, dropout_p=p, alibi=slopes)
+    ref = grads(lambda q, k, v: padded_reference(q, k, v, **flags)[0], [t.cpu().double() for t in qkv], grad.cpu())
+    base = grads(lambda q, k, v: padded_reference(q, k, v, dtype=q.dtype, **flags)[0], qkv, grad)
     check(mine, ref, base, qkv[0].dtype)
     assert not keep.all()
 
