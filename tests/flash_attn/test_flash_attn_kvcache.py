@@ -187,7 +187,8 @@ def test_kvcache_argument_errors():
 @pytest.mark.parametrize("decode_backend", ["composition", "triton"])
 def test_decode_case_runs_the_decode_op_and_equals_the_general_path(decode_backend, monkeypatch):
     """Causal, no ALiBi/leftpad/lse, Sq <= 16: the call goes to gpuparity.attention_decode (the
-    split-KV kernel for "triton") and equals the masked dense path, cache append and rotary included."""
+    split-KV kernel for "triton") and equals the masked dense path, cache append and rotary included;
+    a paged copy of the cache gives the same output and pages."""
     from gpuparity.flash_attn import flash_attn_interface
     calls = []
     real = flash_attn_interface.attention_decode
@@ -202,6 +203,13 @@ def test_decode_case_runs_the_decode_op_and_equals_the_general_path(decode_backe
                                                      rotary_sin=t["sin"], cache_seqlens=seqlens, causal=True,
                                                      return_softmax_lse=lse)
         results.append((out[0] if lse else out, caches))
-    assert len(calls) == 1
+    k_pool, v_pool, table = paged_copy(t["k_cache"], t["v_cache"], page=4, seed=2)
+    with flash_attn.backends(attention_decode=decode_backend, **BACKENDS):
+        paged_out = flash_attn.flash_attn_with_kvcache(t["q"], k_pool, v_pool, k=t["k"], v=t["v"], rotary_cos=t["cos"],
+                                                       rotary_sin=t["sin"], cache_seqlens=seqlens, causal=True,
+                                                       block_table=table)
+    assert len(calls) == 2
     torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(paged_out, results[0][0])
     torch.testing.assert_close(results[0][1][0], results[1][1][0])
+    torch.testing.assert_close(k_pool[table.long()].reshape(results[0][1][0].shape), results[0][1][0])
