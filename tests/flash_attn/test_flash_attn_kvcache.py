@@ -106,6 +106,7 @@ def test_kvcache_matches_the_reference(name):
 
 def paged_copy(k_cache, v_cache, page, seed=0, spare=3):
     """A contiguous (B, S, Hkv, D) cache moved onto shuffled pages of a pool with spare pages."""
+    k_cache, v_cache = k_cache.cpu(), v_cache.cpu()
     batch, width = k_cache.shape[:2]
     blocks = -(-width // page)
     pool = batch * blocks + spare
@@ -117,21 +118,21 @@ def paged_copy(k_cache, v_cache, page, seed=0, spare=3):
             piece = slice(j * page, min(width, (j + 1) * page))
             count = piece.stop - piece.start
             k_pool[order[b, j], :count], v_pool[order[b, j], :count] = k_cache[b, piece], v_cache[b, piece]
-    return k_pool, v_pool, order.to(torch.int32)
+    return k_pool.to(DEVICE), v_pool.to(DEVICE), order.to(DEVICE, torch.int32)
 
 
 @pytest.mark.parametrize("page", [4, 7])
 def test_paged_kvcache_equals_the_contiguous_cache(page):
     """Append (crossing a page boundary) with rotary, GQA and causal on a shuffled paged pool: the
     same output and lse as the contiguous cache, and the pages hold what the contiguous rows hold."""
-    t = case_inputs(q_len=3, new_len=3, seed=page)
+    t = {name: x.to(DEVICE) for name, x in case_inputs(q_len=3, new_len=3, seed=page).items()}
     width = -(-SEQ_CACHE // page) * page
-    k_cache = torch.cat([t["k_cache"], torch.zeros(BATCH, width - SEQ_CACHE, KV_HEADS, HEAD_DIM)], dim=1)
-    v_cache = torch.cat([t["v_cache"], torch.zeros(BATCH, width - SEQ_CACHE, KV_HEADS, HEAD_DIM)], dim=1)
+    pad = torch.zeros(BATCH, width - SEQ_CACHE, KV_HEADS, HEAD_DIM, device=DEVICE)
+    k_cache, v_cache = torch.cat([t["k_cache"], pad], dim=1), torch.cat([t["v_cache"], pad], dim=1)
     k_pool, v_pool, table = paged_copy(k_cache, v_cache, page)
-    seqlens = torch.tensor([page - 1, 0, SEQ_CACHE - 3], dtype=torch.int32)
+    seqlens = torch.tensor([page - 1, 0, SEQ_CACHE - 3], dtype=torch.int32, device=DEVICE)
     common = dict(k=t["k"], v=t["v"], rotary_cos=t["cos"], rotary_sin=t["sin"], cache_seqlens=seqlens, causal=True,
-                  alibi_slopes=torch.full((HEADS,), 0.25), return_softmax_lse=True)
+                  alibi_slopes=torch.full((HEADS,), 0.25, device=DEVICE), return_softmax_lse=True)
     with flash_attn.backends(**BACKENDS):
         want, want_lse = flash_attn.flash_attn_with_kvcache(t["q"], k_cache, v_cache, **common)
         got, got_lse = flash_attn.flash_attn_with_kvcache(t["q"], k_pool, v_pool, block_table=table, **common)
@@ -193,8 +194,8 @@ def test_decode_case_runs_the_decode_op_and_equals_the_general_path(decode_backe
     calls = []
     real = flash_attn_interface.attention_decode
     monkeypatch.setattr(flash_attn_interface, "attention_decode", lambda *a, **k: calls.append(1) or real(*a, **k))
-    t = case_inputs(q_len=2, new_len=2, seed=21)
-    seqlens = torch.tensor([5, 0, 9], dtype=torch.int32)
+    t = {name: x.to(DEVICE) for name, x in case_inputs(q_len=2, new_len=2, seed=21).items()}
+    seqlens = torch.tensor([5, 0, 9], dtype=torch.int32, device=DEVICE)
     results = []
     for lse in (False, True):
         caches = [t["k_cache"].clone(), t["v_cache"].clone()]
