@@ -148,6 +148,7 @@ def test_the_lazy_facade_imports_on_first_use_and_keeps_the_name():
 # Module-level state that is not a memo: registries filled at import, and one-shot flags.
 NOT_CACHES = {
     "gpuparity.caches": {"_CLEARERS": "the cache registry itself"},
+    "gpuparity.checks.isolate": {"_CHILDREN": "the live worker processes, ended with the parent"},
     "gpuparity.backends.registry": {"_REGISTRY": "the backend registry, filled at import",
                                     "_LISTENERS": "callbacks told when the registry changes"},
     "gpuparity.known.probes.base": {"PROBES": "the probe registry, filled at import"},

@@ -4,9 +4,10 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from . import caches
 
 LOG = logging.getLogger("gpuparity")
-_WARNED = set()
+_WARNED = caches.register("cachedir.warned", set())
 _LOCK = threading.Lock()
 
 

@@ -13,6 +13,7 @@ from ..backends.masks import attention_kind
 from ..backends.registry import Problem
 from ..validation import (FLOAT_DTYPES, describe, expect_broadcastable, expect_same_device, expect_same_dtype,
                           expect_tensor)
+from .. import caches
 
 
 # ----------------------------------------------------------------------------- attention
@@ -156,7 +157,7 @@ def attention_problem(q, k, v, *, attn_mask=None, key_padding_mask=None, is_caus
 # requires_grad), each other argument's type and value. Values of a type the signature does not
 # describe exactly (a list window, a numpy float) are validated on every call.
 _PLAIN = (type(None), bool, int, float)
-_SIGNED: Dict[tuple, Tuple[Problem, Dict[str, Any]]] = {}
+_SIGNED: Dict[tuple, Tuple[Problem, Dict[str, Any]]] = caches.register("ops.calls.signed", {})
 _SIGNED_MAX = 1024
 
 
@@ -295,7 +296,7 @@ def rotary_kind(interleaved: bool, cu_seqlens) -> str:
 # their _versions, the check's result). A model passes the same cu_seqlens / offsets to every
 # layer, so only the first call of a step pays the sync; an in-place change bumps _version and
 # is checked again; the weakrefs rule out new tensors that reuse freed ones' ids.
-_VALUES_CHECKED: Dict[tuple, tuple] = {}
+_VALUES_CHECKED: Dict[tuple, tuple] = caches.register("ops.calls.values_checked", {})
 _VALUES_CHECKED_MAX = 256
 
 
