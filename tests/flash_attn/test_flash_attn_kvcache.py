@@ -48,6 +48,7 @@ CASES = {
     "leftpad_alibi_window": dict(leftpad=True, alibi=True, window=(6, 1)),
     "batch_idx_causal_alibi_per_head": dict(batch_idx=True, causal=True, alibi="head"),
     "no_new_kv_causal_q_longer_than_some_caches": dict(new=False, causal=True, q_len=5),
+    "no_new_kv_right_window_not_causal": dict(new=False, window=(-1, 2), q_len=5, alibi=True),
 }
 
 

@@ -186,7 +186,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         k, v = _unpage(k, v, block_table, cu_seqlens_k)
     left, right = C.window_bounds(window_size, causal)
     max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
-    # sides wide enough to bound no query of any sequence: unbounded (as FlashAttention clips them)
+    # sides too wide to bound any query of any sequence (left >= Sk - 1, right >= Sq - 1): unbounded
     left = -1 if left >= max_seqlen_k else left
     right = -1 if right >= max_seqlen_q else right
     varlen_causal = (left, right) == (-1, 0)
@@ -324,8 +324,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             raise FlashAttnArgumentError(f"cache_seqlens: expected 0 <= cache_seqlens and cache_seqlens + seqlen_new "
                                          f"({new_len}) <= seqlen_cache ({width}), got {seqlens.tolist()}")
     left, right = C.window_bounds(window_size, causal)
+    # FlashAttention rotates q at cache_seqlens + i when causal or local, judged after its C++
+    # turns a side >= the cache's length into unbounded
+    local = (0 <= left < width) or (0 <= right < width)
+    # sides too wide to bound any query (left >= Sk - 1, right >= Sq - 1): unbounded
     left = -1 if left >= width else left
-    right = -1 if right >= width else right
+    right = -1 if right > 0 and right >= q_len - 1 else right
     if rotary_cos is not None or rotary_sin is not None:
         if k is None:
             raise FlashAttnArgumentError("rotary_cos: rotary embedding applies to new keys; pass k and v with it "
@@ -334,7 +338,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             raise FlashAttnArgumentError("rotary_cos, rotary_sin: pass both or neither")
         rotate = dict(interleaved=bool(rotary_interleaved), seqlen_offsets=seqlens, backend=_BACKENDS["rotary"])
         k = apply_rotary(k, rotary_cos, rotary_sin, **rotate)
-        if left >= 0 or right >= 0:   # causal or local: query i at position cache_seqlens + i
+        if local:                     # causal or local: query i at position cache_seqlens + i
             q = apply_rotary(q, rotary_cos, rotary_sin, **rotate)
         else:                         # otherwise every query at position cache_seqlens
             q = apply_rotary(q.reshape(batch, 1, q_len * heads, head_dim), rotary_cos, rotary_sin,
