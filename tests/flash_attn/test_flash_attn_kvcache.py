@@ -215,3 +215,20 @@ def test_decode_case_runs_the_decode_op_and_equals_the_general_path(decode_backe
     torch.testing.assert_close(paged_out, results[0][0])
     torch.testing.assert_close(results[0][1][0], results[1][1][0])
     torch.testing.assert_close(k_pool[table.long()].reshape(results[0][1][0].shape), results[0][1][0])
+
+
+def test_gpuparity_attention_decode_return_lse():
+    """gpuparity.attention_decode(return_lse=True): (out, lse (B, H, Sq)), bottom-right on each
+    item's length, -inf for a query that sees no key."""
+    import gpuparity
+    t = case_inputs(q_len=3, seed=30)
+    q, k_cache, v_cache = (t[n].to(DEVICE) for n in ("q", "k_cache", "v_cache"))
+    seqlens = torch.tensor([5, 1, SEQ_CACHE], dtype=torch.int32, device=DEVICE)
+    args = (q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2), seqlens)
+    out, lse = gpuparity.attention_decode(*args, backend="composition", softcap=3.0, return_lse=True)
+    torch.testing.assert_close(out, gpuparity.attention_decode(*args, backend="composition", softcap=3.0))
+    _, want, empty = reference(t["q"].double(), t["k_cache"].double(), t["v_cache"].double(), causal=True,
+                               softcap=3.0, k_lens=seqlens.cpu(), q_lens=torch.full((BATCH,), 3))
+    assert empty.any() and torch.isneginf(lse.cpu()[empty.view(BATCH, 1, 3).expand(BATCH, HEADS, 3)]).all()
+    finite = torch.isfinite(want)
+    torch.testing.assert_close(lse.cpu().double()[finite], want[finite], rtol=1e-5, atol=1e-5)

@@ -200,3 +200,20 @@ def test_bert_padding_round_trip_and_varlen_equals_dense_with_padding():
         for b, n in enumerate(used.tolist()):
             alone = x[b:b + 1, :n]
             torch.testing.assert_close(out[b, :n], flash_attn.flash_attn_func(alone, alone, alone, causal=True)[0])
+
+
+@pytest.mark.parametrize("flags", [dict(causal=True), dict(window=(2, 1), softcap=2.0)])
+def test_gpuparity_attention_varlen_return_lse(flags):
+    """gpuparity.attention_varlen(return_lse=True): (out, lse (H, total_q)), -inf where a row sees no key."""
+    import gpuparity
+    qkv, _ = packed_inputs(seed=9)
+    cu_q, cu_k = cumulative(Q_LENS), cumulative(K_LENS)
+    out, lse = gpuparity.attention_varlen(*qkv, cu_q, cu_k, max(Q_LENS), max(K_LENS), backend="composition",
+                                          return_lse=True, **flags)
+    torch.testing.assert_close(out, gpuparity.attention_varlen(*qkv, cu_q, cu_k, max(Q_LENS), max(K_LENS),
+                                                               backend="composition", **flags))
+    ref_flags = dict(causal=flags.get("causal", False), window=flags.get("window", (-1, -1)),
+                     softcap=flags.get("softcap", 0.0))
+    _, want, empty = padded_reference(*[t.cpu().double() for t in qkv], **ref_flags)
+    assert lse.shape == (HEADS, sum(Q_LENS)) and torch.isneginf(lse.cpu()[:, empty]).all()
+    torch.testing.assert_close(lse.cpu().double()[:, ~empty], want[:, ~empty], rtol=1e-5, atol=1e-5)

@@ -80,7 +80,8 @@ def decode_problem(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=No
 
 
 # ----------------------------------------------------------------------------- public API
-def attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, backend: str = "auto"):
+def attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, backend: str = "auto",
+                     return_lse: bool = False):
     """Attention of Sq (1-16) new queries per item against a KV cache.
 
     q: (B, H, Sq, D); k_cache, v_cache: (B, Hkv, S_max, D), H % Hkv == 0 (GQA);
@@ -92,9 +93,22 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=
     CPU: a check of device values would cost a sync per step). softcap=c: scores become
     c * tanh(s / c). Inference only: raises if a tensor requires grad. Returns (B, H, Sq, D).
     backend: "auto" or a name from gpuparity.dispatch.backends("attention_decode").
+    return_lse=True: returns (out, lse), lse the fp32 (B, H, Sq) log-sum-exp of each query's scores
+    over the keys it sees (-inf for none; a separate pass over the cache, not the kernel's).
     """
     if not isinstance(backend, str):
         raise TypeError(f"backend: expected a backend name (str) or 'auto', got {describe(backend)}")
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse: expected a bool, got {describe(return_lse)}")
+    if return_lse:
+        from .attention import attention_lse
+        out = attention_decode(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap, backend=backend)
+        q_len, s_max = q.shape[2], k_cache.shape[2]
+        # query i of item b sees keys j < cache_seqlens[b] - Sq + 1 + i (lengths clamped as the kernels do)
+        ends = cache_seqlens.long().clamp(0, s_max).view(-1, 1, 1, 1) - q_len + 1 + \
+            torch.arange(q_len, device=q.device).view(1, 1, q_len, 1)
+        allowed = torch.arange(s_max, device=q.device).view(1, 1, 1, s_max) < ends
+        return out, attention_lse(q, k_cache, attn_mask=allowed, scale=scale, softcap=softcap)
     problem = decode_problem(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap)
     if torch.compiler.is_compiling():  # traced: one torch.library op that chooses its backend when it runs
         return torch.ops.gpuparity.attention_decode(q, k_cache, v_cache, cache_seqlens,
