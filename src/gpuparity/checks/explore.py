@@ -75,7 +75,7 @@ def explore(seconds: float, ops: Optional[Sequence[str]], device, dtypes=None, b
             picks.setdefault(key[0], []).append(case)
         if not picks:
             break
-        tasks, decided = plan(list(picks), level, device, dtypes, backends, impl, seed, cases=picks)
+        tasks, decided = plan(list(picks), level, device, dtypes, backends, impl, seed, cases=picks, sized_level="full")
         for result in decided:
             found.append(result)
             if on_result:

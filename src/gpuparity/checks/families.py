@@ -61,31 +61,40 @@ def _rng(*parts) -> random.Random:
     return random.Random(zlib.crc32("/".join(str(p) for p in parts).encode()))
 
 
-def select(spec, level: str, seed: int, implementations: int = 1) -> List[Tuple[Family, "Case"]]:
-    """The family members `level` runs for `spec`: anchors, then a seeded sample (one or a few
-    per family); sized families: every member (the budget decides, plan.py). At the default
-    level with several implementations to check (the doctor: every backend of the op), each
-    family gets one seeded member, so the run stays near the listed cases' time; one
-    implementation (check --impl) gets every anchor and a sample."""
+def select(spec, level: str, seed: int, deep: bool = True,
+           fits: Optional[Callable[["Case"], Optional[str]]] = None) -> Tuple[List["Case"], List[Tuple["Case", str]]]:
+    """(the family members `level` runs for `spec`, sized members that cannot run here with why).
+
+    deep (one op, one implementation: check --impl, check --backend X): each family's anchors
+    and a seeded sample (one at the default level, four at full); every sized member that
+    `fits`. Not deep (the doctor, a check of every backend): at the default level one seeded
+    member per family (an anchor where it has some) and one of the cheapest sized members that
+    fit, so the run stays near the listed cases' time; --level full as deep."""
     from .specs.base import LEVELS  # specs import this module to declare their families
     if level == "quick":
-        return []
-    chosen: List[Tuple[Family, "Case"]] = []
+        return [], []
+    wide = level == "default" and not deep
+    chosen: List["Case"] = []
+    skipped: List[Tuple["Case", str]] = []
     for fam in spec.families():
         if LEVELS.index(fam.level) > LEVELS.index(level):
             continue
-        members = list(fam.members)
+        members = [fam.case(spec.make_case, label, params) for label, params in fam.members]
         rng = _rng(seed, spec.op, fam.name, level)
         if fam.sized:
-            picked = members
-        elif level == "default" and implementations > 1:
-            picked = [rng.choice(members[:fam.anchors] or members)]
+            reasons = {case.name: fits(case) if fits else None for case in members}
+            skipped += [(case, reasons[case.name]) for case in members if reasons[case.name]]
+            fitting = [case for case in members if not reasons[case.name]]
+            if wide and fitting:
+                least = min(spec.work(case.params) or 0 for case in fitting)
+                fitting = [rng.choice([case for case in fitting if (spec.work(case.params) or 0) <= 2 * least])]
+            chosen += fitting
+        elif wide:
+            chosen.append(rng.choice(members[:fam.anchors] or members))
         else:
             rest = members[fam.anchors:]
-            count = min(len(rest), SAMPLES.get(level, 1))
-            picked = members[:fam.anchors] + rng.sample(rest, count)
-        chosen += [(fam, fam.case(spec.make_case, label, params)) for label, params in picked]
-    return chosen
+            chosen += members[:fam.anchors] + rng.sample(rest, min(len(rest), SAMPLES.get(level, 1)))
+    return chosen, skipped
 
 
 def pool(spec) -> Dict[str, Case]:

@@ -67,10 +67,11 @@ def validate_device(device: torch.device) -> None:
 def plan(ops: Optional[Sequence[str]] = None, level: str = "default", device="cpu",
          dtypes: Optional[Sequence[str]] = None, backends: Optional[Sequence[str]] = None,
          impl: Optional[str] = None, seed: int = 0, case_filter: Optional[Callable] = None,
-         cases: Optional[Dict[str, Sequence[Case]]] = None):
+         cases: Optional[Dict[str, Sequence[Case]]] = None, sized_level: Optional[str] = None):
     """(tasks to run, results already decided: SKIP with a reason). The cases of an op: its
     listed cases of `level` and its families' members the level selects (checks/families.py),
-    or exactly `cases[op]` where given (named cases, explore's draws)."""
+    or exactly `cases[op]` where given (named cases, explore's draws). `sized_level`: the level
+    whose budget decides which long cases run (default: `level`; explore uses full's)."""
     if level not in LEVELS:
         raise ValueError(f"level: expected one of {list(LEVELS)}, got {level!r}")
     device = normalize_device(device)
@@ -93,18 +94,29 @@ def plan(ops: Optional[Sequence[str]] = None, level: str = "default", device="cp
             if backends:
                 available = [b for b in available if b.name in backends]
             candidates = [(b.name, b) for b in available]
+        one_dtype = {}
         if cases is not None and op in cases:
             op_cases = list(cases[op])
         else:
             op_cases = [case for case in spec.cases() if case.at(level)]
-            op_cases += [case for _, case in families.select(spec, level, seed,
-                                                             _implementations(spec, candidates, op_dtypes, device))]
+            deep = len(ops) == 1 and _implementations(spec, candidates, op_dtypes, device) == 1
+            members, too_big_members = families.select(
+                spec, level, seed, deep,
+                lambda case: _sized_reason(spec, case, level, device,
+                                           _serving(spec, case, candidates, op_dtypes, device, level)))
+            op_cases += members + [case for case, _ in too_big_members]
+            if not deep and level == "default":
+                # the doctor's sample: each family member in one dtype (seeded), not in all of them
+                runnable = [d for d in op_dtypes if _runs_in(members[0], d, op_dtypes, level)] if members else []
+                one_dtype = {case.name: runnable[task_seed(seed, op, case.name, "") % len(runnable)]
+                             for case in members} if runnable else {}
         for case in op_cases:
             if case_filter and not case_filter(op, case):
                 continue
-            too_big = _sized_reason(spec, case, level, device, _serving(spec, case, candidates, op_dtypes, device, level))
+            too_big = _sized_reason(spec, case, sized_level or level, device,
+                                    _serving(spec, case, candidates, op_dtypes, device, level))
             for dtype in op_dtypes:
-                if not _runs_in(case, dtype, op_dtypes, level):
+                if not _runs_in(case, dtype, op_dtypes, level) or one_dtype.get(case.name, dtype) != dtype:
                     continue
                 seed_here = task_seed(seed, op, case.name, dtype_name(dtype))
                 for name, backend in candidates:

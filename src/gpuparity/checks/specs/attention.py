@@ -86,7 +86,8 @@ class AttentionSpec(OpSpec):
         return _case(name, level, **overrides)
 
     def work(self, p):
-        return p["B"] * p["H"] * p["Sq"] * p["Sk"]
+        # the scores, and the inputs and gradients (a few copies of each, float64)
+        return p["B"] * p["H"] * (p["Sq"] * p["Sk"] + 4 * (p["Sq"] + p["Sk"]) * p["D"])
 
     def kind(self, params):
         masks = self._mask_tensors_meta(params)
@@ -249,7 +250,8 @@ def _families():
 
     tile = [("sq192_sk192_bool_d64", dict(Sq=192, D=64, mask="bool")),
             ("sq127_sk129_padding", with_lengths(dict(Sq=127, Sk=129, mask="key_padding"))),
-            ("sq65_sk320_causal", dict(Sq=65, Sk=320, causal=True))]
+            ("sq65_sk320_causal", dict(Sq=65, Sk=320, causal=True)),
+            ("sq320_sk192_plain", dict(B=1, Sq=320, Sk=192))]
     for i, size in enumerate(tile_sizes):
         tile.append((f"sq{size}_sk{size}", with_lengths(dict(Sq=size, **masks[i % len(masks)]))))
         other = tile_sizes[(i * 7 + 3) % len(tile_sizes)]
@@ -284,9 +286,9 @@ def _families():
     batch = [("b5_bool_padding", dict(B=5, Sq=24, Sk=40, mask="bool+key_padding", lengths=[40, 1, 33, 17, 8])),
              ("b3_float_b1qk", dict(B=3, Sq=20, Sk=36, mask="float", mask_shape="b1qk")),
              ("b4_causal_padding", dict(B=4, Sq=30, causal=True, mask="key_padding", lengths=[30, 29, 12, 2])),
+             ("b3_plain_d64", dict(B=3, Sq=33, D=64)),
              ("b6_bool_bhqk", dict(B=6, H=2, Sq=12, Sk=19, mask="bool", mask_shape="bhqk")),
-             ("b8_gqa_padding", dict(B=8, H=4, Hkv=2, Sq=16, mask="key_padding", lengths=[16, 15, 9, 8, 4, 3, 2, 1])),
-             ("b3_plain_d64", dict(B=3, Sq=33, D=64))]
+             ("b8_gqa_padding", dict(B=8, H=4, Hkv=2, Sq=16, mask="key_padding", lengths=[16, 15, 9, 8, 4, 3, 2, 1]))]
 
     values = [("massive_neg_bool_mask_d64", dict(value="massive_neg", Sq=64, D=64, mask="bool")),
               ("massive_neg_float_mask_sk192", dict(value="massive_neg", Sq=192, D=64, mask="float",
@@ -301,9 +303,9 @@ def _families():
               ("denormal_kv", dict(Sq=24, mask="bool", values={"k": "denormal_mix", "v": "denormal_mix"}))]
 
     mask_forms = [("all_true_bool_b1qk", dict(Sq=32, Sk=48, mask="bool", mask_fill="all_true")),
+                  ("all_true_bool_qk", dict(Sq=24, mask="bool", mask_shape="qk", mask_fill="all_true")),
                   ("causal_as_bool_mask", dict(Sq=40, mask="bool", mask_shape="qk", mask_fill="causal")),
                   ("finfo_min_float_b1qk", dict(Sq=24, Sk=40, mask="float", mask_fill="finfo_min")),
-                  ("all_true_bool_qk", dict(Sq=24, mask="bool", mask_shape="qk", mask_fill="all_true")),
                   ("all_true_bool_bhqk_padding", dict(Sq=20, mask="bool+key_padding", mask_shape="bhqk",
                                                       mask_fill="all_true", lengths=[20, 7])),
                   ("causal_as_bool_sq_gt_sk", dict(Sq=48, Sk=20, mask="bool", mask_shape="b1qk", mask_fill="causal")),
@@ -326,6 +328,7 @@ def _families():
 
     head_dims = [("d128_sq40_sk72_bool", dict(D=128, Sq=40, Sk=72, mask="bool")),
                  ("d128_sq72_sk40_causal", dict(D=128, Sq=72, Sk=40, causal=True)),
+                 ("d128_sq17_sk33_plain", dict(D=128, Sq=17, Sk=33)),
                  ("d128_sq65_sk192_padding", dict(D=128, Sq=65, Sk=192, mask="key_padding", lengths=[192, 64])),
                  ("d64_sq33_sk17", dict(D=64, Sq=33, Sk=17, mask="bool")),
                  ("d8_sq20", dict(D=8, Sq=20)), ("d24_sq20_sk9", dict(D=24, Sq=20, Sk=9)),
@@ -344,14 +347,14 @@ def _families():
                                               [("bool", dict(mask="bool")), ("causal", dict(causal=True)),
                                                ("padding", dict(mask="key_padding", lengths=[24, 3])),
                                                ("plain", {}), ("float", dict(mask="float", mask_shape="qk"))])]
-    return [fam.family("tile", tile, anchors=3, draw=draw_tile),
+    return [fam.family("tile", tile, anchors=4, draw=draw_tile),
             fam.family("seq_ratio", ratio, anchors=2),
             fam.family("long", long, sized=True),
-            fam.family("batch", batch, anchors=1),
+            fam.family("batch", batch, anchors=3),
             fam.family("values", values, anchors=2),
-            fam.family("masks", mask_forms, anchors=3),
+            fam.family("masks", mask_forms, anchors=4),
             fam.family("layouts", layouts, anchors=3),
-            fam.family("head_dim", head_dims, anchors=2),
+            fam.family("head_dim", head_dims, anchors=3),
             fam.family("gqa", gqa, anchors=0),
             fam.family("scale", scales, anchors=0)]
 

@@ -111,8 +111,8 @@ FAMILIES = [
                                                          offsets=[0, 5, 11]))]
                + fam.view_members(("x",), ("sliced", "transposed", "expanded"), base=dict(B=3, offsets=[0, 5, 11]))
                + fam.view_members(("cos", "sin"), ("offset", "sliced"))),
-    fam.family("long", [("s4160_offsets", dict(B=2, S=4160, H=1, D=64, offsets=[0, 64])),
-                        ("s16448_interleaved", dict(B=1, S=16448, H=1, D=32, interleaved=True))]),
+    fam.family("long", [("s4160_offsets", dict(B=2, S=4160, H=1, D=16, offsets=[0, 64])),
+                        ("s16448_interleaved", dict(B=1, S=16448, H=1, D=16, interleaved=True))]),
 ]
 
 

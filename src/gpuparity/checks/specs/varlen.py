@@ -129,7 +129,7 @@ class VarlenSpec(OpSpec):
 
 
 FAMILIES = [
-    fam.family("tile", [("lens_192_65_127", dict(q_lens=[192, 65, 127], k_lens=[192, 129, 63], D=64)),
+    fam.family("tile", [("lens_192_65_127", dict(q_lens=[192, 65, 127], k_lens=[192, 129, 63], H=1, D=32)),
                         ("lens_64_63_causal", dict(q_lens=[64, 63, 1], k_lens=[64, 65, 1], causal=True)),
                         ("lens_320_gqa", dict(q_lens=[320, 31], k_lens=[320, 33], H=4, Hkv=2)),
                         ("lens_128_129_window", dict(q_lens=[128, 129], window=[64, 0], causal=True))]),
