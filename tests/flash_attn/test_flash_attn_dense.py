@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from device_env import TEST_DEVICE, require_device  # sets TRITON_INTERPRET=1 on the CPU
+from device_env import TEST_DEVICE, require_device, size  # sets TRITON_INTERPRET=1 on the CPU
 
 import gpuparity
 import gpuparity.flash_attn as flash_attn
@@ -40,7 +40,8 @@ def check_dense(qkv, grad, backend="composition", **kwargs):
 
 
 # (Sq, Sk) both ways; windows that stay a top-left window after the shift and ones that cannot
-@pytest.mark.parametrize("lengths", [(5, 9), (9, 4)])
+# (on a GPU run, FlashAttention's test sizes: 113 x 203 and 1024 x 128)
+@pytest.mark.parametrize("lengths", [(size(5, 113), size(9, 203)), (size(9, 1024), size(4, 128))])
 @pytest.mark.parametrize("flags", [dict(causal=True), dict(window_size=(2, 1)), dict(window_size=(0, 3)),
                                    dict(causal=True, window_size=(3, 5)), dict(window_size=(-1, 0)),
                                    dict(window_size=torch.tensor([1, 0]))])
