@@ -20,6 +20,13 @@ class FlashAttnArgumentError(ValueError, RuntimeError):
     what FlashAttention's own checks raise: code written against flash_attn catches either."""
 
 
+def capturing(device) -> bool:
+    """True while torch.compile traces or a CUDA graph is captured: checks that read device values
+    on the host (a sync) are skipped then."""
+    return torch.compiler.is_compiling() or (torch.device(device).type == "cuda"
+                                             and torch.cuda.is_current_stream_capturing())
+
+
 # ----------------------------------------------------------------------------- scalars
 def window_bounds(window_size, causal) -> Tuple[int, int]:
     """(left, right) with -1 for an unbounded side; causal sets right = 0 (FlashAttention)."""
@@ -182,7 +189,7 @@ def check_block_table(block_table, batch: int, pool: torch.Tensor, needed: torch
     num_blocks, page = pool.shape[0], pool.shape[1]
     if page < 1:
         raise FlashAttnArgumentError(f"k_cache: expected pages of page_block_size >= 1 tokens, got {describe(pool)}")
-    if torch.compiler.is_compiling() or (pool.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+    if capturing(pool.device):
         return
     capacity = block_table.shape[1] * page
     longest = int(needed.max()) if needed.numel() else 0

@@ -313,7 +313,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     ends = seqlens + new_len
     if paged:
         C.check_block_table(block_table, batch, k_cache, ends, "cache_seqlens + seqlen_new")
-    elif not torch.compiler.is_compiling():
+    elif not C.capturing(device):
         if batch_idx is not None and batch and (int(batch_idx.min()) < 0 or int(batch_idx.max()) >= k_cache.shape[0]):
             raise FlashAttnArgumentError(f"cache_batch_idx: expected rows of k_cache in [0, {k_cache.shape[0]}), got "
                                          f"{batch_idx.tolist()}")
@@ -353,11 +353,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             where = ((items if batch_idx is None else batch_idx[items]), positions)
         k_cache.index_put_(where, k)
         v_cache.index_put_(where, v)
+    # read keys only up to the longest item (the checks above already read the lengths on the host)
+    span = width if C.capturing(device) or not batch else max(1, min(width, int(ends.max())))
     if paged:
-        keys, values = C.gather_pages(k_cache, block_table, width), C.gather_pages(v_cache, block_table, width)
+        keys, values = C.gather_pages(k_cache, block_table, span), C.gather_pages(v_cache, block_table, span)
     else:
         # without cache_batch_idx the cache's first rows, as views (no copy)
-        keys, values = (k_cache[:batch], v_cache[:batch]) if batch_idx is None else (k_cache[batch_idx], v_cache[batch_idx])
+        keys, values = ((k_cache[:batch, :span], v_cache[:batch, :span]) if batch_idx is None else
+                        (k_cache[batch_idx, :span], v_cache[batch_idx, :span]))
     if alibi_slopes is None and leftpad is None and left < 0 and (right == 0 or q_len == 1) and \
             q_len <= MAX_NEW_QUERIES and not return_softmax_lse:
         # FlashAttention's decode case (causal; one query needs no mask): the split-KV decode kernel
@@ -367,10 +370,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                backend=_BACKENDS["attention_decode"])
         return out.transpose(1, 2).contiguous()
     q_lens = torch.full((batch,), q_len, dtype=torch.long, device=device)
-    allowed = C.item_allowed(q_lens, ends, q_len, width, left, right, key_start=leftpad)
+    allowed = C.item_allowed(q_lens, ends, q_len, span, left, right, key_start=leftpad)
     bias = None
     if alibi_slopes is not None:
-        bias = C.alibi_bias(C.check_slopes(alibi_slopes, batch, heads, device), q_len, width, ends - q_len)
+        bias = C.alibi_bias(C.check_slopes(alibi_slopes, batch, heads, device), q_len, span, ends - q_len)
     mask = C.with_bias(allowed, bias)
     result = attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask,
                        scale=softmax_scale, softcap=C.softcap_value(softcap), backend=_BACKENDS["attention"],
