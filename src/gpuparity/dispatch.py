@@ -26,7 +26,8 @@ __all__ = ["Backend", "BackendUnavailable", "Problem", "Verdict", "backends", "e
            "register", "resolve", "unregister"]
 
 Verdict = Callable[[Problem, Backend], Dict[str, Any]]
-Rank = Callable[[Problem, List[Backend]], List[Tuple[Backend, str]]]
+# rank(problem, candidates) -> [(backend, why, stored verdict or None)], the order to try them in
+Rank = Callable[[Problem, List[Backend]], List[Tuple[Backend, str, Optional[Dict[str, Any]]]]]
 LOG = logging.getLogger("gpuparity")
 SLOW_RESOLUTION_S = 1.0   # a resolution slower than this (it verified a backend) logs one INFO line
 
@@ -120,7 +121,8 @@ def resolve(problem: Problem, backend: str = "auto", *, verdict: Optional[Verdic
             raise BackendUnavailable(f"backend={backend!r} cannot serve this {problem.op} call: " + "; ".join(reasons))
     else:
         started = time.monotonic()
-        chosen = explain(problem, verdict=verdict, rank=rank)["chosen_backend"]
+        chosen = (_explain_ranked(problem, verdict, rank, full=False) if rank is not None
+                  else explain(problem, verdict=verdict))["chosen_backend"]
         took = time.monotonic() - started
         if took > SLOW_RESOLUTION_S:
             # the library never prints: one line through logging, shown only where the user asks
@@ -137,7 +139,8 @@ def explain(problem: Problem, *, verdict: Optional[Verdict], rank: Optional[Rank
 
     Without `rank`, every candidate's verdict is asked and the fastest that passed wins. With
     it, verdicts are asked in rank order and the first that passed wins (or the composition,
-    where the rank puts it first); the candidates after it are "unchecked".
+    where the rank puts it first); the candidates after it are not verified for the choice:
+    their declared reasons and any verdict already stored are shown, else "unchecked".
 
     Returns {"chosen": name, "chosen_backend": Backend, "candidates": [{name, status, reason, time_ms}]}.
     """
@@ -145,7 +148,7 @@ def explain(problem: Problem, *, verdict: Optional[Verdict], rank: Optional[Rank
         raise TypeError("verdict: backend='auto' needs a verdict callable (problem, backend) -> dict; "
                         "gpuparity.ops.select hands it the probe cache's")
     if rank is not None:
-        return _explain_ranked(problem, verdict, rank)
+        return _explain_ranked(problem, verdict, rank, full=True)
     rows = []
     verified: List[Tuple[float, Backend]] = []
     fallback: Optional[Backend] = None
@@ -180,7 +183,10 @@ def explain(problem: Problem, *, verdict: Optional[Verdict], rank: Optional[Rank
     return {"chosen": chosen.name, "chosen_backend": chosen, "candidates": rows}
 
 
-def _explain_ranked(problem: Problem, verdict: Verdict, rank: Rank) -> Dict[str, Any]:
+def _explain_ranked(problem: Problem, verdict: Verdict, rank: Rank, full: bool) -> Dict[str, Any]:
+    """The ranked walk. `full` (explain): the rows after the choice get their declared reasons
+    and stored verdicts too; resolve leaves them out (some declarations cost seconds: the
+    compile backend tries torch.compile)."""
     rows = []
     candidates: List[Backend] = []
     for candidate in backends(problem.op):
@@ -188,34 +194,43 @@ def _explain_ranked(problem: Problem, verdict: Verdict, rank: Rank) -> Dict[str,
             rows.append({"name": candidate.name, "status": "never-auto", "reason": "only used when named"})
         else:
             candidates.append(candidate)
-    ranked = list(rank(problem, list(candidates)))
-    named = {b.name for b, _ in ranked}
+    ranked = [(entry[0], entry[1], entry[2] if len(entry) > 2 else None) for entry in rank(problem, list(candidates))]
+    named = {b.name for b, _, _ in ranked}
     # what the rank left out comes after what it named, the composition last of all
-    ranked += [(b, "not ranked") for b in candidates if b.name not in named and not b.fallback]
-    ranked += [(b, "last resort") for b in candidates if b.name not in named and b.fallback]
+    ranked += [(b, "not ranked", None) for b in candidates if b.name not in named and not b.fallback]
+    ranked += [(b, "last resort", None) for b in candidates if b.name not in named and b.fallback]
     chosen: Optional[Backend] = None
-    for candidate, why in ranked:
-        if chosen is not None:
-            # declarations are not asked either: some cost seconds (the compile backend tries torch.compile)
-            rows.append({"name": candidate.name, "status": "unchecked",
-                         "reason": f"ranked after {chosen.name} ({why}); not asked for this choice"})
+    for candidate, why, stored in ranked:
+        if chosen is not None and not full:
             continue
         reasons = candidate.reasons(problem)
         if reasons:
             rows.append({"name": candidate.name, "status": "unsupported", "reason": "; ".join(reasons)})
+        elif chosen is not None:
+            after = f"ranked after {chosen.name} ({why})"
+            if candidate.fallback:
+                rows.append({"name": candidate.name, "status": "fallback", "reason": f"trusted composition, {after}"})
+            elif stored is None:
+                rows.append({"name": candidate.name, "status": "unchecked", "reason": f"{after}; not verified yet"})
+            else:
+                rows.append(_verdict_row(candidate, stored, after))
         elif candidate.fallback:
             chosen = candidate
             rows.append({"name": candidate.name, "status": "fallback", "reason": f"trusted composition ({why})"})
         else:
-            outcome = verdict(problem, candidate)
-            if outcome.get("passed"):
+            row = _verdict_row(candidate, verdict(problem, candidate), why)
+            rows.append(row)
+            if row["status"] == "verified":
                 chosen = candidate
-                time_ms = outcome.get("time_ms")
-                rows.append({"name": candidate.name, "status": "verified", "reason": f"{outcome.get('reason', '')} ({why})",
-                             "time_ms": float(time_ms) if time_ms is not None else float("inf")})
-            else:
-                rows.append({"name": candidate.name, "status": "failed-probe", "reason": outcome.get("reason", "")})
     if chosen is None:
         raise BackendUnavailable(f"no backend can serve this {problem.op} call: " +
                                  "; ".join(f"{r['name']}: {r['reason']}" for r in rows))
     return {"chosen": chosen.name, "chosen_backend": chosen, "candidates": rows}
+
+
+def _verdict_row(candidate: Backend, outcome: Dict[str, Any], why: str) -> Dict[str, Any]:
+    if outcome.get("passed"):
+        time_ms = outcome.get("time_ms")
+        return {"name": candidate.name, "status": "verified", "reason": f"{outcome.get('reason', '')} ({why})",
+                "time_ms": float(time_ms) if time_ms is not None else float("inf")}
+    return {"name": candidate.name, "status": "failed-probe", "reason": outcome.get("reason", "")}

@@ -151,9 +151,15 @@ def test_auto_uses_triton_once_the_battery_verified_it():
     assert out.shape == qkv[0].shape
 
 
-def test_auto_never_picks_a_backend_that_fails_the_battery():
+def test_auto_never_picks_a_backend_that_fails_the_battery(monkeypatch):
+    from gpuparity.checks import priors
+
     def off_by_a_bit(q, k, v, *args, **kwargs):
         return composition_varlen(q, k, v, *args, **kwargs) * 1.01
+
+    # ranked first on every device family, so that auto checks it before anything else
+    for family in priors.PRIORS:
+        monkeypatch.setitem(priors.PRIORS[family], "attention_varlen", ["planted_wrong"])
 
     register(Backend("planted_wrong", "attention_varlen", off_by_a_bit, "a planted wrong backend",
                      device_types=("cpu", "cuda")))

@@ -229,18 +229,21 @@ def _time_of(found: Dict[str, Any], large: bool) -> Optional[float]:
     return None if found.get("time_ms") is None else float(found["time_ms"])
 
 
-def rank(problem: Problem, candidates: List[Backend]) -> List[Tuple[Backend, str]]:
-    """`candidates` in the order a first call tries them, each with why: those timed here
-    (doctor, background refinement) fastest first, then the rest in this device family's prior
-    order (checks/priors.py), the composition where the prior puts it, else last. Backends whose
-    stored verdict failed are left in (their verdict says no without a check)."""
+def rank(problem: Problem, candidates: List[Backend]) -> List[Tuple[Backend, str, Optional[Dict[str, Any]]]]:
+    """`candidates` in the order a first call tries them, each with why and its stored verdict
+    (None: none yet): those timed here (doctor, background refinement) fastest first, then the
+    rest in this device family's prior order (checks/priors.py), the composition where the prior
+    puts it, else last. Backends whose stored verdict failed are left in (their verdict says no
+    without a check)."""
     stored = verdicts_store.load(verdicts_store.cache_path(problem.device))
     large = get_spec(problem.op).is_large(problem)
     prior = priors.order(problem.op, problem.device, large)
-    timed, untimed = [], []
+    timed, untimed, found = [], [], {}
     for position, backend in enumerate(candidates):
-        found = stored.get(verdicts_store.probe_key(problem, backend)) if not backend.fallback else None
-        time_ms = _time_of(found, large) if found and found.get("passed") else None
+        verdict = stored.get(verdicts_store.probe_key(problem, backend)) if not backend.fallback else None
+        time_ms = _time_of(verdict, large) if verdict and verdict.get("passed") else None
+        # as probe_verdict answers it: a large call's time is the large timing case's
+        found[backend.name] = verdict if time_ms is None else {**verdict, "time_ms": time_ms}
         if time_ms is not None:
             timed.append((time_ms, position, backend))
         else:
@@ -248,8 +251,8 @@ def rank(problem: Problem, candidates: List[Backend]) -> List[Tuple[Backend, str
                 len(prior) + (len(candidates) if backend.fallback else position))
             untimed.append((where, position, backend))
     family = priors.family(problem.device)
-    return ([(b, f"{t:.3g} ms measured here") for t, _, b in sorted(timed, key=lambda x: x[:2])] +
-            [(b, f"{family} prior") for _, _, b in sorted(untimed, key=lambda x: x[:2])])
+    return ([(b, f"{t:.3g} ms measured here", found[b.name]) for t, _, b in sorted(timed, key=lambda x: x[:2])] +
+            [(b, f"{family} prior", found[b.name]) for _, _, b in sorted(untimed, key=lambda x: x[:2])])
 
 
 # ----------------------------------------------------------------------------- refinement

@@ -4,7 +4,7 @@ place the ops layer meets verification; `backend="auto"` in every op goes throug
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from .. import dispatch
 from ..backends.registry import Backend, Problem
@@ -19,10 +19,15 @@ def verdict(problem: Problem, backend: Backend) -> Dict[str, Any]:
     return known_avoid.veto(problem, probe.probe_verdict(problem, backend))
 
 
-def rank(problem: Problem, candidates: List[Backend]) -> List[Tuple[Backend, str]]:
+def rank(problem: Problem, candidates: List[Backend]) -> List[Tuple[Backend, str, Optional[Dict[str, Any]]]]:
     # the order auto tries candidates in (timed here, else the device family's prior): a first
-    # call verifies only the first that passes, not every backend (checks/probe.py)
-    return probe.rank(problem, candidates)
+    # call verifies only the first that passes, not every backend (checks/probe.py). The stored
+    # verdicts it returns beside them (shown by explain) get the same per-call veto as verdict's.
+    ranked = []
+    for entry in probe.rank(problem, candidates):   # (backend, why[, stored verdict])
+        stored = entry[2] if len(entry) > 2 else None
+        ranked.append((entry[0], entry[1], None if stored is None else known_avoid.veto(problem, stored)))
+    return ranked
 
 
 # resolve(problem, backend="auto") -> Backend. A partial, not a def: one Python frame fewer on
