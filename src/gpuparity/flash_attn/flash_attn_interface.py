@@ -5,8 +5,8 @@ values as FlashAttention 2.8, and its conventions: causal and window_size are bo
 when Sq != Sk, softcap=0.0 is off, ALiBi slopes add -slope * |i + Sk - Sq - j|. What each argument
 maps to, and which features are composed rather than fused, is in docs/attention.md
 ("FlashAttention's API"). Differences a caller can see: the S_dmask of return_attn_probs is None
-(never materialized), num_splits and deterministic are accepted and ignored (the backward has no
-atomics), and bad arguments raise FlashAttnArgumentError (a ValueError and a RuntimeError)
+(never materialized), num_splits and deterministic are accepted and ignored (gpuparity's Triton
+backward has no atomics; other backends are torch's own), and bad arguments raise FlashAttnArgumentError (a ValueError and a RuntimeError)
 naming the argument.
 """
 from __future__ import annotations
