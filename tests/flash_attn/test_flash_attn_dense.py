@@ -57,10 +57,11 @@ def test_bottom_right_on_the_triton_kernel_bf16():
     check_dense(qkv, grad, backend="triton", causal=True, softcap=4.0)
 
 
+@pytest.mark.parametrize("lengths", [(6, 11), (7, 7)])
 @pytest.mark.parametrize("per_batch", [False, True])
 @pytest.mark.parametrize("flags", [dict(), dict(causal=True), dict(window_size=(3, 2))])
-def test_alibi_with_masks_and_gqa(per_batch, flags):
-    qkv, grad = inputs(q_len=6, k_len=11)
+def test_alibi_with_masks_and_gqa(lengths, per_batch, flags):
+    qkv, grad = inputs(q_len=lengths[0], k_len=lengths[1])
     shape = (2, 4) if per_batch else (4,)
     slopes = (torch.rand(shape, generator=torch.Generator().manual_seed(5)) * 0.5 + 0.1).to(DEVICE)
     check_dense(qkv, grad, alibi_slopes=slopes, **flags)
