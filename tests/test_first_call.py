@@ -138,6 +138,7 @@ def test_a_slow_first_call_logs_one_info_line_and_no_warning(empty_cache, monkey
 
 def test_background_timings_refine_the_choice(empty_cache, monkeypatch):
     monkeypatch.setenv(probe.REFINE, "background")
+    monkeypatch.setattr(probe, "REFINE_QUIET_S", 0.2)   # shipped: 10 s after the last first-call check
     x, w = _rms_inputs()
     problem = norm_problem("rms_norm", x, (64,), w, None)
 

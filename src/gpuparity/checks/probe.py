@@ -15,6 +15,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -256,6 +257,11 @@ def rank(problem: Problem, candidates: List[Backend]) -> List[Tuple[Backend, str
 
 
 # ----------------------------------------------------------------------------- refinement
+# The background waits this long after the last first-call verification before it starts: the
+# first steps of a model meet several ops' first calls in a row, and the background's checks and
+# Triton compiles would compete with them for the host and the GPU.
+REFINE_QUIET_S = 10.0
+_LAST_VERIFY = [0.0]   # monotonic time the last first-call verification ended
 _REFINE_QUEUE: "queue.Queue[tuple]" = queue.Queue()
 _REFINE_ASKED = caches.register("checks.probe.refine_asked", set())   # (op, dtype, kind, device) already queued
 _REFINE_THREAD: Optional[threading.Thread] = None
@@ -287,6 +293,8 @@ def _refine_later(problem: Problem) -> None:
 def _refine_loop() -> None:
     while not _STOP.is_set():
         op, dtype, kind, device = _REFINE_QUEUE.get()
+        while not _STOP.is_set() and time.monotonic() - _LAST_VERIFY[0] < REFINE_QUIET_S:
+            _STOP.wait(min(1.0, REFINE_QUIET_S))
         try:
             found = probe_op(op, dtype, kind, device, workers=1, pool=_pool("refine"), budget=_UntilExit(1.0))
             if not _STOP.is_set() and found:
@@ -307,6 +315,7 @@ def probe_verdict(problem: Problem, backend: Backend) -> Dict[str, Any]:
     stored = verdicts_store.load(path)
     if key not in stored:
         found = verify(problem.op, problem.dtype, problem.kind, problem.device, backend.name)
+        _LAST_VERIFY[0] = time.monotonic()
         verdicts_store.store_verdicts(problem.device, found)
         stored = verdicts_store.load(path)
         if _refine_enabled(problem.device):
