@@ -350,7 +350,7 @@ def _families():
     return [fam.family("tile", tile, anchors=4, draw=draw_tile),
             fam.family("seq_ratio", ratio, anchors=2),
             fam.family("long", long, sized=True),
-            fam.family("batch", batch, anchors=3),
+            fam.family("batch", batch, anchors=4),
             fam.family("values", values, anchors=2),
             fam.family("masks", mask_forms, anchors=4),
             fam.family("layouts", layouts, anchors=3),
