@@ -107,9 +107,10 @@ def plan(ops: Optional[Sequence[str]] = None, level: str = "default", device="cp
             op_cases += members + [case for case, _ in too_big_members]
             if not deep and level == "default":
                 # the doctor's sample: each family member in one dtype (seeded), not in all of them
-                runnable = [d for d in op_dtypes if _runs_in(members[0], d, op_dtypes, level)] if members else []
-                one_dtype = {case.name: runnable[task_seed(seed, op, case.name, "") % len(runnable)]
-                             for case in members} if runnable else {}
+                for case in members:
+                    runnable = [d for d in op_dtypes if _runs_in(case, d, op_dtypes, level)]
+                    if runnable:
+                        one_dtype[case.name] = runnable[task_seed(seed, op, case.name, "") % len(runnable)]
         for case in op_cases:
             if case_filter and not case_filter(op, case):
                 continue

@@ -54,8 +54,11 @@ HIDDEN_SIZES = (63, 64, 65, 127, 128, 129, 255, 257, 511, 513, 1023, 1024, 1025,
 FAMILIES = [
     fam.family("sizes", [("hidden_129", dict(shape=(5, 129))), ("hidden_2049", dict(shape=(3, 2049)))]
                + [(f"hidden_{h}", dict(shape=(3, h))) for h in HIDDEN_SIZES if h not in (129, 2049)], anchors=2),
-    fam.family("rows", [("rows_129", dict(shape=(129, 32))), ("rows_1", dict(shape=(1, 96))),
-                        ("batch_5x3", dict(shape=(5, 3, 40))), ("rows_257_h65", dict(shape=(257, 65))),
+    # many rows: torch 2.13's CPU fp16/bf16 layer_norm sums the weight gradient in low precision
+    # (1.7% off at 257 rows; known issue TORCH-CPU-BF16-LN-GRAD), so 16-bit at --full only
+    fam.family("rows", [("rows_129", dict(shape=(129, 32), half_at_full=True)), ("rows_1", dict(shape=(1, 96))),
+                        ("batch_5x3", dict(shape=(5, 3, 40))),
+                        ("rows_257_h65", dict(shape=(257, 65), half_at_full=True)),
                         ("batch_3x7_two_dims", dict(shape=(3, 7, 4, 8), norm_dims=2))]),
     fam.family("values", [("constant_rows", dict(shape=(6, 64), values={"x": "constant_rows"})),
                           ("denormal_mix", dict(shape=(4, 96), values={"x": "denormal_mix"})),
