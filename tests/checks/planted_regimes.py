@@ -67,7 +67,8 @@ def attention_massive_rows_nan_grad(q, k, v, *, attn_mask=None, key_padding_mask
                 s = s.masked_fill(~attn_mask, float("-inf"))
             else:
                 s = s + attn_mask.float()
-            rows = torch.logsumexp(s, dim=-1, keepdim=True) < -88.7
+            lse = torch.logsumexp(s, dim=-1, keepdim=True)
+            rows = (lse < -88.7) & torch.isfinite(lse)   # (a row with no key at all is another matter)
         q = _NanGradRows.apply(q, rows.expand(q.shape))
     return _correct(q, k, v, attn_mask, key_padding_mask, is_causal, scale)
 
