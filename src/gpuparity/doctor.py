@@ -39,6 +39,7 @@ class DoctorOptions:
     fill_cache: bool = True
     timeout: Optional[float] = None
     budget: Optional[float] = None         # seconds for the whole run; what is left then is NOT_RUN
+    explore: Optional[float] = None        # seconds more drawing regime-family cases (checks/explore.py)
 
 
 def default_device() -> str:
@@ -234,7 +235,8 @@ def run_doctor(options: DoctorOptions, *, progress: Optional[Callable[[int, int,
         # timing warm-ups compile kernels alongside the checks; on the CPU there is nothing to compile
         run: BatteryRun = run_battery(options.ops, options.level, device, options.dtypes, options.backends,
                                       None, options.seed, options.stream_path, progress, options.timeout,
-                                      warm_timings=options.fill_cache and on_gpu, budget=budget)
+                                      warm_timings=options.fill_cache and on_gpu, budget=budget,
+                                      explore=options.explore)
         phase("known issues", finished="battery")
         # the probes use the GPU too: the timings below run alone
         known_thread.join(timeout=max(budget.remaining(), 0.0) if budget else None)

@@ -103,6 +103,29 @@ def pool(spec) -> Dict[str, Case]:
             for case in (fam.case(spec.make_case, label, params) for label, params in fam.members)}
 
 
+def normalize(op: str, params: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """Keep the coupled params of a candidate consistent (None: not a valid case)."""
+    params = dict(params)
+    if op == "attention":
+        if params["H"] % params["Hkv"]:
+            return None
+        if params.get("lengths") is not None:
+            lengths = list(params["lengths"])[:params["B"]]
+            lengths += [params["Sk"]] * (params["B"] - len(lengths))
+            params["lengths"] = [min(length, params["Sk"]) for length in lengths]
+    if op == "attention_decode" and params.get("lengths") is not None:
+        lengths = list(params["lengths"])[:params["B"]]
+        lengths += [params["S_max"]] * (params["B"] - len(lengths))
+        params["lengths"] = [min(length, params["S_max"]) for length in lengths]
+    if op == "rotary":
+        if params.get("rotary_dim", 0) > params.get("D", 0) or params.get("D", 0) % 2 or params.get("rotary_dim", 0) % 2:
+            return None
+        offsets = params.get("offsets")
+        if isinstance(offsets, list):
+            params["offsets"] = (offsets + [0] * params["B"])[:params["B"]]
+    return params
+
+
 def drawn(spec, fam: Family, number: int) -> "Case":
     """Explore's fresh member number `number` of `fam` (the same for the same number): the
     family's own draw, else one of its members with its sizes moved to other tile boundaries."""
@@ -110,7 +133,6 @@ def drawn(spec, fam: Family, number: int) -> "Case":
     for _ in range(20):
         label, params = fam.draw(rng) if fam.draw is not None else _perturbed(rng, fam)
         case = fam.case(spec.make_case, f"{DRAW}{number}", {**params, "drawn_as": label})
-        from .shrink import normalize   # (shrink imports the battery, which imports this module)
         fixed = normalize(spec.op, case.params)
         if fixed is not None:
             return type(case)(case.name, fixed, case.level, case.kind)

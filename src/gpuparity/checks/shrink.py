@@ -16,6 +16,7 @@ import re
 import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from .families import normalize
 from .plan import Task
 from .pool import DEFAULT_TIMEOUT_S, WorkerPool, _run_one
 from .results import CheckResult, Status
@@ -117,29 +118,6 @@ def _layout_candidates(op: str):
 def _phases(op: str):
     return (("sizes", _size_candidates), ("values", lambda p: _reset_candidates(p, VALUE_RESETS)),
             ("mask", _mask_candidates), ("layout", _layout_candidates(op)))
-
-
-def normalize(op: str, params: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    """Keep the coupled params of a candidate consistent (None: not a valid case)."""
-    params = dict(params)
-    if op == "attention":
-        if params["H"] % params["Hkv"]:
-            return None
-        if params.get("lengths") is not None:
-            lengths = list(params["lengths"])[:params["B"]]
-            lengths += [params["Sk"]] * (params["B"] - len(lengths))
-            params["lengths"] = [min(length, params["Sk"]) for length in lengths]
-    if op == "attention_decode" and params.get("lengths") is not None:
-        lengths = list(params["lengths"])[:params["B"]]
-        lengths += [params["S_max"]] * (params["B"] - len(lengths))
-        params["lengths"] = [min(length, params["S_max"]) for length in lengths]
-    if op == "rotary":
-        if params.get("rotary_dim", 0) > params.get("D", 0) or params.get("D", 0) % 2 or params.get("rotary_dim", 0) % 2:
-            return None
-        offsets = params.get("offsets")
-        if isinstance(offsets, list):
-            params["offsets"] = (offsets + [0] * params["B"])[:params["B"]]
-    return params
 
 
 def _same_failure(original: CheckResult, result: CheckResult) -> bool:

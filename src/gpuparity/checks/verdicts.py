@@ -14,12 +14,13 @@ import torch
 from .. import dispatch, platform
 from ..backends.registry import Backend, Problem
 from ..cachedir import cache_dir, unwritable, warn_once
+from .. import caches
 
 __all__ = ["CacheCorrupt", "cache_dir", "cache_path", "clear_cache", "load", "probe_key", "read_file", "store_verdicts",
            "verdict_dtype"]
 
 # path -> verdicts read from (or written to) that file in this process
-_LOADED: Dict[str, Dict[str, Any]] = {}
+_LOADED: Dict[str, Dict[str, Any]] = caches.register("checks.verdicts.loaded", {})
 _LOCK = threading.Lock()
 
 
