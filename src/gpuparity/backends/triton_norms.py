@@ -141,6 +141,7 @@ if triton is not None:
         """ROWS whole rows per program, kept in registers: one read of x, one write of y.
         RSTD holds n_rows rstd values, then (LayerNorm) n_rows shifted means, then the
         backward's arrival counter, zeroed here."""
+        eps = tl.cast(eps, tl.float32)  # fp64 when torch.compile's code passes it (see attention's kernels)
         MEAN = RSTD + n_rows
         pid = tl.program_id(0).to(tl.int64)
         if pid == 0:
@@ -185,6 +186,7 @@ if triton is not None:
     ):
         """One long row per program, in chunks: a statistics pass, then a normalising pass.
         Statistics laid out as in the fused kernel."""
+        eps = tl.cast(eps, tl.float32)  # fp64 when torch.compile's code passes it (see attention's kernels)
         MEAN = RSTD + n_rows
         row = tl.program_id(0).to(tl.int64)
         if row == 0:

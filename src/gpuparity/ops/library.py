@@ -159,24 +159,13 @@ def _static(*tensors: Optional[Tensor]) -> bool:
     return all(not isinstance(size, torch.SymInt) for t in tensors if t is not None for size in t.shape)
 
 
-def _inductor_floats_fp32() -> bool:
-    """Whether inductor passes a Python float to a user Triton kernel as fp32, as Triton's own
-    launch does. By default (torch._inductor.config._use_fp64_for_unbacked_floats, True outside
-    fbcode) it passes fp64, and a scale in fp64 promotes the attention kernels' fp32 accumulator:
-    their compile fails ("acc.type.element_ty == out_dtype", seen on an H200 with torch 2.11)."""
-    try:
-        from torch._inductor import config
-    except Exception:  # noqa: BLE001 - no inductor: nothing to call the kernels from its code
-        return False
-    return not getattr(config, "_use_fp64_for_unbacked_floats", False)
-
-
 def _kernels_traceable(*tensors: Optional[Tensor]) -> bool:
     """Whether the triton_op twin serves this traced call: torch has triton_op, the kernels are
-    compiled ones (the interpreter's cannot be wrapped), the shapes are static (a Triton
-    backend's launch plans are keyed by concrete sizes) and inductor types float arguments as
-    the kernels expect (_inductor_floats_fp32). Else the opaque custom op serves it."""
-    return TRITON_OP and not triton_common.interpreting() and _static(*tensors) and _inductor_floats_fp32()
+    compiled ones (the interpreter's cannot be wrapped) and the shapes are static (a Triton
+    backend's launch plans are keyed by concrete sizes). Else the opaque custom op serves it.
+    (Inductor passes a Python float to a user kernel as fp64 by default: the kernels cast their
+    float arguments to fp32 on entry.)"""
+    return TRITON_OP and not triton_common.interpreting() and _static(*tensors)
 
 
 def _twin(name: str, fn: Callable):

@@ -244,6 +244,13 @@ def _attn_bwd_dkdv_kernel(
     SCAN: tl.constexpr,
 ):
     """The dk/dv half of the two-launch backward: delta comes from the dq kernel, run first."""
+    # torch.compile's generated code may pass a Python float as fp64 (inductor types
+    # them so by default); in fp64 they would promote the fp32 math below.
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    sm_scale = tl.cast(sm_scale, tl.float32)
+    dropout_p = tl.cast(dropout_p, tl.float32)
+    cap_in = tl.cast(cap_in, tl.float32)
+    cap_out = tl.cast(cap_out, tl.float32)
     batch_kv_head = tl.program_id(1)
     _dkdv_program(tl.program_id(0), batch_kv_head // num_kv_heads, batch_kv_head % num_kv_heads,
                   Q, K, V, DO, DO, LSE, Delta, DK, DV, Mask, KPM, Bounds,   # Out unused: delta is stored
@@ -286,6 +293,13 @@ def _attn_bwd_dkdv_tma_kernel(
     the same order, so the same bits; the per-tile addresses leave the registers and k, v stay in
     shared memory, where the pointer form spills at D=128 (H200: dk/dv 4.37 -> 3.54 ms at
     (2, 16, 8192, 128); benchmarks/records/h200/attention-tma-2026-11-26.md)."""
+    # torch.compile's generated code may pass a Python float as fp64 (inductor types
+    # them so by default); in fp64 they would promote the fp32 math below.
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    sm_scale = tl.cast(sm_scale, tl.float32)
+    dropout_p = tl.cast(dropout_p, tl.float32)
+    cap_in = tl.cast(cap_in, tl.float32)
+    cap_out = tl.cast(cap_out, tl.float32)
     batch_kv_head = tl.program_id(1)
     _dkdv_program(tl.program_id(0), batch_kv_head // num_kv_heads, batch_kv_head % num_kv_heads,
                   Q, K, V, DO, DO, LSE, Delta, DK, DV, Mask, KPM, Bounds,
@@ -488,6 +502,13 @@ def _attn_bwd_dq_kernel(
 ):
     """The dq half of the two-launch backward; it stores delta for the dk/dv kernel. SPLIT_KPM:
     tiles.split_kpm_dq."""
+    # torch.compile's generated code may pass a Python float as fp64 (inductor types
+    # them so by default); in fp64 they would promote the fp32 math below.
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    sm_scale = tl.cast(sm_scale, tl.float32)
+    dropout_p = tl.cast(dropout_p, tl.float32)
+    cap_in = tl.cast(cap_in, tl.float32)
+    cap_out = tl.cast(cap_out, tl.float32)
     batch_head = tl.program_id(1)
     _dq_program(tl.program_id(0), batch_head // num_heads, batch_head % num_heads,
                 Q, K, V, Out, DO, LSE, Delta, DQ, Mask, KPM, Bounds,
@@ -526,6 +547,13 @@ def _attn_bwd_kernel(
     the kernels take): per (batch, k/v head), the first q_blocks * group_size programs compute dq
     (BLOCK_M x BLOCK_N tiles), the rest dk/dv for one block of KV_BLOCK_N keys, computing delta
     themselves from out and dout since no program runs before them. No atomics: deterministic."""
+    # torch.compile's generated code may pass a Python float as fp64 (inductor types
+    # them so by default); in fp64 they would promote the fp32 math below.
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    sm_scale = tl.cast(sm_scale, tl.float32)
+    dropout_p = tl.cast(dropout_p, tl.float32)
+    cap_in = tl.cast(cap_in, tl.float32)
+    cap_out = tl.cast(cap_out, tl.float32)
     pid = tl.program_id(0)
     batch_kv_head = tl.program_id(1)
     batch = batch_kv_head // num_kv_heads

@@ -208,6 +208,12 @@ def _attn_fwd_kernel(
     DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, SCAN: tl.constexpr,
     HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
+    # torch.compile's generated code may pass a Python float as fp64 (inductor types
+    # them so by default); in fp64 they would promote the fp32 math below.
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    dropout_p = tl.cast(dropout_p, tl.float32)
+    cap_in = tl.cast(cap_in, tl.float32)
+    cap_out = tl.cast(cap_out, tl.float32)
     start_m = tl.program_id(0)
     batch_head = tl.program_id(1)
     batch = batch_head // num_heads
@@ -281,6 +287,9 @@ def _attn_fwd_kernel(
 def _dropout_mask_kernel(Keep, dropout_p, seed, q_len, k_len, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Keep (B * H, Sq, Sk) int8: the mask the attention kernels apply for (seed, dropout_p),
     through the same dropout_keep and the same seed + batch_head as they use."""
+    # torch.compile's generated code may pass a Python float as fp64 (inductor types
+    # them so by default); in fp64 they would promote the fp32 math below.
+    dropout_p = tl.cast(dropout_p, tl.float32)
     start_m = tl.program_id(0)
     batch_head = tl.program_id(1)
     seed_bh = seed + batch_head

@@ -79,6 +79,11 @@ def _varlen_fwd_kernel(
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
+    # torch.compile's generated code may pass a Python float as fp64 (inductor types
+    # them so by default); in fp64 they would promote the fp32 math below.
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    cap_in = tl.cast(cap_in, tl.float32)
+    cap_out = tl.cast(cap_out, tl.float32)
     h64, kvh64, q_start, q_len, k_start, k_len, rows, diag, lo, full_end, hi = _query_block(
         CuQ, CuK, num_heads, group_size, window_left, window_right, BLOCK_M, BLOCK_N, IS_CAUSAL, HAS_WINDOW)
     if tl.program_id(0) * BLOCK_M >= q_len:  # past this sequence's queries
@@ -131,6 +136,12 @@ def _varlen_bwd_dq_kernel(
 ):
     """dq for one block of query rows of one sequence and head; also delta = rowsum(out * dout),
     kept for the dk/dv kernel, which runs after it."""
+    # torch.compile's generated code may pass a Python float as fp64 (inductor types
+    # them so by default); in fp64 they would promote the fp32 math below.
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    sm_scale = tl.cast(sm_scale, tl.float32)
+    cap_in = tl.cast(cap_in, tl.float32)
+    cap_out = tl.cast(cap_out, tl.float32)
     h64, kvh64, q_start, q_len, k_start, k_len, rows, diag, lo, full_end, hi = _query_block(
         CuQ, CuK, num_heads, group_size, window_left, window_right, BLOCK_M, BLOCK_N, IS_CAUSAL, HAS_WINDOW)
     if tl.program_id(0) * BLOCK_M >= q_len:
@@ -183,6 +194,12 @@ def _varlen_bwd_dkdv_kernel(
 ):
     """dk, dv for one block of keys of one sequence and k/v head, summed over its GQA group in a
     fixed order (deterministic, no atomics)."""
+    # torch.compile's generated code may pass a Python float as fp64 (inductor types
+    # them so by default); in fp64 they would promote the fp32 math below.
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    sm_scale = tl.cast(sm_scale, tl.float32)
+    cap_in = tl.cast(cap_in, tl.float32)
+    cap_out = tl.cast(cap_out, tl.float32)
     start_n = tl.program_id(0)
     batch_kv_head = tl.program_id(1)
     batch = batch_kv_head // num_kv_heads
