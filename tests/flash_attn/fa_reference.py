@@ -22,14 +22,15 @@ def reference(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi=None
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
     if softcap > 0:
         scores = softcap * torch.tanh(scores / softcap)
-    ql = torch.full((batch,), q_len) if q_lens is None else q_lens.cpu().long()
-    kl = torch.full((batch,), k_len) if k_lens is None else k_lens.cpu().long()
-    i = torch.arange(q_len).view(1, -1, 1)
-    j = torch.arange(k_len).view(1, 1, -1)
+    device = q.device   # the index arithmetic next to the scores (a GPU run keeps them there)
+    ql = torch.full((batch,), q_len, device=device) if q_lens is None else q_lens.to(device).long()
+    kl = torch.full((batch,), k_len, device=device) if k_lens is None else k_lens.to(device).long()
+    i = torch.arange(q_len, device=device).view(1, -1, 1)
+    j = torch.arange(k_len, device=device).view(1, 1, -1)
     diagonal = i + (kl - ql).view(-1, 1, 1)            # the key position of query i
     ok = (j < kl.view(-1, 1, 1)) & (i < ql.view(-1, 1, 1))
     if key_start is not None:
-        ok &= j >= key_start.cpu().long().view(-1, 1, 1)
+        ok &= j >= key_start.to(device).long().view(-1, 1, 1)
     left, right = window
     right = 0 if causal else right
     if left >= 0:
@@ -37,15 +38,15 @@ def reference(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi=None
     if right >= 0:
         ok &= j <= diagonal + right
     if alibi is not None:
-        slopes = alibi.cpu().to(dtype).reshape(-1, heads, 1, 1)
+        slopes = alibi.to(device, dtype).reshape(-1, heads, 1, 1)
         scores = scores - slopes * (diagonal - j).abs().unsqueeze(1).to(dtype)
-    scores = scores.masked_fill(~ok.unsqueeze(1).to(scores.device), float("-inf"))
+    scores = scores.masked_fill(~ok.unsqueeze(1), float("-inf"))
     empty = ~ok.any(-1)
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.softmax(scores.masked_fill(empty.view(batch, 1, q_len, 1), 0.0), dim=-1)
     probs = probs.masked_fill(empty.view(batch, 1, q_len, 1), 0.0)
     if keep is not None:
-        probs = torch.where(keep.cpu(), probs / (1 - dropout_p), torch.zeros((), dtype=probs.dtype))
+        probs = torch.where(keep.to(device), probs / (1 - dropout_p), torch.zeros((), dtype=probs.dtype, device=device))
     out = torch.einsum("bhqk,bkhd->bqhd", probs.to(dtype), v)
     return out, lse, empty
 

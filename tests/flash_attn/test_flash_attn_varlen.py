@@ -45,8 +45,8 @@ def padded_reference(q, k, v, dtype=torch.float64, **kwargs):
                   for t, r, w in ((q, rq, width_q), (k, rk, width_k), (v, rk, width_k)))
     out, lse, empty = reference(qp, kp, vp, q_lens=torch.tensor(Q_LENS), k_lens=torch.tensor(K_LENS), dtype=dtype,
                                 **kwargs)
-    return (out.reshape(batch * width_q, *out.shape[2:])[rq.cpu()],
-            lse.permute(1, 0, 2).reshape(q.shape[1], -1)[:, rq.cpu()], empty.reshape(-1)[rq.cpu()])
+    return (out.reshape(batch * width_q, *out.shape[2:])[rq],
+            lse.permute(1, 0, 2).reshape(q.shape[1], -1)[:, rq], empty.reshape(-1)[rq])
 
 
 def check_varlen(qkv, grad, backends=None, **kwargs):
