@@ -116,7 +116,10 @@ def check_family(family, dtype, backend="auto", **overrides):
     referee = copy.deepcopy(model).double()
     base = copy.deepcopy(model).to(dtype)
     ours = copy.deepcopy(base)
-    summary = gpuparity.patch(ours, backend=backend)
+    # the referee's eager attention is set on the config; where the installed transformers reads
+    # that as the user's choice (its Gemma-2 declares sdpa support), patch keeps it unless forced
+    force = ("attention",) if family in HF_ATTENTION else ()
+    summary = gpuparity.patch(ours, backend=backend, force=force)
     assert summary.replaced, f"{family}: patch replaced nothing"
     batch, valid = inputs(family, dtype)
     ref_logits, keep, ref_grads = run(referee, batch, valid, torch.float64)
