@@ -143,10 +143,17 @@ def test_equal_lengths_match_dense_causal_and_window():
         torch.testing.assert_close(out[lo:hi], alone, atol=1e-5, rtol=1e-5)
 
 
-def test_auto_uses_triton_once_the_battery_verified_it():
+def test_auto_uses_triton_once_the_battery_verified_it(monkeypatch):
+    from gpuparity.checks import priors
+    # ranked first on every device family (the CPU prior puts the composition first), so that
+    # auto verifies the kernel on its quick cases and then uses it
+    for family in priors.PRIORS:
+        monkeypatch.setitem(priors.PRIORS[family], "attention_varlen", ["triton"])
     qkv, cu_q, cu_k = packed_inputs()
     explained = explain_attention_varlen(*qkv, cu_q, cu_k, max(Q_LENS), max(K_LENS), causal=True, softcap=3.0)
     assert explained["chosen"] == "triton", explained["candidates"]
+    rows = {row["name"]: row for row in explained["candidates"]}
+    assert rows["triton"]["status"] == "verified", rows["triton"]
     out = gpuparity.attention_varlen(*qkv, cu_q, cu_k, max(Q_LENS), max(K_LENS), causal=True, softcap=3.0)
     assert out.shape == qkv[0].shape
 
