@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers")
 import torch  # noqa: E402
 
 import gpuparity  # noqa: E402
-from test_transformers import FAMILIES, build, inputs  # noqa: E402
+from test_transformers import DEVICE, FAMILIES, build, inputs  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -50,7 +50,8 @@ def _llama_with(attn_implementation):
     config_cls, _, kwargs = FAMILIES["llama"]
     config = getattr(transformers, config_cls)(**kwargs)
     torch.manual_seed(0)
-    return transformers.LlamaForCausalLM._from_config(config, attn_implementation=attn_implementation).eval()
+    model = transformers.LlamaForCausalLM._from_config(config, attn_implementation=attn_implementation).eval()
+    return model.to(DEVICE)
 
 
 def test_explicit_eager_attention_is_kept_and_named_in_the_summary():
@@ -147,7 +148,7 @@ def test_mode_auto_serves_eagerly_and_leaves_the_norm_to_inductor_when_compiled(
     assert "model.norm" in summary
     entry = next(e for e in summary.replaced if e.path == "model.norm")
     assert "under torch.compile transformers' own runs" in entry.reason
-    ids = torch.randint(3, 100, (1, 6))
+    ids = torch.randint(3, 100, (1, 6)).to(DEVICE)
     model(input_ids=ids)
     assert calls and not any(calls)
     calls.clear()
