@@ -40,6 +40,9 @@ class DoctorOptions:
     timeout: Optional[float] = None
     budget: Optional[float] = None         # seconds for the whole run; what is left then is NOT_RUN
     explore: Optional[float] = None        # seconds more drawing regime-family cases (checks/explore.py)
+    shrink: bool = True                    # each failing backend's first failure shrunk, with a repro script
+    repro_dir: Optional[str] = None        # where the repro scripts go (None: none written)
+    shrink_seconds: float = 30.0           # per shrunk failure
 
 
 def default_device() -> str:
@@ -202,6 +205,19 @@ def partial_report(options: DoctorOptions, results: List[CheckResult], *, error:
     }
 
 
+def _shrink(results: List[CheckResult], options: DoctorOptions, budget) -> List[Dict[str, Any]]:
+    """Each failing backend's first FAIL or ERROR shrunk to a minimal case, with a standalone repro
+    script in options.repro_dir (checks/shrink.py), as `gpuparity check` does; within the budget."""
+    if not options.shrink or not any(r.status in (Status.FAIL, Status.ERROR) for r in results):
+        return []
+    if budget is not None and budget.remaining() < options.shrink_seconds:
+        return []
+    from .checks.shrink import shrink_failures
+    found = shrink_failures(results, timeout=options.timeout, seconds=options.shrink_seconds,
+                            repro_dir=options.repro_dir)
+    return [item.to_dict() for item in found]
+
+
 def run_doctor(options: DoctorOptions, *, progress: Optional[Callable[[int, int, CheckResult], None]] = None,
                on_phase: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
     """Everything `gpuparity doctor` reports, as one dict (schema_version 1). options.budget
@@ -268,6 +284,7 @@ def run_doctor(options: DoctorOptions, *, progress: Optional[Callable[[int, int,
             cache_path = store_verdicts(torch.device(device), verdicts, strict=True)
         except OSError as exc:
             cache_path = f"not written: {exc}"
+    shrunk = _shrink(run.results, options, budget)
     battery_bad = [r for r in run.results if r.status.bad or r.status == Status.NOT_RUN]
     known_bad = [k for k in known_results if k.get("status") in FAILING_KNOWN_STATUSES
                  and k.get("kind") not in NON_FAILING_KNOWN_KINDS]
@@ -288,6 +305,7 @@ def run_doctor(options: DoctorOptions, *, progress: Optional[Callable[[int, int,
         "battery": {"results": [r.to_dict() for r in run.results], "tally": tally(run.results),
                     "duration_s": run.duration_s},
         "recommendations": recommendations(run.results, times, avoids, device_type),
+        "shrunk": shrunk,
         "probe_cache": cache_path,
         "duration_s": time.monotonic() - started,
         "phases_s": phases,

@@ -284,6 +284,22 @@ def reports_user_errors(handler: Callable) -> Callable:
     return run
 
 
+def add_shrink(parser) -> None:
+    parser.add_argument("--no-shrink", action="store_true",
+                        help="do not shrink failures to a minimal case with a standalone repro script")
+    parser.add_argument("--repro-dir", metavar="DIR",
+                        help="where repro scripts go (default: beside the --json file, else a new temp folder)")
+
+
+def repro_dir(args) -> str:
+    """--repro-dir, else beside the --json file, else a new temp folder (made only when used)."""
+    if args.repro_dir:
+        return args.repro_dir
+    if args.json and args.json != "-":
+        return os.path.join(os.path.dirname(os.path.abspath(args.json)), "gpuparity-repros")
+    return os.path.join(tempfile.gettempdir(), f"gpuparity-repros-{os.getpid()}")
+
+
 def add_explore(parser) -> None:
     parser.add_argument("--explore", metavar="SECONDS", type=_positive_seconds, default=None,
                         help="after the level's checks, spend SECONDS more drawing regime-family cases (seeded), "

@@ -10,8 +10,8 @@ from ..api import check as run_check
 from ..checks.results import tally
 from ..checks.specs import OPS, get_spec
 from ..report.terminal import PlainProgress, render_failures, render_results, tally_text
-from ._common import (add_device, add_explore, add_json, battery_progress, emit_json, human_console, interruption,
-                      split_list)
+from ._common import (add_device, add_explore, add_json, add_shrink, battery_progress, emit_json, human_console,
+                      interruption, repro_dir, split_list)
 
 
 def register(subparsers) -> None:
@@ -35,10 +35,7 @@ def register(subparsers) -> None:
                         help="seconds for the whole run; checks left when it is spent are NOT_RUN (exit 1)")
     parser.add_argument("--signature", action="store_true", help="print the signature --impl must have and exit")
     add_explore(parser)
-    parser.add_argument("--no-shrink", action="store_true",
-                        help="do not shrink failures to a minimal case with a standalone repro script")
-    parser.add_argument("--repro-dir", metavar="DIR",
-                        help="where repro scripts go (default: beside the --json file, else a new temp folder)")
+    add_shrink(parser)
     add_device(parser)
     add_json(parser)
     parser.set_defaults(handler=handle)
@@ -62,7 +59,7 @@ def handle(args) -> int:
             run = run_check(args.op, impl=args.impl, backends=split_list(args.backend),
                             dtypes=split_list(args.dtype), level=args.level, device=args.device, seed=args.seed,
                             progress=keep, timeout=args.timeout, cases=split_list(args.case), budget=args.budget,
-                            explore=args.explore, shrink=not args.no_shrink, repro_dir=_repro_dir(args))
+                            explore=args.explore, shrink=not args.no_shrink, repro_dir=repro_dir(args))
             results, device, duration, code = run.results, run.device, run.duration_s, 0 if run.ok else 1
             shrunk = [s.to_dict() for s in run.shrunk]
         except KeyboardInterrupt as exc:   # SIGINT, or SIGTERM (cli.interruptible): report what ran
@@ -85,14 +82,3 @@ def handle(args) -> int:
                 "explore": args.explore, "shrunk": shrunk}
         emit_json(con, args.json, data)
     return code
-
-
-def _repro_dir(args):
-    """--repro-dir, else beside the --json file, else a new temp folder (made only when used)."""
-    import os
-    import tempfile
-    if args.repro_dir:
-        return args.repro_dir
-    if args.json and args.json != "-":
-        return os.path.join(os.path.dirname(os.path.abspath(args.json)), "gpuparity-repros")
-    return os.path.join(tempfile.gettempdir(), f"gpuparity-repros-{os.getpid()}")

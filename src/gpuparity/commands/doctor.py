@@ -11,8 +11,8 @@ from ..doctor import DoctorOptions, estimate, partial_report, run_doctor
 from ..report.files import write_text
 from ..report.html import render_doctor_html
 from ..report.terminal import PlainProgress, render_doctor, render_results
-from ._common import (add_device, add_explore, add_json, battery_progress, emit_json, human_console, interruption,
-                      output_file, split_list)
+from ._common import (add_device, add_explore, add_json, add_shrink, battery_progress, emit_json, human_console,
+                      interruption, output_file, repro_dir, split_list)
 
 
 def register(subparsers) -> None:
@@ -44,6 +44,7 @@ def register(subparsers) -> None:
                         help="seconds for the whole run; checks left when it is spent are NOT_RUN (exit 1), "
                              "and the reports are still written")
     add_explore(parser)
+    add_shrink(parser)
     parser.set_defaults(handler=handle)
 
 
@@ -53,7 +54,8 @@ def handle(args) -> int:
     options = DoctorOptions(level=args.level, device=args.device, ops=split_list(args.ops),
                             dtypes=split_list(args.dtype), backends=split_list(args.backends), seed=args.seed,
                             probes=not args.no_probes, stream_path=stream, timeout=args.timeout,
-                            budget=args.budget, explore=args.explore)
+                            budget=args.budget, explore=args.explore, shrink=not args.no_shrink,
+                            repro_dir=repro_dir(args))
     plan = estimate(options)
     minutes = plan["seconds"] / 60
     con.print(f"gpuparity doctor: {plan['checks']} checks ({plan['skipped']} cannot run here), "

@@ -275,7 +275,7 @@ def render_doctor(console: Console, report: Dict[str, Any]) -> None:
     render_known_issues(console, report.get("known_issues", []), report.get("known_issues_error"))
     results = [CheckResult.from_dict(r) for r in report["battery"]["results"]]
     render_results(console, results)
-    render_failures(console, results, timeout=report["options"].get("timeout"))
+    render_failures(console, results, timeout=report["options"].get("timeout"), shrunk=report.get("shrunk"))
     render_recommendations(console, report.get("recommendations", []))
     t = report["battery"]["tally"]
     verdict = "[bold green]all checks passed[/]" if report["exit_code"] == 0 else "[bold red]problems found[/]"
