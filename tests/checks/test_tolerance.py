@@ -45,3 +45,12 @@ def test_wrong_shape_and_tf32_floor():
     noisy = (ref * (1 + 5e-4 * torch.randn(3, 3, dtype=torch.float64, generator=gen))).float()
     assert not tolerance.compare("out", noisy, ref, None, torch.float32).passed
     assert tolerance.compare("out", noisy, ref, None, torch.float32, precision="tf32").passed
+
+
+def test_a_vanishing_reference_is_judged_per_element_not_by_the_norm_of_its_noise():
+    """grad_q of an attention over one key is exactly 0 in float64: a correct kernel's rounding
+    noise (1e-6 per element, over 100k elements: an L2 norm of 3e-4) passes; a wrong value fails."""
+    ref = torch.zeros(100_000, dtype=torch.float64)
+    noise = torch.full((100_000,), 1e-6, dtype=torch.float32)
+    assert tolerance.compare("grad_q", noise, ref, torch.zeros(100_000), torch.float32).passed
+    assert not tolerance.compare("grad_q", torch.full((100_000,), 1e-3), ref, torch.zeros(100_000), torch.float32).passed
