@@ -20,6 +20,9 @@ import time
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_model import build_batch  # noqa: E402  (the same padded batch as the model benchmark)
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -59,13 +62,7 @@ def build(args, variant):
     gpuparity.patch(model, include=include)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-    gen = torch.Generator().manual_seed(1234 + args.seq)
-    ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen)
-    mask = torch.ones(args.batch, args.seq, dtype=torch.long)
-    for i in range(args.batch):
-        mask[i, (args.seq if i % 2 == 0 else max(1, int(args.seq * (1 - 2 * args.pad)))):] = 0
-    labels = ids.masked_fill(mask == 0, -100)
-    ids, mask, labels = (t.to(args.device) for t in (ids, mask, labels))
+    ids, mask, labels = (t.to(args.device) for t in build_batch(args, args.seq, torch))
 
     def step():
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
