@@ -13,7 +13,7 @@ from . import __version__, dispatch, platform
 from .checks.battery import (BatteryRun, Budget, WorkerPool, as_budget, estimate_seconds, normalize_device, plan,
                              run_battery, run_tasks, timing_tasks, validate_device, verdicts_from_results)
 from .checks.plan import timing_field
-from .checks.verdicts import store_verdicts
+from .checks.verdicts import VerdictKey, store_verdicts
 from .known import avoid as known_avoid
 from .checks.results import CheckResult, Status, tally
 
@@ -274,7 +274,7 @@ def run_doctor(options: DoctorOptions, *, progress: Optional[Callable[[int, int,
         verdicts = verdicts_from_results(run.results)
         known_avoid.apply(verdicts, avoids, device_type)
         for key, verdict in verdicts.items():
-            op, backend, dtype, _kind = key.split("|")
+            op, backend, dtype, _kind = VerdictKey.decode(key)
             verdict["time_ms"] = times.get((op, backend, dtype.split("+")[0]))  # "float32+tf32": timed as float32
             large = times.get((op, backend, dtype.split("+")[0], "large"))
             if large is not None:

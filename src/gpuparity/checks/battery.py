@@ -19,7 +19,7 @@ from .pool import (CRASH_LIMIT, DEFAULT_TIMEOUT_S, Budget, WorkerPool, as_budget
                    queue_order as _queue_order, run_tasks)
 from .results import CheckResult, ResultStream, Status
 from .specs import get_spec
-from .verdicts import verdict_dtype
+from .verdicts import VerdictKey, verdict_dtype
 
 # plan, run_tasks, Task and normalize_device are imported from here by checks/probe.py
 __all__ = ["BatteryRun", "Budget", "CRASH_LIMIT", "DEFAULT_TIMEOUT_S", "SECONDS_PER_CHECK", "Task",
@@ -105,7 +105,7 @@ def verdicts_from_results(results: Iterable[CheckResult]) -> Dict[str, Dict[str,
         spec = get_spec(result.op)
         # the checks ran with this process's fp32 switches (child_env carries them to workers)
         dtype = verdict_dtype(result.op, dtype_from_name(result.dtype), torch.device(result.device))
-        key = f"{result.op}|{result.backend}|{dtype}|{spec.kind(result.params)}"
+        key = VerdictKey(result.op, result.backend, dtype, spec.kind(result.params)).encode()
         groups.setdefault(key, []).append(result)
     verdicts = {}
     for key, members in groups.items():

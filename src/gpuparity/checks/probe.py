@@ -125,7 +125,7 @@ def _complete(verdicts: Dict[str, Dict[str, Any]], results, op: str, vname: str,
     """A verdict for every backend at this call's kind, in place: where no case of exactly this
     kind ran, all of the backend's probe checks decide (or the reason none ran)."""
     for backend in backends:
-        key = f"{op}|{backend}|{vname}|{kind}"
+        key = verdicts_store.VerdictKey(op, backend, vname, kind).encode()
         if key in verdicts:
             continue
         ran = [r for r in results if r.backend == backend and r.status != Status.SKIP]
@@ -175,14 +175,14 @@ def probe_op(op: str, dtype: torch.dtype, kind: str, device,
     _veto_known(verdicts, op, dtype, device, probed)
     timing = spec.timing_params()
     if timing is not None:
-        passed = sorted({k.split("|")[1] for k, v in verdicts.items() if v.get("passed")})
+        passed = sorted({verdicts_store.VerdictKey.decode(k).backend for k, v in verdicts.items() if v.get("passed")})
         time_tasks = [Task(len(passed) * j + i, op, name, case, params, dname, str(device), 0, mode="time")
                       for j, (case, params) in enumerate(timing_cases(op, str(device)))
                       for i, name in enumerate(passed)]
         for result in run_tasks(time_tasks, workers=1, **run):
             time_ms = result.params.get("time_ms") if result.status == Status.PASS else None
             for key, verdict in verdicts.items():
-                if key.split("|")[1] == result.backend:
+                if verdicts_store.VerdictKey.decode(key).backend == result.backend:
                     verdict[timing_field(result.case)] = time_ms
                     if time_ms is None:
                         verdict.update(passed=False, reason=f"timing run failed: {result.status.value} {result.reason[:200]}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from typing import Any, Dict, Optional
+from typing import Any, Dict, NamedTuple, Optional
 
 import torch
 
@@ -16,8 +16,8 @@ from ..backends.registry import Backend, Problem
 from ..cachedir import cache_dir, unwritable, warn_once
 from .. import caches
 
-__all__ = ["CacheCorrupt", "cache_dir", "cache_path", "clear_cache", "load", "probe_key", "read_file", "store_verdicts",
-           "verdict_dtype"]
+__all__ = ["CacheCorrupt", "VerdictKey", "cache_dir", "cache_path", "clear_cache", "load", "probe_key", "read_file",
+           "store_verdicts", "verdict_dtype"]
 
 # path -> verdicts read from (or written to) that file in this process
 _LOADED: Dict[str, Dict[str, Any]] = caches.register("checks.verdicts.loaded", {})
@@ -42,8 +42,35 @@ def verdict_dtype(op: str, dtype: torch.dtype, device: torch.device) -> str:
     return name
 
 
+class VerdictKey(NamedTuple):
+    """What one stored verdict speaks for: an op's backend at a dtype (as `verdict_dtype` names
+    it) and a call kind. The store's JSON keeps it as the string `encode()` writes,
+    "op|backend|dtype|kind"; every reader parses it back with `decode`."""
+    op: str
+    backend: str
+    dtype: str
+    kind: str
+
+    SEPARATOR = "|"
+
+    def encode(self) -> str:
+        return self.SEPARATOR.join(self)
+
+    @classmethod
+    def decode(cls, key: str) -> "VerdictKey":
+        parts = key.split(cls.SEPARATOR) if isinstance(key, str) else []
+        if len(parts) != 4 or not all(parts):
+            raise ValueError(f"verdict key: got {key!r}, need 'op|backend|dtype|kind' (four non-empty parts)")
+        return cls(*parts)
+
+    @classmethod
+    def of(cls, problem: Problem, backend: str) -> "VerdictKey":
+        """The key of `backend`'s verdict for calls like `problem` (its op, dtype and kind)."""
+        return cls(problem.op, backend, verdict_dtype(problem.op, problem.dtype, problem.device), problem.kind)
+
+
 def probe_key(problem: Problem, backend: Backend) -> str:
-    return f"{problem.op}|{backend.name}|{verdict_dtype(problem.op, problem.dtype, problem.device)}|{problem.kind}"
+    return VerdictKey.of(problem, backend.name).encode()
 
 
 class CacheCorrupt(ValueError):
@@ -63,7 +90,11 @@ def read_file(path: str) -> Dict[str, Any]:
         raise CacheCorrupt(_damaged(path, "expected an object with a 'verdicts' object"))
     verdicts = data.get("verdicts", {})
     for key, verdict in verdicts.items():
-        if len(key.split("|")) != 4 or not isinstance(verdict, dict):
+        try:
+            VerdictKey.decode(key)
+        except ValueError:
+            raise CacheCorrupt(_damaged(path, f"entry {key!r} is not 'op|backend|dtype|kind' with an object")) from None
+        if not isinstance(verdict, dict):
             raise CacheCorrupt(_damaged(path, f"entry {key!r} is not 'op|backend|dtype|kind' with an object"))
     return verdicts
 

@@ -58,7 +58,7 @@ def handle(args) -> int:
         for column in ("op", "backend", "dtype", "kind", "verdict", "time (ms)", "why"):
             table.add_column(column, overflow="fold")
         for key, verdict in sorted(stored.items()):
-            op, backend, dtype, kind = key.split("|")
+            op, backend, dtype, kind = verdicts.VerdictKey.decode(key)
             time_ms = verdict.get("time_ms")
             status = verdict_status(verdict)
             reason = str(verdict.get("reason", ""))[:160]

@@ -24,6 +24,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
+from ..checks.verdicts import VerdictKey
 from .engine import CONFIRMED, evaluate, load_issues
 
 REGIME_WORDS = {"attn_mask": ("with an attn_mask", "without an attn_mask"),
@@ -129,7 +130,7 @@ def apply(verdicts: Dict[str, Dict[str, Any]], avoids: Iterable[Avoid], device_t
     `veto` reads per call) and leave the verdict passing for the calls outside it."""
     avoids = list(avoids)
     for key, verdict in verdicts.items():
-        op, backend, dtype, _kind = key.split("|")
+        op, backend, dtype, _kind = VerdictKey.decode(key)
         for avoid in avoids:
             if not avoid.matches(op, backend, dtype, device_type):
                 continue
