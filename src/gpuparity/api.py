@@ -5,7 +5,7 @@ from typing import Callable, Optional, Sequence
 
 from .checks.battery import (DEFAULT_TIMEOUT_S, BatteryRun, as_budget, normalize_device, plan, run_battery,
                              validate_device)
-from .checks.specs import LEVELS, get_spec
+from .contracts import LEVELS, get_spec
 
 
 def check(op: str, impl: Optional[str] = None, *, backends: Optional[Sequence[str]] = None,

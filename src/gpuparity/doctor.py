@@ -147,7 +147,7 @@ def recommendations(results: List[CheckResult], times: Dict[tuple, float], avoid
         if good and good[0]["time_ms"] is not None:
             text += f" ({good[0]['time_ms']:.3g} ms on the timing case)"
         large = sorted((g for g in good if g["time_ms_large"] is not None), key=lambda g: g["time_ms_large"])
-        if large:   # what backend="auto" takes for training-size calls (checks/specs/base.py is_large)
+        if large:   # what backend="auto" takes for training-size calls (contracts/base.py is_large)
             text += f", {large[0]['backend']} for training-size calls ({large[0]['time_ms_large']:.3g} ms on the large case)"
         if avoid:
             text += "; avoid " + ", ".join(

@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 
 from gpuparity.checks.battery import plan
-from gpuparity.checks.specs import get_spec
-from gpuparity.checks.specs.base import OpSpec
+from gpuparity.contracts import get_spec
+from gpuparity.contracts.base import OpSpec
 
 
 def test_fp16_runs_the_quick_cases_at_the_default_level_when_bf16_runs_every_case(monkeypatch):

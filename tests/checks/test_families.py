@@ -12,7 +12,7 @@ from gpuparity.checks.battery import plan, run_battery
 from gpuparity.checks.execute import make_inputs
 from gpuparity.checks.explore import closeness, explore
 from gpuparity.checks.results import Status
-from gpuparity.checks.specs import OPS, get_spec
+from gpuparity.contracts import OPS, get_spec
 
 HERE = os.path.dirname(__file__)
 REGIMES = os.path.join(HERE, "planted_regimes.py")

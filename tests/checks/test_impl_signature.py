@@ -62,7 +62,7 @@ def test_an_impl_without_window_or_softcap_skips_those_cases_with_the_reason():
 
     from gpuparity.backends.registry import BackendUnavailable
     from gpuparity.checks.signature import signature_mismatch
-    from gpuparity.checks.specs import get_spec
+    from gpuparity.contracts import get_spec
 
     def classic(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None):
         return q

@@ -14,7 +14,7 @@ from gpuparity.checks.battery import run_battery
 from gpuparity.checks.execute import run_case
 from gpuparity.checks.results import Status
 from gpuparity.checks.shrink import shrink
-from gpuparity.checks.specs import get_spec
+from gpuparity.contracts import get_spec
 
 HERE = os.path.dirname(__file__)
 REGIMES = os.path.join(HERE, "planted_regimes.py")

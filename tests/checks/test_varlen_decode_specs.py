@@ -12,7 +12,7 @@ from gpuparity.backends.varlen_composition import composition_varlen, packed
 from gpuparity.backends.sdpa import composition
 from gpuparity.checks.battery import plan, run_battery
 from gpuparity.checks.results import Status
-from gpuparity.checks.specs import OPS
+from gpuparity.contracts import OPS
 
 HERE = __file__
 

@@ -10,7 +10,7 @@ import gpuparity
 from gpuparity.backends import triton_swiglu
 from gpuparity.checks import execute
 from gpuparity.checks.results import Status
-from gpuparity.checks.specs import get_spec
+from gpuparity.contracts import get_spec
 from gpuparity.dispatch import get as get_backend
 
 from device_env import TEST_DEVICE

@@ -18,7 +18,7 @@ from .plan import (SECONDS_PER_CHECK, WORKER_START_S, Task, check_backend_names,
 from .pool import (CRASH_LIMIT, DEFAULT_TIMEOUT_S, Budget, WorkerPool, as_budget, default_workers,
                    queue_order as _queue_order, run_tasks)
 from .results import CheckResult, ResultStream, Status
-from .specs import get_spec
+from ..contracts import get_spec
 from .verdicts import VerdictKey, verdict_dtype
 
 # plan, run_tasks, Task and normalize_device are imported from here by checks/probe.py

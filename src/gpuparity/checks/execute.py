@@ -18,7 +18,7 @@ from .. import reference
 from . import tolerance
 from .families import apply_values, apply_views
 from .results import Comparison, Status
-from .specs import OpSpec, get_spec
+from ..contracts import OpSpec, get_spec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp64": "float64", "half": "float16",

@@ -15,7 +15,7 @@ from . import families as fam
 from .plan import plan
 from .pool import Budget, run_tasks
 from .results import CheckResult, Status
-from .specs import OPS, get_spec
+from ..contracts import OPS, get_spec
 
 log = logging.getLogger(__name__)
 

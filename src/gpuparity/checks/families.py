@@ -1,8 +1,8 @@
 """Regime families: battery cases generated, not only listed.
 
 A backend bug hides in a regime (sizes at a tile remainder, rows whose logsumexp underflows,
-an all-True mask, one input with an odd storage offset), so each op's spec names families of
-cases, each a pool of members aimed at one regime. Every level above quick runs every family:
+an all-True mask, one input with an odd storage offset), so each op's contract (contracts/)
+names families of cases, each a pool of members aimed at one regime. Every level above quick runs every family:
 its anchors (the regime's canonical members) and a seeded sample of the rest; --level full
 samples more; --explore SECONDS keeps drawing (fresh members included) where errors came
 closest to the bound. Members too large for this machine or the level's budget are reported
@@ -12,7 +12,6 @@ Generic transforms any spec gets through params: "views" gives one input an unus
 (apply_views), "values" one input a hostile value regime (apply_values)."""
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 import zlib
@@ -20,10 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-
-# Cases of a family are named "<family>.<label>"; explore's fresh draws "<family>.draw<N>".
-SEPARATOR = "."
-DRAW = "draw"
+from ..contracts.base import DRAW, LEVELS, SEPARATOR, VIEW_KINDS, Case, Family
 
 # How many extra (non-anchor) members each level samples per family.
 SAMPLES = {"quick": 0, "default": 1, "full": 4}
@@ -35,26 +31,6 @@ SAMPLES = {"quick": 0, "default": 1, "full": 4}
 WORK_BUDGET = {("default", "cpu"): 2 ** 26, ("default", "cuda"): 2 ** 28,
                ("full", "cpu"): 2 ** 28, ("full", "cuda"): 2 ** 32}
 REFERENCE_BYTES_PER_ELEMENT = 8 * 6   # float64, forward + backward intermediates of the referee
-
-
-@dataclasses.dataclass(frozen=True)
-class Family:
-    """A regime: `members` (label -> params overrides, first `anchors` always run), an optional
-    `draw(rng)` making fresh members for --explore, and `sized`: members carry a work size
-    (`work(params)`) and all run where the level's budget and memory allow, else SKIP."""
-    name: str
-    members: Tuple[Tuple[str, Dict[str, Any]], ...]  # (label, params overrides)
-    anchors: int = 1
-    draw: Optional[Callable[[random.Random], Tuple[str, Dict[str, Any]]]] = None
-    sized: bool = False
-    level: str = "default"          # lowest level that runs it
-
-    def case(self, make: Callable[..., "Case"], label: str, overrides: Dict[str, Any]) -> "Case":
-        return make(f"{self.name}{SEPARATOR}{label}", "default", **overrides)
-
-
-def family(name: str, members: Sequence[Tuple[str, Dict[str, Any]]], anchors: int = 1, **kwargs) -> Family:
-    return Family(name, tuple((label, dict(params)) for label, params in members), anchors, **kwargs)
 
 
 def _rng(*parts) -> random.Random:
@@ -70,7 +46,6 @@ def select(spec, level: str, seed: int, deep: bool = True,
     `fits`. Not deep (the doctor, a check of every backend): at the default level one seeded
     member per family (an anchor where it has some) and one of the cheapest sized members that
     fit, so the run stays near the listed cases' time; --level full as deep."""
-    from .specs.base import LEVELS  # specs import this module to declare their families
     if level == "quick":
         return [], []
     wide = level == "default" and not deep
@@ -103,29 +78,6 @@ def pool(spec) -> Dict[str, Case]:
             for case in (fam.case(spec.make_case, label, params) for label, params in fam.members)}
 
 
-def normalize(op: str, params: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    """Keep the coupled params of a candidate consistent (None: not a valid case)."""
-    params = dict(params)
-    if op == "attention":
-        if params["H"] % params["Hkv"]:
-            return None
-        if params.get("lengths") is not None:
-            lengths = list(params["lengths"])[:params["B"]]
-            lengths += [params["Sk"]] * (params["B"] - len(lengths))
-            params["lengths"] = [min(length, params["Sk"]) for length in lengths]
-    if op == "attention_decode" and params.get("lengths") is not None:
-        lengths = list(params["lengths"])[:params["B"]]
-        lengths += [params["S_max"]] * (params["B"] - len(lengths))
-        params["lengths"] = [min(length, params["S_max"]) for length in lengths]
-    if op == "rotary":
-        if params.get("rotary_dim", 0) > params.get("D", 0) or params.get("D", 0) % 2 or params.get("rotary_dim", 0) % 2:
-            return None
-        offsets = params.get("offsets")
-        if isinstance(offsets, list):
-            params["offsets"] = (offsets + [0] * params["B"])[:params["B"]]
-    return params
-
-
 def drawn(spec, fam: Family, number: int) -> "Case":
     """Explore's fresh member number `number` of `fam` (the same for the same number): the
     family's own draw, else one of its members with its sizes moved to other tile boundaries."""
@@ -133,7 +85,7 @@ def drawn(spec, fam: Family, number: int) -> "Case":
     for _ in range(20):
         label, params = fam.draw(rng) if fam.draw is not None else _perturbed(rng, fam)
         case = fam.case(spec.make_case, f"{DRAW}{number}", {**params, "drawn_as": label})
-        fixed = normalize(spec.op, case.params)
+        fixed = spec.normalize(case.params)
         if fixed is not None:
             return type(case)(case.name, fixed, case.level, case.kind)
     return fam.case(spec.make_case, f"{DRAW}{number}", dict(fam.members[0][1]))
@@ -250,9 +202,6 @@ def apply_values(inputs: Dict[str, Any], regimes: Optional[Dict[str, Any]], dtyp
     return out
 
 
-VIEW_KINDS = ("offset", "sliced", "transposed", "expanded")
-
-
 def apply_views(inputs: Dict[str, Any], views: Optional[Dict[str, str]]) -> Dict[str, Any]:
     """Give named inputs an unusual layout with the same values (differentiable, so gradients
     reach the leaves): "offset": an odd storage offset (3 elements into its buffer); "sliced":
@@ -281,9 +230,3 @@ def apply_views(inputs: Dict[str, Any], views: Optional[Dict[str, str]]) -> Dict
             raise ValueError(f"views: {name}={kind!r}, expected one of {VIEW_KINDS}")
         out[name] = value
     return out
-
-
-def view_members(names: Sequence[str], kinds: Sequence[str] = VIEW_KINDS,
-                 base: Optional[Dict[str, Any]] = None) -> List[Tuple[str, Dict[str, Any]]]:
-    """One member per (input, layout): each input alone in each unusual layout."""
-    return [(f"{name}_{kind}", {**(base or {}), "views": {name: kind}}) for name in names for kind in kinds]

@@ -11,7 +11,7 @@ from .. import dispatch
 from . import families
 from .execute import dtype_from_name, dtype_name, task_seed
 from .results import CheckResult, Status
-from .specs import LEVELS, OPS, Case, get_spec
+from ..contracts import LEVELS, OPS, Case, get_spec
 
 # Rough cost of one check, for the up-front estimate of --full.
 # The up-front estimate: on a 16-core H100 machine the default level's 663 checks took 40 s in
@@ -231,7 +231,7 @@ LARGE_TIMING_CASE = "timing-large"
 
 def timing_cases(op: str, device: str) -> List[tuple]:
     """(case name, params) of the op's timing runs on `device`: "timing", plus "timing-large"
-    on a GPU where the spec has one (specs/base.py large_timing_params)."""
+    on a GPU where the spec has one (contracts/base.py large_timing_params)."""
     spec = get_spec(op)
     cases = [("timing", spec.timing_params())]
     large = spec.large_timing_params()

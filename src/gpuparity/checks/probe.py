@@ -29,7 +29,7 @@ from .isolate import TF32_ENV, child_env
 from .plan import timing_cases, timing_field
 from .execute import dtype_name
 from .results import Status
-from .specs import get_spec
+from ..contracts import get_spec
 
 LOG = logging.getLogger("gpuparity")
 TRUST_UNPROBED = "GPUPARITY_TRUST_UNPROBED"
@@ -323,6 +323,6 @@ def probe_verdict(problem: Problem, backend: Backend) -> Dict[str, Any]:
     found = stored.get(key, {"passed": False, "reason": "no probe verdict recorded"})
     time_ms = _time_of(found, get_spec(problem.op).is_large(problem))
     if time_ms is not None and time_ms != found.get("time_ms"):
-        # a large call is ranked by the large timing case (specs/base.py large_timing_params)
+        # a large call is ranked by the large timing case (contracts/base.py large_timing_params)
         return {**found, "time_ms": time_ms}
     return found

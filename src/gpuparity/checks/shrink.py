@@ -16,9 +16,9 @@ import re
 import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from .families import normalize
 from .plan import Task
 from .pool import DEFAULT_TIMEOUT_S, WorkerPool, _run_one
+from ..contracts import get_spec
 from .results import CheckResult, Status
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,6 @@ def _mask_candidates(params: Dict[str, Any]) -> Iterator[Tuple[str, Dict[str, An
 
 
 def _layout_candidates(op: str):
-    from .specs import get_spec
     try:
         default = get_spec(op).make_case("default").params.get("layout")
     except NotImplementedError:
@@ -160,7 +159,7 @@ def shrink(result: CheckResult, *, impl: Optional[str] = None, isolate: bool = T
                     if time.monotonic() - started > seconds:
                         minimal = False
                         break
-                    candidate = normalize(result.op, candidate)
+                    candidate = get_spec(result.op).normalize(candidate)
                     key = repr(sorted(candidate.items())) if candidate is not None else None
                     if candidate is None or key in tried:
                         continue

@@ -7,7 +7,7 @@ from typing import Callable, List, Optional, Set, Tuple
 
 import torch
 
-from .specs import get_spec
+from ..contracts import get_spec
 
 CallShape = Tuple[int, Tuple[str, ...]]  # (positional arguments, keyword names)
 

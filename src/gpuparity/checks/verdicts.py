@@ -36,7 +36,7 @@ def verdict_dtype(op: str, dtype: torch.dtype, device: torch.device) -> str:
     on, nor the other way), else the dtype's name."""
     name = str(dtype).replace("torch.", "")
     if dtype == torch.float32:
-        from .specs import get_spec
+        from ..contracts import get_spec
         if get_spec(op).precision(dtype, torch.device(device)) == "tf32":
             name += "+tf32"
     return name

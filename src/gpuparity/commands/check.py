@@ -8,7 +8,7 @@ import time
 from .. import platform
 from ..api import check as run_check
 from ..checks.results import tally
-from ..checks.specs import OPS, get_spec
+from ..contracts import OPS, get_spec
 from ..report.terminal import PlainProgress, render_failures, render_results, tally_text
 from ._common import (add_device, add_explore, add_json, add_shrink, battery_progress, emit_json, human_console,
                       interruption, repro_dir, split_list)

@@ -274,7 +274,7 @@ LARGE_NORM = 1 << 22
 
 def norm_problem(op: str, x: torch.Tensor, shape: Tuple[int, ...], weight, bias) -> Problem:
     """The dispatcher's description of a validated rms_norm / layer_norm call."""
-    # "large": ranked by the training-size timing (checks/specs/norms.py), where the kernels'
+    # "large": ranked by the training-size timing (contracts/norms.py), where the kernels'
     # time outweighs the host's; from 4M elements (2048 tokens x 2048 hidden)
     features = (("hidden", _hidden(shape)), ("weight", weight is not None), ("large", x.numel() >= LARGE_NORM))
     if op == "layer_norm":

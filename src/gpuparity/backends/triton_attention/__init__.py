@@ -105,7 +105,7 @@ def _varlen_supports(problem: Problem) -> List[str]:
     return [f"triton: head_dim {head_dim} > {MAX_HEAD_DIM}"] if head_dim > MAX_HEAD_DIM else []
 
 
-# backend="auto" uses it once the battery verified it here (checks/specs/varlen.py, ops.select)
+# backend="auto" uses it once the battery verified it here (contracts/varlen.py, ops.select)
 register(Backend("triton", "attention_varlen", triton_attention_varlen,
                  "gpuparity's fused Triton kernels over packed sequences (no padding computed)",
                  device_types=("cuda", "cpu"), dtypes=(torch.float16, torch.bfloat16, torch.float32),

@@ -6,10 +6,9 @@ from typing import List
 
 import torch
 
-from ... import reference
-from ...numerics import cudnn_tf32, matmul_tf32
-from .. import families as fam
-from .base import Case, OpSpec, randn, tf32_precision
+from .. import reference
+from ..numerics import cudnn_tf32, matmul_tf32
+from .base import Case, OpSpec, family, randn, tf32_precision, view_members
 
 
 class _ListedSpec(OpSpec):
@@ -51,14 +50,14 @@ class SoftmaxSpec(_ListedSpec):
     ]
     DEFAULTS = dict(shape=(4, 33), dim=-1, scale=1.0)
     FAMILIES = [
-        fam.family("sizes", [(f"width_{n}", dict(shape=(3, n))) for n in (1025, 63, 65, 127, 129, 255, 257, 1023,
+        family("sizes", [(f"width_{n}", dict(shape=(3, n))) for n in (1025, 63, 65, 127, 129, 255, 257, 1023,
                                                                            2049, 4095, 8193)]),
-        fam.family("values", [("near_max", dict(shape=(3, 64), values={"x": {"peak": 1e38, "max_frac": 0.5}},
+        family("values", [("near_max", dict(shape=(3, 64), values={"x": {"peak": 1e38, "max_frac": 0.5}},
                                                 forward_only=True)),
                               ("denormal_mix", dict(shape=(3, 64), values={"x": "denormal_mix"})),
                               ("constant_rows", dict(shape=(3, 64), values={"x": "constant_rows"}))]),
-        fam.family("layouts", fam.view_members(("x",), ("offset", "sliced", "transposed", "expanded"))),
-        fam.family("dims", [("dim0_of_2d", dict(shape=(33, 5), dim=0)), ("dim1_of_4d", dict(shape=(2, 17, 3, 4), dim=1)),
+        family("layouts", view_members(("x",), ("offset", "sliced", "transposed", "expanded"))),
+        family("dims", [("dim0_of_2d", dict(shape=(33, 5), dim=0)), ("dim1_of_4d", dict(shape=(2, 17, 3, 4), dim=1)),
                             ("batch_5x3", dict(shape=(5, 3, 40)))]),
     ]
 
@@ -97,17 +96,17 @@ class MatmulSpec(_ListedSpec):
     DEFAULTS = dict(a=(17, 33), b=(33, 9))
     FAMILIES = [
         # m or n == 1 (rocBLAS fp32 at 16-bit precision), tile edges of 16/32/64/128
-        fam.family("sizes", [("m1_n65", dict(a=(1, 64), b=(64, 65))), ("n1_m129", dict(a=(129, 32), b=(32, 1))),
+        family("sizes", [("m1_n65", dict(a=(1, 64), b=(64, 65))), ("n1_m129", dict(a=(129, 32), b=(32, 1))),
                              ("k_127", dict(a=(31, 127), b=(127, 33))), ("k_129_m65", dict(a=(65, 129), b=(129, 63))),
                              ("m192_n64_k65", dict(a=(192, 65), b=(65, 64))), ("k_1", dict(a=(33, 1), b=(1, 17)))],
                    anchors=2),
-        fam.family("layouts", [("both_transposed", dict(a=(20, 24), b=(24, 12), views={"a": "transposed",
+        family("layouts", [("both_transposed", dict(a=(20, 24), b=(24, 12), views={"a": "transposed",
                                                                                     "b": "transposed"}))]
-                   + fam.view_members(("a", "b"), ("offset", "sliced", "transposed"), base=dict(a=(20, 24), b=(24, 12)))),
-        fam.family("batch", [("batch_5", dict(a=(5, 9, 17), b=(5, 17, 6))),
+                   + view_members(("a", "b"), ("offset", "sliced", "transposed"), base=dict(a=(20, 24), b=(24, 12)))),
+        family("batch", [("batch_5", dict(a=(5, 9, 17), b=(5, 17, 6))),
                              ("broadcast_b", dict(a=(3, 4, 8, 16), b=(16, 5))),
                              ("batch_expanded", dict(a=(4, 9, 17), b=(4, 17, 6), views={"b": "expanded"}))]),
-        fam.family("values", [("denormal_mix", dict(a=(16, 32), b=(32, 16), values={"a": "denormal_mix"}))]),
+        family("values", [("denormal_mix", dict(a=(16, 32), b=(32, 16), values={"a": "denormal_mix"}))]),
     ]
 
     def make_inputs(self, p, gen):
@@ -143,12 +142,12 @@ class Conv2dSpec(_ListedSpec):
     ]
     DEFAULTS = dict(x=(2, 3, 17, 17), w=(8, 3, 3, 3), stride=1, padding=1)
     FAMILIES = [
-        fam.family("sizes", [("image_33_channels_65", dict(x=(1, 65, 33, 9), w=(4, 65, 3, 3))),
+        family("sizes", [("image_33_channels_65", dict(x=(1, 65, 33, 9), w=(4, 65, 3, 3))),
                              ("image_1x1", dict(x=(3, 4, 1, 1), w=(5, 4, 1, 1), padding=0)),
                              ("channels_1", dict(x=(2, 1, 16, 16), w=(4, 1, 3, 3)))]),
-        fam.family("batch", [("batch_5", dict(x=(5, 3, 9, 9), w=(4, 3, 3, 3)))]),
-        fam.family("layouts", fam.view_members(("x", "weight"), ("offset", "transposed"))),
-        fam.family("values", [("denormal_mix", dict(values={"x": "denormal_mix"}))]),
+        family("batch", [("batch_5", dict(x=(5, 3, 9, 9), w=(4, 3, 3, 3)))]),
+        family("layouts", view_members(("x", "weight"), ("offset", "transposed"))),
+        family("values", [("denormal_mix", dict(values={"x": "denormal_mix"}))]),
     ]
 
     def make_inputs(self, p, gen):
@@ -188,12 +187,12 @@ class CrossEntropySpec(_ListedSpec):
     ]
     DEFAULTS = dict(n=17, c=10)
     FAMILIES = [
-        fam.family("sizes", [("classes_4097", dict(n=5, c=4097)), ("classes_127", dict(n=9, c=127)),
+        family("sizes", [("classes_4097", dict(n=5, c=4097)), ("classes_127", dict(n=9, c=127)),
                              ("classes_129_ignore", dict(n=13, c=129, ignore=True)), ("rows_129", dict(n=129, c=33)),
                              ("classes_1", dict(n=7, c=1))]),
-        fam.family("values", [("huge_logits", dict(n=12, c=40, scale=3000.0)),
+        family("values", [("huge_logits", dict(n=12, c=40, scale=3000.0)),
                               ("denormal_mix", dict(n=12, c=40, values={"logits": "denormal_mix"}))]),
-        fam.family("layouts", fam.view_members(("logits",), ("offset", "sliced", "transposed"), base=dict(n=12, c=20))),
+        family("layouts", view_members(("logits",), ("offset", "sliced", "transposed"), base=dict(n=12, c=20))),
     ]
 
     def make_inputs(self, p, gen):

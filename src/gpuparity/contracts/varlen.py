@@ -7,12 +7,11 @@ from typing import Any, Dict, List
 
 import torch
 
-from ...backends.masks import attention_kind
-from ...backends.registry import Problem
-from ...backends.varlen_composition import attention_varlen_reference, empty_rows
-from ...numerics import matmul_tf32
-from .. import families as fam
-from .base import Case, OpSpec, randn, tf32_precision
+from ..backends.masks import attention_kind
+from ..backends.registry import Problem
+from ..backends.varlen_composition import attention_varlen_reference, empty_rows
+from ..numerics import matmul_tf32
+from .base import Case, OpSpec, family, randn, tf32_precision, view_members
 
 
 def _case(name, level="default", **params) -> Case:
@@ -129,24 +128,24 @@ class VarlenSpec(OpSpec):
 
 
 FAMILIES = [
-    fam.family("tile", [("lens_192_65_127", dict(q_lens=[192, 65, 127], k_lens=[192, 129, 63], H=1, D=32)),
+    family("tile", [("lens_192_65_127", dict(q_lens=[192, 65, 127], k_lens=[192, 129, 63], H=1, D=32)),
                         ("lens_64_63_causal", dict(q_lens=[64, 63, 1], k_lens=[64, 65, 1], causal=True)),
                         ("lens_320_gqa", dict(q_lens=[320, 31], k_lens=[320, 33], H=4, Hkv=2)),
                         ("lens_128_129_window", dict(q_lens=[128, 129], window=[64, 0], causal=True))]),
-    fam.family("seq_ratio", [("sq_gt_sk_causal", dict(q_lens=[40, 9], k_lens=[12, 3], causal=True)),
+    family("seq_ratio", [("sq_gt_sk_causal", dict(q_lens=[40, 9], k_lens=[12, 3], causal=True)),
                              ("sq_lt_sk", dict(q_lens=[3, 9], k_lens=[80, 30])),
                              ("decode_like", dict(q_lens=[1, 1, 1, 1], k_lens=[100, 1, 64, 65]))]),
-    fam.family("batch", [("seqs_7_distinct", dict(q_lens=[5, 1, 33, 17, 0, 2, 9], causal=True)),
+    family("batch", [("seqs_7_distinct", dict(q_lens=[5, 1, 33, 17, 0, 2, 9], causal=True)),
                          ("seqs_5_gqa", dict(q_lens=[20, 3, 8, 11, 6], H=4, Hkv=1))]),
-    fam.family("head_dim", [("d128_sq_ne_sk", dict(q_lens=[40, 9], k_lens=[72, 30], D=128)),
+    family("head_dim", [("d128_sq_ne_sk", dict(q_lens=[40, 9], k_lens=[72, 30], D=128)),
                             ("d128_causal_sq_ne_sk", dict(q_lens=[72, 9], k_lens=[40, 30], D=128, causal=True)),
                             ("d64", dict(q_lens=[33, 17], D=64)), ("d96", dict(q_lens=[20, 5], D=96))]),
-    fam.family("values", [("logits_x30", dict(q_lens=[20, 9], logit_scale=30.0, causal=True)),
+    family("values", [("logits_x30", dict(q_lens=[20, 9], logit_scale=30.0, causal=True)),
                           ("denormal_kv", dict(q_lens=[17, 5], values={"k": "denormal_mix", "v": "denormal_mix"})),
                           ("v_large", dict(q_lens=[17, 5], values={"v": {"peak": 3e3, "max_frac": 0.05}}))]),
-    fam.family("layouts", fam.view_members(("q", "k", "v"), ("offset", "sliced", "transposed"),
+    family("layouts", view_members(("q", "k", "v"), ("offset", "sliced", "transposed"),
                                            base=dict(q_lens=[13, 6], D=32))),
-    fam.family("long", [("one_4160", dict(q_lens=[4160], H=1, D=32, causal=True)),
+    family("long", [("one_4160", dict(q_lens=[4160], H=1, D=32, causal=True)),
                         ("sk_16448", dict(q_lens=[64, 8], k_lens=[16448, 100], H=1, D=32))], sized=True),
 ]
 

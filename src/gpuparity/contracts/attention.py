@@ -7,12 +7,11 @@ from typing import Any, Dict, List
 
 import torch
 
-from ... import reference
-from ...backends.masks import attention_kind
-from ...backends.registry import BackendUnavailable, Problem
-from ...numerics import matmul_tf32
-from .. import families as fam
-from .base import Case, OpSpec, randn, tf32_precision
+from .. import reference
+from ..backends.masks import attention_kind
+from ..backends.registry import BackendUnavailable, Problem
+from ..numerics import matmul_tf32
+from .base import Case, OpSpec, family, randn, tf32_precision, view_members
 
 
 def _case(name, level="default", **params) -> Case:
@@ -84,6 +83,16 @@ class AttentionSpec(OpSpec):
 
     def make_case(self, name, level="default", **overrides):
         return _case(name, level, **overrides)
+
+    def normalize(self, params):
+        params = dict(params)
+        if params["H"] % params["Hkv"]:
+            return None
+        if params.get("lengths") is not None:
+            lengths = list(params["lengths"])[:params["B"]]
+            lengths += [params["Sk"]] * (params["B"] - len(lengths))
+            params["lengths"] = [min(length, params["Sk"]) for length in lengths]
+        return params
 
     def work(self, p):
         # the scores, and the inputs and gradients (a few copies of each, float64)
@@ -323,7 +332,7 @@ def _families():
                                                                           "v": "sliced"})),
                 ("v_transposed", dict(layout_base, views={"v": "transposed"})),
                 ("k_sliced", dict(layout_base, views={"k": "sliced"}))]
-               + [(label, params) for label, params in fam.view_members(("q", "k", "v"), base=layout_base)
+               + [(label, params) for label, params in view_members(("q", "k", "v"), base=layout_base)
                   if label not in ("v_transposed", "k_sliced")])
 
     head_dims = [("d128_sq40_sk72_bool", dict(D=128, Sq=40, Sk=72, mask="bool")),
@@ -347,16 +356,16 @@ def _families():
                                               [("bool", dict(mask="bool")), ("causal", dict(causal=True)),
                                                ("padding", dict(mask="key_padding", lengths=[24, 3])),
                                                ("plain", {}), ("float", dict(mask="float", mask_shape="qk"))])]
-    return [fam.family("tile", tile, anchors=4, draw=draw_tile),
-            fam.family("seq_ratio", ratio, anchors=2),
-            fam.family("long", long, sized=True),
-            fam.family("batch", batch, anchors=4),
-            fam.family("values", values, anchors=2),
-            fam.family("masks", mask_forms, anchors=4),
-            fam.family("layouts", layouts, anchors=3),
-            fam.family("head_dim", head_dims, anchors=3),
-            fam.family("gqa", gqa, anchors=0),
-            fam.family("scale", scales, anchors=0)]
+    return [family("tile", tile, anchors=4, draw=draw_tile),
+            family("seq_ratio", ratio, anchors=2),
+            family("long", long, sized=True),
+            family("batch", batch, anchors=4),
+            family("values", values, anchors=2),
+            family("masks", mask_forms, anchors=4),
+            family("layouts", layouts, anchors=3),
+            family("head_dim", head_dims, anchors=3),
+            family("gqa", gqa, anchors=0),
+            family("scale", scales, anchors=0)]
 
 
 FAMILIES = _families()

@@ -7,8 +7,7 @@ from typing import List
 
 import torch
 
-from .. import families as fam
-from .base import Case, OpSpec, randn
+from .base import Case, OpSpec, family, randn, view_members
 
 
 def reference_swiglu(gate, up):
@@ -91,14 +90,14 @@ class SwiGLUSpec(OpSpec):
 
 
 FAMILIES = [
-    fam.family("sizes", [(f"width_{n}", dict(shape=(3, n))) for n in (1025, 63, 65, 127, 129, 255, 257, 1023, 4097,
+    family("sizes", [(f"width_{n}", dict(shape=(3, n))) for n in (1025, 63, 65, 127, 129, 255, 257, 1023, 4097,
                                                                        8193, 11009)]),
-    fam.family("rows", [("rows_129", dict(shape=(129, 32))), ("batch_5x3", dict(shape=(5, 3, 24))),
+    family("rows", [("rows_129", dict(shape=(129, 32))), ("batch_5x3", dict(shape=(5, 3, 24))),
                         ("rows_1", dict(shape=(1, 200)))]),
-    fam.family("values", [("gate_denormal", dict(values={"gate": "denormal_mix", "up": "denormal_mix"})),
+    family("values", [("gate_denormal", dict(values={"gate": "denormal_mix", "up": "denormal_mix"})),
                           ("up_large", dict(values={"up": {"peak": 1e30, "max_frac": 0.05}})),
                           ("gate_large", dict(values={"gate": {"peak": 1e30, "max_frac": 0.05}}))]),
-    fam.family("layouts", fam.view_members(("gate", "up"), base=dict(shape=(6, 40)))),
+    family("layouts", view_members(("gate", "up"), base=dict(shape=(6, 40)))),
 ]
 
 

@@ -6,9 +6,8 @@ from typing import List
 
 import torch
 
-from ... import reference
-from .. import families as fam
-from .base import Case, OpSpec, randn
+from .. import reference
+from .base import Case, OpSpec, family, randn, view_members
 
 
 def _case(name, level="default", **params) -> Case:
@@ -52,27 +51,27 @@ CASES: List[Case] = [
 HIDDEN_SIZES = (63, 64, 65, 127, 128, 129, 255, 257, 511, 513, 1023, 1024, 1025, 2047, 2049, 4095, 4097, 8191,
                 8193)
 FAMILIES = [
-    fam.family("sizes", [("hidden_129", dict(shape=(5, 129))), ("hidden_2049", dict(shape=(3, 2049)))]
+    family("sizes", [("hidden_129", dict(shape=(5, 129))), ("hidden_2049", dict(shape=(3, 2049)))]
                + [(f"hidden_{h}", dict(shape=(3, h))) for h in HIDDEN_SIZES if h not in (129, 2049)], anchors=2),
     # many rows: torch 2.13's CPU fp16/bf16 layer_norm sums the weight gradient in low precision
     # (1.7% off at 257 rows; known issue TORCH-CPU-BF16-LN-GRAD), so 16-bit at --full only
-    fam.family("rows", [("rows_129", dict(shape=(129, 32), half_at_full=True)), ("rows_1", dict(shape=(1, 96))),
+    family("rows", [("rows_129", dict(shape=(129, 32), half_at_full=True)), ("rows_1", dict(shape=(1, 96))),
                         ("batch_5x3", dict(shape=(5, 3, 40))),
                         ("rows_257_h65", dict(shape=(257, 65), half_at_full=True)),
                         ("batch_3x7_two_dims", dict(shape=(3, 7, 4, 8), norm_dims=2))]),
-    fam.family("values", [("constant_rows", dict(shape=(6, 64), values={"x": "constant_rows"})),
+    family("values", [("constant_rows", dict(shape=(6, 64), values={"x": "constant_rows"})),
                           ("denormal_mix", dict(shape=(4, 96), values={"x": "denormal_mix"})),
                           # fp16 near its max; fp32/bf16 as large as fp32 statistics allow
                           ("large_values", dict(shape=(4, 128), values={"x": {"peak": 1e15, "max_frac": 0.125}})),
                           ("tiny_variance", dict(shape=(4, 80), offset=1.0, spread=1e-3, half_at_full=True)),
                           ("tiny_weight", dict(shape=(4, 64), values={"weight": "denormal_mix"}))], anchors=1),
-    fam.family("layouts", [("x_offset", dict(shape=(6, 40), views={"x": "offset"}))]
+    family("layouts", [("x_offset", dict(shape=(6, 40), views={"x": "offset"}))]
                + [(label, dict(shape=(6, 40), **params)) for label, params in
-                  fam.view_members(("x",), ("sliced", "transposed", "expanded"))]
+                  view_members(("x",), ("sliced", "transposed", "expanded"))]
                + [("weight_offset", dict(shape=(6, 40), views={"weight": "offset"})),
                   ("weight_sliced", dict(shape=(6, 40), views={"weight": "sliced"}))]),
     # more than 2^31 elements (32-bit offsets overflow): where memory allows, at --full
-    fam.family("huge", [("rows_65536x4096", dict(shape=(65536, 4096))),
+    family("huge", [("rows_65536x4096", dict(shape=(65536, 4096))),
                         ("over_2pow31", dict(shape=(524289, 4096)))], sized=True, level="full"),
 ]
 

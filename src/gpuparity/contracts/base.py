@@ -1,13 +1,16 @@
-"""What the battery needs to know about one op: its cases, how to make seeded inputs, how to
-call an implementation through the op's public signature, and which outputs must be zero."""
+"""What every op contract builds on: `OpSpec` (what the battery needs to know about one op: its
+cases, how to make seeded inputs, how to call an implementation through the op's public
+signature, and which outputs must be zero), `Case`, and `Family` (a regime the battery
+generates cases for; the engine that draws them is checks/families.py)."""
 from __future__ import annotations
 
 import dataclasses
+import random
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ...dispatch import Problem
+from ..backends.registry import Problem
 
 LEVELS = ("quick", "default", "full")
 
@@ -49,6 +52,11 @@ class OpSpec:
     def make_case(self, name: str, level: str = "default", **overrides) -> Case:
         """A case with the op's default params and `overrides` (families build their members so)."""
         raise NotImplementedError
+
+    def normalize(self, params: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        """`params` with its coupled values kept consistent after a family draw or a shrink step
+        changed some of them (None: not a valid case)."""
+        return dict(params)
 
     def repro_reference(self) -> Callable:
         """The float64 reference a standalone repro copies (called with the arguments the
@@ -123,3 +131,38 @@ def tf32_precision(dtype: torch.dtype, device: torch.device, allowed: bool) -> O
     if dtype == torch.float32 and device.type == "cuda" and allowed:
         return "tf32"
     return None
+
+
+# --------------------------------------------------------------------------- regime families
+# Cases of a family are named "<family>.<label>"; explore's fresh draws "<family>.draw<N>".
+SEPARATOR = "."
+DRAW = "draw"
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """A regime: `members` (label -> params overrides, first `anchors` always run), an optional
+    `draw(rng)` making fresh members for --explore, and `sized`: members carry a work size
+    (`work(params)`) and all run where the level's budget and memory allow, else SKIP."""
+    name: str
+    members: Tuple[Tuple[str, Dict[str, Any]], ...]  # (label, params overrides)
+    anchors: int = 1
+    draw: Optional[Callable[[random.Random], Tuple[str, Dict[str, Any]]]] = None
+    sized: bool = False
+    level: str = "default"          # lowest level that runs it
+
+    def case(self, make: Callable[..., "Case"], label: str, overrides: Dict[str, Any]) -> "Case":
+        return make(f"{self.name}{SEPARATOR}{label}", "default", **overrides)
+
+
+def family(name: str, members: Sequence[Tuple[str, Dict[str, Any]]], anchors: int = 1, **kwargs) -> Family:
+    return Family(name, tuple((label, dict(params)) for label, params in members), anchors, **kwargs)
+
+
+VIEW_KINDS = ("offset", "sliced", "transposed", "expanded")
+
+
+def view_members(names: Sequence[str], kinds: Sequence[str] = VIEW_KINDS,
+                 base: Optional[Dict[str, Any]] = None) -> List[Tuple[str, Dict[str, Any]]]:
+    """One member per (input, layout): each input alone in each unusual layout."""
+    return [(f"{name}_{kind}", {**(base or {}), "views": {name: kind}}) for name in names for kind in kinds]

@@ -7,9 +7,8 @@ from typing import List
 
 import torch
 
-from ... import reference
-from .. import families as fam
-from .base import Case, OpSpec, randn
+from .. import reference
+from .base import Case, OpSpec, family, randn, view_members
 
 
 def _case(name, level="default", **params) -> Case:
@@ -51,6 +50,15 @@ class RotarySpec(OpSpec):
 
     def make_case(self, name, level="default", **overrides):
         return _case(name, level, **overrides)
+
+    def normalize(self, params):
+        params = dict(params)
+        if params.get("rotary_dim", 0) > params.get("D", 0) or params.get("D", 0) % 2 or params.get("rotary_dim", 0) % 2:
+            return None
+        offsets = params.get("offsets")
+        if isinstance(offsets, list):
+            params["offsets"] = (offsets + [0] * params["B"])[:params["B"]]
+        return params
 
     def kind(self, p):
         return ("varlen-" if p["varlen"] else "") + ("interleaved" if p["interleaved"] else "half")
@@ -97,21 +105,21 @@ class RotarySpec(OpSpec):
 
 
 FAMILIES = [
-    fam.family("sizes", [("s65_d128_interleaved", dict(S=65, D=128, interleaved=True, offsets=[0, 3])),
+    family("sizes", [("s65_d128_interleaved", dict(S=65, D=128, interleaved=True, offsets=[0, 3])),
                          ("s129_d64_partial", dict(S=129, D=64, rotary_dim=32, H=2)),
                          ("s64_d96", dict(S=64, D=96, H=2)), ("s127_d80_interleaved", dict(S=127, D=80, interleaved=True)),
                          ("s192_d256", dict(S=192, D=256, H=1)), ("s1_d64", dict(S=1, D=64, offsets=[7, 0]))]),
-    fam.family("batch", [("b5_interleaved_offsets", dict(B=5, interleaved=True, offsets=[0, 5, 11, 2, 31])),
+    family("batch", [("b5_interleaved_offsets", dict(B=5, interleaved=True, offsets=[0, 5, 11, 2, 31])),
                          ("b4_half_offsets", dict(B=4, offsets=[9, 0, 1, 30])),
                          ("b3_varlen_interleaved", dict(varlen=[3, 17, 1, 9, 6], interleaved=True)),
                          ("b8_bhsd", dict(B=8, layout="bhsd", S=9, offsets=[0, 1, 2, 3, 4, 5, 6, 7]))]),
-    fam.family("values", [("denormal_x", dict(values={"x": "denormal_mix"}, B=3, offsets=[0, 2, 4])),
+    family("values", [("denormal_x", dict(values={"x": "denormal_mix"}, B=3, offsets=[0, 2, 4])),
                           ("large_x", dict(values={"x": {"peak": 1e30, "max_frac": 0.25}}, interleaved=True))]),
-    fam.family("layouts", [("x_offset_interleaved", dict(views={"x": "offset"}, interleaved=True, B=3,
+    family("layouts", [("x_offset_interleaved", dict(views={"x": "offset"}, interleaved=True, B=3,
                                                          offsets=[0, 5, 11]))]
-               + fam.view_members(("x",), ("sliced", "transposed", "expanded"), base=dict(B=3, offsets=[0, 5, 11]))
-               + fam.view_members(("cos", "sin"), ("offset", "sliced"))),
-    fam.family("long", [("s4160_offsets", dict(B=2, S=4160, H=1, D=16, offsets=[0, 64])),
+               + view_members(("x",), ("sliced", "transposed", "expanded"), base=dict(B=3, offsets=[0, 5, 11]))
+               + view_members(("cos", "sin"), ("offset", "sliced"))),
+    family("long", [("s4160_offsets", dict(B=2, S=4160, H=1, D=16, offsets=[0, 64])),
                         ("s16448_interleaved", dict(B=1, S=16448, H=1, D=16, interleaved=True))]),
 ]
 

@@ -7,11 +7,10 @@ from typing import Any, Dict, List
 
 import torch
 
-from ...backends.registry import Problem
-from ...backends.triton_decode import decode_reference
-from ...numerics import matmul_tf32
-from .. import families as fam
-from .base import Case, OpSpec, randn, tf32_precision
+from ..backends.registry import Problem
+from ..backends.triton_decode import decode_reference
+from ..numerics import matmul_tf32
+from .base import Case, OpSpec, family, randn, tf32_precision, view_members
 
 
 def _case(name, level="default", **params) -> Case:
@@ -56,6 +55,14 @@ class DecodeSpec(OpSpec):
     def make_case(self, name, level="default", **overrides):
         return _case(name, level, **overrides)
 
+    def normalize(self, params):
+        params = dict(params)
+        if params.get("lengths") is not None:
+            lengths = list(params["lengths"])[:params["B"]]
+            lengths += [params["S_max"]] * (params["B"] - len(lengths))
+            params["lengths"] = [min(length, params["S_max"]) for length in lengths]
+        return params
+
     def work(self, p):
         return p["B"] * p["H"] * p["Sq"] * p["S_max"]
 
@@ -93,19 +100,19 @@ class DecodeSpec(OpSpec):
 
 
 FAMILIES = [
-    fam.family("tile", [("cache_192_lengths_64_65", dict(S_max=192, lengths=[192, 64, 65], D=64)),
+    family("tile", [("cache_192_lengths_64_65", dict(S_max=192, lengths=[192, 64, 65], D=64)),
                         ("cache_129", dict(S_max=129, lengths=[127, 128, 129])),
                         ("cache_320_sq4", dict(S_max=320, Sq=4, lengths=[320, 63, 1])),
                         ("cache_256_sq2", dict(S_max=256, Sq=2, lengths=[255, 256, 2]))]),
-    fam.family("batch", [("b5_distinct", dict(B=5, lengths=[40, 0, 17, 1, 33])),
+    family("batch", [("b5_distinct", dict(B=5, lengths=[40, 0, 17, 1, 33])),
                          ("b8_mqa", dict(B=8, H=4, Hkv=1, S_max=20, lengths=[20, 19, 1, 0, 7, 8, 15, 2]))]),
-    fam.family("head_dim", [("d128_sq3", dict(D=128, Sq=3, lengths=[40, 9, 2])),
+    family("head_dim", [("d128_sq3", dict(D=128, Sq=3, lengths=[40, 9, 2])),
                             ("d64_sq16", dict(D=64, Sq=16, lengths=[16, 40, 20])), ("d96", dict(D=96))]),
-    fam.family("gqa", [("h8_hkv2", dict(H=8, Hkv=2)), ("h6_hkv1", dict(H=6, Hkv=1)), ("h12_hkv4", dict(H=12, Hkv=4))]),
-    fam.family("values", [("logits_x30", dict(logit_scale=30.0, lengths=[40, 23, 2])),
+    family("gqa", [("h8_hkv2", dict(H=8, Hkv=2)), ("h6_hkv1", dict(H=6, Hkv=1)), ("h12_hkv4", dict(H=12, Hkv=4))]),
+    family("values", [("logits_x30", dict(logit_scale=30.0, lengths=[40, 23, 2])),
                           ("denormal_cache", dict(values={"k_cache": "denormal_mix", "v_cache": "denormal_mix"}))]),
-    fam.family("layouts", fam.view_members(("q", "k_cache", "v_cache"), ("offset", "sliced", "transposed"))),
-    fam.family("long", [("cache_16448", dict(B=2, H=2, Hkv=1, S_max=16448, lengths=[16448, 4097])),
+    family("layouts", view_members(("q", "k_cache", "v_cache"), ("offset", "sliced", "transposed"))),
+    family("long", [("cache_16448", dict(B=2, H=2, Hkv=1, S_max=16448, lengths=[16448, 4097])),
                         ("cache_131136", dict(B=1, H=2, Hkv=1, S_max=131136, lengths=[131136]))], sized=True),
 ]
 

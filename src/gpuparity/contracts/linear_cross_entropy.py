@@ -8,8 +8,7 @@ from typing import List
 import torch
 import torch.nn.functional as F
 
-from .. import families as fam
-from .base import Case, OpSpec, randn
+from .base import Case, OpSpec, family, randn, view_members
 
 
 def reference_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-100, reduction="mean",
@@ -116,16 +115,16 @@ class LinearCrossEntropySpec(OpSpec):
 
 
 FAMILIES = [
-    fam.family("sizes", [("vocab_4097_hidden_65", dict(shape=(7,), vocab=4097, hidden=65, ignore="every_third")),
+    family("sizes", [("vocab_4097_hidden_65", dict(shape=(7,), vocab=4097, hidden=65, ignore="every_third")),
                          ("vocab_4095", dict(shape=(5,), vocab=4095, hidden=16)),
                          ("vocab_8193", dict(shape=(3,), vocab=8193, hidden=8)),
                          ("tokens_129", dict(shape=(129,), vocab=64, hidden=8)),
                          ("hidden_127", dict(shape=(9,), vocab=33, hidden=127))]),
-    fam.family("batch", [("batch_3x5", dict(shape=(3, 5), vocab=40, ignore="every_third")),
+    family("batch", [("batch_3x5", dict(shape=(3, 5), vocab=40, ignore="every_third")),
                          ("batch_4x9_sum", dict(shape=(4, 9), vocab=30, reduction="sum"))]),
-    fam.family("values", [("huge_logits", dict(shape=(8,), vocab=50, scale=300.0)),
+    family("values", [("huge_logits", dict(shape=(8,), vocab=50, scale=300.0)),
                           ("hidden_denormal", dict(shape=(8,), vocab=50, values={"hidden": "denormal_mix"}))]),
-    fam.family("layouts", fam.view_members(("hidden", "weight"), ("offset", "sliced", "transposed"),
+    family("layouts", view_members(("hidden", "weight"), ("offset", "sliced", "transposed"),
                                            base=dict(shape=(9,), vocab=37, hidden=12))),
 ]
 

@@ -1,0 +1,47 @@
+"""One contract per op: everything that defines the op independent of any backend.
+
+A contract module (contracts/<op>.py) holds its op's argument checks and the `Problem` a call
+becomes for the dispatcher, its float64 reference, its trusted plain composition (registered as
+the op's "composition" backend), and the battery's cases and regime families (its `OpSpec`).
+Backends (backends/) implement the op; the check engine (checks/) runs any contract by name
+from this registry and knows no op itself; ops/ is the public layer over both.
+
+Adding an op: its contract module, one line below, its backends and its tests.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Dict, Tuple
+
+from .base import LEVELS, Case, OpSpec
+
+# op -> (contract module, the OpSpec's name in it), in the battery's order. A contract is
+# imported the first time its op is asked for, so a call of one op loads one contract.
+CONTRACTS: Dict[str, Tuple[str, str]] = {
+    "attention": ("gpuparity.contracts.attention", "SPEC"),
+    "softmax": ("gpuparity.contracts.basic", "SOFTMAX_SPEC"),
+    "layer_norm": ("gpuparity.contracts.norms", "LN_SPEC"),
+    "rms_norm": ("gpuparity.contracts.norms", "RMS_SPEC"),
+    "rotary": ("gpuparity.contracts.rotary", "SPEC"),
+    "matmul": ("gpuparity.contracts.basic", "MATMUL_SPEC"),
+    "conv2d": ("gpuparity.contracts.basic", "CONV2D_SPEC"),
+    "cross_entropy": ("gpuparity.contracts.basic", "CROSS_ENTROPY_SPEC"),
+    "attention_varlen": ("gpuparity.contracts.varlen", "SPEC"),
+    "attention_decode": ("gpuparity.contracts.decode", "SPEC"),
+    "linear_cross_entropy": ("gpuparity.contracts.linear_cross_entropy", "SPEC"),
+    "swiglu": ("gpuparity.contracts.swiglu", "SPEC"),
+}
+OPS = tuple(CONTRACTS)
+# the contract modules, each once (imported by backends.load_all: they register compositions)
+MODULES = tuple(dict.fromkeys(module for module, _ in CONTRACTS.values()))
+
+
+def get_spec(op: str) -> OpSpec:
+    """The battery's spec of `op` (its contract's OpSpec)."""
+    if op not in CONTRACTS:
+        raise ValueError(f"op: expected one of {list(CONTRACTS)}, got {op!r}")
+    module, name = CONTRACTS[op]
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = ["CONTRACTS", "OPS", "MODULES", "get_spec", "Case", "OpSpec", "LEVELS"]
