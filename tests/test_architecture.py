@@ -106,13 +106,78 @@ def test_no_import_cycle_among_src_modules():
     ("gpuparity.backends", "gpuparity.ops"),
     ("gpuparity.ops", "gpuparity.commands"),
     ("gpuparity.checks", "gpuparity.ops"),
+    # the base pieces (isolation, tolerance) come from the base, not from checks/
+    ("gpuparity.device", "gpuparity.checks"),
+    ("gpuparity.trace", "gpuparity.checks"),
+    ("gpuparity.workloads", "gpuparity.checks"),
+    ("gpuparity.compile", "gpuparity.checks"),
+    # nn/patch.py drives the integrations' adapters; they fill its summary without importing nn/
+    ("gpuparity.integrations", "gpuparity.nn"),
 ])
 def test_imports_point_down(lower, upper):
     """dispatch imports nothing above backends; backends register through backends.registry."""
-    graph = import_graph()
-    offending = sorted(f"{m} -> {t}" for m, targets in graph.items() if m == lower or m.startswith(lower + ".")
-                       for t in targets if t == upper or t.startswith(upper + "."))
+    offending = upward_imports(import_graph(), lower, upper)
     assert not offending, f"{lower} must not import {upper}: " + ", ".join(offending)
+
+
+def upward_imports(graph, lower, upper, allowed=()):
+    return sorted(f"{m} -> {t}" for m, targets in graph.items() if m == lower or m.startswith(lower + ".")
+                  for t in targets if (t == upper or t.startswith(upper + ".")) and t not in allowed)
+
+
+# The base layer (docs/architecture.md): what every floor above may take, importing nothing above it.
+BASE = ("gpuparity.platform", "gpuparity.numerics", "gpuparity.validation", "gpuparity.cachedir",
+        "gpuparity.caches", "gpuparity.isolate", "gpuparity.tolerance", "gpuparity.targets", "gpuparity.reference")
+
+
+def base_violations(graph):
+    """Base modules that import a gpuparity module outside the base."""
+    return sorted(f"{m} -> {t}" for m in BASE if m in graph for t in graph[m] if t not in BASE)
+
+
+def test_the_base_imports_only_the_base():
+    graph = import_graph()
+    assert {"gpuparity.isolate", "gpuparity.tolerance", "gpuparity.targets"} <= set(graph)
+    assert base_violations({"gpuparity.tolerance": {"gpuparity.checks.results"}}) == [
+        "gpuparity.tolerance -> gpuparity.checks.results"]   # the rule sees a planted edge
+    found = base_violations(graph)
+    assert not found, "the base imports a module above it: " + ", ".join(found)
+
+
+def test_known_takes_from_checks_only_the_verdict_store():
+    """known/ records its remedies on stored verdicts (their key type); isolation and tolerance,
+    which its probes also use, are base pieces."""
+    found = upward_imports(import_graph(), "gpuparity.known", "gpuparity.checks", allowed=("gpuparity.checks.verdicts",))
+    assert not found, "known/ reaches into checks/: " + ", ".join(found)
+
+
+def own_target_loaders(names=None):
+    """Functions outside gpuparity.targets that split a "module:attr" string (partition/rpartition/
+    split on ":") and import what it names (importlib.import_module, spec_from_file_location):
+    a loader of their own instead of targets.load."""
+    found = []
+    for module, path in sorted((names or module_names()).items()):
+        if module == "gpuparity.targets":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            calls = [c for c in ast.walk(node) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)]
+            splits = any(c.func.attr in ("partition", "rpartition", "split") and c.args
+                         and isinstance(c.args[0], ast.Constant) and c.args[0].value == ":" for c in calls)
+            imports = any(c.func.attr in ("import_module", "spec_from_file_location") for c in calls)
+            if splits and imports:
+                found.append(f"{module}.{node.name}")
+    return found
+
+
+def test_module_attr_strings_load_in_one_place(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text("import importlib\ndef load(t):\n    m, _, a = t.rpartition(':')\n"
+                       "    return getattr(importlib.import_module(m), a)\n")
+    assert own_target_loaders({"planted": planted}) == ["planted.load"]
+    found = own_target_loaders()
+    assert not found, "'module:attr' loaded outside gpuparity.targets (use targets.load): " + ", ".join(found)
 
 
 def test_long_files_say_why_at_their_top():
@@ -148,7 +213,7 @@ def test_the_lazy_facade_imports_on_first_use_and_keeps_the_name():
 # Module-level state that is not a memo: registries filled at import, and one-shot flags.
 NOT_CACHES = {
     "gpuparity.caches": {"_CLEARERS": "the cache registry itself"},
-    "gpuparity.checks.isolate": {"_CHILDREN": "the live worker processes, ended with the parent"},
+    "gpuparity.isolate": {"_CHILDREN": "the live worker processes, ended with the parent"},
     "gpuparity.backends.registry": {"_REGISTRY": "the backend registry, filled at import",
                                     "_LISTENERS": "callbacks told when the registry changes"},
     "gpuparity.known.probes.base": {"PROBES": "the probe registry, filled at import"},

@@ -364,8 +364,8 @@ def test_a_worker_ends_when_its_parent_is_killed(tmp_path):
     """SIGKILL leaves the parent no chance to clean up: the child notices by itself."""
     import time
     script = ("import subprocess, sys, time\n"
-              "from gpuparity.checks.isolate import child_env, spawn\n"
-              "child = spawn([sys.executable, '-c', 'from gpuparity.checks.isolate import die_with_parent; "
+              "from gpuparity.isolate import child_env, spawn\n"
+              "child = spawn([sys.executable, '-c', 'from gpuparity.isolate import die_with_parent; "
               "die_with_parent(); print(1, flush=True); import time; time.sleep(120)'], env=child_env(), "
               "stdout=subprocess.PIPE, text=True)\n"
               "child.stdout.readline()\nprint(child.pid, flush=True)\ntime.sleep(120)\n")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gpuparity import device as device_mod
-from gpuparity.checks.isolate import call_isolated
+from gpuparity.isolate import call_isolated
 
 
 def test_cpu_is_returned_as_is():

@@ -81,7 +81,7 @@ def test_fp32_verdicts_under_tf32_are_keyed_apart():
 def test_child_processes_get_the_callers_fp32_switches():
     import torch
 
-    from gpuparity.checks.isolate import TF32_ENV, apply_fp32_switches, child_env, fp32_switches
+    from gpuparity.isolate import TF32_ENV, apply_fp32_switches, child_env, fp32_switches
     saved = fp32_switches()
     try:
         apply_fp32_switches("matmul_tf32=1,cudnn_tf32=0")

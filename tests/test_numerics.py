@@ -31,7 +31,7 @@ def test_new_api_switches_read_without_raising():
     code = textwrap.dedent("""
         import torch
         from gpuparity import numerics, platform
-        from gpuparity.checks.isolate import fp32_switches
+        from gpuparity.isolate import fp32_switches
         from gpuparity.checks.verdicts import verdict_dtype
         torch.backends.cuda.matmul.fp32_precision = "tf32"
         try:

@@ -93,6 +93,6 @@ def _impl_load_error_isolated(impl: str, op: str, timeout: float) -> Optional[st
     a missing function or one with the wrong parameters is bad input (one message, exit 2), not
     an ERROR in every check. A crash or hang on import is left to the battery, which reports it
     per check with stderr."""
-    from .checks.isolate import call_isolated
+    from .isolate import call_isolated
     outcome = call_isolated("gpuparity.api:impl_load_error", {"impl": impl, "op": op}, timeout=timeout)
     return outcome.value if outcome.ok else None

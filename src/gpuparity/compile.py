@@ -4,7 +4,7 @@ model, and fall down a list of backends on an exception or a wrong answer.
 The float64-referee rule (as the TorchDynamo accuracy minifier): the compiled output passes
 when its RMSE against the float64 output is at most max(2 x eager's RMSE against float64,
 floor). gpuparity states RMSE relative to the reference's RMS, which is exactly the relative
-L2 error of checks.tolerance, so the floor is the tolerance floor of the output's dtype
+L2 error of gpuparity.tolerance, so the floor is the tolerance floor of the output's dtype
 (docs/design.md). Where the model cannot run in float64, the compiled output is compared with
 eager under the floor alone.
 """
@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .checks import tolerance
+from . import tolerance
 from .model_inputs import as_call, flatten_tensors, map_tensors
 
 DEFAULT_BACKENDS = ("inductor", "aot_eager", "eager")

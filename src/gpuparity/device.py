@@ -8,7 +8,7 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from .checks.isolate import call_isolated
+from .isolate import call_isolated
 from . import caches
 
 _VERIFIED: Dict[str, Dict[str, Any]] = caches.register("device.verified", {})

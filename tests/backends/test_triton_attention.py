@@ -15,7 +15,7 @@ pytest.importorskip("triton")
 from gpuparity import reference  # noqa: E402
 from gpuparity.backends import sdpa, triton_attention  # noqa: E402
 from gpuparity.backends.triton_attention import tiles  # noqa: E402
-from gpuparity.checks.tolerance import compare  # noqa: E402
+from gpuparity.tolerance import compare  # noqa: E402
 
 require_device()
 pytestmark = pytest.mark.usefixtures("triton_interpreter_is_live")

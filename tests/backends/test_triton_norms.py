@@ -15,7 +15,7 @@ pytest.importorskip("triton")
 
 from gpuparity import reference  # noqa: E402
 from gpuparity.backends import torch_ops, triton_common, triton_norms  # noqa: E402
-from gpuparity.checks.tolerance import compare  # noqa: E402
+from gpuparity.tolerance import compare  # noqa: E402
 
 require_device()
 

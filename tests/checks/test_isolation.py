@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from gpuparity.checks.battery import run_battery
-from gpuparity.checks.isolate import call_isolated
+from gpuparity.isolate import call_isolated
 from gpuparity.checks.results import Status, read_stream
 
 IMPLS = os.path.join(os.path.dirname(__file__), "planted_impls.py")

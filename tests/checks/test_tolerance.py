@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from gpuparity.checks import tolerance
+from gpuparity import tolerance
 
 
 def test_pass_when_within_twice_the_baseline_or_the_floor():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from gpuparity.checks.tolerance import compare
+from gpuparity.tolerance import compare
 
 
 def reference(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi=None, scale=None, q_lens=None,

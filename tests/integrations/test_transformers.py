@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 import torch  # noqa: E402
 
 import gpuparity  # noqa: E402
-from gpuparity.checks.tolerance import compare  # noqa: E402
+from gpuparity.tolerance import compare  # noqa: E402
 from gpuparity.integrations import transformers as gp_hf  # noqa: E402
 
 DEVICE = os.environ.get("GPUPARITY_TEST_DEVICE", "cpu")

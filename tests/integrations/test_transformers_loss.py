@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 import torch  # noqa: E402
 
 import gpuparity  # noqa: E402
-from gpuparity.checks.tolerance import compare  # noqa: E402
+from gpuparity.tolerance import compare  # noqa: E402
 from gpuparity.integrations import transformers_loss  # noqa: E402
 from device_env import TEST_DEVICE  # noqa: E402
 from test_transformers import build, inputs  # noqa: E402

@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 import torch  # noqa: E402
 
 import gpuparity  # noqa: E402
-from gpuparity.checks.tolerance import compare  # noqa: E402
+from gpuparity.tolerance import compare  # noqa: E402
 from gpuparity.integrations import transformers_rotary as rotary  # noqa: E402
 from test_transformers import DEVICE, KEY_BIASES, MARGINAL, build, inputs, run  # noqa: E402
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpuparity.checks.isolate import call_isolated
+from gpuparity.isolate import call_isolated
 from gpuparity.known import probes
 
 

@@ -12,7 +12,7 @@ from device_env import TEST_DEVICE as DEVICE, require_device
 
 import gpuparity.nn.attention as gp_attention
 from gpuparity import patch
-from gpuparity.checks.tolerance import compare
+from gpuparity.tolerance import compare
 from gpuparity.nn.attention import MultiheadAttention
 
 require_device()

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 from device_env import TEST_DEVICE as DEVICE, require_device
 
-from gpuparity.checks.tolerance import compare
+from gpuparity.tolerance import compare
 from gpuparity.nn.norms import LayerNorm, RMSNorm
 from gpuparity.nn.patch import patch
 

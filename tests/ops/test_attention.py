@@ -10,7 +10,7 @@ from device_env import ON_GPU, TEST_DEVICE as DEVICE, require_device
 from gpuparity import dispatch, reference
 from gpuparity.checks import verdicts as verdicts_store
 from gpuparity.backends import sdpa
-from gpuparity.checks.tolerance import compare
+from gpuparity.tolerance import compare
 from gpuparity.ops.attention import attention, attention_problem, explain_attention
 
 require_device()

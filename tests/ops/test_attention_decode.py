@@ -12,7 +12,7 @@ import gpuparity  # noqa: E402
 from gpuparity import dispatch  # noqa: E402
 from gpuparity.backends import triton_decode as td  # noqa: E402
 from gpuparity.backends.registry import BackendUnavailable  # noqa: E402
-from gpuparity.checks.tolerance import compare  # noqa: E402
+from gpuparity.tolerance import compare  # noqa: E402
 from gpuparity.ops import decode  # noqa: E402
 from gpuparity.ops.decode import attention_decode, decode_reference, kv_cache_append  # noqa: E402
 

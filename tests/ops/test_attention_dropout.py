@@ -16,7 +16,7 @@ from gpuparity.backends.registry import Backend, BackendUnavailable, register, u
 from gpuparity.backends.sdpa import composition  # noqa: E402
 from gpuparity.backends.triton_attention.launch import SEED_LIMIT, dropout_seed  # noqa: E402
 from gpuparity.checks import probe  # noqa: E402
-from gpuparity.checks.tolerance import compare  # noqa: E402
+from gpuparity.tolerance import compare  # noqa: E402
 from gpuparity.ops import dropout as dropout_ops  # noqa: E402
 from gpuparity.ops.attention import attention, attention_problem, explain_attention  # noqa: E402
 

@@ -11,7 +11,7 @@ from device_env import ON_GPU, TEST_DEVICE, require_device, size  # sets TRITON_
 pytest.importorskip("triton")
 
 import gpuparity  # noqa: E402
-from gpuparity.checks.tolerance import compare  # noqa: E402
+from gpuparity.tolerance import compare  # noqa: E402
 from gpuparity.backends.registry import Backend, register, unregister  # noqa: E402
 from gpuparity.ops.attention import attention  # noqa: E402
 from gpuparity.ops.varlen import (attention_varlen, attention_varlen_reference, empty_rows,  # noqa: E402

@@ -12,7 +12,7 @@ import gpuparity  # noqa: E402
 from gpuparity import dispatch, reference  # noqa: E402
 from gpuparity.backends import sdpa  # noqa: E402
 from gpuparity.backends.registry import BackendUnavailable  # noqa: E402
-from gpuparity.checks.tolerance import compare  # noqa: E402
+from gpuparity.tolerance import compare  # noqa: E402
 from gpuparity.ops.attention import attention, attention_problem  # noqa: E402
 
 

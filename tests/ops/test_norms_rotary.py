@@ -10,7 +10,7 @@ from device_env import TEST_DEVICE as DEVICE, require_device
 
 from gpuparity import dispatch, reference
 from gpuparity.ops import select
-from gpuparity.checks.tolerance import compare
+from gpuparity.tolerance import compare
 from gpuparity.ops.norms import layer_norm, rms_norm
 from gpuparity.ops.rotary import apply_rotary, rotary_kind
 

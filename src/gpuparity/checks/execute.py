@@ -3,7 +3,6 @@ reference and the same-dtype baseline, under the tolerance policy. In-process: t
 (isolation) and the probes call this."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import statistics
 import time
@@ -15,7 +14,7 @@ import torch
 
 from ..dispatch import BackendUnavailable, get as get_backend
 from .. import reference
-from . import tolerance
+from .. import targets, tolerance
 from .families import apply_values, apply_views
 from .results import Comparison, Status
 from ..contracts import OpSpec, get_spec
@@ -46,29 +45,15 @@ class ImplError(Exception):
 
 
 def load_impl(target: str) -> Callable:
-    """'pkg.module:fn' or 'path/to/file.py:fn'."""
-    module_part, _, attr = target.rpartition(":")
-    if not module_part or not attr:
-        raise ImplError(f"--impl: expected 'package.module:function' or 'file.py:function', got {target!r}")
+    """'pkg.module:fn' or 'path/to/file.py:fn' (targets.load), as an ImplError naming --impl."""
     try:
-        if module_part.endswith(".py") or os.sep in module_part:
-            path = os.path.abspath(module_part)
-            if not os.path.exists(path):
-                raise ImplError(f"--impl: file {path} does not exist")
-            spec = importlib.util.spec_from_file_location(f"gpuparity_impl_{zlib.crc32(path.encode())}", path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(module_part)
-    except ImplError:
-        raise
-    except BaseException as exc:  # noqa: BLE001 - a broken user module is a result
-        raise ImplError(f"--impl: importing {module_part!r} failed: {type(exc).__name__}: {exc}") from exc
-    obj = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ImplError(f"--impl: {module_part!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
+        obj = targets.load(target)
+    except targets.TargetError as exc:
+        if exc.part == "form":
+            raise ImplError(f"--impl: expected 'package.module:function' or 'file.py:function', got {target!r}") from None
+        if exc.part == "file":
+            raise ImplError(f"--impl: file {os.path.abspath(exc.module)} does not exist") from None
+        raise ImplError(f"--impl: {exc}") from exc.__cause__
     if not callable(obj):
         raise ImplError(f"--impl: {target!r} is a {type(obj).__name__}, not a callable")
     return obj

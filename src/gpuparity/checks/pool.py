@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Union
 
 import torch
 
-from .isolate import Stopped, child_env, describe_exit, forget, kill_tree, spawn, stopping, tail
+from ..isolate import Stopped, child_env, describe_exit, forget, kill_tree, spawn, stopping, tail
 from .plan import Task, is_jit
 from .results import CheckResult, Comparison, Status
 from .worker import MARKER

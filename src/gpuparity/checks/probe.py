@@ -25,7 +25,7 @@ from ..backends.registry import Backend, Problem
 from . import priors
 from . import verdicts as verdicts_store
 from .battery import Budget, Task, WorkerPool, normalize_device, plan, run_tasks, verdicts_from_results
-from .isolate import TF32_ENV, child_env
+from ..isolate import TF32_ENV, child_env
 from .plan import timing_cases, timing_field
 from .execute import dtype_name
 from .results import Status

@@ -7,6 +7,8 @@ import json
 import os
 from typing import Any, Dict, Iterable, Iterator, List, Optional
 
+from ..tolerance import Comparison  # noqa: F401 - re-exported: results carry comparisons
+
 
 class Status(str, enum.Enum):
     PASS = "PASS"
@@ -34,22 +36,6 @@ def worst(statuses: Iterable[Status]) -> Status:
         if status in statuses:
             return status
     return Status.SKIP
-
-
-@dataclasses.dataclass
-class Comparison:
-    """One output or gradient against the float64 reference."""
-    name: str
-    passed: bool
-    err: Optional[float] = None          # relative L2 error over the meaningful elements
-    baseline_err: Optional[float] = None  # the same for the trusted baseline composition
-    allowed: Optional[float] = None       # max(2 * baseline_err, floor[dtype])
-    max_abs: Optional[float] = None
-    worst_index: Optional[List[int]] = None
-    reason: str = ""
-
-    def to_dict(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass

@@ -48,7 +48,7 @@ def main() -> int:
     import os
 
     from .. import dispatch
-    from .isolate import TF32_ENV, apply_fp32_switches, die_with_parent
+    from ..isolate import TF32_ENV, apply_fp32_switches, die_with_parent
     die_with_parent()   # a worker does not outlive the run that started it
     apply_fp32_switches(os.environ.get(TF32_ENV))  # fp32 as the parent computes it
     dispatch.backends("attention")

@@ -202,7 +202,7 @@ def interruptible() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    from ..checks.isolate import allow_children, stop_children
+    from ..isolate import allow_children, stop_children
     raised = []
 
     def handler(signum, _frame) -> None:

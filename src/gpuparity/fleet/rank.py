@@ -196,7 +196,7 @@ class _RankRun:
         if self.device.type != "cuda":
             return run_probes(str(self.device))
         # On a GPU the probes run in a fresh process, so a crashing device is a result.
-        from ..checks.isolate import call_isolated
+        from ..isolate import call_isolated
         outcome = call_isolated("gpuparity.fleet.local:run_probes", {"device": str(self.device)}, timeout=budget)
         if outcome.ok:
             return outcome.value

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from .. import caches
-from ..nn.summary import PatchEntry, PatchSummary
+from .summary import PatchEntry, PatchSummary
 from ..ops.attention import attention
 from ..ops.norms import rms_norm
 from .transformers_loss import patch_causal_lm_loss

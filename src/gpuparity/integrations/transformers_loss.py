@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..nn.summary import PatchEntry, PatchSummary
+from .summary import PatchEntry, PatchSummary
 from ..ops.linear_cross_entropy import linear_cross_entropy
 from .swap import mark, serves
 

@@ -7,7 +7,7 @@ from typing import Callable, Dict
 
 import torch.nn as nn
 
-from ..nn.summary import PatchEntry, PatchSummary
+from .summary import PatchEntry, PatchSummary
 from ..ops.swiglu import swiglu
 from .swap import mark, qualname, serves, swapped_subclass
 

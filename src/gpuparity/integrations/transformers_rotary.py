@@ -12,7 +12,7 @@ from typing import Callable, List, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from ..nn.summary import PatchEntry, PatchSummary
+from .summary import PatchEntry, PatchSummary
 from ..ops.rotary import apply_rotary
 from .swap import mark, qualname, serves
 

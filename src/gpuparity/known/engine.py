@@ -13,7 +13,7 @@ from importlib import resources
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .. import platform as platform_mod
-from ..checks.isolate import call_isolated, describe_exit
+from ..isolate import call_isolated, describe_exit
 from .rules import evaluate_rule, kernel_param_state, validate_rule
 
 DOES_NOT_APPLY = "does not apply"

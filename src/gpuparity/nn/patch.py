@@ -16,7 +16,7 @@ from typing import Dict, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from .summary import PatchEntry, PatchSummary  # noqa: F401 - re-exported
+from ..integrations.summary import PatchEntry, PatchSummary  # noqa: F401 - re-exported
 
 # (module path, class name) of every drop-in.
 DROP_INS: Tuple[Tuple[str, str], ...] = (

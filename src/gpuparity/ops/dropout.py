@@ -58,7 +58,7 @@ _LOCK = threading.Lock()
 
 def _self_check(problem: Problem, backend: Backend) -> Dict[str, Any]:
     from .. import reference
-    from ..checks.tolerance import compare
+    from ..tolerance import compare
     c = _CHECK
     gen = torch.Generator().manual_seed(0)
     kv_heads, head_dim = (2 if problem.feature("gqa") else c["heads"]), problem.feature("head_dim")

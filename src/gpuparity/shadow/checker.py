@@ -1,6 +1,6 @@
 """The monitor's checks, off the training's hot path: a background thread takes the copies made
 at a sampled call and judges them against the float64 reference on the CPU under the tolerance
-policy (`checks/tolerance.py`): output, and when the backward ran, every input gradient the
+policy (`tolerance.py`): output, and when the backward ran, every input gradient the
 call produced, with the upstream gradient the run itself fed it."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from ..checks import tolerance
+from .. import tolerance
 from ..checks.results import Comparison
 from . import slices
 from .ops import OpKind

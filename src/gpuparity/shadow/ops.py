@@ -3,7 +3,7 @@
 One `OpKind` per watched function: how its arguments bind (the F.* signatures, gpuparity's
 backend call conventions), which inputs are differentiable, its float64 reference
 (`gpuparity.reference`), the trusted same-dtype composition that sets the baseline of the
-tolerance policy (`checks/tolerance.py`), and the elements that carry no meaning (rows with no
+tolerance policy (`tolerance.py`), and the elements that carry no meaning (rows with no
 key left). `sdpa_choice` answers which SDPA backend torch would run for a call's arguments.
 """
 from __future__ import annotations

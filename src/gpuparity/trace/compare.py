@@ -2,7 +2,7 @@
 module whose own computation diverges, forward and backward.
 
 The rule (docs/diverging-runs.md): every recorded tensor of B is compared with A's by
-relative L2 error (checks.tolerance). A module's output may carry the error it inherited: it
+relative L2 error (gpuparity.tolerance). A module's output may carry the error it inherited: it
 passes when err <= max(2 * inherited, floor), where `inherited` is the sum of its inputs'
 errors (to first order, the error of a product of them) or, if larger, the largest error
 computed inside it before its output (its children's outputs), and `floor` is the tolerance
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .. import platform as _platform
-from ..checks import tolerance
+from .. import tolerance
 from . import store
 from .store import TraceMismatch
 

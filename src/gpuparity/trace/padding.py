@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..checks import tolerance
+from .. import tolerance
 from ..model_inputs import flatten_tensors
 from . import store
 from .record import probe_weights, record_in_memory

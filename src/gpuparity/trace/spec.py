@@ -21,15 +21,13 @@ weights.
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
 import inspect
 import json
-import os
-import sys
 from typing import Any, Callable, Dict, Optional, Union
 
 import torch
+
+from .. import targets
 
 
 @dataclasses.dataclass
@@ -40,36 +38,23 @@ class Built:
 
 
 def load_factory(spec: str) -> Callable:
-    if not isinstance(spec, str) or ":" not in spec:
-        raise ValueError(f"SPEC: expected 'package.module:factory' or 'path/to/file.py:factory', got {spec!r}")
-    module_part, _, attr = spec.rpartition(":")
-    if not module_part or not attr:
-        raise ValueError(f"SPEC: expected 'package.module:factory' or 'path/to/file.py:factory', got {spec!r}")
-    if module_part.endswith(".py") or os.sep in module_part:
-        if not os.path.exists(module_part):
-            raise FileNotFoundError(f"SPEC {spec!r}: no file {module_part!r}")
-        name = "gpuparity_spec_" + os.path.splitext(os.path.basename(module_part))[0]
-        module_spec = importlib.util.spec_from_file_location(name, module_part)
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[name] = module
-        module_spec.loader.exec_module(module)
-    else:
-        # As `python -m` does: the current directory is importable.
-        if os.getcwd() not in sys.path and "" not in sys.path:
-            sys.path.insert(0, os.getcwd())
-        try:
-            module = importlib.import_module(module_part)
-        except ModuleNotFoundError as exc:
-            if exc.name and module_part.startswith(exc.name):
-                raise ValueError(f"SPEC {spec!r}: cannot import module {module_part!r} ({exc})") from exc
-            raise
-    factory = module
-    for part in attr.split("."):
-        if not hasattr(factory, part):
-            raise ValueError(f"SPEC {spec!r}: module {module_part!r} has no attribute {attr!r}")
-        factory = getattr(factory, part)
+    # As `python -m` does: the current directory is importable.
+    try:
+        factory = targets.load(spec, cwd_importable=True)
+    except targets.TargetError as exc:
+        if exc.part == "form":
+            raise ValueError(f"SPEC: expected 'package.module:factory' or 'path/to/file.py:factory', got {spec!r}") from None
+        if exc.part == "file":
+            raise FileNotFoundError(f"SPEC {spec!r}: no file {exc.module!r}") from None
+        if exc.part == "attribute":
+            raise ValueError(f"SPEC {spec!r}: module {exc.module!r} has no attribute {exc.attr!r}") from None
+        cause = exc.__cause__
+        if (isinstance(cause, ModuleNotFoundError) and cause.name and exc.module.startswith(cause.name)
+                and not targets.is_file_target(exc.module)):
+            raise ValueError(f"SPEC {spec!r}: cannot import module {exc.module!r} ({cause})") from cause
+        raise cause   # the user's module raised on import: their error, as it was
     if not callable(factory):
-        raise TypeError(f"SPEC {spec!r}: {attr!r} is a {type(factory).__name__}, expected a function")
+        raise TypeError(f"SPEC {spec!r}: {targets.split(spec)[1]!r} is a {type(factory).__name__}, expected a function")
     return factory
 
 

@@ -138,7 +138,7 @@ def rounding_tolerance(dtype_a: str, dtype_b: str) -> float:
     the same dtype (bit-identical), else twice the tolerance floor of the coarser one."""
     if dtype_a == dtype_b:
         return 0.0
-    from ..checks.tolerance import floor_for
+    from ..tolerance import floor_for
     floors = []
     for name in (dtype_a, dtype_b):
         try:

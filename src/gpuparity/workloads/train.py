@@ -123,7 +123,7 @@ def run(name: str, *, attn: Optional[str] = None, steps: Optional[int] = None, d
     }
     started = time.perf_counter()
     if isolate:
-        from ..checks.isolate import call_isolated
+        from ..isolate import call_isolated
         outcome = call_isolated("gpuparity.workloads.train:run_json",
                                 {"name": name, "attn": attn, "steps": steps, "device": str(device), "dtype": dtype,
                                  "seed": seed, "size": size, "overrides": overrides}, timeout=timeout)

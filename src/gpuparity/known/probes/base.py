@@ -7,7 +7,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from ...checks.tolerance import compare
+from ...tolerance import compare
 
 PROBES: List[str] = []
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import importlib
 import json
 import os
 import signal
@@ -20,6 +19,8 @@ import threading
 import time
 import traceback
 from typing import Any, Dict, Optional, Set
+
+from . import targets
 
 MARKER = "GPUPARITY-RESULT "
 STDERR_TAIL_LINES = 20
@@ -61,7 +62,7 @@ TF32_ENV = "GPUPARITY_FP32_SWITCHES"
 def fp32_switches() -> str:
     """This process's fp32 numerics switches (may matmuls and cuDNN use TF32) as one string: what
     a child process must apply to compute as this one does."""
-    from ..numerics import cudnn_tf32, matmul_tf32
+    from .numerics import cudnn_tf32, matmul_tf32
     return f"matmul_tf32={int(matmul_tf32())},cudnn_tf32={int(cudnn_tf32())}"
 
 
@@ -89,16 +90,6 @@ def child_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     if extra:
         env.update(extra)
     return env
-
-
-def resolve(target: str):
-    module_name, _, attr = target.partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"target: expected 'package.module:function', got {target!r}")
-    obj = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 # ------------------------------------------------------------------ children end with the parent
@@ -199,7 +190,7 @@ def call_isolated(target: str, kwargs: Optional[Dict[str, Any]] = None, timeout:
                   env: Optional[Dict[str, str]] = None) -> Outcome:
     start = time.monotonic()
     try:
-        proc = spawn([sys.executable, "-m", "gpuparity.checks.isolate", target],
+        proc = spawn([sys.executable, "-m", "gpuparity.isolate", target],
                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                      text=True, env=child_env(env))
     except Stopped as exc:
@@ -242,7 +233,7 @@ def _child_main(target: str) -> int:
     die_with_parent()
     kwargs = json.loads(sys.stdin.read() or "{}")
     try:
-        value = resolve(target)(**kwargs)
+        value = targets.load(target)(**kwargs)
         line = json.dumps({"value": value})
     except Exception as exc:  # noqa: BLE001 - the parent wants the error as data
         line = json.dumps({"error": f"{type(exc).__name__}: {exc}",

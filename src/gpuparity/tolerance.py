@@ -8,12 +8,28 @@ must be empty (fully masked attention rows) are checked separately: exactly zero
 """
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 
-from .results import Comparison
+
+@dataclasses.dataclass
+class Comparison:
+    """One output or gradient against the float64 reference."""
+    name: str
+    passed: bool
+    err: Optional[float] = None          # relative L2 error over the meaningful elements
+    baseline_err: Optional[float] = None  # the same for the trusted baseline composition
+    allowed: Optional[float] = None       # max(2 * baseline_err, floor[dtype])
+    max_abs: Optional[float] = None
+    worst_index: Optional[List[int]] = None
+    reason: str = ""
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
 
 # Floors: about 4x the relative L2 error of rounding a random tensor to the dtype
 # (unit roundoff / sqrt(3): fp32 3.4e-8, fp16 2.8e-4, bf16 2.3e-3; fp32 gets headroom for

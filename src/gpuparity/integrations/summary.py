@@ -1,5 +1,6 @@
-"""What gpuparity.patch(model) did: each module it replaced or left, and why (shared by
-nn/patch.py and integrations/transformers.py)."""
+"""What gpuparity.patch(model) did: each module it replaced or left, and why. nn/patch.py
+returns it and the integrations' adapters fill it; it lives here, below nn/, so that imports
+between the two go one way (nn/patch.py drives integrations/, which knows nothing of nn/)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
