@@ -4,7 +4,7 @@ docstrings and comments cite exists inside the repository.
 Checked: markdown links and backticked paths in README.md and docs/*.md; `NAME.md` words in
 their prose; file names in src/ docstrings and comments. A cited path resolves from the repo
 root, from the citing file's folder, or from the package root `src/gpuparity` (the docs name
-modules as `ops/calls.py`). A path that leaves the repository does not resolve. Names that
+modules as `ops/select.py`). A path that leaves the repository does not resolve. Names that
 stand for the user's own files (`train.py`, `trace.json`, `path/to/file.py`, ...) are not
 citations; EXAMPLE_NAMES lists them.
 """
@@ -65,7 +65,7 @@ def test_the_scanners_find_links_spans_words_and_comment_names():
     source = '"""Cites pool.py and ../shared/X.md."""\nx = "not.py"  # and checks/plan.py\n'
     assert source_citations(source) == ["pool.py", "../shared/X.md", "checks/plan.py"]
     assert not resolves("../shared/DESIGN.md", ROOT / "docs")
-    assert resolves("ops/calls.py", ROOT / "docs")
+    assert resolves("ops/select.py", ROOT / "docs")
 
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -134,7 +134,7 @@ def test_large_calls_are_ranked_by_the_large_timing(fresh_cache, monkeypatch):
     # A backend that wins the small timing case (host-bound on a GPU) must not be picked for a
     # training-size call that another backend serves faster: the large timing ranks those.
     from gpuparity.contracts import get_spec
-    from gpuparity.ops.calls import norm_problem
+    from gpuparity.contracts.norms import norm_problem
     monkeypatch.setenv("GPUPARITY_TRUST_UNPROBED", "0")
     small = norm_problem("rms_norm", torch.zeros(4, 64), (64,), None, None)
     large = norm_problem("rms_norm", torch.zeros(1).expand(4096, 1024), (1024,), None, None)

@@ -15,7 +15,7 @@ from gpuparity import dispatch
 from gpuparity.backends.registry import Backend
 from gpuparity.checks import priors, probe, verdicts
 from gpuparity.ops import select
-from gpuparity.ops.calls import norm_problem
+from gpuparity.contracts.norms import norm_problem
 
 
 @pytest.fixture

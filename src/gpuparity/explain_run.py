@@ -205,7 +205,7 @@ def _regime_matches(first: Dict[str, Any], device: torch.device) -> List[Dict[st
         q, k, v = bound["q"], bound["k"], bound["v"]
         masks = {n: bound.get(n) for n in ("attn_mask", "key_padding_mask", "is_causal", "scale", "window", "softcap")
                  if bound.get(n) is not None}
-    from .ops.calls import attention_problem
+    from .contracts.attention import attention_problem
     with torch.enable_grad():
         problem = attention_problem(q, k, v, **masks)
     in_regime = getattr(avoid, "in_regime", None)

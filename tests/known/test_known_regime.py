@@ -16,7 +16,7 @@ from gpuparity.doctor import recommendations
 from gpuparity.known import avoid
 from gpuparity.known.engine import load_issues, validate_issue
 from gpuparity.ops import select
-from gpuparity.ops.calls import attention_problem
+from gpuparity.contracts.attention import attention_problem
 
 ISSUE = "SDPA-CUDNN-MASK-LSE"
 SDPA = ("sdpa_math", "sdpa_cudnn")

@@ -104,7 +104,7 @@ def test_validation_is_remembered_per_call_signature(monkeypatch):
     """A repeated call is validated once (host time: ~50 us per call on a GPU host); any change
     the checks read (a shape, dtype, mask, flag type or value) is validated again, and values
     the signature does not describe exactly (a list window) are validated on every call."""
-    from gpuparity.ops import calls
+    from gpuparity.contracts import attention as calls
     seen = []
     real = calls.attention_problem
     monkeypatch.setattr(calls, "attention_problem", lambda *a, **kw: seen.append(1) or real(*a, **kw))

@@ -92,7 +92,7 @@ def test_apply_rotary_varlen_computes_max_seqlen():
 def test_rotary_varlen_values_are_checked_once_per_tensor_and_version(monkeypatch):
     """A model rotates q and k in every layer with the same cu_seqlens: one host sync for them,
     not one per call; an in-place change is checked again (and a bad value raises)."""
-    from gpuparity.ops import calls
+    from gpuparity.contracts import rotary as calls
     reads = []
     real = calls._check_rotary_cu_values
     monkeypatch.setattr(calls, "_check_rotary_cu_values", lambda *a: reads.append(a) or real(*a))

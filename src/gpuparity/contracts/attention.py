@@ -1,17 +1,205 @@
-"""Battery cases for attention: every mask kind and their combinations, GQA, Sq != Sk,
-custom scale, hostile values and layouts (docs/design.md)."""
+"""The attention contract: what a call of `gpuparity.attention` is (its arguments checked, the
+`Problem` it becomes for the dispatcher), the float64 reference every backend is held to, and the
+battery's cases: every mask kind and their combinations, GQA, Sq != Sk, custom scale, hostile
+values and layouts (docs/design.md)."""
 from __future__ import annotations
 
 import inspect
-from typing import Any, Dict, List
+import numbers
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .. import reference
+from .. import caches, reference
 from ..backends.masks import attention_kind
 from ..backends.registry import BackendUnavailable, Problem
 from ..numerics import matmul_tf32
-from .base import Case, OpSpec, family, randn, tf32_precision, view_members
+from ..validation import FLOAT_DTYPES, describe, expect_broadcastable, expect_same_device, expect_same_dtype, expect_tensor
+from .base import Case, OpSpec, check_softcap, family, randn, tf32_precision, view_members
+
+
+# --------------------------------------------------------------------------- the call: arguments checked, and the Problem the dispatcher gets
+def check_window(window, q_len: int, k_len: int) -> Optional[Tuple[int, int]]:
+    """`window` as (left, right) ints, or None when absent or unbounded on both sides ((-1, -1))."""
+    if window is None:
+        return None
+    if isinstance(window, (str, bytes)) or not isinstance(window, Sequence) or len(window) != 2:
+        raise TypeError(f"window: expected None or a pair (left, right) of ints >= -1, got {describe(window)}")
+    if not all(isinstance(w, numbers.Integral) and not isinstance(w, bool) for w in window):
+        raise TypeError(f"window: expected a pair (left, right) of ints >= -1, got {tuple(window)!r}")
+    left, right = int(window[0]), int(window[1])
+    if left < -1 or right < -1:
+        raise ValueError(f"window: expected left and right >= -1 (-1 = unbounded on that side), got {(left, right)}")
+    longest = max(int(q_len), int(k_len))
+    for side, size in (("left", left), ("right", right)):
+        if size > longest:
+            raise ValueError(f"window: {side} = {size} is larger than the sequence (max(Sq, Sk) = {longest}); "
+                             f"pass -1 for a side without a bound")
+    if left == -1 and right == -1:
+        return None
+    return left, right
+
+
+def check_dropout(dropout_p) -> float:
+    """`dropout_p` as a float in [0, 1)."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
+        raise TypeError(f"dropout_p: expected a float in [0, 1), got {describe(dropout_p)}")
+    value = float(dropout_p)
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"dropout_p: expected a probability 0 <= dropout_p < 1, got {dropout_p!r}")
+    return value
+
+
+def attention_problem(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None,
+                      mask_requires_grad: Optional[bool] = None, window=None, softcap=None,
+                      dropout_p=0.0, requires_grad: Optional[bool] = None) -> Problem:
+    """Validate the inputs of `attention` and describe the call for the dispatcher.
+    mask_requires_grad overrides what attn_mask.requires_grad says (inside a torch.library op,
+    where tensors carry no autograd state, the traced call's answer is passed down).
+    requires_grad: whether gradients are required (default: grad mode on and q, k or v requires
+    grad; inside a torch.library op, where that cannot be seen, assumed True), a feature only
+    when True: a known issue's regime may rule a backend out for training calls (known/avoid.py).
+
+    Raises TypeError/ValueError naming the argument, what it got and what it needs.
+    """
+    expect_tensor("q", q, ndim=(4,), dtypes=FLOAT_DTYPES)
+    expect_tensor("k", k, ndim=(4,), dtypes=FLOAT_DTYPES)
+    expect_tensor("v", v, ndim=(4,), dtypes=FLOAT_DTYPES)
+    expect_same_dtype("q", q, k=k, v=v)
+    expect_same_device("q", q, k=k, v=v)
+    batch, heads, q_len, head_dim = q.shape
+    if k.shape[0] != batch or k.shape[3] != head_dim:
+        raise ValueError(f"k: expected shape (B={batch}, Hkv, Sk, D={head_dim}) to match q (B, H, Sq, D), "
+                         f"got {describe(k)}")
+    kv_heads, k_len = k.shape[1], k.shape[2]
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"v: expected the shape of k {tuple(k.shape)}, got {describe(v)}")
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(f"k: expected a number of heads Hkv that divides q's H={heads} (GQA/MQA), "
+                         f"got Hkv={kv_heads} in {describe(k)}")
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal: expected a bool, got {describe(is_causal)}")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)):
+        raise TypeError(f"scale: expected None or a real number, got {describe(scale)}")
+
+    inside_op = mask_requires_grad is not None   # the torch.library op passes it down
+    if attn_mask is None:
+        mask_requires_grad = False
+    else:
+        if not isinstance(attn_mask, torch.Tensor):
+            raise TypeError(f"attn_mask: expected None or a torch.Tensor, got {describe(attn_mask)}")
+        if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+            raise TypeError(f"attn_mask: expected dtype bool (True = attend) or a float dtype (added to the "
+                            f"scores), got {describe(attn_mask)}")
+        if attn_mask.dim() > 4:
+            raise ValueError(f"attn_mask: expected at most 4 dims, broadcastable to (B, H, Sq, Sk) = "
+                             f"{(batch, heads, q_len, k_len)}, got {describe(attn_mask)}")
+        expect_broadcastable("attn_mask", attn_mask, (batch, heads, q_len, k_len),
+                             "(B, H, Sq, Sk) as in scaled_dot_product_attention")
+        expect_same_device("q", q, attn_mask=attn_mask)
+        mask_requires_grad = (attn_mask.is_floating_point() and attn_mask.requires_grad
+                              if mask_requires_grad is None else mask_requires_grad)
+    if key_padding_mask is not None:
+        if not isinstance(key_padding_mask, torch.Tensor):
+            raise TypeError(f"key_padding_mask: expected None or a torch.Tensor, got {describe(key_padding_mask)}")
+        if key_padding_mask.dtype != torch.bool:
+            raise TypeError(f"key_padding_mask: expected dtype bool (True = padding, ignored), got "
+                            f"{describe(key_padding_mask)}; pass a float mask as attn_mask[:, None, None, :]")
+        if tuple(key_padding_mask.shape) != (batch, k_len):
+            raise ValueError(f"key_padding_mask: expected shape (B, Sk) = {(batch, k_len)}, got "
+                             f"{describe(key_padding_mask)}")
+        expect_same_device("q", q, key_padding_mask=key_padding_mask)
+    window = check_window(window, q_len, k_len)
+    softcap = check_softcap(softcap)
+    dropout_p = check_dropout(dropout_p)
+
+    features = (
+        ("head_dim", int(head_dim)),
+        ("has_mask", attn_mask is not None or key_padding_mask is not None),
+        ("gqa", kv_heads != heads),
+        ("mask_requires_grad", bool(mask_requires_grad)),
+        ("is_causal", bool(is_causal)),
+        ("q_len", int(q_len)),
+        ("k_len", int(k_len)),
+    )
+    if window is not None:   # absent when unset: the problems of plain calls stay as they were
+        features += (("window", window),)
+    if softcap is not None:
+        features += (("softcap", softcap),)
+    if dropout_p > 0.0:   # an OPT_IN feature: only backends that implement dropout serve it
+        features += (("dropout", dropout_p),)
+    if requires_grad is None:
+        requires_grad = (True if inside_op else
+                         torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+    if requires_grad:
+        features += (("requires_grad", True),)
+    return Problem(op="attention", device=q.device, dtype=q.dtype,
+                   kind=attention_kind(attn_mask, key_padding_mask, is_causal, window, softcap), features=features)
+
+
+# Validated calls by signature: a training loop repeats a few shapes, and validating every
+# argument again costs host time the short shapes cannot hide (~50 us per call on the H100
+# host, where the kernels of a BERT layer take ~0.1 ms). A signature holds everything
+# attention_problem reads: each tensor's type, shape, dtype and device (and attn_mask's
+# requires_grad), each other argument's type and value. Values of a type the signature does not
+# describe exactly (a list window, a numpy float) are validated on every call.
+_PLAIN = (type(None), bool, int, float)
+_SIGNED: Dict[tuple, Tuple[Problem, Dict[str, Any]]] = caches.register("contracts.attention.signed", {})
+_SIGNED_MAX = 1024
+
+
+def _tensor_signature(t) -> tuple:
+    return (None,) if t is None else (type(t), t.shape, t.dtype, t.device)
+
+
+def attention_signature(q, k, v, attn_mask, key_padding_mask, is_causal, scale, window, softcap,
+                        dropout_p) -> Optional[tuple]:
+    """A hashable key of everything attention_problem reads, or None when an argument is of a
+    kind that is validated on every call."""
+    if not (type(is_causal) in _PLAIN and type(scale) in _PLAIN and type(softcap) in _PLAIN
+            and type(dropout_p) in _PLAIN):
+        return None
+    if window is not None:
+        if type(window) is not tuple or len(window) != 2 or type(window[0]) is not int or type(window[1]) is not int:
+            return None
+    try:
+        return (_tensor_signature(q), _tensor_signature(k), _tensor_signature(v), _tensor_signature(attn_mask),
+                None if attn_mask is None else attn_mask.requires_grad, _tensor_signature(key_padding_mask), type(is_causal), is_causal, type(scale), type(softcap), softcap,
+                type(dropout_p), dropout_p, window,
+                torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+    except AttributeError:   # not a tensor: attention_problem says what it needs
+        return None
+
+
+def attention_call(q, k, v, attn_mask, key_padding_mask, is_causal, scale, window, softcap,
+                   dropout_p) -> Tuple[Problem, Dict[str, Any]]:
+    """(problem, extras) of a call: attention_problem and attention_extras, remembered per
+    signature (a raise is never remembered)."""
+    key = attention_signature(q, k, v, attn_mask, key_padding_mask, is_causal, scale, window, softcap, dropout_p)
+    known = None if key is None else _SIGNED.get(key)
+    if known is not None:
+        return known
+    problem = attention_problem(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                                is_causal=is_causal, scale=scale, window=window, softcap=softcap, dropout_p=dropout_p)
+    known = (problem, attention_extras(problem))
+    if key is not None:
+        if len(_SIGNED) >= _SIGNED_MAX:
+            _SIGNED.clear()
+        _SIGNED[key] = known
+    return known
+
+
+def attention_extras(problem: Problem) -> Dict[str, Any]:
+    """window/softcap/dropout_p as backend functions take them, only when set: a backend that
+    knows none (a planted or third-party one) keeps its old signature for plain calls."""
+    extras: Dict[str, Any] = {}
+    if problem.feature("dropout") is not None:
+        extras["dropout_p"] = problem.feature("dropout")
+    if problem.feature("window") is not None:
+        extras["window"] = problem.feature("window")
+    if problem.feature("softcap") is not None:
+        extras["softcap"] = problem.feature("softcap")
+    return extras
 
 
 def _case(name, level="default", **params) -> Case:

@@ -5,12 +5,17 @@ generates cases for; the engine that draws them is checks/families.py)."""
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import random
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from .. import caches
 from ..backends.registry import Problem
+from ..validation import describe
+
 
 LEVELS = ("quick", "default", "full")
 
@@ -166,3 +171,55 @@ def view_members(names: Sequence[str], kinds: Sequence[str] = VIEW_KINDS,
                  base: Optional[Dict[str, Any]] = None) -> List[Tuple[str, Dict[str, Any]]]:
     """One member per (input, layout): each input alone in each unusual layout."""
     return [(f"{name}_{kind}", {**(base or {}), "views": {name: kind}}) for name in names for kind in kinds]
+
+
+# --------------------------------------------------------------------------- argument checks shared by contracts
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+LARGE_NORM = 1 << 22  # elements from which a norm or swiglu call is "large" (ranked by the training-size timing)
+
+
+def check_softcap(softcap) -> Optional[float]:
+    """`softcap` as a float > 0, or None when absent or 0 (FlashAttention's "off")."""
+    if softcap is None:
+        return None
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"softcap: expected None or a real number > 0, got {describe(softcap)}")
+    value = float(softcap)
+    if value == 0.0:
+        return None
+    if not (value > 0.0 and value != float("inf")):
+        raise ValueError(f"softcap: expected a finite number > 0 (scores become softcap * tanh(scores / softcap)), "
+                         f"got {softcap!r}")
+    return value
+
+
+# Checks of tensor values (each one host sync) already passed: key -> (weakrefs to the tensors,
+# their _versions, the check's result). A model passes the same cu_seqlens / offsets to every
+# layer, so only the first call of a step pays the sync; an in-place change bumps _version and
+# is checked again; the weakrefs rule out new tensors that reuse freed ones' ids.
+_VALUES_CHECKED: Dict[tuple, tuple] = caches.register("contracts.base.values_checked", {})
+_VALUES_CHECKED_MAX = 256
+
+
+def checked_once(tensors: Sequence[Optional[torch.Tensor]], extra: tuple, check: Callable[[], Any]) -> Any:
+    """check()'s result, computed once per (tensors as objects and versions, extra); check
+    raises on bad values, and a raise is never remembered."""
+    key = tuple(id(t) for t in tensors) + tuple(extra)
+    versions = tuple(None if t is None else t._version for t in tensors)
+    seen = _VALUES_CHECKED.get(key)
+    if seen is not None and seen[1] == versions and all(
+            (ref is None and t is None) or (ref is not None and ref() is t) for ref, t in zip(seen[0], tensors)):
+        return seen[2]
+    result = check()
+    if len(_VALUES_CHECKED) >= _VALUES_CHECKED_MAX:
+        _VALUES_CHECKED.clear()
+    _VALUES_CHECKED[key] = (tuple(None if t is None else weakref.ref(t) for t in tensors), versions, result)
+    return result
+
+
+def capturing(device: torch.device) -> bool:
+    """True while a CUDA graph is captured or torch.compile/export traces: the checks that read
+    device values are skipped then (the torch.library op runs them when it runs)."""
+    return torch.compiler.is_compiling() or (device.type == "cuda" and torch.cuda.is_current_stream_capturing())

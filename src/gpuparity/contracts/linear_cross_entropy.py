@@ -3,12 +3,46 @@ all-ignored targets, large logits, a vocabulary past one kernel block, a biting 
 chunks, every reduction; gradients of hidden, weight and bias against float64."""
 from __future__ import annotations
 
+import numbers
 from typing import List
 
 import torch
 import torch.nn.functional as F
 
-from .base import Case, OpSpec, family, randn, view_members
+from ..backends.registry import Problem
+from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_same_dtype, expect_tensor
+from .base import INDEX_DTYPES, Case, OpSpec, check_softcap, family, randn, view_members
+
+
+# --------------------------------------------------------------------------- the call: arguments checked, and the Problem the dispatcher gets
+def linear_cross_entropy_problem(hidden, weight, target, bias, ignore_index, reduction, softcap) -> Problem:
+    """Validate linear_cross_entropy's arguments and describe the call for the dispatcher."""
+    expect_tensor("hidden", hidden, dtypes=FLOAT_DTYPES)
+    expect_tensor("weight", weight, ndim=(2,), dtypes=FLOAT_DTYPES)
+    if hidden.dim() < 1 or hidden.shape[-1] != weight.shape[1]:
+        raise ValueError(f"weight: expected shape (V, H) with H = hidden.shape[-1], got {describe(weight)} "
+                         f"for hidden {describe(hidden)}")
+    expect_tensor("target", target, dtypes=INDEX_DTYPES)
+    if tuple(target.shape) != tuple(hidden.shape[:-1]):
+        raise ValueError(f"target: expected shape {tuple(hidden.shape[:-1])} (hidden's without its last dim), "
+                         f"got {describe(target)}")
+    if bias is not None:
+        expect_tensor("bias", bias, ndim=(1,), dtypes=FLOAT_DTYPES)
+        if bias.shape[0] != weight.shape[0]:
+            raise ValueError(f"bias: expected shape ({weight.shape[0]},) (V), got {describe(bias)}")
+    expect_same_dtype("hidden", hidden, weight=weight, bias=bias)
+    expect_same_device("hidden", hidden, weight=weight, target=target, bias=bias)
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
+        raise TypeError(f"ignore_index: expected an int, got {describe(ignore_index)}")
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"reduction: expected 'mean', 'sum' or 'none', got {reduction!r}")
+    softcap = check_softcap(softcap)
+    features = (("vocab", int(weight.shape[0])), ("hidden", int(weight.shape[1])), ("bias", bias is not None),
+                ("reduction", reduction))
+    if softcap is not None:
+        features += (("softcap", softcap),)
+    return Problem("linear_cross_entropy", hidden.device, hidden.dtype,
+                   "softcap" if softcap is not None else "default", features)
 
 
 def reference_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index=-100, reduction="mean",

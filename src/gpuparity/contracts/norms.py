@@ -2,12 +2,79 @@
 multi-dim normalized shapes, strided rows; gradients of x, weight and bias."""
 from __future__ import annotations
 
-from typing import List
+import numbers
+from typing import List, Sequence, Tuple, Union
 
 import torch
 
 from .. import reference
-from .base import Case, OpSpec, family, randn, view_members
+from ..backends.registry import Problem
+from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_tensor
+from .base import LARGE_NORM, Case, OpSpec, family, randn, view_members
+
+
+# --------------------------------------------------------------------------- the call: arguments checked, and the Problem the dispatcher gets
+ShapeLike = Union[int, Sequence[int], torch.Size]
+
+
+def normalized_tuple(name: str, normalized_shape: ShapeLike) -> Tuple[int, ...]:
+    if isinstance(normalized_shape, bool):
+        raise TypeError(f"{name}: expected an int or a sequence of ints, got {describe(normalized_shape)}")
+    if isinstance(normalized_shape, numbers.Integral):
+        shape = (int(normalized_shape),)
+    else:
+        try:
+            shape = tuple(normalized_shape)
+        except TypeError:
+            raise TypeError(f"{name}: expected an int or a sequence of ints, got {describe(normalized_shape)}") from None
+        if not all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in shape):
+            raise TypeError(f"{name}: expected an int or a sequence of ints, got {normalized_shape!r}")
+        shape = tuple(int(s) for s in shape)
+    if not shape:
+        raise ValueError(f"{name}: expected at least one normalized dimension, got {normalized_shape!r}")
+    if any(s < 0 for s in shape):
+        raise ValueError(f"{name}: expected sizes >= 0, got {shape}")
+    return shape
+
+
+def check_norm_inputs(x, normalized_shape: ShapeLike, weight=None, bias=None, eps=None,
+                      *, eps_may_be_none: bool) -> Tuple[int, ...]:
+    """Validate the arguments of F.rms_norm / F.layer_norm; returns normalized_shape as a tuple."""
+    expect_tensor("x", x, dtypes=FLOAT_DTYPES)
+    shape = normalized_tuple("normalized_shape", normalized_shape)
+    if x.dim() < len(shape) or tuple(x.shape[x.dim() - len(shape):]) != shape:
+        raise ValueError(f"normalized_shape: expected the last {len(shape)} dimension(s) of x, "
+                         f"got {shape} for x {describe(x)}")
+    for name, param in (("weight", weight), ("bias", bias)):
+        if param is None:
+            continue
+        expect_tensor(name, param, dtypes=FLOAT_DTYPES)
+        if tuple(param.shape) != shape:
+            raise ValueError(f"{name}: expected shape {shape} (normalized_shape), got {describe(param)}")
+    expect_same_device("x", x, weight=weight, bias=bias)
+    if eps is None:
+        if not eps_may_be_none:
+            raise TypeError("eps: expected a float >= 0, got None")
+    elif isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps >= 0:
+        raise ValueError(f"eps: expected a float >= 0{' or None' if eps_may_be_none else ''}, got {describe(eps)}")
+    return shape
+
+
+def _hidden(shape: Tuple[int, ...]) -> int:
+    n = 1
+    for size in shape:
+        n *= size
+    return n
+
+
+def norm_problem(op: str, x: torch.Tensor, shape: Tuple[int, ...], weight, bias) -> Problem:
+    """The dispatcher's description of a validated rms_norm / layer_norm call."""
+    # "large": ranked by the training-size timing (contracts/norms.py), where the kernels'
+    # time outweighs the host's; from 4M elements (2048 tokens x 2048 hidden)
+    features = (("hidden", _hidden(shape)), ("weight", weight is not None), ("large", x.numel() >= LARGE_NORM))
+    if op == "layer_norm":
+        features += (("bias", bias is not None),)
+    return Problem(op, x.device, x.dtype, "default", features)
 
 
 def _case(name, level="default", **params) -> Case:

@@ -7,7 +7,22 @@ from typing import List
 
 import torch
 
-from .base import Case, OpSpec, family, randn, view_members
+from ..backends.registry import Problem
+from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_same_dtype, expect_tensor
+from .base import LARGE_NORM, Case, OpSpec, family, randn, view_members
+
+
+# --------------------------------------------------------------------------- the call: arguments checked, and the Problem the dispatcher gets
+def swiglu_problem(gate, up) -> Problem:
+    """Validate swiglu's arguments and describe the call for the dispatcher ("large" as the
+    norms': ranked by the training-size timing from 4M elements)."""
+    expect_tensor("gate", gate, dtypes=FLOAT_DTYPES)
+    expect_tensor("up", up, dtypes=FLOAT_DTYPES)
+    if gate.dim() == 0 or tuple(up.shape) != tuple(gate.shape):
+        raise ValueError(f"up: expected the shape of gate {tuple(gate.shape)} (at least 1-D), got {describe(up)}")
+    expect_same_dtype("gate", gate, up=up)
+    expect_same_device("gate", gate, up=up)
+    return Problem("swiglu", gate.device, gate.dtype, "default", (("large", gate.numel() >= LARGE_NORM),))
 
 
 def reference_swiglu(gate, up):

@@ -9,7 +9,7 @@ import torch
 from .. import dispatch
 from ..backends.triton_attention.launch import SEED_LIMIT  # seeds below 2**30: the kernels add B * H in int32
 from . import dropout, library, select
-from .calls import attention_call, attention_problem
+from ..contracts.attention import attention_call, attention_problem
 from .dropout import attention_dropout_mask
 from ..validation import describe
 
@@ -60,7 +60,7 @@ def attention(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False
                                                      generator=generator)
         return library.attention(q, k, v, attn_mask, key_padding_mask, is_causal, scale, backend,
                                  problem.feature("window"), problem.feature("softcap"), p or 0.0, seed)
-    # eager: validated once per call signature (calls.attention_call), then dispatch's memo
+    # eager: validated once per call signature (contracts.attention.attention_call), then dispatch's memo
     problem, extras = attention_call(q, k, v, attn_mask, key_padding_mask, is_causal, scale, window, softcap,
                                      dropout_p)
     if "dropout_p" not in extras:
@@ -81,7 +81,8 @@ def attention_lse(q, k, *, attn_mask=None, key_padding_mask=None, is_causal=Fals
     attention_problem(q, k, k, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
                       scale=scale, window=window, softcap=softcap)
     from ..backends.masks import allowed_mask
-    from .calls import check_softcap, check_window
+    from ..contracts.attention import check_window
+    from ..contracts.base import check_softcap
     batch, heads, q_len, head_dim = q.shape
     k_len = k.shape[2]
     window, softcap = check_window(window, q_len, k_len), check_softcap(softcap)

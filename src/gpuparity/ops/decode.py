@@ -12,7 +12,7 @@ from . import select
 from ..backends.registry import Problem
 from ..backends.triton_decode import decode_reference
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_same_dtype, expect_tensor
-from .calls import check_softcap
+from ..contracts.base import check_softcap
 from .library import _like
 
 __all__ = ["attention_decode", "kv_cache_append", "decode_problem", "decode_reference", "explain_attention_decode",

@@ -38,7 +38,7 @@ def attention_dropout_mask(batch: int, heads: int, q_len: int, k_len: int, dropo
             raise TypeError(f"{name}: expected an int >= 0, got {describe(value)}")
     from ..backends.triton_attention import dropout_mask
     from ..backends.triton_attention.launch import SEED_LIMIT
-    from .calls import check_dropout
+    from ..contracts.attention import check_dropout
     dropout_p = check_dropout(dropout_p)
     if seed >= SEED_LIMIT:
         raise ValueError(f"seed: expected a kernel seed below 2**30, got {seed}")

@@ -40,7 +40,9 @@ from .. import caches
 from ..backends import triton_common
 from ..backends.registry import Backend, Problem
 from . import dropout, select
-from .calls import attention_extras, attention_problem, check_rotary_inputs, norm_problem, rotary_problem
+from ..contracts.attention import attention_extras, attention_problem
+from ..contracts.norms import norm_problem
+from ..contracts.rotary import check_rotary_inputs, rotary_problem
 
 __all__ = ["attention", "layer_norm", "rms_norm", "apply_rotary"]
 

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from ..backends.registry import Backend
 from . import select
-from .calls import linear_cross_entropy_problem
+from ..contracts.linear_cross_entropy import linear_cross_entropy_problem
 from .library import _recomputed_grads
 
 __all__ = ["linear_cross_entropy"]

@@ -17,7 +17,8 @@ from ..backends.masks import attention_kind
 from ..backends.registry import Problem
 from ..backends.triton_attention.varlen import triton_attention_varlen, varlen_backward_from, varlen_forward_saving
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_same_dtype, expect_tensor
-from .calls import INDEX_DTYPES, _capturing, check_softcap, check_window, checked_once
+from ..contracts.attention import check_window
+from ..contracts.base import INDEX_DTYPES, capturing, check_softcap, checked_once
 from .library import _like, _recomputed_grads, _serve, _served
 
 __all__ = ["attention_varlen", "attention_varlen_problem"]
@@ -44,7 +45,7 @@ def _cu_values(cu: torch.Tensor) -> Tuple[int, int, int, int]:
 def _check_cu_values(name: str, cu: torch.Tensor, total: int, total_name: str, max_name: str, max_seqlen: int):
     """The values of one cu_seqlens: from 0, non-decreasing, ending at the total number of
     tokens, no sequence longer than max_seqlen (one host sync, once per tensor and version: a
-    model's layers share their cu_seqlens, calls.checked_once)."""
+    model's layers share their cu_seqlens, contracts.base.checked_once)."""
     checked_once((cu,), ("varlen", total, max_seqlen),
                  lambda: _check_cu(name, cu, total, total_name, max_name, max_seqlen))
 
@@ -99,7 +100,7 @@ def attention_varlen_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
         raise TypeError(f"scale: expected None or a real number, got {describe(scale)}")
     window = check_window(window, max_q, max_k)
     softcap = check_softcap(softcap)
-    if check_values and not _capturing(q.device):
+    if check_values and not capturing(q.device):
         _check_cu_values("cu_seqlens_q", cu_seqlens_q, q.shape[0], "q.shape[0]", "max_seqlen_q", max_q)
         _check_cu_values("cu_seqlens_k", cu_seqlens_k, k.shape[0], "k.shape[0]", "max_seqlen_k", max_k)
     features = (("head_dim", int(head_dim)), ("gqa", kv_heads != heads), ("is_causal", causal),

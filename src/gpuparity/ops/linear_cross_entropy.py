@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 
 from . import library_ce, select
-from .calls import linear_cross_entropy_problem
+from ..contracts.linear_cross_entropy import linear_cross_entropy_problem
 
 __all__ = ["linear_cross_entropy"]
 

@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 
 from . import library, select
-from .calls import ShapeLike, check_norm_inputs, norm_problem, normalized_tuple
+from ..contracts.norms import ShapeLike, check_norm_inputs, norm_problem, normalized_tuple
 
 __all__ = ["rms_norm", "layer_norm", "check_norm_inputs", "normalized_tuple"]
 

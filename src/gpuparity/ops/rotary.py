@@ -7,7 +7,7 @@ from typing import Optional, Union
 import torch
 
 from . import library, select
-from .calls import check_rotary_inputs, rotary_kind, rotary_problem
+from ..contracts.rotary import check_rotary_inputs, rotary_kind, rotary_problem
 
 __all__ = ["apply_rotary", "check_rotary_inputs", "rotary_kind"]
 

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from . import library, select
-from .calls import swiglu_problem
+from ..contracts.swiglu import swiglu_problem
 from .library import _recomputed_grads
 
 __all__ = ["swiglu"]
