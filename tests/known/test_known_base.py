@@ -109,6 +109,19 @@ def test_the_brief_remedy_environments_are_there():
     assert env["RCCL-GFX1201"] == {"NCCL_PROTO": "Simple"}
 
 
+def test_every_entry_says_what_it_is_about():
+    """The words a reader sees for an entry (`gpuparity known-issues`, docs/known-issues.md): a
+    title and the symptom, each a sentence, not a placeholder; the base refuses an empty one."""
+    for issue in load_issues():
+        for field in ("title", "symptom", "affects", "remedy"):
+            assert isinstance(issue[field], str) and len(issue[field].strip()) >= 3, (issue["id"], field)
+        assert len(issue["title"].split()) >= 3 and len(issue["symptom"].split()) >= 3, issue["id"]
+    good = load_issues()[0]
+    for field in ("title", "symptom"):
+        with pytest.raises(ValueError, match=f"{field} must be a non-empty sentence"):
+            validate_issue({**good, field: "  "})
+
+
 def test_malformed_entries_are_refused_with_the_field_named():
     good = load_issues()[0]
     with pytest.raises(ValueError, match="missing field.*remedy"):

@@ -87,6 +87,9 @@ def validate_issue(issue: Any, probe_names: Optional[set] = None) -> None:
     missing = [field for field in REQUIRED_FIELDS if field not in issue]
     if missing:
         raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")
+    for field in ("title", "symptom"):   # what a reader of the base sees first: never blank
+        if not isinstance(issue[field], str) or not issue[field].strip():
+            raise ValueError(f"{where}: {field} must be a non-empty sentence, got {issue[field]!r}")
     validate_rule(issue["rule"], f"{where}: rule")
     probe = issue["probe"]
     if probe is not None and probe_names is not None and probe not in probe_names:
