@@ -12,6 +12,7 @@ from .tiles import CONFIGS, FAMILY_TARGETS, SCAN_BLOCK, SHORT_CONFIGS, TileConfi
 
 _POINTER_TYPES = {
     "LSE": "*fp32", "Delta": "*fp32", "Bounds": "*i32", "KPM": "*u8", "CuQ": "*i32", "CuK": "*i32",
+    "Alibi": "*fp32",
 }
 _FLOAT_SCALARS = {"qk_scale", "sm_scale", "dropout_p", "cap_in", "cap_out"}
 
@@ -61,14 +62,14 @@ def _aot_spec(fam, targets, kernel_name, head_dim, elem, cfg, dropout=False, den
     constexprs = dict(HEAD_DIM=head_dim, D_PAD=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                       IS_CAUSAL=True, MASK_KIND=MASK_ADDITIVE if dense_mask else MASK_NONE, HAS_KPM=True,
                       HAS_BOUNDS=True, DROPOUT=dropout, DOT_PRECISION=precision,
-                      HAS_WINDOW=window_softcap, SOFTCAP=window_softcap)
+                      HAS_WINDOW=window_softcap, SOFTCAP=window_softcap, HAS_ALIBI=window_softcap)
     constexprs["SCAN"] = SCAN_BLOCK   # every kernel scans the key padding mask
     if kernel_name == "dq" and split_kpm_dq_default(fam, head_dim):
         constexprs["SPLIT_KPM"] = True   # its second set of loops: more shared memory
     return AotSpec(
         name=f"attention.{kernel_name}.{fam}.d{head_dim}.{dtype}.m{cfg.block_m}n{cfg.block_n}"
              f"w{cfg.num_warps}s{cfg.stages(dense_mask)}" + (".dropout" if dropout else "")
-             + (".window_softcap" if window_softcap else "")
+             + (".window_softcap_alibi" if window_softcap else "")
              + ("" if dense_mask else ".nomask"),
         kernel=kernel, signature=_signature(kernel, dtype, "*fp32"), constexprs=constexprs,
         num_warps=cfg.num_warps, num_stages=cfg.stages(dense_mask), targets=targets,
@@ -82,7 +83,7 @@ def aot_specs() -> List[AotSpec]:
     causal), and, for a config with fewer stages under a dense mask, also
     without one at its full depth. Dropout adds registers, not shared memory: it is compiled
     once per family and kernel (at the 64 bf16 config) to prove it builds; so are the sliding
-    window and softcap (a tanh and a few compares per tile: registers too)."""
+    window, softcap and ALiBi together (a tanh, an abs and a few compares per tile: registers too)."""
     specs: List[AotSpec] = []
     for fam, targets in FAMILY_TARGETS.items():
         for kernel_name in ("fwd", "dkdv", "dq"):
@@ -108,7 +109,7 @@ def _fused_spec(fam, targets, head_dim, elem, dq_cfg: TileConfig, kv_cfg: TileCo
     constexprs = dict(HEAD_DIM=head_dim, D_PAD=head_dim, BLOCK_M=dq_cfg.block_m, BLOCK_N=dq_cfg.block_n,
                       KV_BLOCK_M=kv_cfg.block_m, KV_BLOCK_N=kv_cfg.block_n, IS_CAUSAL=True, MASK_KIND=MASK_ADDITIVE,
                       HAS_KPM=True, HAS_BOUNDS=True, DROPOUT=False, DOT_PRECISION=precision,
-                      HAS_WINDOW=True, SOFTCAP=True, SCAN=SCAN_BLOCK)
+                      HAS_WINDOW=True, SOFTCAP=True, HAS_ALIBI=True, SCAN=SCAN_BLOCK)
     return AotSpec(
         name=f"attention.bwd.{fam}.d{head_dim}.{dtype}.m{dq_cfg.block_m}n{dq_cfg.block_n}"
              f".kvm{kv_cfg.block_m}n{kv_cfg.block_n}w{kv_cfg.num_warps}s{kv_cfg.stages(True)}",
@@ -145,9 +146,9 @@ def _varlen_spec(fam, targets, kernel_name, head_dim, elem, cfg) -> AotSpec:
     from .varlen import varlen_kernel_table
     dtype, precision = _dtype_and_precision(fam, elem)
     kernel = varlen_kernel_table()[_VARLEN_KERNELS[kernel_name]]
-    # causal, window and softcap all on: the most registers; shared memory is the tiles'
+    # causal, window, softcap and ALiBi all on: the most registers; shared memory is the tiles'
     constexprs = dict(HEAD_DIM=head_dim, D_PAD=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=True,
-                      DOT_PRECISION=precision, HAS_WINDOW=True, SOFTCAP=True)
+                      DOT_PRECISION=precision, HAS_WINDOW=True, SOFTCAP=True, HAS_ALIBI=True)
     return AotSpec(
         name=f"attention_varlen.{kernel_name}.{fam}.d{head_dim}.{dtype}.m{cfg.block_m}n{cfg.block_n}"
              f"w{cfg.num_warps}s{cfg.stages(False)}",
@@ -185,7 +186,7 @@ def descriptor_aot_specs() -> List[AotSpec]:
         dtype, precision = _dtype_and_precision(fam, elem)
         constexprs = dict(HEAD_DIM=bucket, D_PAD=bucket, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=True,
                           MASK_KIND=MASK_ADDITIVE, HAS_KPM=True, HAS_BOUNDS=True, DROPOUT=False,
-                          DOT_PRECISION=precision, HAS_WINDOW=True, SOFTCAP=True, SCAN=SCAN_BLOCK)
+                          DOT_PRECISION=precision, HAS_WINDOW=True, SOFTCAP=True, HAS_ALIBI=True, SCAN=SCAN_BLOCK)
         signature = _signature(kernel, dtype, "*fp32", {
             "QDesc": (cfg.block_m, bucket), "DODesc": (cfg.block_m, bucket),
             "KDesc": (cfg.block_n, bucket), "VDesc": (cfg.block_n, bucket)})

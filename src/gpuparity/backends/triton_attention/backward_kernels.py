@@ -9,18 +9,19 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .kernels import _NO_SPECIALIZE, _key_range, _mma, _scan_padding, _tanh, dropout_keep
+from .kernels import _NO_SPECIALIZE, _alibi_distance, _key_range, _mma, _scan_padding, _tanh, alibi_slope_of, dropout_keep
 
 
 @triton.jit
 def _bwd_dkdv_inner(dk, dv, k, v, key_kept, q_base, do_base, lse_base, delta_base, mask_base, o_base,
                     cols, offs_m, offs_d, lo, hi, q_len, k_len, qk_scale, seed_bh, dropout_p,
-                    window_left, window_right, cap_in, cap_out,
+                    window_left, window_right, cap_in, cap_out, alibi_slope, alibi_shift,
                     stride_qm, stride_qd, stride_dm, stride_dd, stride_mm, stride_mn, stride_om, stride_od,
                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, IS_CAUSAL: tl.constexpr,
                     MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
                     MASK_DIAGONAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                    HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, DELTA_INLINE: tl.constexpr,
+                    HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+                    DELTA_INLINE: tl.constexpr,
                     TMA: tl.constexpr = False, q_desc=None, do_desc=None, q_row0=0, q_col=0, do_row0=0, do_col=0):
     """Accumulates dk, dv over query blocks [lo, hi). TMA: q and dout tiles from the tensor
     descriptors q_desc / do_desc, at rows q_row0 + m / do_row0 + m, columns q_col / do_col."""
@@ -60,6 +61,8 @@ def _bwd_dkdv_inner(dk, dv, k, v, key_kept, q_base, do_base, lse_base, delta_bas
             qk_t = tanh_t * cap_out
         else:
             qk_t = _mma(k, q_t, None, DOT_PRECISION) * qk_scale
+        if HAS_ALIBI:   # the forward's bias, recomputed (no gradient flows to it)
+            qk_t -= alibi_slope * _alibi_distance(rows[None, :], cols[:, None], alibi_shift)
         if MASK_KIND == 2:
             bias_t = tl.load(mask_base + rows[None, :] * stride_mm + cols[:, None] * stride_mn,
                              mask=row_ok[None, :] & (cols[:, None] < k_len), other=0.0)
@@ -99,8 +102,8 @@ def _bwd_dkdv_inner(dk, dv, k, v, key_kept, q_base, do_base, lse_base, delta_bas
 @triton.jit
 def _dkdv_program(
     start_n, batch, kv_head,
-    Q, K, V, Out, DO, LSE, Delta, DK, DV, Mask, KPM, Bounds,
-    qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out,
+    Q, K, V, Out, DO, LSE, Delta, DK, DV, Mask, KPM, Bounds, Alibi,
+    qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out, alibi_shift,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -109,12 +112,12 @@ def _dkdv_program(
     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
     stride_mb, stride_mh, stride_mm, stride_mn,
-    stride_pb, stride_pn,
+    stride_pb, stride_pn, stride_ab,
     num_heads, group_size, q_len, k_len,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, HAS_BOUNDS: tl.constexpr,
     DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-    SCAN: tl.constexpr,
+    HAS_ALIBI: tl.constexpr, SCAN: tl.constexpr,
     DELTA_INLINE: tl.constexpr,
     QDesc=None, DODesc=None, q_rb=0, q_rh=0, q_ch=0, do_rb=0, do_rh=0, do_ch=0, TMA: tl.constexpr = False,
     KDesc=None, VDesc=None, k_rb=0, k_rh=0, k_ch=0, v_rb=0, v_rh=0, v_ch=0,
@@ -191,22 +194,23 @@ def _dkdv_program(
         delta_base = Delta + bh.to(tl.int64) * q_len
         mask_base = Mask + b64 * stride_mb + head.to(tl.int64) * stride_mh
         seed_bh = seed + bh
+        alibi_slope = alibi_slope_of(Alibi, batch, head, stride_ab, HAS_ALIBI)
         o_base = Out + b64 * stride_ob + head.to(tl.int64) * stride_oh
         q_row0 = batch * q_rb + head * q_rh
         do_row0 = batch * do_rb + head * do_rh
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, key_kept, q_base, do_base, lse_base, delta_base, mask_base, o_base,
                                  cols, offs_m, offs_d, q_lo, q_full, q_len, k_len, qk_scale, seed_bh, dropout_p,
-                                 window_left, window_right, cap_in, cap_out,
+                                 window_left, window_right, cap_in, cap_out, alibi_slope, alibi_shift,
                                  stride_qm, stride_qd, stride_dm, stride_dd, stride_mm, stride_mn, stride_om, stride_od,
                                  HEAD_DIM, BLOCK_M, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, True, DOT_PRECISION,
-                                 HAS_WINDOW, SOFTCAP, DELTA_INLINE, TMA,
+                                 HAS_WINDOW, SOFTCAP, HAS_ALIBI, DELTA_INLINE, TMA,
                                  QDesc, DODesc, q_row0, head * q_ch, do_row0, head * do_ch)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, key_kept, q_base, do_base, lse_base, delta_base, mask_base, o_base,
                                  cols, offs_m, offs_d, q_full, q_hi, q_len, k_len, qk_scale, seed_bh, dropout_p,
-                                 window_left, window_right, cap_in, cap_out,
+                                 window_left, window_right, cap_in, cap_out, alibi_slope, alibi_shift,
                                  stride_qm, stride_qd, stride_dm, stride_dd, stride_mm, stride_mn, stride_om, stride_od,
                                  HEAD_DIM, BLOCK_M, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, False, DOT_PRECISION,
-                                 HAS_WINDOW, SOFTCAP, DELTA_INLINE, TMA,
+                                 HAS_WINDOW, SOFTCAP, HAS_ALIBI, DELTA_INLINE, TMA,
                                  QDesc, DODesc, q_row0, head * q_ch, do_row0, head * do_ch)
 
     dk = dk * sm_scale
@@ -227,8 +231,8 @@ def _dkdv_program(
 
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
 def _attn_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, Delta, DK, DV, Mask, KPM, Bounds,
-    qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out,
+    Q, K, V, DO, LSE, Delta, DK, DV, Mask, KPM, Bounds, Alibi,
+    qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out, alibi_shift,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -236,12 +240,12 @@ def _attn_bwd_dkdv_kernel(
     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
     stride_mb, stride_mh, stride_mm, stride_mn,
-    stride_pb, stride_pn,
+    stride_pb, stride_pn, stride_ab,
     num_heads, num_kv_heads, group_size, q_len, k_len,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, HAS_BOUNDS: tl.constexpr,
     DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-    SCAN: tl.constexpr,
+    HAS_ALIBI: tl.constexpr, SCAN: tl.constexpr,
 ):
     """The dk/dv half of the two-launch backward: delta comes from the dq kernel, run first."""
     # torch.compile's generated code may pass a Python float as fp64 (inductor types
@@ -253,15 +257,15 @@ def _attn_bwd_dkdv_kernel(
     cap_out = tl.cast(cap_out, tl.float32)
     batch_kv_head = tl.program_id(1)
     _dkdv_program(tl.program_id(0), batch_kv_head // num_kv_heads, batch_kv_head % num_kv_heads,
-                  Q, K, V, DO, DO, LSE, Delta, DK, DV, Mask, KPM, Bounds,   # Out unused: delta is stored
-                  qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out,
+                  Q, K, V, DO, DO, LSE, Delta, DK, DV, Mask, KPM, Bounds, Alibi,   # Out unused: delta is stored
+                  qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out, alibi_shift,
                   stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
                   stride_vb, stride_vh, stride_vn, stride_vd, 0, 0, 0, 0,
                   stride_db, stride_dh, stride_dm, stride_dd, stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                   stride_dvb, stride_dvh, stride_dvn, stride_dvd, stride_mb, stride_mh, stride_mm, stride_mn,
-                  stride_pb, stride_pn, num_heads, group_size, q_len, k_len,
+                  stride_pb, stride_pn, stride_ab, num_heads, group_size, q_len, k_len,
                   HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, HAS_BOUNDS, DROPOUT,
-                  DOT_PRECISION, HAS_WINDOW, SOFTCAP, SCAN, False)
+                  DOT_PRECISION, HAS_WINDOW, SOFTCAP, HAS_ALIBI, SCAN, False)
 
 
 # The descriptors' row origins (batch * rb + head * rh) are lengths: specializing on them would
@@ -271,8 +275,8 @@ _ORIGINS = ("q_rb", "q_rh", "q_ch", "do_rb", "do_rh", "do_ch", "k_rb", "k_rh", "
 
 @triton.jit(do_not_specialize=_NO_SPECIALIZE + _ORIGINS)
 def _attn_bwd_dkdv_tma_kernel(
-    Q, K, V, DO, LSE, Delta, DK, DV, Mask, KPM, Bounds, QDesc, DODesc, KDesc, VDesc,
-    qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out,
+    Q, K, V, DO, LSE, Delta, DK, DV, Mask, KPM, Bounds, Alibi, QDesc, DODesc, KDesc, VDesc,
+    qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out, alibi_shift,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -280,13 +284,13 @@ def _attn_bwd_dkdv_tma_kernel(
     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
     stride_mb, stride_mh, stride_mm, stride_mn,
-    stride_pb, stride_pn,
+    stride_pb, stride_pn, stride_ab,
     num_heads, num_kv_heads, group_size, q_len, k_len,
     q_rb, q_rh, q_ch, do_rb, do_rh, do_ch, k_rb, k_rh, k_ch, v_rb, v_rh, v_ch,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, HAS_BOUNDS: tl.constexpr,
     DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-    SCAN: tl.constexpr,
+    HAS_ALIBI: tl.constexpr, SCAN: tl.constexpr,
 ):
     """_attn_bwd_dkdv_kernel with q, dout, k and v tiles read through tensor descriptors
     (Hopper's TMA, host-side descriptors over 2-D views, _dkdv_program): the same arithmetic in
@@ -302,15 +306,15 @@ def _attn_bwd_dkdv_tma_kernel(
     cap_out = tl.cast(cap_out, tl.float32)
     batch_kv_head = tl.program_id(1)
     _dkdv_program(tl.program_id(0), batch_kv_head // num_kv_heads, batch_kv_head % num_kv_heads,
-                  Q, K, V, DO, DO, LSE, Delta, DK, DV, Mask, KPM, Bounds,
-                  qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out,
+                  Q, K, V, DO, DO, LSE, Delta, DK, DV, Mask, KPM, Bounds, Alibi,
+                  qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out, alibi_shift,
                   stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
                   stride_vb, stride_vh, stride_vn, stride_vd, 0, 0, 0, 0,
                   stride_db, stride_dh, stride_dm, stride_dd, stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                   stride_dvb, stride_dvh, stride_dvn, stride_dvd, stride_mb, stride_mh, stride_mm, stride_mn,
-                  stride_pb, stride_pn, num_heads, group_size, q_len, k_len,
+                  stride_pb, stride_pn, stride_ab, num_heads, group_size, q_len, k_len,
                   HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, HAS_BOUNDS, DROPOUT,
-                  DOT_PRECISION, HAS_WINDOW, SOFTCAP, SCAN, False,
+                  DOT_PRECISION, HAS_WINDOW, SOFTCAP, HAS_ALIBI, SCAN, False,
                   QDesc, DODesc, q_rb, q_rh, q_ch, do_rb, do_rh, do_ch, True,
                   KDesc, VDesc, k_rb, k_rh, k_ch, v_rb, v_rh, v_ch)
 
@@ -318,12 +322,13 @@ def _attn_bwd_dkdv_tma_kernel(
 @triton.jit
 def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base, holes,
                   rows, offs_n, offs_d, lo, hi, q_len, k_len, key_end, qk_scale, seed_bh, dropout_p,
-                  window_left, window_right, cap_in, cap_out,
+                  window_left, window_right, cap_in, cap_out, alibi_slope, alibi_shift,
                   stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
                   HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
                   MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
                   MASK_EDGES: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                  HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, LOOP_STAGES: tl.constexpr = None):
+                  HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+                  LOOP_STAGES: tl.constexpr = None):
     d_ok = offs_d < HEAD_DIM
     for start_n in tl.range(lo, hi, BLOCK_N, num_stages=LOOP_STAGES):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -341,6 +346,8 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base, ho
             qk = tanh_s * cap_out
         else:
             qk = _mma(q, k_t, None, DOT_PRECISION) * qk_scale
+        if HAS_ALIBI:
+            qk -= alibi_slope * _alibi_distance(rows[:, None], cols[None, :], alibi_shift)
         if MASK_KIND == 2:
             bias = tl.load(mask_base + rows[:, None] * stride_mm + cols[None, :] * stride_mn,
                            mask=(rows[:, None] < q_len) & (cols[None, :] < k_len), other=0.0)
@@ -377,31 +384,32 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base, ho
 @triton.jit
 def _dq_loops(dq, holes, q, do, lse, delta, k_base, v_base, mask_base, kpm_base, rows, offs_n, offs_d,
               lo, full_end, hi, q_len, k_len, qk_scale, seed_bh, dropout_p, window_left, window_right,
-              cap_in, cap_out, stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
+              cap_in, cap_out, alibi_slope, alibi_shift,
+              stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
               HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-              HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, LOOP_STAGES: tl.constexpr):
+              HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, LOOP_STAGES: tl.constexpr):
     """Key tiles [lo, full_end) with no edge masks, then [full_end, hi) (as kernels._fwd_loops);
     LOOP_STAGES: the loops' pipeline depth (None: the kernel's)."""
     dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base, holes,
                        rows, offs_n, offs_d, lo, full_end, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
-                       window_left, window_right, cap_in, cap_out,
+                       window_left, window_right, cap_in, cap_out, alibi_slope, alibi_shift,
                        stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
                        HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, False, DOT_PRECISION, HAS_WINDOW,
-                       SOFTCAP, LOOP_STAGES)
+                       SOFTCAP, HAS_ALIBI, LOOP_STAGES)
     return _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base, holes,
                          rows, offs_n, offs_d, full_end, hi, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
-                         window_left, window_right, cap_in, cap_out,
+                         window_left, window_right, cap_in, cap_out, alibi_slope, alibi_shift,
                          stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
                          HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, True, DOT_PRECISION, HAS_WINDOW,
-                         SOFTCAP, LOOP_STAGES)
+                         SOFTCAP, HAS_ALIBI, LOOP_STAGES)
 
 
 @triton.jit
 def _dq_program(
     start_m, batch, head,
-    Q, K, V, Out, DO, LSE, Delta, DQ, Mask, KPM, Bounds,
-    qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out,
+    Q, K, V, Out, DO, LSE, Delta, DQ, Mask, KPM, Bounds, Alibi,
+    qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out, alibi_shift,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -409,12 +417,12 @@ def _dq_program(
     stride_db, stride_dh, stride_dm, stride_dd,
     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
     stride_mb, stride_mh, stride_mm, stride_mn,
-    stride_pb, stride_pn,
+    stride_pb, stride_pn, stride_ab,
     num_heads, group_size, q_len, k_len,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, HAS_BOUNDS: tl.constexpr,
     DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-    SCAN: tl.constexpr,
+    HAS_ALIBI: tl.constexpr, SCAN: tl.constexpr,
     STORE_DELTA: tl.constexpr, SPLIT_KPM: tl.constexpr = False,
 ):
     batch_head = batch * num_heads + head
@@ -444,6 +452,7 @@ def _dq_program(
     mask_base = Mask + b64 * stride_mb + head.to(tl.int64) * stride_mh
     kpm_base = KPM + b64 * stride_pb
     seed_bh = seed + batch_head
+    alibi_slope = alibi_slope_of(Alibi, batch, head, stride_ab, HAS_ALIBI)
 
     first = 0
     last = k_len
@@ -458,7 +467,7 @@ def _dq_program(
     dq = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     args = (q, do, lse, delta, k_base, v_base, mask_base, kpm_base, rows, offs_n, offs_d, lo, full_end, hi,
             q_len, k_len, qk_scale, seed_bh, dropout_p, window_left, window_right, cap_in, cap_out,
-            stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn)
+            alibi_slope, alibi_shift, stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn)
     if HAS_KPM and SPLIT_KPM:
         # key padding without holes (a suffix: per-item lengths) gets loops with no mask reads and
         # no branch in them, at the kernel's pipeline depth; padding with holes gets its own loops
@@ -466,15 +475,15 @@ def _dq_program(
         # shared memory (tiles.split_kpm_dq says where)
         if holes:
             dq = _dq_loops(dq, True, *args, HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, True, DROPOUT,
-                           DOT_PRECISION, HAS_WINDOW, SOFTCAP, 1)
+                           DOT_PRECISION, HAS_WINDOW, SOFTCAP, HAS_ALIBI, 1)
         else:
             dq = _dq_loops(dq, False, *args, HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, False, DROPOUT,
-                           DOT_PRECISION, HAS_WINDOW, SOFTCAP, None)
+                           DOT_PRECISION, HAS_WINDOW, SOFTCAP, HAS_ALIBI, None)
     else:
         # One loop body for any padding: key padding with holes is read in every tile behind a
         # branch, other padding (a suffix: per-item lengths) not at all.
         dq = _dq_loops(dq, holes, *args, HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT,
-                       DOT_PRECISION, HAS_WINDOW, SOFTCAP, None)
+                       DOT_PRECISION, HAS_WINDOW, SOFTCAP, HAS_ALIBI, None)
     dq = dq * sm_scale
     tl.store(DQ + b64 * stride_dqb + head.to(tl.int64) * stride_dqh + rows[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
              dq.to(DQ.dtype.element_ty), mask=tile_ok)
@@ -484,8 +493,8 @@ def _dq_program(
 
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
 def _attn_bwd_dq_kernel(
-    Q, K, V, Out, DO, LSE, Delta, DQ, Mask, KPM, Bounds,
-    qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out,
+    Q, K, V, Out, DO, LSE, Delta, DQ, Mask, KPM, Bounds, Alibi,
+    qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out, alibi_shift,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -493,12 +502,12 @@ def _attn_bwd_dq_kernel(
     stride_db, stride_dh, stride_dm, stride_dd,
     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
     stride_mb, stride_mh, stride_mm, stride_mn,
-    stride_pb, stride_pn,
+    stride_pb, stride_pn, stride_ab,
     num_heads, group_size, q_len, k_len,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, HAS_BOUNDS: tl.constexpr,
     DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-    SCAN: tl.constexpr, SPLIT_KPM: tl.constexpr = False,
+    HAS_ALIBI: tl.constexpr, SCAN: tl.constexpr, SPLIT_KPM: tl.constexpr = False,
 ):
     """The dq half of the two-launch backward; it stores delta for the dk/dv kernel. SPLIT_KPM:
     tiles.split_kpm_dq."""
@@ -511,21 +520,21 @@ def _attn_bwd_dq_kernel(
     cap_out = tl.cast(cap_out, tl.float32)
     batch_head = tl.program_id(1)
     _dq_program(tl.program_id(0), batch_head // num_heads, batch_head % num_heads,
-                Q, K, V, Out, DO, LSE, Delta, DQ, Mask, KPM, Bounds,
-                qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out,
+                Q, K, V, Out, DO, LSE, Delta, DQ, Mask, KPM, Bounds, Alibi,
+                qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out, alibi_shift,
                 stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
                 stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_om, stride_od,
                 stride_db, stride_dh, stride_dm, stride_dd, stride_dqb, stride_dqh, stride_dqm, stride_dqd,
-                stride_mb, stride_mh, stride_mm, stride_mn, stride_pb, stride_pn,
+                stride_mb, stride_mh, stride_mm, stride_mn, stride_pb, stride_pn, stride_ab,
                 num_heads, group_size, q_len, k_len,
                 HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, HAS_BOUNDS, DROPOUT,
-                DOT_PRECISION, HAS_WINDOW, SOFTCAP, SCAN, True, SPLIT_KPM)
+                DOT_PRECISION, HAS_WINDOW, SOFTCAP, HAS_ALIBI, SCAN, True, SPLIT_KPM)
 
 
 @triton.jit(do_not_specialize=_NO_SPECIALIZE + ("q_blocks",))
 def _attn_bwd_kernel(
-    Q, K, V, Out, DO, LSE, DQ, DK, DV, Mask, KPM, Bounds,
-    qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out,
+    Q, K, V, Out, DO, LSE, DQ, DK, DV, Mask, KPM, Bounds, Alibi,
+    qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out, alibi_shift,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -535,13 +544,13 @@ def _attn_bwd_kernel(
     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
     stride_mb, stride_mh, stride_mm, stride_mn,
-    stride_pb, stride_pn,
+    stride_pb, stride_pn, stride_ab,
     num_heads, num_kv_heads, group_size, q_len, k_len, q_blocks,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     KV_BLOCK_M: tl.constexpr, KV_BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, HAS_BOUNDS: tl.constexpr,
     DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-    SCAN: tl.constexpr,
+    HAS_ALIBI: tl.constexpr, SCAN: tl.constexpr,
 ):
     """The whole backward in one launch (short sequences, where a launch costs more host time than
     the kernels take): per (batch, k/v head), the first q_blocks * group_size programs compute dq
@@ -561,26 +570,26 @@ def _attn_bwd_kernel(
     dq_programs = q_blocks * group_size
     if pid < dq_programs:
         _dq_program(pid % q_blocks, batch, kv_head * group_size + pid // q_blocks,
-                    Q, K, V, Out, DO, LSE, LSE, DQ, Mask, KPM, Bounds,   # no delta stored
-                    qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out,
+                    Q, K, V, Out, DO, LSE, LSE, DQ, Mask, KPM, Bounds, Alibi,   # no delta stored
+                    qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out, alibi_shift,
                     stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
                     stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_om, stride_od,
                     stride_db, stride_dh, stride_dm, stride_dd, stride_dqb, stride_dqh, stride_dqm, stride_dqd,
-                    stride_mb, stride_mh, stride_mm, stride_mn, stride_pb, stride_pn,
+                    stride_mb, stride_mh, stride_mm, stride_mn, stride_pb, stride_pn, stride_ab,
                     num_heads, group_size, q_len, k_len,
                     HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, HAS_BOUNDS, DROPOUT,
-                    DOT_PRECISION, HAS_WINDOW, SOFTCAP, SCAN, False)
+                    DOT_PRECISION, HAS_WINDOW, SOFTCAP, HAS_ALIBI, SCAN, False)
     else:
         _dkdv_program(pid - dq_programs, batch, kv_head,
-                      Q, K, V, Out, DO, LSE, LSE, DK, DV, Mask, KPM, Bounds,   # delta computed inline
-                      qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out,
+                      Q, K, V, Out, DO, LSE, LSE, DK, DV, Mask, KPM, Bounds, Alibi,   # delta computed inline
+                      qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out, alibi_shift,
                       stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
                       stride_vb, stride_vh, stride_vn, stride_vd, stride_ob, stride_oh, stride_om, stride_od,
                       stride_db, stride_dh, stride_dm, stride_dd, stride_dkb, stride_dkh, stride_dkn, stride_dkd,
                       stride_dvb, stride_dvh, stride_dvn, stride_dvd, stride_mb, stride_mh, stride_mm, stride_mn,
-                      stride_pb, stride_pn, num_heads, group_size, q_len, k_len,
+                      stride_pb, stride_pn, stride_ab, num_heads, group_size, q_len, k_len,
                       HEAD_DIM, D_PAD, KV_BLOCK_M, KV_BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, HAS_BOUNDS, DROPOUT,
-                      DOT_PRECISION, HAS_WINDOW, SOFTCAP, SCAN, True)
+                      DOT_PRECISION, HAS_WINDOW, SOFTCAP, HAS_ALIBI, SCAN, True)
 
 
 BACKWARD_KERNELS = {

@@ -15,7 +15,8 @@ import triton.language as tl
 # distinct pattern is a separate compile of seconds. Lengths, head counts and the dropout seed
 # only bound loops and masks, so specializing on them buys nothing; strides stay specialized
 # (16-byte alignment of rows is what lets loads vectorize), as does group_size (1 folds away).
-_NO_SPECIALIZE = ("seed", "num_heads", "num_kv_heads", "q_len", "k_len", "window_left", "window_right")
+_NO_SPECIALIZE = ("seed", "num_heads", "num_kv_heads", "q_len", "k_len", "window_left", "window_right",
+                  "alibi_shift")
 
 
 @triton.jit
@@ -71,6 +72,25 @@ def _tanh(x):
 
 
 @triton.jit
+def _alibi_distance(rows, cols, alibi_shift):
+    """|i + shift - j| in fp32, FlashAttention's ALiBi distance: shift = Sk - Sq puts query i at key
+    position i + Sk - Sq (bottom-right). The varlen kernels pass rows (or columns) already moved to
+    that diagonal and shift 0. Exact up to 2**24 positions."""
+    return tl.abs(rows + alibi_shift - cols).to(tl.float32)
+
+
+@triton.jit
+def alibi_slope_of(Alibi, batch, head, stride_ab, HAS_ALIBI: tl.constexpr):
+    """The ALiBi slope of (batch, head) in the base-2 units of the kernels' scores (times log2(e)):
+    Alibi is fp32 (B or 1, H), stride_ab 0 for slopes shared by every batch item. 0.0 without ALiBi
+    (never read then)."""
+    slope = 0.0
+    if HAS_ALIBI:
+        slope = tl.load(Alibi + batch * stride_ab + head) * 1.4426950408889634
+    return slope
+
+
+@triton.jit
 def _key_range(first, last, start_m, k_len, window_left, window_right,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
                HAS_BOUNDS: tl.constexpr, HAS_WINDOW: tl.constexpr):
@@ -103,12 +123,12 @@ def _key_range(first, last, start_m, k_len, window_left, window_right,
 @triton.jit
 def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_base, kpm_base, holes,
                rows, offs_n, offs_d, lo, hi, q_len, k_len, key_end, qk_scale, seed_bh, dropout_p,
-               window_left, window_right, cap_in, cap_out,
+               window_left, window_right, cap_in, cap_out, alibi_slope, alibi_shift,
                stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
                MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr,
                MASK_EDGES: tl.constexpr, DOT_PRECISION: tl.constexpr,
-               HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr):
+               HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
     d_ok = offs_d < HEAD_DIM
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -128,6 +148,8 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_base, kpm_base, holes,
             qk = _tanh(_mma(q, k, None, DOT_PRECISION) * cap_in) * cap_out
         else:
             qk = _mma(q, k, None, DOT_PRECISION) * qk_scale
+        if HAS_ALIBI:
+            qk -= alibi_slope * _alibi_distance(rows[:, None], cols[None, :], alibi_shift)
         if MASK_KIND == 2:
             bias = tl.load(mask_base + rows[:, None] * stride_mm + cols[None, :] * stride_mn,
                            mask=(rows[:, None] < q_len) & (cols[None, :] < k_len), other=0.0)
@@ -174,39 +196,42 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_base, kpm_base, holes,
 @triton.jit
 def _fwd_loops(acc, l_i, m_i, holes, q, k_base, v_base, mask_base, kpm_base, rows, offs_n, offs_d, lo, full_end, hi,
                q_len, k_len, qk_scale, seed_bh, dropout_p, window_left, window_right, cap_in, cap_out,
+               alibi_slope, alibi_shift,
                stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
                HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-               HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr):
+               HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
     """Key tiles [lo, full_end), wholly inside the causal triangle and the key range (no edge
     masks), then [full_end, hi), the diagonal / last tiles (causal and end-of-keys masks)."""
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_base, kpm_base, holes,
                                rows, offs_n, offs_d, lo, full_end, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
-                               window_left, window_right, cap_in, cap_out,
+                               window_left, window_right, cap_in, cap_out, alibi_slope, alibi_shift,
                                stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
-                               HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, False, DOT_PRECISION, HAS_WINDOW, SOFTCAP)
+                               HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, False, DOT_PRECISION, HAS_WINDOW, SOFTCAP,
+                               HAS_ALIBI)
     return _fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_base, kpm_base, holes,
                       rows, offs_n, offs_d, full_end, hi, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
-                      window_left, window_right, cap_in, cap_out,
+                      window_left, window_right, cap_in, cap_out, alibi_slope, alibi_shift,
                       stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
-                      HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, True, DOT_PRECISION, HAS_WINDOW, SOFTCAP)
+                      HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, True, DOT_PRECISION, HAS_WINDOW, SOFTCAP,
+                      HAS_ALIBI)
 
 
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
 def _attn_fwd_kernel(
-    Q, K, V, Out, LSE, Mask, KPM, Bounds,
-    qk_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out,
+    Q, K, V, Out, LSE, Mask, KPM, Bounds, Alibi,
+    qk_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out, alibi_shift,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_om, stride_od,
     stride_mb, stride_mh, stride_mm, stride_mn,
-    stride_pb, stride_pn,
+    stride_pb, stride_pn, stride_ab,
     num_heads, group_size, q_len, k_len,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, HAS_BOUNDS: tl.constexpr,
     DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, SCAN: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
 ):
     # torch.compile's generated code may pass a Python float as fp64 (inductor types
     # them so by default); in fp64 they would promote the fp32 math below.
@@ -233,6 +258,7 @@ def _attn_fwd_kernel(
     mask_base = Mask + b64 * stride_mb + head.to(tl.int64) * stride_mh
     kpm_base = KPM + b64 * stride_pb
     seed_bh = seed + batch_head
+    alibi_slope = alibi_slope_of(Alibi, batch, head, stride_ab, HAS_ALIBI)
 
     first = 0
     last = k_len
@@ -249,7 +275,7 @@ def _attn_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     args = (q, k_base, v_base, mask_base, kpm_base, rows, offs_n, offs_d, lo, full_end, hi, q_len, k_len,
-            qk_scale, seed_bh, dropout_p, window_left, window_right, cap_in, cap_out,
+            qk_scale, seed_bh, dropout_p, window_left, window_right, cap_in, cap_out, alibi_slope, alibi_shift,
             stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn)
     if HAS_KPM and D_PAD >= 128:
         # head dims above 64 (D_PAD >= 128): a pair of loops for padding with holes (the mask read in every
@@ -258,17 +284,17 @@ def _attn_fwd_kernel(
         # doubles the shared memory and spills a little.
         if holes:
             acc, l_i, m_i = _fwd_loops(acc, l_i, m_i, True, *args, HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, True,
-                                       DROPOUT, DOT_PRECISION, HAS_WINDOW, SOFTCAP)
+                                       DROPOUT, DOT_PRECISION, HAS_WINDOW, SOFTCAP, HAS_ALIBI)
         else:
             acc, l_i, m_i = _fwd_loops(acc, l_i, m_i, False, *args, HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, False,
-                                       DROPOUT, DOT_PRECISION, HAS_WINDOW, SOFTCAP)
+                                       DROPOUT, DOT_PRECISION, HAS_WINDOW, SOFTCAP, HAS_ALIBI)
     else:
         # One pair of loops for any padding (or none): key padding with holes is read in every
         # tile behind a branch, a suffix (per-item lengths) not at all. Head dims up to 64 (H100):
         # bert (32, 12, 512, 64) pad 0.25 0.086-0.087 ms against 0.104 with the two pairs of loops
         # above, llm-4k (4, 16, 4096, 64) 0.579 against 0.614.
         acc, l_i, m_i = _fwd_loops(acc, l_i, m_i, holes, *args, HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM,
-                                   DROPOUT, DOT_PRECISION, HAS_WINDOW, SOFTCAP)
+                                   DROPOUT, DOT_PRECISION, HAS_WINDOW, SOFTCAP, HAS_ALIBI)
 
     # A row with no key to attend to has l_i == 0: its output is exactly 0 and its
     # log-sum-exp +inf, so the backward recomputes probabilities of exactly 0 for it.

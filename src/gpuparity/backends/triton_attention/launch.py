@@ -15,6 +15,7 @@ from .tiles import SCAN_BLOCK, fused_backward, padded_head_dim, split_kpm_dq, ti
 from ... import caches
 
 LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
 
 # Mask kinds as the kernels see them (a constexpr).
 MASK_NONE, MASK_BOOL, MASK_ADDITIVE = 0, 1, 2
@@ -42,6 +43,9 @@ class MaskArgs:
     kpm: Optional[torch.Tensor] = None
     kpm_strides: Tuple[int, int] = (0, 0)
     bounds: Optional[torch.Tensor] = None        # int32 (B, 3) from key_lengths: first, one past the last kept key, 0
+    # ALiBi slopes fp32 (B or 1, H), contiguous, and their batch stride (0: one row for every item)
+    alibi: Optional[torch.Tensor] = None
+    alibi_stride: int = 0
 
 
 def _broadcast_strides(t: torch.Tensor) -> Tuple[int, int, int, int]:
@@ -58,9 +62,11 @@ def _bytes(mask: torch.Tensor) -> torch.Tensor:
 
 
 def prepare_masks(q: torch.Tensor, k: torch.Tensor, attn_mask=None, key_padding_mask=None,
-                  key_lengths=None) -> MaskArgs:
+                  key_lengths=None, alibi_slopes=None) -> MaskArgs:
     batch, k_len = q.shape[0], k.shape[2]
     args = MaskArgs()
+    if alibi_slopes is not None:
+        args.alibi, args.alibi_stride = alibi_table(alibi_slopes, q.shape[1])
     if attn_mask is not None:
         if attn_mask.dtype == torch.bool:
             args.kind = MASK_BOOL
@@ -84,6 +90,27 @@ def prepare_masks(q: torch.Tensor, k: torch.Tensor, attn_mask=None, key_padding_
         # keys 0..length-1 kept: no holes
         args.bounds = torch.stack([torch.zeros_like(lengths), lengths, torch.zeros_like(lengths)], dim=1).contiguous()
     return args
+
+
+def check_alibi_slopes(alibi_slopes, batch: int, heads: int, device) -> None:
+    """alibi_slopes must be fp32 (H,) or (B, H) (or (1, H)) on q's device: raises naming the argument."""
+    from ...validation import describe
+    if not isinstance(alibi_slopes, torch.Tensor) or alibi_slopes.dtype != torch.float32:
+        raise TypeError(f"alibi_slopes: expected a float32 tensor of shape ({heads},) or ({batch}, {heads}), got "
+                        f"{describe(alibi_slopes)}")
+    if tuple(alibi_slopes.shape) not in ((heads,), (1, heads), (batch, heads)):
+        raise ValueError(f"alibi_slopes: expected shape ({heads},) (per head) or ({batch}, {heads}) (per batch item "
+                         f"and head), got {describe(alibi_slopes)}")
+    if alibi_slopes.device != torch.device(device):
+        raise ValueError(f"alibi_slopes: expected a tensor on {device} (the device of q), got {describe(alibi_slopes)}")
+
+
+def alibi_table(alibi_slopes: torch.Tensor, heads: int) -> Tuple[torch.Tensor, int]:
+    """(fp32 (B or 1, H) contiguous, batch stride): the slopes as the kernels read them, stride 0
+    when every batch item shares one row. No copy for the usual contiguous slopes."""
+    table = alibi_slopes.detach().reshape(-1, heads)
+    table = table if table.is_contiguous() else table.contiguous()
+    return table, (0 if table.shape[0] == 1 else heads)
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -142,7 +169,7 @@ def _common_constexprs(head_dim, masks: MaskArgs, is_causal, dropout_p, dtype, w
                 MASK_KIND=masks.kind, HAS_KPM=masks.kpm is not None,
                 HAS_BOUNDS=masks.bounds is not None or masks.kpm is not None,
                 DROPOUT=dropout_p > 0.0, DOT_PRECISION=dot_precision(dtype),
-                HAS_WINDOW=window is not None, SOFTCAP=softcap is not None)
+                HAS_WINDOW=window is not None, SOFTCAP=softcap is not None, HAS_ALIBI=masks.alibi is not None)
 
 
 def _window_softcap_scalars(q_len: int, k_len: int, scale: float, window=None, softcap=None) -> tuple:
@@ -182,7 +209,7 @@ def _plan_key(q, k, v, masks: MaskArgs, is_causal: bool, scale: float, dropout_p
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, masks.kind,
            None if masks.mask is None else masks.mask.dtype, masks.mask_strides,
            None if masks.kpm is None else masks.kpm.dtype, masks.kpm_strides, masks.bounds is not None,
-           is_causal, scale, triton_common.interpreting(), *extra)
+           masks.alibi is not None, masks.alibi_stride, is_causal, scale, triton_common.interpreting(), *extra)
     if q.dtype == torch.float32:
         key += (matmul_tf32(),)
     return key
@@ -195,10 +222,10 @@ def _planned(key: Optional[tuple], build):
     return plan if plan is not None else _PLANS.keep(key, build())
 
 
-def _mask_tensors(q, masks: MaskArgs) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _mask_tensors(q, masks: MaskArgs) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     dummy = _dummy(q.device)
     return (dummy if masks.mask is None else masks.mask, dummy if masks.kpm is None else masks.kpm,
-            dummy if masks.bounds is None else masks.bounds)
+            dummy if masks.bounds is None else masks.bounds, dummy if masks.alibi is None else masks.alibi)
 
 
 def _forward_launch(q, k, v, out, masks: MaskArgs, is_causal, scale, dropout_p, seed, window=None, softcap=None
@@ -208,8 +235,9 @@ def _forward_launch(q, k, v, out, masks: MaskArgs, is_causal, scale, dropout_p, 
     cfg = tile_config("fwd", q.device, head_dim, q.dtype, k_len)
     return (PreparedLaunch(kernel_table()["fwd"], (cdiv(q_len, cfg.block_m), batch * heads), (
         scale * LOG2E, float(dropout_p), int(seed), *_window_softcap_scalars(q_len, k_len, scale, window, softcap),
+        k_len - q_len,   # ALiBi's shift: query i sits at key position i + Sk - Sq (FlashAttention)
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        *masks.mask_strides, *masks.kpm_strides,
+        *masks.mask_strides, *masks.kpm_strides, masks.alibi_stride,
         heads, heads // kv_heads, q_len, k_len),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
         num_stages=cfg.stages(masks.kind != MASK_NONE), SCAN=SCAN_BLOCK,
@@ -269,25 +297,26 @@ def _backward_launches(q, k, v, out, dout, dq, dk, dv, masks: MaskArgs, is_causa
     dense_mask = masks.kind != MASK_NONE
     dq_cfg = tile_config("dq", q.device, head_dim, q.dtype, k_len)
     kv_cfg = tile_config("dkdv", q.device, head_dim, q.dtype, k_len)
-    scalars = (scale * LOG2E, scale, float(dropout_p), int(seed), *extra)
+    scalars = (scale * LOG2E, scale, float(dropout_p), int(seed), *extra, k_len - q_len)
     if fused_backward(q_len, head_dim, dq_cfg, kv_cfg):
         q_blocks = cdiv(q_len, dq_cfg.block_m)
         grid = (q_blocks * (heads // kv_heads) + cdiv(k_len, kv_cfg.block_n), batch * kv_heads)
         return (PreparedLaunch(kernel_table()["bwd"], grid, (
             *scalars, *q.stride(), *k.stride(), *v.stride(), *out.stride(), *dout.stride(), *dq.stride(),
-            *dk.stride(), *dv.stride(), *masks.mask_strides, *masks.kpm_strides,
+            *dk.stride(), *dv.stride(), *masks.mask_strides, *masks.kpm_strides, masks.alibi_stride,
             heads, kv_heads, heads // kv_heads, q_len, k_len, q_blocks),
             BLOCK_M=dq_cfg.block_m, BLOCK_N=dq_cfg.block_n, KV_BLOCK_M=kv_cfg.block_m, KV_BLOCK_N=kv_cfg.block_n,
             num_warps=kv_cfg.num_warps, num_stages=kv_cfg.stages(dense_mask), SCAN=SCAN_BLOCK, **constexprs),)
     dq_launch = PreparedLaunch(kernel_table()["dq"], (cdiv(q_len, dq_cfg.block_m), batch * heads), (
         *scalars, *q.stride(), *k.stride(), *v.stride(), *out.stride(), *dout.stride(), *dq.stride(),
-        *masks.mask_strides, *masks.kpm_strides,
+        *masks.mask_strides, *masks.kpm_strides, masks.alibi_stride,
         heads, heads // kv_heads, q_len, k_len),
         BLOCK_M=dq_cfg.block_m, BLOCK_N=dq_cfg.block_n, num_warps=dq_cfg.num_warps,
         num_stages=dq_cfg.stages(dense_mask), SCAN=SCAN_BLOCK,
         SPLIT_KPM=masks.kpm is not None and split_kpm_dq(q.device, head_dim), **constexprs)
     dkdv_args = (*scalars, *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(),
-                 *masks.mask_strides, *masks.kpm_strides, heads, kv_heads, heads // kv_heads, q_len, k_len)
+                 *masks.mask_strides, *masks.kpm_strides, masks.alibi_stride, heads, kv_heads, heads // kv_heads,
+                 q_len, k_len)
     dkdv_grid = (cdiv(k_len, kv_cfg.block_n), batch * kv_heads)
     dkdv_options = dict(BLOCK_M=kv_cfg.block_m, BLOCK_N=kv_cfg.block_n, num_warps=kv_cfg.num_warps,
                         num_stages=kv_cfg.stages(dense_mask), SCAN=SCAN_BLOCK, **constexprs)
@@ -328,12 +357,12 @@ class _DescriptorLaunch:
         self.pointers, self.grid, self.scalars, self.views = pointers, tuple(grid), scalars, views
         self.blocks, self.options = blocks, options
 
-    def __call__(self, q, k, v, dout, lse, delta, dk, dv, mask, kpm, bounds) -> None:
+    def __call__(self, q, k, v, dout, lse, delta, dk, dv, mask, kpm, bounds, alibi) -> None:
         tensors = (q, dout, k, v)
         # traced for inductor (triton_common.TRACED): fake tensors, and host-made descriptors
         # are not something wrap_triton takes; the pointer form serves the compiled graph
         if TRACED.on or any(t.data_ptr() & 15 for t in tensors):
-            self.pointers(q, k, v, dout, lse, delta, dk, dv, mask, kpm, bounds)
+            self.pointers(q, k, v, dout, lse, delta, dk, dv, mask, kpm, bounds, alibi)
             return
         from triton.tools.tensor_descriptor import TensorDescriptor
         head_dim = q.shape[-1]
@@ -341,7 +370,7 @@ class _DescriptorLaunch:
         for t, (shape, strides, *origin), rows in zip(tensors, self.views, self.blocks):
             descriptors.append(TensorDescriptor(t, shape, strides, [rows, head_dim]))
             origins.extend(origin)
-        kernel_table()["dkdv_tma"][self.grid](q, k, v, dout, lse, delta, dk, dv, mask, kpm, bounds, *descriptors,
+        kernel_table()["dkdv_tma"][self.grid](q, k, v, dout, lse, delta, dk, dv, mask, kpm, bounds, alibi, *descriptors,
                                               *self.scalars, *origins, **self.options)
 
 
@@ -365,17 +394,29 @@ def attention_backward(dout, q, k, v, out, lse, masks: MaskArgs, is_causal: bool
             q, k, v, out, dout, dq, dk, dv, masks, is_causal, scale, dropout_p, seed, window, softcap))
         if plan is not None:
             plan.backward[dout.stride()] = launches
-    mask, kpm, bounds = _mask_tensors(q, masks)
+    mask, kpm, bounds, alibi = _mask_tensors(q, masks)
     if len(launches) == 1:   # one launch: delta is computed where it is used
-        launches[0](q, k, v, out, dout, lse, dq, dk, dv, mask, kpm, bounds)
+        launches[0](q, k, v, out, dout, lse, dq, dk, dv, mask, kpm, bounds, alibi)
         return dq, dk, dv
     dq_launch, dkdv_launch = launches
     if delta is None:
         delta = torch.empty(batch, heads, q_len, dtype=torch.float32, device=q.device)
     # dq first: it also computes delta = rowsum(out * dout), which the dk/dv kernel reads
-    dq_launch(q, k, v, out, dout, lse, delta, dq, mask, kpm, bounds)
-    dkdv_launch(q, k, v, dout, lse, delta, dk, dv, mask, kpm, bounds)
+    dq_launch(q, k, v, out, dout, lse, delta, dq, mask, kpm, bounds, alibi)
+    dkdv_launch(q, k, v, dout, lse, delta, dk, dv, mask, kpm, bounds, alibi)
     return dq, dk, dv
+
+
+def _forward_saving_ctx(ctx, q, k, v, call) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The autograd forward of TritonAttention(Lse): (out, lse in base 2), what the backward needs kept in ctx."""
+    masks, is_causal, scale, dropout_p, seed, window, softcap = call
+    out, lse, delta, plan = _forward(q, k, v, masks, is_causal, scale, dropout_p, seed, window, softcap, True)
+    # the masks go through save_for_backward too: a mask changed in place before the
+    # backward then raises (autograd's version check) instead of giving wrong gradients
+    ctx.save_for_backward(q, k, v, out, lse, masks.mask, masks.kpm, masks.bounds, masks.alibi)
+    ctx.meta = (masks.kind, masks.mask_strides, masks.kpm_strides, masks.alibi_stride, is_causal, scale,
+                dropout_p, seed, window, softcap, delta, plan)
+    return out, lse
 
 
 class TritonAttention(torch.autograd.Function):
@@ -384,45 +425,67 @@ class TritonAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, call):
-        masks, is_causal, scale, dropout_p, seed, window, softcap = call
-        out, lse, delta, plan = _forward(q, k, v, masks, is_causal, scale, dropout_p, seed, window, softcap, True)
-        # the masks go through save_for_backward too: a mask changed in place before the
-        # backward then raises (autograd's version check) instead of giving wrong gradients
-        ctx.save_for_backward(q, k, v, out, lse, masks.mask, masks.kpm, masks.bounds)
-        ctx.meta = (masks.kind, masks.mask_strides, masks.kpm_strides, is_causal, scale, dropout_p, seed, window,
-                    softcap, delta, plan)
-        return out
+        return _forward_saving_ctx(ctx, q, k, v, call)[0]
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse, mask, kpm, bounds = ctx.saved_tensors
-        kind, mask_strides, kpm_strides, is_causal, scale, dropout_p, seed, window, softcap, delta, plan = ctx.meta
-        masks = MaskArgs(kind, mask, mask_strides, kpm, kpm_strides, bounds)
+        q, k, v, out, lse, mask, kpm, bounds, alibi = ctx.saved_tensors
+        (kind, mask_strides, kpm_strides, alibi_stride, is_causal, scale, dropout_p, seed, window, softcap, delta,
+         plan) = ctx.meta
+        masks = MaskArgs(kind, mask, mask_strides, kpm, kpm_strides, bounds, alibi, alibi_stride)
         dq, dk, dv = attention_backward(dout, q, k, v, out, lse, masks, is_causal, scale, dropout_p, seed,
                                         window, softcap, delta=delta, plan=plan)
         return dq, dk, dv, None
 
 
+def natural_lse(ctx, lse: torch.Tensor) -> torch.Tensor:
+    """The kernels' base-2 log-sum-exp as the natural one, marked as having no gradient."""
+    lse = lse * LN2
+    ctx.mark_non_differentiable(lse)
+    return lse
+
+
+class TritonAttentionLse(torch.autograd.Function):
+    """TritonAttention that also returns the kernels' own log-sum-exp in natural log: fp32 (B, H, Sq),
+    +inf for a row with no key, no gradient (FlashAttention's softmax_lse, with no second pass)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, call):
+        out, lse = _forward_saving_ctx(ctx, q, k, v, call)
+        return out, natural_lse(ctx, lse)
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        return TritonAttention.backward(ctx, dout)
+
+
 def triton_attention(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None,
                      key_lengths=None, dropout_p: float = 0.0, seed: Optional[int] = None, window=None,
-                     softcap=None):
+                     softcap=None, alibi_slopes=None, return_lse: bool = False):
     """The kernel behind backend "triton". Inputs are assumed validated (gpuparity.attention
     does that). key_lengths (B,) int: keys at or past a batch item's length are padding
     (an alternative to key_padding_mask that needs no mask reads). dropout_p applies to the
     attention probabilities (as nn.MultiheadAttention in training); seed makes it repeatable.
     window (left, right) and softcap: as gpuparity.attention (validated there; (-1, -1) and a
-    softcap of None mean off)."""
+    softcap of None mean off). alibi_slopes fp32 (H,) or (B, H): FlashAttention's ALiBi, computed in
+    the kernels (no bias tensor): -slope * |i + Sk - Sq - j| added to the scaled (softcapped) scores,
+    query i at key position i + Sk - Sq (bottom-right, whatever is_causal's top-left alignment);
+    no gradient to the slopes (checked here: the battery calls this function directly).
+    return_lse: (out, lse), lse the kernels' fp32 (B, H, Sq) natural log-sum-exp (+inf for a row with
+    no key; no gradient)."""
     if attn_mask is not None and attn_mask.dtype != torch.bool and attn_mask.requires_grad:
         raise ValueError("attn_mask: a float mask that requires grad is not supported by the triton "
                          "backend (no gradient for the mask); detach it or use backend='sdpa_math'")
+    if alibi_slopes is not None:
+        check_alibi_slopes(alibi_slopes, q.shape[0], q.shape[1], q.device)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     if dropout_p > 0.0 and seed is None:
         seed = dropout_seed(q.device)
-    masks = prepare_masks(q, k, attn_mask, key_padding_mask, key_lengths)
+    masks = prepare_masks(q, k, attn_mask, key_padding_mask, key_lengths, alibi_slopes)
     window = None if window is None or tuple(window) == (-1, -1) else (int(window[0]), int(window[1]))
     softcap = None if not softcap else float(softcap)
-    return TritonAttention.apply(q, k, v, (masks, bool(is_causal), scale, float(dropout_p), int(seed or 0),
-                                           window, softcap))
+    call = (masks, bool(is_causal), scale, float(dropout_p), int(seed or 0), window, softcap)
+    return TritonAttentionLse.apply(q, k, v, call) if return_lse else TritonAttention.apply(q, k, v, call)
 
 
 # ----------------------------------------------------------------------------- dropout

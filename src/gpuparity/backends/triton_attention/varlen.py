@@ -10,7 +10,7 @@ import torch
 from ...numerics import matmul_tf32
 from .. import triton_common
 from ..triton_common import PlanCache, PreparedLaunch, cdiv, lazy_kernel
-from .launch import LOG2E, _window_softcap_scalars, dot_precision
+from .launch import LOG2E, _dummy, _window_softcap_scalars, alibi_table, check_alibi_slopes, dot_precision, natural_lse
 from .tiles import padded_head_dim, tile_config
 
 
@@ -25,15 +25,24 @@ varlen_kernel_table = lazy_kernel(_load_kernels)
 _PLANS = PlanCache()
 
 
-def _constexprs(head_dim, causal, dtype, window, softcap):
+def _constexprs(head_dim, causal, dtype, window, softcap, alibi_stride):
     return dict(HEAD_DIM=head_dim, D_PAD=padded_head_dim(head_dim), IS_CAUSAL=bool(causal),
-                DOT_PRECISION=dot_precision(dtype), HAS_WINDOW=window is not None, SOFTCAP=softcap is not None)
+                DOT_PRECISION=dot_precision(dtype), HAS_WINDOW=window is not None, SOFTCAP=softcap is not None,
+                HAS_ALIBI=alibi_stride is not None)
 
 
-def _key(q, k, v, cu_q, max_q, max_k, causal, scale, window, softcap, extra=()) -> tuple:
+def _key(q, k, v, cu_q, max_q, max_k, causal, scale, window, softcap, alibi_stride, extra=()) -> tuple:
     return (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, cu_q.shape[0], max_q, max_k,
-            causal, scale, window, softcap, triton_common.interpreting(),
+            causal, scale, window, softcap, alibi_stride, triton_common.interpreting(),
             matmul_tf32() if q.dtype == torch.float32 else None, *extra)
+
+
+def _alibi(q, alibi_slopes):
+    """(table as the kernels read it, its batch stride; None without ALiBi): launch.alibi_table,
+    a placeholder pointer without slopes (never read then)."""
+    if alibi_slopes is None:
+        return _dummy(q.device), None
+    return alibi_table(alibi_slopes, q.shape[1])
 
 
 def _planned(key, build):
@@ -41,22 +50,23 @@ def _planned(key, build):
     return plan if plan is not None else _PLANS.keep(key, build())
 
 
-def _forward_launch(q, k, v, out, batch, max_q, max_k, causal, scale, window, softcap):
+def _forward_launch(q, k, v, out, batch, max_q, max_k, causal, scale, window, softcap, alibi_stride):
     total_q, heads, head_dim = q.shape
     kv_heads = k.shape[1]
     cfg = tile_config("fwd", q.device, head_dim, q.dtype, max_k)
     return PreparedLaunch(varlen_kernel_table()["varlen_fwd"], (cdiv(max_q, cfg.block_m), batch * heads), (
         scale * LOG2E, *_window_softcap_scalars(max_q, max_k, scale, window, softcap),
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(), alibi_stride or 0,
         heads, heads // kv_heads, total_q),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.stages(False),
-        **_constexprs(head_dim, causal, q.dtype, window, softcap))
+        **_constexprs(head_dim, causal, q.dtype, window, softcap, alibi_stride))
 
 
 def varlen_forward(q, k, v, cu_q, cu_k, max_q: int, max_k: int, causal: bool, scale: float, window=None,
-                   softcap=None) -> Tuple[torch.Tensor, torch.Tensor]:
+                   softcap=None, alibi_slopes=None) -> Tuple[torch.Tensor, torch.Tensor]:
     """(out, lse): out like q (total_q, H, D); lse (H, total_q) float32 in base 2, +inf for rows
-    with no key. Inputs validated (gpuparity.attention_varlen); rows of one head are contiguous."""
+    with no key. Inputs validated (gpuparity.attention_varlen); rows of one head are contiguous.
+    alibi_slopes fp32 (H,) or (B, H): -slope * |i + Sk - Sq - j| per sequence, in the kernels."""
     total_q, heads, _ = q.shape
     batch = cu_q.shape[0] - 1
     out = torch.empty_like(q)
@@ -65,28 +75,31 @@ def varlen_forward(q, k, v, cu_q, cu_k, max_q: int, max_k: int, causal: bool, sc
         return out.zero_(), lse.fill_(float("inf"))
     if k.shape[0] == 0 or max_k == 0:  # no sequence has a key: every row is empty
         return out.zero_(), lse.fill_(float("inf"))
-    forward = _planned(_key(q, k, v, cu_q, max_q, max_k, causal, scale, window, softcap, ("fwd",)),
-                       lambda: _forward_launch(q, k, v, out, batch, max_q, max_k, causal, scale, window, softcap))
-    forward(q, k, v, out, lse, cu_q, cu_k)
+    alibi, alibi_stride = _alibi(q, alibi_slopes)
+    forward = _planned(_key(q, k, v, cu_q, max_q, max_k, causal, scale, window, softcap, alibi_stride, ("fwd",)),
+                       lambda: _forward_launch(q, k, v, out, batch, max_q, max_k, causal, scale, window, softcap,
+                                               alibi_stride))
+    forward(q, k, v, out, lse, cu_q, cu_k, alibi)
     return out, lse
 
 
-def _backward_launches(q, k, v, out, dout, dq, dk, dv, batch, max_q, max_k, causal, scale, window, softcap):
+def _backward_launches(q, k, v, out, dout, dq, dk, dv, batch, max_q, max_k, causal, scale, window, softcap,
+                       alibi_stride):
     total_q, heads, head_dim = q.shape
     kv_heads = k.shape[1]
-    constexprs = _constexprs(head_dim, causal, q.dtype, window, softcap)
+    constexprs = _constexprs(head_dim, causal, q.dtype, window, softcap, alibi_stride)
     extra = _window_softcap_scalars(max_q, max_k, scale, window, softcap)
     cfg = tile_config("dq", q.device, head_dim, q.dtype, max_k)
     dq_launch = PreparedLaunch(varlen_kernel_table()["varlen_dq"], (cdiv(max_q, cfg.block_m), batch * heads), (
         scale * LOG2E, scale, *extra,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(), *dout.stride(), *dq.stride(),
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(), *dout.stride(), *dq.stride(), alibi_stride or 0,
         heads, heads // kv_heads, total_q),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.stages(False),
         **constexprs)
     cfg = tile_config("dkdv", q.device, head_dim, q.dtype, max_k)
     dkdv_launch = PreparedLaunch(varlen_kernel_table()["varlen_dkdv"], (cdiv(max_k, cfg.block_n), batch * kv_heads), (
         scale * LOG2E, scale, *extra,
-        *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(),
+        *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(), alibi_stride or 0,
         heads, kv_heads, heads // kv_heads, total_q),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.stages(False),
         **constexprs)
@@ -94,40 +107,60 @@ def _backward_launches(q, k, v, out, dout, dq, dk, dv, batch, max_q, max_k, caus
 
 
 def varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q: int, max_k: int, causal: bool, scale: float,
-                    window=None, softcap=None):
+                    window=None, softcap=None, alibi_slopes=None):
     """(dq, dk, dv) like q, k, v; deterministic (no atomics)."""
     batch = cu_q.shape[0] - 1
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if q.numel() == 0 or k.numel() == 0 or batch == 0 or max_q == 0 or max_k == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     dout = dout.contiguous() if dout.stride(-1) != 1 else dout
-    key = _key(q, k, v, cu_q, max_q, max_k, causal, scale, window, softcap, ("bwd", dout.stride()))
+    alibi, alibi_stride = _alibi(q, alibi_slopes)
+    key = _key(q, k, v, cu_q, max_q, max_k, causal, scale, window, softcap, alibi_stride, ("bwd", dout.stride()))
     dq_launch, dkdv_launch = _planned(key, lambda: _backward_launches(
-        q, k, v, out, dout, dq, dk, dv, batch, max_q, max_k, causal, scale, window, softcap))
+        q, k, v, out, dout, dq, dk, dv, batch, max_q, max_k, causal, scale, window, softcap, alibi_stride))
     delta = torch.empty_like(lse)
-    dq_launch(q, k, v, out, dout, lse, delta, dq, cu_q, cu_k)  # first: it writes delta
-    dkdv_launch(q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k)
+    dq_launch(q, k, v, out, dout, lse, delta, dq, cu_q, cu_k, alibi)  # first: it writes delta
+    dkdv_launch(q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k, alibi)
     return dq, dk, dv
 
 
+def _forward_saving_ctx(ctx, q, k, v, cu_q, cu_k, call, alibi_slopes):
+    """The autograd forward of TritonAttentionVarlen(Lse): (out, lse in base 2), what the backward needs kept in ctx."""
+    max_q, max_k, causal, scale, window, softcap = call
+    out, lse = varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap, alibi_slopes)
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi_slopes)
+    ctx.call = call
+    return out, lse
+
+
 class TritonAttentionVarlen(torch.autograd.Function):
-    """Inputs q, k, v, the cumulative lengths and one tuple of everything else."""
+    """Inputs q, k, v, the cumulative lengths, one tuple of everything else and the ALiBi slopes."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, call):
-        max_q, max_k, causal, scale, window, softcap = call
-        out, lse = varlen_forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, window, softcap)
-        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-        ctx.call = call
-        return out
+    def forward(ctx, q, k, v, cu_q, cu_k, call, alibi_slopes=None):
+        return _forward_saving_ctx(ctx, q, k, v, cu_q, cu_k, call, alibi_slopes)[0]
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        q, k, v, out, lse, cu_q, cu_k, alibi_slopes = ctx.saved_tensors
         max_q, max_k, causal, scale, window, softcap = ctx.call
         dq, dk, dv = varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale,
-                                     window, softcap)
-        return dq, dk, dv, None, None, None
+                                     window, softcap, alibi_slopes)
+        return dq, dk, dv, None, None, None, None
+
+
+class TritonAttentionVarlenLse(torch.autograd.Function):
+    """TritonAttentionVarlen that also returns the kernels' own log-sum-exp in natural log: fp32
+    (H, total_q), +inf for a row with no key, no gradient (FlashAttention's varlen softmax_lse)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, call, alibi_slopes=None):
+        out, lse = _forward_saving_ctx(ctx, q, k, v, cu_q, cu_k, call, alibi_slopes)
+        return out, natural_lse(ctx, lse)
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        return TritonAttentionVarlen.backward(ctx, dout)
 
 
 def _normalized(q, k, v, scale, window, softcap):
@@ -142,12 +175,19 @@ def _normalized(q, k, v, scale, window, softcap):
 
 
 def triton_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
-                            window=None, softcap=None, scale=None):
+                            window=None, softcap=None, scale=None, alibi_slopes=None, return_lse: bool = False):
     """The kernel behind backend "triton" of "attention_varlen"; inputs validated by
-    gpuparity.attention_varlen."""
+    gpuparity.attention_varlen. alibi_slopes fp32 (H,) or (B, H) (checked here): FlashAttention's
+    ALiBi, -slope * |i + Sk - Sq - j| on each sequence's own lengths, computed in the kernels.
+    return_lse: (out, lse), lse the kernels' fp32 (H, total_q) natural log-sum-exp (+inf for a row
+    with no key; no gradient)."""
+    if alibi_slopes is not None:
+        check_alibi_slopes(alibi_slopes, cu_seqlens_q.shape[0] - 1, q.shape[1], q.device)
+        alibi_slopes = alibi_slopes.detach()
     q, k, v, scale, window, softcap = _normalized(q, k, v, scale, window, softcap)
-    return TritonAttentionVarlen.apply(q, k, v, cu_seqlens_q, cu_seqlens_k,
-                                       (int(max_seqlen_q), int(max_seqlen_k), bool(causal), scale, window, softcap))
+    call = (int(max_seqlen_q), int(max_seqlen_k), bool(causal), scale, window, softcap)
+    function = TritonAttentionVarlenLse if return_lse else TritonAttentionVarlen
+    return function.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, call, alibi_slopes)
 
 
 # The forward/backward split the torch.library op calls (gpuparity.ops.library_varlen): a compiled

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from .backward_kernels import _bwd_dkdv_inner, _bwd_dq_inner
-from .kernels import _fwd_inner
+from .kernels import _fwd_inner, alibi_slope_of
 
 _NO_SPECIALIZE = ("num_heads", "num_kv_heads", "total_q", "window_left", "window_right")
 
@@ -69,15 +69,16 @@ def _query_block(CuQ, CuK, num_heads, group_size, window_left, window_right,
 
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
 def _varlen_fwd_kernel(
-    Q, K, V, Out, LSE, CuQ, CuK,
+    Q, K, V, Out, LSE, CuQ, CuK, Alibi,
     qk_scale, window_left, window_right, cap_in, cap_out,
     stride_qm, stride_qh, stride_qd,
     stride_kn, stride_kh, stride_kd,
     stride_vn, stride_vh, stride_vd,
-    stride_om, stride_oh, stride_od,
+    stride_om, stride_oh, stride_od, stride_ab,
     num_heads, group_size, total_q,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
 ):
     # torch.compile's generated code may pass a Python float as fp64 (inductor types
     # them so by default); in fp64 they would promote the fp32 math below.
@@ -88,6 +89,8 @@ def _varlen_fwd_kernel(
         CuQ, CuK, num_heads, group_size, window_left, window_right, BLOCK_M, BLOCK_N, IS_CAUSAL, HAS_WINDOW)
     if tl.program_id(0) * BLOCK_M >= q_len:  # past this sequence's queries
         return
+    # ALiBi: the tile loops get rows in key positions (rows + diag), so the distance needs no shift
+    alibi_slope = alibi_slope_of(Alibi, tl.program_id(1) // num_heads, h64, stride_ab, HAS_ALIBI)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D_PAD)
     d_ok = offs_d < HEAD_DIM
@@ -102,14 +105,16 @@ def _varlen_fwd_kernel(
     # rows in key positions: what the tile loop's causal / window compares need
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, K, K, False,
                                rows + diag, offs_n, offs_d, lo, full_end, q_len, k_len, hi, qk_scale, 0, 0.0,
-                               window_left, window_right, cap_in, cap_out,
+                               window_left, window_right, cap_in, cap_out, alibi_slope, 0,
                                stride_kn, stride_kd, stride_vn, stride_vd, 0, 0, 0,
-                               HEAD_DIM, BLOCK_N, IS_CAUSAL, 0, False, False, False, DOT_PRECISION, HAS_WINDOW, SOFTCAP)
+                               HEAD_DIM, BLOCK_N, IS_CAUSAL, 0, False, False, False, DOT_PRECISION, HAS_WINDOW, SOFTCAP,
+                               HAS_ALIBI)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, K, K, False,
                                rows + diag, offs_n, offs_d, full_end, hi, q_len, k_len, hi, qk_scale, 0, 0.0,
-                               window_left, window_right, cap_in, cap_out,
+                               window_left, window_right, cap_in, cap_out, alibi_slope, 0,
                                stride_kn, stride_kd, stride_vn, stride_vd, 0, 0, 0,
-                               HEAD_DIM, BLOCK_N, IS_CAUSAL, 0, False, False, True, DOT_PRECISION, HAS_WINDOW, SOFTCAP)
+                               HEAD_DIM, BLOCK_N, IS_CAUSAL, 0, False, False, True, DOT_PRECISION, HAS_WINDOW, SOFTCAP,
+                               HAS_ALIBI)
     # a row with no key (before the diagonal, an empty key sequence): output 0, lse +inf
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
@@ -122,17 +127,18 @@ def _varlen_fwd_kernel(
 
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
 def _varlen_bwd_dq_kernel(
-    Q, K, V, Out, DO, LSE, Delta, DQ, CuQ, CuK,
+    Q, K, V, Out, DO, LSE, Delta, DQ, CuQ, CuK, Alibi,
     qk_scale, sm_scale, window_left, window_right, cap_in, cap_out,
     stride_qm, stride_qh, stride_qd,
     stride_kn, stride_kh, stride_kd,
     stride_vn, stride_vh, stride_vd,
     stride_om, stride_oh, stride_od,
     stride_dm, stride_dh, stride_dd,
-    stride_dqm, stride_dqh, stride_dqd,
+    stride_dqm, stride_dqh, stride_dqd, stride_ab,
     num_heads, group_size, total_q,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
 ):
     """dq for one block of query rows of one sequence and head; also delta = rowsum(out * dout),
     kept for the dk/dv kernel, which runs after it."""
@@ -146,6 +152,7 @@ def _varlen_bwd_dq_kernel(
         CuQ, CuK, num_heads, group_size, window_left, window_right, BLOCK_M, BLOCK_N, IS_CAUSAL, HAS_WINDOW)
     if tl.program_id(0) * BLOCK_M >= q_len:
         return
+    alibi_slope = alibi_slope_of(Alibi, tl.program_id(1) // num_heads, h64, stride_ab, HAS_ALIBI)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D_PAD)
     tile_ok = (rows < q_len)[:, None] & (offs_d < HEAD_DIM)[None, :]
@@ -165,14 +172,16 @@ def _varlen_bwd_dq_kernel(
     dq = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, K, K, False,
                        rows + diag, offs_n, offs_d, lo, full_end, q_len, k_len, hi, qk_scale, 0, 0.0,
-                       window_left, window_right, cap_in, cap_out,
+                       window_left, window_right, cap_in, cap_out, alibi_slope, 0,
                        stride_kn, stride_kd, stride_vn, stride_vd, 0, 0, 0,
-                       HEAD_DIM, BLOCK_N, IS_CAUSAL, 0, False, False, False, DOT_PRECISION, HAS_WINDOW, SOFTCAP)
+                       HEAD_DIM, BLOCK_N, IS_CAUSAL, 0, False, False, False, DOT_PRECISION, HAS_WINDOW, SOFTCAP,
+                       HAS_ALIBI)
     dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, K, K, False,
                        rows + diag, offs_n, offs_d, full_end, hi, q_len, k_len, hi, qk_scale, 0, 0.0,
-                       window_left, window_right, cap_in, cap_out,
+                       window_left, window_right, cap_in, cap_out, alibi_slope, 0,
                        stride_kn, stride_kd, stride_vn, stride_vd, 0, 0, 0,
-                       HEAD_DIM, BLOCK_N, IS_CAUSAL, 0, False, False, True, DOT_PRECISION, HAS_WINDOW, SOFTCAP)
+                       HEAD_DIM, BLOCK_N, IS_CAUSAL, 0, False, False, True, DOT_PRECISION, HAS_WINDOW, SOFTCAP,
+                       HAS_ALIBI)
     dq = dq * sm_scale
     tl.store(DQ + q_start * stride_dqm + h64 * stride_dqh + rows[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
              dq.to(DQ.dtype.element_ty), mask=tile_ok)
@@ -180,17 +189,18 @@ def _varlen_bwd_dq_kernel(
 
 @triton.jit(do_not_specialize=_NO_SPECIALIZE)
 def _varlen_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, Delta, DK, DV, CuQ, CuK,
+    Q, K, V, DO, LSE, Delta, DK, DV, CuQ, CuK, Alibi,
     qk_scale, sm_scale, window_left, window_right, cap_in, cap_out,
     stride_qm, stride_qh, stride_qd,
     stride_kn, stride_kh, stride_kd,
     stride_vn, stride_vh, stride_vd,
     stride_dm, stride_dh, stride_dd,
     stride_dkn, stride_dkh, stride_dkd,
-    stride_dvn, stride_dvh, stride_dvd,
+    stride_dvn, stride_dvh, stride_dvd, stride_ab,
     num_heads, num_kv_heads, group_size, total_q,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
 ):
     """dk, dv for one block of keys of one sequence and k/v head, summed over its GQA group in a
     fixed order (deterministic, no atomics)."""
@@ -244,18 +254,20 @@ def _varlen_bwd_dkdv_kernel(
         do_base = DO + q_start * stride_dm + h64 * stride_dh
         lse_base = LSE + h64 * total_q + q_start
         delta_base = Delta + h64 * total_q + q_start
+        # columns come in query-row positions (cols - diag): the ALiBi distance needs no shift
+        alibi_slope = alibi_slope_of(Alibi, batch, head, stride_ab, HAS_ALIBI)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, cols < k_len, q_base, do_base, lse_base, delta_base, K, K,
                                  cols - diag, offs_m, offs_d, q_lo, q_full, q_len, k_len, qk_scale, 0, 0.0,
-                                 window_left, window_right, cap_in, cap_out,
+                                 window_left, window_right, cap_in, cap_out, alibi_slope, 0,
                                  stride_qm, stride_qd, stride_dm, stride_dd, 0, 0, 0, 0,
                                  HEAD_DIM, BLOCK_M, IS_CAUSAL, 0, False, False, True, DOT_PRECISION,
-                                 HAS_WINDOW, SOFTCAP, False)
+                                 HAS_WINDOW, SOFTCAP, HAS_ALIBI, False)
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, cols < k_len, q_base, do_base, lse_base, delta_base, K, K,
                                  cols - diag, offs_m, offs_d, q_full, q_hi, q_len, k_len, qk_scale, 0, 0.0,
-                                 window_left, window_right, cap_in, cap_out,
+                                 window_left, window_right, cap_in, cap_out, alibi_slope, 0,
                                  stride_qm, stride_qd, stride_dm, stride_dd, 0, 0, 0, 0,
                                  HEAD_DIM, BLOCK_M, IS_CAUSAL, 0, False, False, False, DOT_PRECISION,
-                                 HAS_WINDOW, SOFTCAP, False)
+                                 HAS_WINDOW, SOFTCAP, HAS_ALIBI, False)
 
     dk = dk * sm_scale
     tl.store(DK + k_start * stride_dkn + kvh64 * stride_dkh + cols[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,

@@ -1,0 +1,167 @@
+"""ALiBi inside the Triton attention kernels (dense and varlen) against the float64 referee, forward
+and backward: FlashAttention's bias -slope * |i + Sk - Sq - j| on the scaled scores, slopes per head
+or per batch item and head, with Sq != Sk both ways, causal, key padding, bool masks, window and
+softcap, GQA, both backward forms and sizes that leave partial tiles. Interpreter on the CPU (small
+shapes); compiled on the GPU with GPUPARITY_TEST_DEVICE=cuda."""
+from __future__ import annotations
+
+import pytest
+import torch
+from device_env import TEST_DEVICE as DEVICE, require_device, size
+
+pytest.importorskip("triton")
+
+from gpuparity import reference  # noqa: E402
+from gpuparity.backends import sdpa  # noqa: E402
+from gpuparity.backends.triton_attention import triton_attention, triton_attention_varlen  # noqa: E402
+from gpuparity.backends.triton_common import clear_plans  # noqa: E402
+from gpuparity.tolerance import compare  # noqa: E402
+
+require_device()
+pytestmark = pytest.mark.usefixtures("triton_interpreter_is_live")
+
+
+def alibi_bias(slopes, q_len, k_len, shift=None):
+    """float64 (B or 1, H, Sq, Sk): -slope * |i + shift - j|, shift = Sk - Sq (FlashAttention)."""
+    shift = k_len - q_len if shift is None else shift
+    i = torch.arange(q_len, dtype=torch.float64).view(q_len, 1)
+    j = torch.arange(k_len, dtype=torch.float64).view(1, k_len)
+    slopes = slopes.detach().cpu().double().reshape(-1, slopes.shape[-1], 1, 1)
+    return -slopes * (i + shift - j).abs()
+
+
+def inputs(batch, heads, kv_heads, q_len, k_len, head_dim, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(batch, h, n, head_dim, generator=gen).to(DEVICE, dtype).requires_grad_()
+               for h, n in ((heads, q_len), (kv_heads, k_len), (kv_heads, k_len)))
+    dout = torch.randn(batch, heads, q_len, head_dim, generator=gen).to(DEVICE, dtype)
+    return q, k, v, dout
+
+
+def check_dense(q, k, v, dout, slopes, *, attn_mask=None, key_padding_mask=None, is_causal=False, window=None,
+                softcap=None, scale=None):
+    """triton_attention(alibi_slopes=) against the float64 reference given the bias as a float mask,
+    and the same-dtype composition with that mask as the baseline, under the tolerance policy."""
+    dtype = q.dtype
+    batch, heads, q_len, _ = q.shape
+    k_len = k.shape[2]
+    flags = dict(is_causal=is_causal, window=window, softcap=softcap, scale=scale)
+    out = triton_attention(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask, alibi_slopes=slopes,
+                           **flags)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    bias = alibi_bias(slopes, q_len, k_len)
+    if attn_mask is not None:   # a bool mask folded into the bias: -inf where not allowed
+        bias = bias.masked_fill(~attn_mask.cpu(), float("-inf"))
+    ref_inputs = [t.detach().cpu().double().requires_grad_() for t in (q, k, v)]
+    kpm = None if key_padding_mask is None else key_padding_mask.cpu()
+    ref_out = reference.attention(*ref_inputs, attn_mask=bias, key_padding_mask=kpm, **flags)
+    ref_grads = torch.autograd.grad(ref_out, ref_inputs, dout.cpu().double())
+    base_inputs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    base_out = sdpa.composition(*base_inputs, attn_mask=bias.to(DEVICE, dtype), key_padding_mask=key_padding_mask,
+                                **flags)
+    base_grads = torch.autograd.grad(base_out, base_inputs, dout)
+    allowed = reference.attention_allowed(q_len, k_len, batch, attn_mask=bias, key_padding_mask=kpm,
+                                          is_causal=is_causal, window=window)
+    empty = (~allowed.any(-1, keepdim=True)).expand(batch, heads, q_len, 1)
+    results = [compare("out", out, ref_out, base_out, dtype, valid=~empty, must_be_zero=empty)]
+    for name, mine, want, base in zip(("grad_q", "grad_k", "grad_v"), grads, ref_grads, base_grads):
+        results.append(compare(name, mine, want, base, dtype))
+    failed = [r.reason for r in results if not r.passed]
+    assert not failed, failed
+
+
+# (B, H, Hkv, Sq, Sk, D): Sq < Sk, Sq > Sk, Sq = Sk with partial tiles (the interpreter's tiles are
+# 32 x 32; on a GPU the sizes grow past several tiles)
+SHAPES = {
+    "sq_lt_sk_gqa": (2, 4, 2, size(7, 77), size(19, 300), 16),
+    "sq_gt_sk": (2, 4, 4, size(19, 300), size(7, 77), 32),
+    "remainders_d40": (1, 2, 1, size(37, 517), size(45, 645), 40),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("per_batch", [False, True])
+@pytest.mark.parametrize("masks", ["none", "causal", "key_padding", "bool_window_softcap"])
+def test_dense_alibi_forward_and_backward(shape, per_batch, masks):
+    batch, heads, kv_heads, q_len, k_len, head_dim = SHAPES[shape]
+    q, k, v, dout = inputs(batch, heads, kv_heads, q_len, k_len, head_dim, torch.float32, seed=len(shape))
+    gen = torch.Generator().manual_seed(3)
+    slopes = (torch.rand((batch, heads) if per_batch else (heads,), generator=gen) * 0.5 + 0.05).to(DEVICE)
+    kwargs = {}
+    if masks == "causal":
+        kwargs = dict(is_causal=True)
+    elif masks == "key_padding":
+        kpm = torch.zeros(batch, k_len, dtype=torch.bool)
+        kpm[-1, k_len // 3:] = True
+        kwargs = dict(key_padding_mask=kpm.to(DEVICE))
+    elif masks == "bool_window_softcap":
+        keep = torch.rand(1, heads, q_len, k_len, generator=gen) > 0.2
+        kwargs = dict(attn_mask=keep.to(DEVICE), window=(5, 3), softcap=4.0, scale=0.4)
+    check_dense(q, k, v, dout, slopes, **kwargs)
+
+
+@pytest.mark.parametrize("form", ["fused", "split"])
+def test_both_backward_forms_and_bf16(form, monkeypatch):
+    """The one-launch backward and the dq + dk/dv pair (tiles.fused_backward), in bf16."""
+    monkeypatch.setenv("GPUPARITY_ATTENTION_BACKWARD", form)
+    clear_plans()
+    q, k, v, dout = inputs(2, 4, 2, size(21, 200), size(35, 333), 32, torch.bfloat16, seed=7)
+    slopes = torch.tensor([[0.5, 0.25, 0.125, 0.0625], [1.0, 0.3, 0.01, 0.2]], device=DEVICE)
+    check_dense(q, k, v, dout, slopes, is_causal=True)
+    clear_plans()
+
+
+def test_varlen_alibi_per_sequence():
+    """Each sequence's own Sq, Sk decide its bias (bottom-right on its lengths): the kernels against
+    the dense referee run sequence by sequence, with an empty query sequence and Sq > Sk."""
+    q_lens, k_lens = [size(5, 100), size(17, 300), 0, size(9, 64)], [size(9, 150), size(6, 200), 4, size(40, 64)]
+    heads, kv_heads, head_dim = 4, 2, 16
+    gen = torch.Generator().manual_seed(5)
+    cu_q = torch.tensor([0] + q_lens).cumsum(0).to(DEVICE, torch.int32)
+    cu_k = torch.tensor([0] + k_lens).cumsum(0).to(DEVICE, torch.int32)
+    q = torch.randn(sum(q_lens), heads, head_dim, generator=gen).to(DEVICE).requires_grad_()
+    k, v = (torch.randn(sum(k_lens), kv_heads, head_dim, generator=gen).to(DEVICE).requires_grad_() for _ in range(2))
+    dout = torch.randn(q.shape, generator=gen).to(DEVICE)
+    slopes = (torch.rand(len(q_lens), heads, generator=gen) * 0.5 + 0.05).to(DEVICE)
+    out = triton_attention_varlen(q, k, v, cu_q, cu_k, max(q_lens), max(k_lens), causal=True, alibi_slopes=slopes)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    ref_inputs = [t.detach().cpu().double().requires_grad_() for t in (q, k, v)]
+    pieces = []
+    for b, (ql, kl) in enumerate(zip(q_lens, k_lens)):
+        qs, ks = sum(q_lens[:b]), sum(k_lens[:b])
+        qb, kb, vb = (t[s:s + n].transpose(0, 1).unsqueeze(0) for t, s, n in
+                      ((ref_inputs[0], qs, ql), (ref_inputs[1], ks, kl), (ref_inputs[2], ks, kl)))
+        allowed = torch.ones(ql, kl, dtype=torch.bool).tril(kl - ql)   # bottom-right causal
+        bias = alibi_bias(slopes[b:b + 1], ql, kl).masked_fill(~allowed, float("-inf"))
+        pieces.append(reference.attention(qb, kb, vb, attn_mask=bias)[0].transpose(0, 1))
+    ref_out = torch.cat(pieces)
+    ref_grads = torch.autograd.grad(ref_out, ref_inputs, dout.cpu().double())
+    for name, mine, want in zip(("out", "grad_q", "grad_k", "grad_v"), (out, *grads), (ref_out, *ref_grads)):
+        # fp32 against float64: the policy's fp32 floor, as the composition's own error would be
+        result = compare(name, mine, want, want.to(mine.dtype), torch.float32)
+        assert result.passed, result.reason
+
+
+def test_alibi_slopes_are_checked_naming_the_argument():
+    q, k, v, _ = inputs(2, 4, 2, 5, 7, 16, torch.float32, seed=0)
+    with pytest.raises(ValueError, match="alibi_slopes: expected shape"):
+        triton_attention(q, k, v, alibi_slopes=torch.ones(3, device=DEVICE))
+    with pytest.raises(TypeError, match="alibi_slopes: expected a float32 tensor"):
+        triton_attention(q, k, v, alibi_slopes=torch.ones(4, dtype=torch.float64, device=DEVICE))
+    cu = torch.tensor([0, 5], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="alibi_slopes: expected shape"):
+        triton_attention_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu, 5, 5,
+                                alibi_slopes=torch.ones(2, 4, device=DEVICE))
+
+
+def test_return_lse_is_the_kernels_natural_log_sum_exp():
+    q, k, v, _ = inputs(2, 4, 2, 9, 6, 16, torch.float32, seed=2)
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625], device=DEVICE)
+    out, lse = triton_attention(q, k, v, is_causal=True, alibi_slopes=slopes, return_lse=True)
+    torch.testing.assert_close(out, triton_attention(q, k, v, is_causal=True, alibi_slopes=slopes))
+    scores = q.detach().cpu().double() @ k.detach().cpu().double().repeat_interleave(2, 1).transpose(-1, -2) / 4.0
+    scores = scores + alibi_bias(slopes, 9, 6)
+    scores = scores.masked_fill(~torch.ones(9, 6, dtype=torch.bool).tril(), float("-inf"))   # top-left causal
+    want = torch.logsumexp(scores, -1)
+    assert not lse.requires_grad and torch.isfinite(lse).all()   # top-left causal: every row sees key 0
+    torch.testing.assert_close(lse.cpu().double(), want, rtol=1e-5, atol=1e-5)
