@@ -10,6 +10,7 @@ from device_env import TEST_DEVICE, require_device, size  # sets TRITON_INTERPRE
 
 import gpuparity
 import gpuparity.flash_attn as flash_attn
+from gpuparity.flash_attn import _compose as C
 from fa_reference import check, grads, reference
 
 require_device()
@@ -102,10 +103,18 @@ def test_packed_variants_match_and_reach_the_packed_gradient():
     torch.testing.assert_close(packed.grad, torch.stack([t.grad for t in leaves], dim=2))
 
 
-def test_return_attn_probs_gives_the_lse():
+def _no_bias(*args, **kwargs):
+    raise AssertionError("a (B, H, Sq, Sk) ALiBi bias was built: the call did not run ALiBi inside the Triton kernels")
+
+
+@pytest.mark.parametrize("backend", ["composition", "triton"])
+def test_return_attn_probs_gives_the_lse(backend, monkeypatch):
+    """gpuparity.attention's lse pass; with ALiBi on the Triton kernels, their own log-sum-exp."""
+    if backend == "triton":
+        monkeypatch.setattr(C, "alibi_bias", _no_bias)
     qkv, _ = inputs(q_len=7, k_len=4)
     slopes = torch.full((4,), 0.3, device=DEVICE)
-    with flash_attn.backends(attention="composition"):
+    with flash_attn.backends(attention=backend):
         out, lse, s_dmask = flash_attn.flash_attn_func(*qkv, causal=True, alibi_slopes=slopes, softcap=3.0,
                                                        return_attn_probs=True)
     _, want, empty = reference(*[t.cpu().double() for t in qkv], causal=True, alibi=slopes, softcap=3.0)
@@ -158,10 +167,11 @@ def test_argument_errors_name_the_argument():
         gpuparity.attention(*(t.transpose(1, 2) for t in qkv), return_lse=1)
 
 
-def test_dropout_with_alibi_and_bottom_right_causal_on_the_triton_kernel():
+def test_dropout_with_alibi_and_bottom_right_causal_on_the_triton_kernel(monkeypatch):
     """flash_attn_func(dropout_p=) is gpuparity.attention's dropout: the mask attention_dropout_mask
-    regenerates for the seed torch's generator gives, forward and backward."""
+    regenerates for the seed torch's generator gives, forward and backward; ALiBi in the kernels."""
     from gpuparity.ops.dropout import attention_dropout_mask, draw_seed
+    monkeypatch.setattr(C, "alibi_bias", _no_bias)
     qkv, grad = inputs(q_len=6, k_len=9)
     slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625], device=DEVICE)
     torch.manual_seed(3)
@@ -174,3 +184,28 @@ def test_dropout_with_alibi_and_bottom_right_causal_on_the_triton_kernel():
     ref = grads(lambda q, k, v: reference(q, k, v, **flags)[0], [t.cpu().double() for t in qkv], grad.cpu())
     base = grads(lambda q, k, v: reference(q, k, v, dtype=q.dtype, **flags)[0], qkv, grad)
     check(mine, ref, base, qkv[0].dtype)
+
+
+# Sq < Sk, Sq > Sk, Sq = Sk past a 32-key interpreter tile (partial tiles), with masks, GQA, softcap
+@pytest.mark.parametrize("case", [
+    dict(lengths=(6, 11), per_batch=False, flags=dict(causal=True)),
+    dict(lengths=(10, 6), per_batch=True, flags=dict(window_size=(3, 2))),
+    dict(lengths=(37, 37), per_batch=True, flags=dict(causal=True, softcap=5.0, softmax_scale=0.3)),
+    dict(lengths=(9, 40), per_batch=False, flags=dict(window_size=(-1, 4)), dtype=torch.bfloat16),
+])
+def test_alibi_runs_inside_the_triton_kernels(case, monkeypatch):
+    """With backend "triton" the slopes go to the kernels (forward and backward): the bias composer
+    raises here, and the result meets the referee."""
+    monkeypatch.setattr(C, "alibi_bias", _no_bias)
+    qkv, grad = inputs(q_len=case["lengths"][0], k_len=case["lengths"][1], dtype=case.get("dtype", torch.float32))
+    shape = (2, 4) if case["per_batch"] else (4,)
+    slopes = (torch.rand(shape, generator=torch.Generator().manual_seed(9)) * 0.5 + 0.05).to(DEVICE)
+    check_dense(qkv, grad, backend="triton", alibi_slopes=slopes, **case["flags"])
+
+
+def test_other_backends_keep_the_composed_bias(monkeypatch):
+    """A backend without ALiBi in its kernels (here the composition) gets the fp32 bias."""
+    monkeypatch.setattr(C, "alibi_bias", _no_bias)
+    qkv, _ = inputs()
+    with flash_attn.backends(attention="composition"), pytest.raises(AssertionError, match="bias was built"):
+        flash_attn.flash_attn_func(*qkv, alibi_slopes=torch.full((4,), 0.3, device=DEVICE))

@@ -10,6 +10,7 @@ import torch
 from device_env import TEST_DEVICE, require_device, size  # sets TRITON_INTERPRET=1 on the CPU
 
 import gpuparity.flash_attn as flash_attn
+from gpuparity.flash_attn import _compose as C
 from gpuparity.flash_attn.bert_padding import index_first_axis, pad_input, unpad_input
 from gpuparity.ops.dropout import attention_dropout_mask, draw_seed
 from fa_reference import check, grads, reference
@@ -86,11 +87,32 @@ def test_varlen_alibi_on_the_triton_kernel():
                  alibi_slopes=torch.tensor([0.5, 0.25, 0.125, 0.0625], device=DEVICE))
 
 
-@pytest.mark.parametrize("alibi", [False, True])
-def test_varlen_lse(alibi):
+def _not_composed(*args, **kwargs):
+    raise AssertionError("the varlen ALiBi call was padded or given a bias: it did not run in the varlen kernels")
+
+
+@pytest.mark.parametrize("per_batch", [False, True])
+@pytest.mark.parametrize("flags", [dict(causal=True), dict(window_size=(3, 0), softcap=3.0), dict()])
+def test_varlen_alibi_runs_inside_the_varlen_kernels(per_batch, flags, monkeypatch):
+    """backend "triton" for attention_varlen: ALiBi per sequence inside the varlen kernels, forward and
+    backward; nothing is padded and no bias is built (both composers raise here)."""
+    monkeypatch.setattr(C, "alibi_bias", _not_composed)
+    monkeypatch.setattr(C, "pad", _not_composed)
+    qkv, grad = packed_inputs(seed=5)
+    shape = (len(Q_LENS), HEADS) if per_batch else (HEADS,)
+    slopes = (torch.rand(shape, generator=torch.Generator().manual_seed(6)) * 0.5 + 0.05).to(DEVICE)
+    check_varlen(qkv, grad, backends=dict(attention_varlen="triton"), alibi_slopes=slopes, **flags)
+
+
+@pytest.mark.parametrize("alibi, varlen_backend", [(False, "composition"), (True, "composition"), (True, "triton")])
+def test_varlen_lse(alibi, varlen_backend, monkeypatch):
+    """The padded composition's log-sum-exp; with ALiBi on the varlen kernels, their own (nothing padded)."""
+    if varlen_backend == "triton":
+        monkeypatch.setattr(C, "alibi_bias", _not_composed)
+        monkeypatch.setattr(C, "pad", _not_composed)
     qkv, _ = packed_inputs(seed=3)
     slopes = torch.full((HEADS,), 0.2, device=DEVICE) if alibi else None
-    with flash_attn.backends(attention="composition", attention_varlen="composition"):
+    with flash_attn.backends(attention="composition", attention_varlen=varlen_backend):
         out, lse, s_dmask = flash_attn.flash_attn_varlen_func(*qkv, cumulative(Q_LENS), cumulative(K_LENS), max(Q_LENS),
                                                               max(K_LENS), causal=True, alibi_slopes=slopes,
                                                               return_attn_probs=True)

@@ -16,7 +16,8 @@ from typing import Dict, Optional, Union
 
 import torch
 
-from ..ops.attention import attention, attention_lse
+from ..ops import dropout as _dropout
+from ..ops.attention import attention, attention_lse, attention_problem
 from ..ops.decode import MAX_NEW_QUERIES, attention_decode
 from ..ops.rotary import apply_rotary
 from ..ops.varlen import attention_varlen, attention_varlen_problem
@@ -64,18 +65,53 @@ def _check_dense(q, k, v):
             f"{q.shape[3]} of q, got k {describe(k)}, v {describe(v)}")
 
 
+# ----------------------------------------------------------------------------- ALiBi
+def _on_triton(op: str, problem) -> bool:
+    """Whether `problem` (a call's masks and flags, its ALiBi aside) runs on backend "triton" of `op`:
+    named through backends(), or auto's verified choice here (resolved as gpuparity's op would; a
+    named backend that cannot serve raises its reasons, as the op does). Such a call gets ALiBi inside
+    the Triton kernels; any other backend the composed (B, H, Sq, Sk) fp32 bias. Never while
+    torch.compile traces: the ops are torch.library ops there, without ALiBi."""
+    if torch.compiler.is_compiling():
+        return False
+    return _dropout.resolve(problem, _BACKENDS[op]).name == "triton"
+
+
 # ----------------------------------------------------------------------------- dense
+def _dense_fused_alibi(q, k, v, slopes, allowed, is_causal, window, softcap, dropout_p, scale, return_lse):
+    """_dense's result with ALiBi in the Triton kernels, or None where the call runs elsewhere
+    (q, k, v (B, H, S, D) views; allowed a bool (1, 1, Sq, Sk) mask or None)."""
+    problem = attention_problem(q, k, v, attn_mask=allowed, is_causal=is_causal, scale=scale, window=window,
+                                softcap=softcap, dropout_p=dropout_p)
+    if not _on_triton("attention", problem):
+        return None
+    from ..backends.triton_attention import triton_attention
+    seed = _dropout.draw_seed(q.device) if dropout_p else None   # as gpuparity.attention draws it
+    result = triton_attention(q, k, v, attn_mask=allowed, is_causal=is_causal, scale=scale, window=window,
+                              softcap=softcap, dropout_p=float(dropout_p), seed=seed, alibi_slopes=slopes,
+                              return_lse=return_lse)
+    return result if return_lse else (result, None)
+
+
 def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, return_lse):
-    """(out (B, Sq, H, D), lse (B, H, Sq) or None) through gpuparity.attention."""
+    """(out (B, Sq, H, D), lse (B, H, Sq) or None) through gpuparity.attention, or with ALiBi on the
+    Triton backend through its kernels (no bias tensor)."""
     _check_dense(q, k, v)
     batch, q_len, heads, _ = q.shape
     k_len = k.shape[1]
     left, right = C.window_bounds(window_size, causal)
     is_causal, window, allowed = C.dense_masks(q_len, k_len, left, right, q.device)
+    allowed = None if allowed is None else allowed.view(1, 1, q_len, k_len)
     bias = None
     if alibi_slopes is not None:
-        bias = C.alibi_bias(C.check_slopes(alibi_slopes, batch, heads, q.device), q_len, k_len, k_len - q_len)
-    mask = C.with_bias(None if allowed is None else allowed.view(1, 1, q_len, k_len), bias)
+        slopes = C.check_slopes(alibi_slopes, batch, heads, q.device)
+        fused = _dense_fused_alibi(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), slopes, allowed,
+                                   is_causal, window, C.softcap_value(softcap), dropout_p, softmax_scale, return_lse)
+        if fused is not None:
+            out, lse = fused
+            return out.transpose(1, 2).contiguous(), (None if lse is None else _fa_lse(lse))
+        bias = C.alibi_bias(slopes, q_len, k_len, k_len - q_len)
+    mask = C.with_bias(allowed, bias)
     result = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, is_causal=is_causal,
                        scale=softmax_scale, window=window, softcap=C.softcap_value(softcap), dropout_p=dropout_p,
                        backend=_BACKENDS["attention"], return_lse=return_lse)
@@ -193,8 +229,19 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     window = None if varlen_causal or (left, right) == (-1, -1) else (left, right)
     softcap = C.softcap_value(softcap)
     # validates q, k, v, cu_seqlens and max_seqlen (the composed paths too)
-    attention_varlen_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=varlen_causal,
-                             window=window, softcap=softcap, scale=softmax_scale)
+    problem = attention_varlen_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                       causal=varlen_causal, window=window, softcap=softcap, scale=softmax_scale)
+    if alibi_slopes is not None:
+        slopes = C.check_slopes(alibi_slopes, cu_seqlens_q.numel() - 1, q.shape[1], q.device)
+        if dropout_p == 0.0 and _on_triton("attention_varlen", problem):
+            # ALiBi inside the varlen kernels, per sequence on its own lengths: nothing padded
+            from ..backends.triton_attention import triton_attention_varlen
+            result = triton_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                             causal=varlen_causal, window=window, softcap=softcap,
+                                             scale=softmax_scale, alibi_slopes=slopes,
+                                             return_lse=bool(return_attn_probs))
+            out, lse = result if return_attn_probs else (result, None)
+            return _returned(out, None if lse is None else _fa_lse(lse), return_attn_probs)
     composed = alibi_slopes is not None or dropout_p != 0.0
     out = None
     if not composed:
