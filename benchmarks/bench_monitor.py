@@ -1,7 +1,8 @@
 """The monitor's cost on the Llama training step of bench_model.py (same config, batch and
 optimizer): gpuparity.patch attention-only and full, eager, 2048 tokens; rounds alternate
-without / with `gpuparity.monitor(model, every=N)` on one model, and the medians of the
-rounds' step times are compared. The monitor object lives across its rounds (its call counters
+without / with `gpuparity.monitor(model, every=N)` on one model (ABBA order: plain first in even
+rounds, monitored first in odd ones, so a drift of the clock falls on both), and the medians of
+the rounds' step times are compared. The monitor object lives across its rounds (its call counters
 go on, so sampling stays every N-th call); its checks are drained between rounds, outside the
 timed steps, so a round without the monitor never runs beside a check.
 
@@ -36,6 +37,8 @@ def parse_args(argv=None):
     p.add_argument("--pad", type=float, default=0.25)
     p.add_argument("--variants", default="gpuparity-attn,gpuparity")
     p.add_argument("--every", type=int, default=100)
+    p.add_argument("--check-device", default="auto", choices=("auto", "device", "cpu"),
+                   help="where the monitor's float64 checks run (gpuparity.monitor's check_device)")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--steps", type=int, default=20, help="timed steps per round")
     p.add_argument("--warmup", type=int, default=3)
@@ -92,19 +95,23 @@ def main(argv=None):
         model, step = build(args, variant)
         for _ in range(args.warmup):
             step()
-        mon = gpuparity.monitor(model, every=args.every)
+        mon = gpuparity.monitor(model, every=args.every, check_device=args.check_device)
         plain, watched = [], []
-        for _round in range(args.rounds):
-            plain.append(timed(step, args.steps, sync))
+
+        def monitored():
             with mon:
                 watched.append(timed(step, args.steps, sync))
             # leaving the block drained the checks: the next plain round runs alone
+        for number in range(args.rounds):
+            for arm in ((lambda: plain.append(timed(step, args.steps, sync))), monitored)[::1 if number % 2 == 0 else -1]:
+                arm()
         report = mon.report()
         row = {"variant": variant, "every": args.every, "plain_ms": plain, "monitor_ms": watched,
                "plain_median_ms": statistics.median(plain), "monitor_median_ms": statistics.median(watched),
                "sampled": report.sampled, "checked": report.checked, "calls": report.calls,
                "dropped": report.dropped, "failures": len(report.failures), "skipped": report.skipped,
-               "errors": report.errors[:3], "checker_busy_s": mon._checker.busy_s}
+               "errors": report.errors[:3], "checker_busy_s": mon._checker.busy_s,
+               "check_device": args.check_device, "checked_on": report.checked_on, "moved_to_cpu": report.moved_to_cpu}
         row["overhead"] = row["monitor_median_ms"] / row["plain_median_ms"] - 1
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if not k.endswith("_ms")}), flush=True)

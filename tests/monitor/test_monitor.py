@@ -226,3 +226,22 @@ def test_calls_whose_backward_never_comes_are_checked_forward_only():
         assert len(mon._pending) <= shadow.MAX_WAITING
     report = mon.report()
     assert report.checked == {"F.layer_norm": shadow.MAX_WAITING + 4} and report.passed
+
+
+def test_where_the_float64_check_runs(monkeypatch):
+    """A GPU call is checked on its own GPU when its float64 is full rate (auto), on the CPU
+    otherwise or when asked; a CPU call always on the CPU; the report says where checks ran."""
+    from gpuparity.shadow import checker
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(checker, "fast_fp64", lambda device: device.index == 0)
+    assert checker.where_to_check(gpu, "auto") == gpu
+    assert checker.where_to_check(torch.device("cuda", 1), "auto") == torch.device("cpu")
+    assert checker.where_to_check(torch.device("cuda", 1), "device") == torch.device("cuda", 1)
+    assert checker.where_to_check(gpu, "cpu") == torch.device("cpu")
+    assert checker.where_to_check(torch.device("cpu"), "device") == torch.device("cpu")
+    with pytest.raises(ValueError, match="check_device"):
+        gpuparity.monitor(every=1, check_device="gpu")
+    _, _, mon = _run(True)
+    report = mon.report()
+    assert report.checked_on == {"cpu": sum(report.checked.values())} and report.moved_to_cpu == 0
+    assert "float64 checks ran on cpu" in report.summary()

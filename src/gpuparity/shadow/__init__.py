@@ -46,6 +46,8 @@ class MonitorReport:
     skipped: Dict[str, int]
     dropped: int
     unseen: Optional[str] = None
+    checked_on: Dict[str, int] = dataclasses.field(default_factory=dict)   # "cuda:0" / "cpu" -> checks
+    moved_to_cpu: int = 0      # GPU checks run on the CPU because they did not fit the free GPU memory
 
     @property
     def passed(self) -> bool:
@@ -57,6 +59,9 @@ class MonitorReport:
     def summary(self) -> str:
         lines = [f"gpuparity monitor: {sum(self.checked.values())} sampled calls checked, "
                  f"{len(self.failures)} failed, {self.dropped} samples dropped (checker busy)"]
+        if self.checked_on:
+            lines.append("  float64 checks ran on " + ", ".join(f"{where} ({n})" for where, n in sorted(self.checked_on.items()))
+                         + (f"; {self.moved_to_cpu} moved to the CPU (GPU memory)" if self.moved_to_cpu else ""))
         for name in sorted(self.calls):
             lines.append(f"  {name}: {self.calls[name]} calls, {self.sampled.get(name, 0)} sampled, "
                          f"{self.checked.get(name, 0)} checked")
@@ -148,7 +153,8 @@ class Monitor:
     def __init__(self, model: Optional[torch.nn.Module] = None, every: int = 100, *, ops_filter=None,
                  repro_dir: Optional[str] = None, max_pending: int = 2, max_reference_elements: int = 2 ** 28,
                  drain_timeout: Optional[float] = 600.0, on_failure: Optional[Callable[[Dict[str, Any]], None]] = None,
-                 check_threads: Optional[int] = None, slice_attention_above: Optional[int] = 2 ** 22):
+                 check_threads: Optional[int] = None, slice_attention_above: Optional[int] = 2 ** 22,
+                 check_device: str = "auto"):
         if model is not None and not isinstance(model, torch.nn.Module):
             raise TypeError(f"model: expected a torch.nn.Module or None, got {type(model).__name__}")
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
@@ -160,7 +166,7 @@ class Monitor:
         self.max_reference_elements = max_reference_elements
         self.slice_attention_above = slice_attention_above
         self.drain_timeout, self.on_failure = drain_timeout, on_failure
-        self._checker = Checker(self._checked, max_pending, check_threads)
+        self._checker = Checker(self._checked, max_pending, check_threads, check_device)
         self._lock = threading.Lock()
         self._calls: Dict[str, int] = collections.Counter()
         self._sampled: Dict[str, int] = collections.Counter()
@@ -345,7 +351,8 @@ class Monitor:
     def report(self) -> MonitorReport:
         return MonitorReport(sampled=dict(self._sampled), checked=dict(self._checked_counts), calls=dict(self._calls),
                              failures=list(self.failures), errors=list(self.errors), notes=list(self.notes), skipped=dict(self._skipped),
-                             dropped=self._checker.dropped, unseen=self._unseen)
+                             dropped=self._checker.dropped, unseen=self._unseen,
+                             checked_on=dict(self._checker.checked_on), moved_to_cpu=self._checker.moved_to_cpu)
 
 
 def _single_node(kind: ops.OpKind, backend: Optional[str]) -> bool:
@@ -387,5 +394,6 @@ def monitor(model: Optional[torch.nn.Module] = None, every: int = 100, **options
     check_threads (CPU threads of the checker in a GPU run; default a quarter of the cores),
     slice_attention_above (attention calls whose B x H x Sq x Sk exceeds it are checked against
     float64 on one batch item and KV head group, rotating with the call, and scanned whole for
-    NaN/Inf; None: always whole)."""
+    NaN/Inf; None: always whole), check_device (where a GPU call's float64 check runs: "auto" its
+    own GPU on a side stream when that GPU's float64 is full rate, else the CPU; "device"; "cpu")."""
     return Monitor(model, every, **options)
