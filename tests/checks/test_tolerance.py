@@ -54,3 +54,37 @@ def test_a_vanishing_reference_is_judged_per_element_not_by_the_norm_of_its_nois
     noise = torch.full((100_000,), 1e-6, dtype=torch.float32)
     assert tolerance.compare("grad_q", noise, ref, torch.zeros(100_000), torch.float32).passed
     assert not tolerance.compare("grad_q", torch.full((100_000,), 1e-3), ref, torch.zeros(100_000), torch.float32).passed
+
+
+def test_the_floor_rises_with_the_reduction_length_as_output_dtype_accumulation_does():
+    """A bf16 gradient summed over 16448 query rows in blocks of 256 (torch's CPU flash attention
+    adds each block into the bf16 gradient) errs ~1% while being correct: the floor follows
+    ROUNDING * sqrt(blocks / 2) times the baseline factor, not the flat 1e-2; short reductions
+    keep the flat floor, and a 5% error still fails."""
+    gen = torch.Generator().manual_seed(0)
+    ref = torch.randn(4096, dtype=torch.float64, generator=gen)
+    off = (ref * (1 + 0.0102 * torch.randn(4096, dtype=torch.float64, generator=gen))).to(torch.float32)
+    assert not tolerance.compare("grad_v", off, ref, None, torch.bfloat16).passed
+    assert tolerance.compare("grad_v", off, ref, None, torch.bfloat16, reduction=16448).passed
+    assert tolerance.error_floor(torch.bfloat16, reduction=300) == tolerance.FLOOR[torch.bfloat16]
+    bf16 = tolerance.error_floor(torch.bfloat16, reduction=16448)
+    assert abs(bf16 - 2 * 2.0 ** -8 / 3 ** 0.5 * (16448 / 512) ** 0.5) < 1e-12 and bf16 < 0.03
+    far = (ref * (1 + 0.05 * torch.randn(4096, dtype=torch.float64, generator=gen))).to(torch.float32)
+    assert not tolerance.compare("grad_v", far, ref, None, torch.bfloat16, reduction=16448).passed
+    # fp32 accumulation is what every fp32 kernel does: its floor does not move at these lengths
+    assert tolerance.error_floor(torch.float32, reduction=131136) == tolerance.FLOOR[torch.float32]
+
+
+def test_the_floor_rises_with_the_logits_an_exponential_is_taken_of():
+    """exp of an fp32 logit of size |s| carries ~u|s| of relative error: at logits of ~120 (a
+    massive-activation row) a correct flash kernel's 1.6e-5 passes; at ordinary logits (< 20)
+    the fp32 floor is unchanged, and a bf16 floor is never lowered."""
+    gen = torch.Generator().manual_seed(1)
+    ref = torch.randn(4096, dtype=torch.float64, generator=gen)
+    off = (ref * (1 + 1.6e-5 * torch.randn(4096, dtype=torch.float64, generator=gen))).to(torch.float32)
+    assert not tolerance.compare("grad_q", off, ref, None, torch.float32).passed
+    assert tolerance.compare("grad_q", off, ref, None, torch.float32, logit_peak=123.0).passed
+    assert tolerance.error_floor(torch.float32, logit_peak=20.0) == tolerance.FLOOR[torch.float32]
+    assert tolerance.error_floor(torch.bfloat16, logit_peak=123.0) == tolerance.FLOOR[torch.bfloat16]
+    wrong = (ref * (1 + 1e-3 * torch.randn(4096, dtype=torch.float64, generator=gen))).to(torch.float32)
+    assert not tolerance.compare("grad_q", wrong, ref, None, torch.float32, logit_peak=123.0).passed
