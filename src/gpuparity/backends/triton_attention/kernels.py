@@ -75,8 +75,10 @@ def _tanh(x):
 def _alibi_distance(rows, cols, alibi_shift):
     """|i + shift - j| in fp32, FlashAttention's ALiBi distance: shift = Sk - Sq puts query i at key
     position i + Sk - Sq (bottom-right). The varlen kernels pass rows (or columns) already moved to
-    that diagonal and shift 0. Exact up to 2**24 positions."""
-    return tl.abs(rows + alibi_shift - cols).to(tl.float32)
+    that diagonal and shift 0. rows and cols come as (M, 1) and (1, N) (or transposed): each is
+    converted before they broadcast, so the tile costs a float subtract and an abs per score, no
+    integer-to-float conversion (a quarter-rate instruction). Exact up to 2**24 positions."""
+    return tl.abs((rows + alibi_shift).to(tl.float32) - cols.to(tl.float32))
 
 
 @triton.jit
