@@ -15,7 +15,10 @@ def serves(module: nn.Module) -> bool:
     """Whether gpuparity serves this call of a swapped module: patch(mode="auto") swaps a module
     whose gpuparity forward wins in one mode only, and the other mode runs transformers' own.
     Under torch.compile this is read while tracing (a constant of the graph)."""
-    return getattr(module, "gpuparity_serves", EVERYWHERE)[torch.compiler.is_compiling()]
+    eagerly, compiled = getattr(module, "gpuparity_serves", EVERYWHERE)
+    # not serves[is_compiling()]: dynamo of torch 2.11 refuses a bool index into a tuple
+    # ("indices must be integers or slices, not bool"), a graph break at every swapped module
+    return compiled if torch.compiler.is_compiling() else eagerly
 
 
 def mark(module: nn.Module, plan, kind: str) -> str:
