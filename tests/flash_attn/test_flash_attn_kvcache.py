@@ -232,3 +232,28 @@ def test_gpuparity_attention_decode_return_lse():
     assert empty.any() and torch.isneginf(lse.cpu()[empty.view(BATCH, 1, 3).expand(BATCH, HEADS, 3)]).all()
     finite = torch.isfinite(want)
     torch.testing.assert_close(lse.cpu().double()[finite], want[finite], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("page", [16, 5])
+def test_paged_decode_reads_the_pages_in_place(page, monkeypatch):
+    """The decode case on a paged pool (append crossing a page, rotary, GQA, causal) goes to the
+    split-KV kernel with the block table: no page is gathered into a copy (pages of 16 hold a
+    whole interpreter tile, pages of 5 split every tile), and the output and pages equal the
+    contiguous cache's."""
+    from gpuparity.backends import triton_decode
+    from gpuparity.flash_attn import _compose
+    t = {name: x.to(DEVICE) for name, x in case_inputs(q_len=1, new_len=3, seed=40 + page).items()}
+    seqlens = torch.tensor([page - 2, 0, SEQ_CACHE - 3], dtype=torch.int32, device=DEVICE)
+    caches = [t["k_cache"].clone(), t["v_cache"].clone()]
+    k_pool, v_pool, table = paged_copy(t["k_cache"], t["v_cache"], page, seed=page)
+    common = dict(k=t["k"], v=t["v"], rotary_cos=t["cos"], rotary_sin=t["sin"], cache_seqlens=seqlens, causal=True)
+    with flash_attn.backends(attention_decode="triton", **BACKENDS):
+        want = flash_attn.flash_attn_with_kvcache(t["q"], *caches, **common)
+        for module in (_compose, triton_decode):
+            monkeypatch.setattr(module, "gather_pages", lambda *a: pytest.fail("pages gathered into a copy"))
+        got = flash_attn.flash_attn_with_kvcache(t["q"], k_pool, v_pool, block_table=table, **common)
+    monkeypatch.undo()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    width = table.shape[1] * page
+    reread = k_pool[table.long()].reshape(BATCH, width, KV_HEADS, HEAD_DIM)[:, :SEQ_CACHE]
+    torch.testing.assert_close(reread, caches[0])

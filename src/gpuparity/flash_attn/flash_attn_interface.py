@@ -402,20 +402,28 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         v_cache.index_put_(where, v)
     # read keys only up to the longest item (the checks above already read the lengths on the host)
     span = width if C.capturing(device) or not batch else max(1, min(width, int(ends.max())))
-    if paged:
-        keys, values = C.gather_pages(k_cache, block_table, span), C.gather_pages(v_cache, block_table, span)
-    else:
-        # without cache_batch_idx the cache's first rows, as views (no copy)
-        keys, values = ((k_cache[:batch, :span], v_cache[:batch, :span]) if batch_idx is None else
-                        (k_cache[batch_idx, :span], v_cache[batch_idx, :span]))
     if alibi_slopes is None and leftpad is None and left < 0 and (right == 0 or q_len == 1) and \
             q_len <= MAX_NEW_QUERIES and not return_softmax_lse:
         # FlashAttention's decode case (causal; one query needs no mask): the split-KV decode kernel
-        # reads the cache through strides, its lengths bottom-right aligned as FlashAttention's
+        # reads the cache through strides, its lengths bottom-right aligned as FlashAttention's; a
+        # paged pool as its (num_blocks, nheads_k, page_block_size, headdim) view with the table's
+        # first pages up to the longest item (the kernel reads the pages in place, no gather)
+        if paged:
+            table = block_table[:, :-(-span // k_cache.shape[1])]
+            keys, values, pages = k_cache, v_cache, {"block_table": table}
+        else:
+            # without cache_batch_idx the cache's first rows, as views (no copy)
+            keys, values, pages = ((k_cache[:batch, :span], v_cache[:batch, :span]) if batch_idx is None else
+                                   (k_cache[batch_idx, :span], v_cache[batch_idx, :span])) + ({},)
         out = attention_decode(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), ends,
                                scale=softmax_scale, softcap=C.softcap_value(softcap),
-                               backend=_BACKENDS["attention_decode"])
+                               backend=_BACKENDS["attention_decode"], **pages)
         return out.transpose(1, 2).contiguous()
+    if paged:   # the masked dense path (ALiBi, window, leftpad, lse): pages gathered into a copy
+        keys, values = C.gather_pages(k_cache, block_table, span), C.gather_pages(v_cache, block_table, span)
+    else:
+        keys, values = ((k_cache[:batch, :span], v_cache[:batch, :span]) if batch_idx is None else
+                        (k_cache[batch_idx, :span], v_cache[batch_idx, :span]))
     q_lens = torch.full((batch,), q_len, dtype=torch.long, device=device)
     allowed = C.item_allowed(q_lens, ends, q_len, span, left, right, key_start=leftpad)
     bias = None

@@ -1,5 +1,7 @@
 """`gpuparity.attention_decode` and `gpuparity.kv_cache_append`: a few new queries against a KV
-cache with per-item lengths (FlashAttention's flash_attn_with_kvcache contract, causal=True)."""
+cache with per-item lengths (FlashAttention's flash_attn_with_kvcache contract, causal=True),
+contiguous (B, Hkv, S_max, D) or paged (a pool of (num_blocks, Hkv, page_size, D) pages and a
+vLLM-style block_table)."""
 from __future__ import annotations
 
 import numbers
@@ -10,7 +12,7 @@ from torch import Tensor
 
 from . import select
 from ..backends.registry import Problem
-from ..backends.triton_decode import decode_reference
+from ..backends.triton_decode import decode_reference, gather_pages
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_same_dtype, expect_tensor
 from ..contracts.base import check_softcap
 from .library import _like
@@ -26,15 +28,24 @@ def _capturing(device: torch.device) -> bool:
     return torch.compiler.is_compiling() or (device.type == "cuda" and torch.cuda.is_current_stream_capturing())
 
 
-def _check_cache(k_cache, v_cache, cache_seqlens) -> Tuple[int, int, int, int]:
+def _check_cache(k_cache, v_cache, cache_seqlens, block_table=None) -> Tuple[int, int, int, int]:
+    """(B, Hkv, S_max, D) of a contiguous cache, or of a paged one (B = block_table's rows, S_max =
+    its pages x page_size); checks the table's form (its entries: _check_pages)."""
+    layout = "(B, Hkv, S_max, D)" if block_table is None else "(num_blocks, Hkv, page_size, D) (a page pool)"
     expect_tensor("k_cache", k_cache, ndim=(4,), dtypes=FLOAT_DTYPES)
     expect_tensor("v_cache", v_cache, ndim=(4,), dtypes=FLOAT_DTYPES)
     expect_same_dtype("k_cache", k_cache, v_cache=v_cache)
     expect_same_device("k_cache", k_cache, v_cache=v_cache)
     if tuple(v_cache.shape) != tuple(k_cache.shape):
-        raise ValueError(f"v_cache: expected the shape of k_cache {tuple(k_cache.shape)} (B, Hkv, S_max, D), "
+        raise ValueError(f"v_cache: expected the shape of k_cache {tuple(k_cache.shape)} {layout}, "
                          f"got {describe(v_cache)}")
     batch, kv_heads, s_max, head_dim = k_cache.shape
+    if block_table is not None:
+        expect_tensor("block_table", block_table, ndim=(2,), dtypes=INDEX_DTYPES)
+        expect_same_device("k_cache", k_cache, block_table=block_table)
+        if s_max < 1:
+            raise ValueError(f"k_cache: expected a page pool {layout} with page_size >= 1, got {describe(k_cache)}")
+        batch, s_max = block_table.shape[0], block_table.shape[1] * s_max
     expect_tensor("cache_seqlens", cache_seqlens, ndim=(1,), dtypes=INDEX_DTYPES)
     if cache_seqlens.shape[0] != batch:
         raise ValueError(f"cache_seqlens: expected one length per batch item, shape ({batch},), "
@@ -43,16 +54,30 @@ def _check_cache(k_cache, v_cache, cache_seqlens) -> Tuple[int, int, int, int]:
     return batch, kv_heads, s_max, head_dim
 
 
-def decode_problem(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None) -> Problem:
+def _check_pages(block_table, pool, needed) -> None:
+    """Every page an item uses (its first ceil(needed[b] / page_size) table entries) must be a
+    page of the pool: raises ValueError naming block_table. Reads device values on the host."""
+    num_blocks, page = pool.shape[0], pool.shape[2]
+    used = torch.arange(block_table.shape[1], device=block_table.device).view(1, -1) * page < needed.view(-1, 1)
+    entries = block_table[used]
+    if entries.numel():
+        low, high = (int(x) for x in torch.stack([entries.min(), entries.max()]).tolist())
+        if low < 0 or high >= num_blocks:
+            raise ValueError(f"block_table: entries in use must be page indices in [0, {num_blocks}) (the pool "
+                             f"k_cache holds {num_blocks} pages), got min {low}, max {high}")
+
+
+def decode_problem(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, block_table=None) -> Problem:
     """Validate the inputs of `attention_decode` and describe the call for the dispatcher.
     Raises TypeError/ValueError naming the argument, what it got and what it needs."""
     expect_tensor("q", q, ndim=(4,), dtypes=FLOAT_DTYPES)
-    batch, kv_heads, s_max, head_dim = _check_cache(k_cache, v_cache, cache_seqlens)
+    batch, kv_heads, s_max, head_dim = _check_cache(k_cache, v_cache, cache_seqlens, block_table)
     expect_same_dtype("q", q, k_cache=k_cache, v_cache=v_cache)
     expect_same_device("q", q, k_cache=k_cache, v_cache=v_cache)
     if q.shape[0] != batch or q.shape[3] != head_dim:
-        raise ValueError(f"q: expected shape (B={batch}, H, Sq, D={head_dim}) to match k_cache (B, Hkv, S_max, D), "
-                         f"got {describe(q)}")
+        against = "k_cache (B, Hkv, S_max, D)" if block_table is None else \
+            "block_table (B, max_blocks) and the page pool k_cache (num_blocks, Hkv, page_size, D)"
+        raise ValueError(f"q: expected shape (B={batch}, H, Sq, D={head_dim}) to match {against}, got {describe(q)}")
     heads, q_len = q.shape[1], q.shape[2]
     if kv_heads == 0 or heads % kv_heads:
         raise ValueError(f"k_cache: expected a number of heads Hkv that divides q's H={heads} (GQA/MQA), "
@@ -71,20 +96,38 @@ def decode_problem(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=No
     if cache_seqlens.device.type == "cpu" and cache_seqlens.numel() and not _capturing(q.device):
         low, high = int(cache_seqlens.min()), int(cache_seqlens.max())
         if low < 0 or high > s_max:
-            raise ValueError(f"cache_seqlens: expected lengths in [0, S_max={s_max}], got min {low}, max {high}")
+            raise ValueError(f"cache_seqlens: expected lengths in [0, S_max={s_max}], got min {low}, max {high}"
+                             + ("" if block_table is None else " (S_max: block_table's pages x page_size)"))
+        if block_table is not None:   # on the CPU too (same device): the pages the lengths use
+            _check_pages(block_table, k_cache, cache_seqlens.long().clamp(0, s_max))
     features = (("head_dim", int(head_dim)), ("gqa", kv_heads != heads), ("q_len", int(q_len)))
     if softcap is not None:
         features += (("softcap", softcap),)
+    if block_table is not None:
+        features += (("page_size", int(k_cache.shape[2])),)
     return Problem(op="attention_decode", device=q.device, dtype=q.dtype,
-                   kind="softcap" if softcap is not None else "default", features=features)
+                   kind=decode_kind(softcap is not None, block_table is not None), features=features)
+
+
+def decode_kind(softcap: bool, paged: bool) -> str:
+    """The call's kind (what a verdict vouches for): default, softcap, paged, paged-softcap."""
+    kind = "softcap" if softcap else "default"
+    return ("paged-softcap" if softcap else "paged") if paged else kind
 
 
 # ----------------------------------------------------------------------------- public API
-def attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, backend: str = "auto",
-                     return_lse: bool = False):
+def attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, block_table=None,
+                     backend: str = "auto", return_lse: bool = False):
     """Attention of Sq (1-16) new queries per item against a KV cache.
 
     q: (B, H, Sq, D); k_cache, v_cache: (B, Hkv, S_max, D), H % Hkv == 0 (GQA);
+    or, with block_table (B, max_blocks) int32/int64, page pools (num_blocks, Hkv, page_size, D)
+    (any page size; FlashAttention's and vLLM's (num_blocks, page_size, Hkv, D) pool passes as
+    its .transpose(1, 2), a view): item b's key j sits in page block_table[b, j // page_size] at
+    slot j % page_size, S_max = max_blocks * page_size. The Triton backend reads the pages in
+    place; the others gather them into a contiguous copy first. Table entries an item uses are
+    checked to lie in the pool when the table is on the CPU; on a GPU (no sync) the kernel clamps
+    them into the pool (a bad entry gives wrong keys, never a read outside it);
     cache_seqlens: (B,) int32/int64, item b attends keys 0..cache_seqlens[b]-1, which already
     include the new tokens (append them first with kv_cache_append). The Sq queries are the
     last Sq positions of each item: query i sees keys < cache_seqlens[b] - Sq + 1 + i
@@ -102,20 +145,30 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=
         raise TypeError(f"return_lse: expected a bool, got {describe(return_lse)}")
     if return_lse:
         from .attention import attention_lse
-        out = attention_decode(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap, backend=backend)
+        out = attention_decode(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap,
+                               block_table=block_table, backend=backend)
+        if block_table is not None:   # the separate log-sum-exp pass reads a gathered copy
+            k_cache = gather_pages(k_cache, block_table)
         q_len, s_max = q.shape[2], k_cache.shape[2]
         # query i of item b sees keys j < cache_seqlens[b] - Sq + 1 + i (lengths clamped as the kernels do)
         ends = cache_seqlens.long().clamp(0, s_max).view(-1, 1, 1, 1) - q_len + 1 + \
             torch.arange(q_len, device=q.device).view(1, 1, q_len, 1)
         allowed = torch.arange(s_max, device=q.device).view(1, 1, 1, s_max) < ends
         return out, attention_lse(q, k_cache, attn_mask=allowed, scale=scale, softcap=softcap)
-    problem = decode_problem(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap)
+    problem = decode_problem(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap, block_table=block_table)
     if torch.compiler.is_compiling():  # traced: one torch.library op that chooses its backend when it runs
         return torch.ops.gpuparity.attention_decode(q, k_cache, v_cache, cache_seqlens,
                                                     None if scale is None else float(scale),
-                                                    problem.feature("softcap"), backend)
+                                                    problem.feature("softcap"), backend, block_table)
     chosen = select.resolve(problem, backend)
-    return chosen.fn(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=problem.feature("softcap"))
+    return chosen.fn(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=problem.feature("softcap"),
+                     **_paged(block_table))
+
+
+def _paged(block_table) -> Dict[str, Any]:
+    # backends are called with block_table only for a paged cache (a contiguous call keeps the
+    # signature every decode backend has had)
+    return {} if block_table is None else {"block_table": block_table}
 
 
 # `gpuparity::attention_decode`, what attention_decode becomes under torch.compile / torch.export:
@@ -124,34 +177,39 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=
 # tensors that require grad before tracing reaches it).
 @torch.library.custom_op("gpuparity::attention_decode", mutates_args=())
 def attention_decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, scale: Optional[float],
-                        softcap: Optional[float], backend: str) -> Tensor:
-    problem = decode_problem(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap)
-    out = select.resolve(problem, backend).fn(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap)
+                        softcap: Optional[float], backend: str, block_table: Optional[Tensor] = None) -> Tensor:
+    problem = decode_problem(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap, block_table=block_table)
+    out = select.resolve(problem, backend).fn(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap,
+                                              **_paged(block_table))
     return _like(out, q)
 
 
 @attention_decode_op.register_fake
-def _attention_decode_fake(q, k_cache, v_cache, cache_seqlens, scale, softcap, backend):
+def _attention_decode_fake(q, k_cache, v_cache, cache_seqlens, scale, softcap, backend, block_table=None):
     return torch.empty_like(q)
 
 
-def explain_attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None) -> Dict[str, Any]:
+def explain_attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None,
+                             block_table=None) -> Dict[str, Any]:
     """Why each backend would or would not serve this call under backend="auto": the reasons in
     words of those that cannot, and the battery's verdict (probed on a miss) of those that can."""
-    problem = decode_problem(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap)
+    problem = decode_problem(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap, block_table=block_table)
     return select.explain(problem)
 
 
-def kv_cache_append(k_cache, v_cache, k_new, v_new, cache_seqlens):
+def kv_cache_append(k_cache, v_cache, k_new, v_new, cache_seqlens, *, block_table=None):
     """Write k_new/v_new (B, Hkv, Sn, D) into the caches at positions cache_seqlens[b].. in place;
-    returns cache_seqlens + Sn (a new tensor, same dtype and device).
+    returns cache_seqlens + Sn (a new tensor, same dtype and device). With block_table, the caches
+    are page pools (num_blocks, Hkv, page_size, D) as in attention_decode and token j of item b
+    goes to page block_table[b, j // page_size], slot j % page_size (the pages it writes must be
+    in the pool: checked with the overflow, ValueError naming block_table).
 
     Overflow (cache_seqlens + Sn > S_max) raises ValueError naming cache_seqlens; checking it
     reads the lengths on the host (one sync when they live on the GPU), skipped while a CUDA
     graph is captured or torch.compile traces (an overflow is then scatter's device-side
     index error).
     """
-    batch, kv_heads, s_max, head_dim = _check_cache(k_cache, v_cache, cache_seqlens)
+    batch, kv_heads, s_max, head_dim = _check_cache(k_cache, v_cache, cache_seqlens, block_table)
     for name, new in (("k_new", k_new), ("v_new", v_new)):
         expect_tensor(name, new, ndim=(4,), dtypes=FLOAT_DTYPES)
         if new.shape[0] != batch or new.shape[1] != kv_heads or new.shape[3] != head_dim:
@@ -169,7 +227,18 @@ def kv_cache_append(k_cache, v_cache, k_new, v_new, cache_seqlens):
             raise ValueError(f"cache_seqlens: appending Sn={new_len} tokens needs cache_seqlens + Sn <= S_max="
                              f"{s_max} and cache_seqlens >= 0, got cache_seqlens min {low}, max {high} "
                              f"(overflow by {max(0, high + new_len - s_max)})")
-    if new_len:
+        if block_table is not None:
+            _check_pages(block_table, k_cache, lengths + new_len)
+    if new_len and block_table is not None:
+        page = k_cache.shape[2]
+        positions = (lengths.view(batch, 1) + torch.arange(new_len, device=k_cache.device).view(1, new_len)).reshape(-1)
+        items = torch.arange(batch, device=k_cache.device).repeat_interleave(new_len)
+        pages, slots = block_table.long()[items, positions // page], positions % page
+        # (num_blocks, page_size, Hkv, D) views of the pools: one (Hkv, D) row per new token
+        for pool, new in ((k_cache, k_new), (v_cache, v_new)):
+            pool.transpose(1, 2).index_put_((pages, slots), new.transpose(1, 2).reshape(batch * new_len, kv_heads,
+                                                                                         head_dim))
+    elif new_len:
         positions = lengths.view(batch, 1) + torch.arange(new_len, device=k_cache.device).view(1, new_len)
         index = positions.view(batch, 1, new_len, 1).expand(batch, kv_heads, new_len, head_dim)
         k_cache.scatter_(2, index, k_new)
