@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from gpuparity.backends.registry import Problem
-from gpuparity.checks.verdicts import VerdictKey, probe_key
+from gpuparity.checks.verdicts import VerdictKey, verdict_key
 
 
 def test_a_key_survives_its_string_form():

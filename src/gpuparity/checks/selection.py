@@ -1,12 +1,12 @@
-"""Correctness probes for verified auto-selection.
+"""Verified selection: the checks behind a first `backend="auto"` call, and its order.
 
 A first `backend="auto"` call (dispatch walks the candidates in `rank` order and asks
-`probe_verdict` about each until one passes) verifies only the candidate it would choose: that
+`verdict_for` about each until one passes) verifies only the candidate it would choose: that
 backend on a few small cases of the call's kind (`first_call_cases`), plus the known-issue
 probes that bear on it, against float64. On a GPU the checks run in a worker process kept
 alive across calls (a backend that crashes the GPU cannot take the caller down with it; the
 worker's start is paid once). The ranks come from timings stored here (`gpuparity doctor`, or
-the background refinement a first call starts on a GPU: `probe_op` over every backend, timed)
+the background refinement a first call starts on a GPU: `check_op` over every backend, timed)
 and, until those exist, from the priors shipped per device family (checks/priors.py)."""
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ class _Workers(dict):
         super().clear()
 
 
-_POOLS: Dict[str, Tuple[str, WorkerPool]] = caches.register("checks.probe.workers", _Workers())
+_POOLS: Dict[str, Tuple[str, WorkerPool]] = caches.register("checks.selection.workers", _Workers())
 _POOLS_LOCK = threading.Lock()
 _FOREGROUND = threading.Lock()   # one first-call verification at a time uses the foreground worker
 _STOP = threading.Event()        # set at exit: the background stops between checks
@@ -148,10 +148,10 @@ def _veto_known(verdicts: Dict[str, Dict[str, Any]], op: str, dtype: torch.dtype
 
 
 # ----------------------------------------------------------------------------- every backend, timed
-def probe_op(op: str, dtype: torch.dtype, kind: str, device,
+def check_op(op: str, dtype: torch.dtype, kind: str, device,
              backends: Optional[Sequence[str]] = None, *, workers: Optional[int] = None,
              pool: Optional[WorkerPool] = None, budget: Optional[Budget] = None) -> Dict[str, Dict[str, Any]]:
-    """Verdicts keyed as verdicts.probe_key for every probed backend of `op` at `dtype` (or
+    """Verdicts keyed as verdicts.verdict_key for every probed backend of `op` at `dtype` (or
     those of `backends` among them): the op's quick cases and the default-level cases of `kind`,
     then a timing of each backend that passed. The background refinement runs this with one
     kept worker (`pool`, `workers=1`) and a budget that ends at exit."""
@@ -241,9 +241,9 @@ def rank(problem: Problem, candidates: List[Backend]) -> List[Tuple[Backend, str
     prior = priors.order(problem.op, problem.device, large)
     timed, untimed, found = [], [], {}
     for position, backend in enumerate(candidates):
-        verdict = stored.get(verdicts_store.probe_key(problem, backend)) if not backend.fallback else None
+        verdict = stored.get(verdicts_store.verdict_key(problem, backend)) if not backend.fallback else None
         time_ms = _time_of(verdict, large) if verdict and verdict.get("passed") else None
-        # as probe_verdict answers it: a large call's time is the large timing case's
+        # as verdict_for answers it: a large call's time is the large timing case's
         found[backend.name] = verdict if time_ms is None else {**verdict, "time_ms": time_ms}
         if time_ms is not None:
             timed.append((time_ms, position, backend))
@@ -263,7 +263,7 @@ def rank(problem: Problem, candidates: List[Backend]) -> List[Tuple[Backend, str
 REFINE_QUIET_S = 10.0
 _LAST_VERIFY = [0.0]   # monotonic time the last first-call verification ended
 _REFINE_QUEUE: "queue.Queue[tuple]" = queue.Queue()
-_REFINE_ASKED = caches.register("checks.probe.refine_asked", set())   # (op, dtype, kind, device) already queued
+_REFINE_ASKED = caches.register("checks.selection.refine_asked", set())   # (op, dtype, kind, device) already queued
 _REFINE_THREAD: Optional[threading.Thread] = None
 
 
@@ -296,7 +296,7 @@ def _refine_loop() -> None:
         while not _STOP.is_set() and time.monotonic() - _LAST_VERIFY[0] < REFINE_QUIET_S:
             _STOP.wait(min(1.0, REFINE_QUIET_S))
         try:
-            found = probe_op(op, dtype, kind, device, workers=1, pool=_pool("refine"), budget=_UntilExit(1.0))
+            found = check_op(op, dtype, kind, device, workers=1, pool=_pool("refine"), budget=_UntilExit(1.0))
             if not _STOP.is_set() and found:
                 # a check cut short by the exit is NOT_RUN and gives no verdict; timings left
                 # unmeasured then are None, so nothing half-done is stored as measured
@@ -306,12 +306,12 @@ def _refine_loop() -> None:
 
 
 # ----------------------------------------------------------------------------- the verdict source
-def probe_verdict(problem: Problem, backend: Backend) -> Dict[str, Any]:
+def verdict_for(problem: Problem, backend: Backend) -> Dict[str, Any]:
     """The stored verdict for (problem kind, backend), verifying this backend now if there is none."""
     if os.environ.get(TRUST_UNPROBED) == "1":
         return {"passed": True, "reason": f"probe skipped ({TRUST_UNPROBED}=1)", "time_ms": None}
     path = verdicts_store.cache_path(problem.device)
-    key = verdicts_store.probe_key(problem, backend)
+    key = verdicts_store.verdict_key(problem, backend)
     stored = verdicts_store.load(path)
     if key not in stored:
         found = verify(problem.op, problem.dtype, problem.kind, problem.device, backend.name)

@@ -16,8 +16,8 @@ from ..backends.registry import Backend, Problem
 from ..cachedir import cache_dir, unwritable, warn_once
 from .. import caches
 
-__all__ = ["CacheCorrupt", "VerdictKey", "cache_dir", "cache_path", "clear_cache", "load", "probe_key", "read_file",
-           "store_verdicts", "verdict_dtype"]
+__all__ = ["CacheCorrupt", "VerdictKey", "cache_dir", "cache_path", "clear_cache", "load", "read_file", "store_verdicts",
+           "verdict_dtype", "verdict_key"]
 
 # path -> verdicts read from (or written to) that file in this process
 _LOADED: Dict[str, Dict[str, Any]] = caches.register("checks.verdicts.loaded", {})
