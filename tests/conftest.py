@@ -62,7 +62,7 @@ def _seeded_global_rng():
 
 @pytest.fixture(autouse=True)
 def _fresh_resolutions():
-    """Each test decides backends afresh: tests replace dispatch internals (probe_verdict) with
+    """Each test decides backends afresh: tests replace dispatch internals (verdict_for) with
     monkeypatch, which the remembered resolutions (and prepared launches) of an earlier test
     would not see."""
     from gpuparity import dispatch

@@ -106,7 +106,7 @@ def test_rerun_command_names_the_backend_or_the_impl_and_needs_the_base_seed():
 
 def test_cache_show_tells_unsupported_from_failed(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GPUPARITY_CACHE_DIR", str(tmp_path))
-    # as checks/probe.py and checks/battery.verdicts_from_results store them
+    # as checks/selection.py and checks/battery.verdicts_from_results store them
     verdicts = {
         "layer_norm|torch|float32|plain": {"passed": True, "reason": "passed 6 probe checks", "time_ms": 1.07},
         "layer_norm|triton|float32|plain": {"passed": False, "reason": "triton: no CUDA or ROCm GPU visible"},

@@ -14,7 +14,7 @@ import torch
 
 import gpuparity
 from gpuparity import dispatch
-from gpuparity.checks import probe, verdicts
+from gpuparity.checks import selection, verdicts
 from gpuparity.cli import main
 
 
@@ -30,7 +30,7 @@ def _cannot_write(folder) -> bool:
 
 
 def _canned_probe(op, dtype, kind, device, names=None):
-    """probe_op's answer without running the battery (seconds on the CPU): torch's backend passes (the
+    """check_op's answer without running the battery (seconds on the CPU): torch's backend passes (the
     others would compile on first use), the rest do not."""
     from gpuparity.checks.verdicts import verdict_dtype
     return {f"{op}|{b.name}|{verdict_dtype(op, dtype, device)}|{kind}": {"passed": b.name == "torch", "reason": "", "time_ms": 1.0}
@@ -40,7 +40,7 @@ def _canned_probe(op, dtype, kind, device, names=None):
 def _rms_norm_in(cache, monkeypatch, caplog):
     monkeypatch.setenv("GPUPARITY_CACHE_DIR", str(cache))
     monkeypatch.setenv("GPUPARITY_TRUST_UNPROBED", "0")
-    monkeypatch.setattr(probe, "probe_op", _canned_probe)
+    monkeypatch.setattr(selection, "check_op", _canned_probe)
     # the compile backend's own probe compiles a function (seconds) and keeps its answer in the cache too
     from gpuparity.backends import compiled
     monkeypatch.setitem(compiled._VERDICTS, "cpu", "compile: not probed in this test")

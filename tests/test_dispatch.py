@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from gpuparity import dispatch
-from gpuparity.checks import probe, verdicts
+from gpuparity.checks import selection, verdicts
 from gpuparity.ops import select
 from gpuparity.dispatch import Backend, BackendUnavailable, Problem
 
@@ -53,7 +53,7 @@ def test_named_backend_that_cannot_serve_raises_with_reasons(fresh_cache):
 
 def test_fallback_when_nothing_verified(fresh_cache, monkeypatch):
     problem = Problem("softmax", torch.device("cpu"), torch.float32)
-    monkeypatch.setattr(probe, "probe_verdict", lambda p, b: {"passed": False, "reason": "planted"})
+    monkeypatch.setattr(selection, "verdict_for", lambda p, b: {"passed": False, "reason": "planted"})
     assert select.explain(problem)["chosen"] == "composition"
 
 
@@ -104,7 +104,7 @@ def test_resolutions_are_remembered_until_what_decides_them_changes(fresh_cache,
         asked.append(backend.name)
         return {"passed": backend.name not in failing, "time_ms": 5.0}
 
-    monkeypatch.setattr(probe, "probe_verdict", verdict)
+    monkeypatch.setattr(selection, "verdict_for", verdict)
     # the planted backend is tried first once registered
     monkeypatch.setitem(priors.PRIORS["cpu"], "softmax", ["planted_fast", "torch"])
     verdicts.clear_cache()
@@ -142,7 +142,7 @@ def test_large_calls_are_ranked_by_the_large_timing(fresh_cache, monkeypatch):
     stored = {}
     for backend in dispatch.backends("rms_norm"):
         times = {"torch": (1.0, 9.0), "compile": (2.0, 3.0)}.get(backend.name, (5.0, 5.0))
-        stored[verdicts.probe_key(small, backend)] = {"passed": backend.name in ("torch", "compile"), "reason": "",
+        stored[verdicts.verdict_key(small, backend)] = {"passed": backend.name in ("torch", "compile"), "reason": "",
                                                       "time_ms": times[0], "time_ms_large": times[1]}
     verdicts.store_verdicts(torch.device("cpu"), stored)
     assert select.resolve(small).name == "torch"

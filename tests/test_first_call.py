@@ -1,4 +1,4 @@
-"""The first backend="auto" call verifies only the candidate it would choose (checks/probe.py),
+"""The first backend="auto" call verifies only the candidate it would choose (checks/selection.py),
 in the order of the timings stored here or of the device family's priors (checks/priors.py),
 and still keeps the contract: only a backend that passed here is chosen, and a confirmed known
 issue still rules one out."""
@@ -13,7 +13,7 @@ import torch
 import gpuparity
 from gpuparity import dispatch
 from gpuparity.backends.registry import Backend
-from gpuparity.checks import priors, probe, verdicts
+from gpuparity.checks import priors, selection, verdicts
 from gpuparity.ops import select
 from gpuparity.contracts.norms import norm_problem
 
@@ -22,8 +22,8 @@ from gpuparity.contracts.norms import norm_problem
 def empty_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUPARITY_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("GPUPARITY_PROBE", "inprocess")
-    monkeypatch.setenv(probe.REFINE, "off")
-    monkeypatch.delenv(probe.TRUST_UNPROBED, raising=False)
+    monkeypatch.setenv(selection.REFINE, "off")
+    monkeypatch.delenv(selection.TRUST_UNPROBED, raising=False)
     verdicts.clear_cache()
     yield tmp_path
     verdicts.clear_cache()
@@ -33,14 +33,14 @@ def empty_cache(tmp_path, monkeypatch):
 def checks_run(monkeypatch):
     """Every check task the probe runs, in order."""
     ran = []
-    real = probe.run_tasks
+    real = selection.run_tasks
 
     def counting(tasks, **kwargs):
         tasks = list(tasks)
         ran.extend(tasks)
         return real(tasks, **kwargs)
 
-    monkeypatch.setattr(probe, "run_tasks", counting)
+    monkeypatch.setattr(selection, "run_tasks", counting)
     return ran
 
 
@@ -55,14 +55,14 @@ def test_a_first_auto_call_verifies_only_the_candidate(empty_cache, checks_run):
     first = priors.order("rms_norm", torch.device("cpu"))[0]
     assert {t.backend for t in checks_run} == {first}                      # one backend checked
     assert {t.mode for t in checks_run} == {"check"}                       # and nothing timed
-    assert len(checks_run) == len(probe.first_call_cases("rms_norm", "default")) <= 8
+    assert len(checks_run) == len(selection.first_call_cases("rms_norm", "default")) <= 8
     rows = {r["name"]: r for r in select.explain(norm_problem("rms_norm", x, (64,), w, None))["candidates"]}
     assert rows[first]["status"] == "verified"
     # the others are listed with their reasons, never checked for the choice
     assert {r["status"] for name, r in rows.items() if name != first} <= {"unchecked", "never-auto", "fallback",
                                                                           "unsupported"}
     gpuparity.rms_norm(x, (64,), w)
-    assert len(checks_run) == len(probe.first_call_cases("rms_norm", "default"))   # the verdict is kept
+    assert len(checks_run) == len(selection.first_call_cases("rms_norm", "default"))   # the verdict is kept
 
 
 def _planted(name, fn, monkeypatch):
@@ -84,7 +84,7 @@ def test_a_candidate_that_fails_verification_gives_way_to_the_next(empty_cache, 
         rows = {r["name"]: r for r in select.explain(problem)["candidates"]}
         assert rows["planted_wrong"]["status"] == "failed-probe"
         # a failed verdict is kept: even timed fastest, the backend is never chosen
-        key = verdicts.probe_key(problem, dispatch.get("rms_norm", "planted_wrong"))
+        key = verdicts.verdict_key(problem, dispatch.get("rms_norm", "planted_wrong"))
         verdicts.store_verdicts(problem.device, {key: {**verdicts.load(verdicts.cache_path(problem.device))[key],
                                                        "time_ms": 0.001}})
         assert select.resolve(problem).name == "torch"
@@ -113,20 +113,20 @@ def test_a_confirmed_known_issue_still_rules_the_candidate_out(empty_cache, chec
 def test_stored_timings_rank_before_the_priors(empty_cache, checks_run):
     x, w = _rms_inputs()
     problem = norm_problem("rms_norm", x, (64,), w, None)
-    stored = {verdicts.probe_key(problem, dispatch.get("rms_norm", "torch")): {"passed": True, "reason": "", "time_ms": 9.0},
-              verdicts.probe_key(problem, dispatch.get("rms_norm", "triton")): {"passed": True, "reason": "", "time_ms": 1.0}}
+    stored = {verdicts.verdict_key(problem, dispatch.get("rms_norm", "torch")): {"passed": True, "reason": "", "time_ms": 9.0},
+              verdicts.verdict_key(problem, dispatch.get("rms_norm", "triton")): {"passed": True, "reason": "", "time_ms": 1.0}}
     verdicts.store_verdicts(problem.device, stored)
     assert select.resolve(problem).name == "triton" and checks_run == []
 
 
 def test_a_slow_first_call_logs_one_info_line_and_no_warning(empty_cache, monkeypatch, caplog):
-    real = probe.verify
+    real = selection.verify
 
     def slow(*args):
         time.sleep(dispatch.SLOW_RESOLUTION_S + 0.1)
         return real(*args)
 
-    monkeypatch.setattr(probe, "verify", slow)
+    monkeypatch.setattr(selection, "verify", slow)
     x, w = _rms_inputs()
     with caplog.at_level(logging.DEBUG, logger="gpuparity"):
         gpuparity.rms_norm(x, (64,), w)
@@ -137,16 +137,16 @@ def test_a_slow_first_call_logs_one_info_line_and_no_warning(empty_cache, monkey
 
 
 def test_background_timings_refine_the_choice(empty_cache, monkeypatch):
-    monkeypatch.setenv(probe.REFINE, "background")
-    monkeypatch.setattr(probe, "REFINE_QUIET_S", 0.2)   # shipped: 10 s after the last first-call check
+    monkeypatch.setenv(selection.REFINE, "background")
+    monkeypatch.setattr(selection, "REFINE_QUIET_S", 0.2)   # shipped: 10 s after the last first-call check
     x, w = _rms_inputs()
     problem = norm_problem("rms_norm", x, (64,), w, None)
 
     def timed(op, dtype, kind, device, backends=None, **_):
-        return {verdicts.probe_key(problem, dispatch.get(op, name)): {"passed": True, "reason": "timed", "time_ms": t}
+        return {verdicts.verdict_key(problem, dispatch.get(op, name)): {"passed": True, "reason": "timed", "time_ms": t}
                 for name, t in (("torch", 5.0), ("triton", 1.0))}
 
-    monkeypatch.setattr(probe, "probe_op", timed)
+    monkeypatch.setattr(selection, "check_op", timed)
     assert select.resolve(problem).name == "torch"               # the prior, verified
     deadline = time.monotonic() + 30
     while select.resolve(problem).name != "triton" and time.monotonic() < deadline:
@@ -159,8 +159,8 @@ def test_the_verification_worker_stays_alive_across_calls(empty_cache, monkeypat
     try:
         x, w = _rms_inputs()
         gpuparity.rms_norm(x, (64,), w)
-        pid = probe._pool("verify").proc.pid
+        pid = selection._pool("verify").proc.pid
         gpuparity.layer_norm(x, (64,), w)
-        assert probe._pool("verify").proc.pid == pid and probe._pool("verify").proc.poll() is None
+        assert selection._pool("verify").proc.pid == pid and selection._pool("verify").proc.poll() is None
     finally:
-        probe.close_workers()
+        selection.close_workers()

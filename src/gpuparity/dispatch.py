@@ -3,9 +3,9 @@ backend whose correctness verdict passed here, the op's plain composition as the
 
 Dispatch decides; it does not verify. The verdicts come from a callable the caller hands it
 (`verdict(problem, backend) -> {"passed", "reason", "time_ms"}`): the ops layer passes
-`gpuparity.checks.probe.probe_verdict`, which reads the on-disk probe cache and probes on a
+`gpuparity.checks.selection.verdict_for`, which reads the on-disk verdict store and verifies on a
 miss. With a `rank` callable too (`rank(problem, candidates) -> [(backend, why)]`, fastest
-first: the ops layer passes `gpuparity.checks.probe.rank`), "auto" asks for verdicts in that
+first: the ops layer passes `gpuparity.checks.selection.rank`), "auto" asks for verdicts in that
 order and stops at the first that passed, so a first call verifies one candidate rather than
 every backend. Dispatch imports nothing above `backends`.
 """

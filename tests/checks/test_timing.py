@@ -43,30 +43,30 @@ def test_device_time_falls_back_to_synchronised_steps_on_the_cpu():
 def test_a_first_call_probes_only_the_backend_asked_about(monkeypatch, tmp_path):
     """After `gpuparity doctor` (default level: backends that compile per shape are left for
     --full), a first call must not re-check every backend of the op, only the one asked about
-    that has no verdict (checks/probe.py: a first call verifies its candidate alone)."""
+    that has no verdict (checks/selection.py: a first call verifies its candidate alone)."""
     from gpuparity import dispatch
     from gpuparity.backends.registry import Problem
-    from gpuparity.checks import probe, verdicts
+    from gpuparity.checks import selection, verdicts
 
     monkeypatch.setenv("GPUPARITY_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv(probe.REFINE, "off")
-    monkeypatch.delenv(probe.TRUST_UNPROBED, raising=False)
+    monkeypatch.setenv(selection.REFINE, "off")
+    monkeypatch.delenv(selection.TRUST_UNPROBED, raising=False)
     verdicts.clear_cache()
     problem = Problem("rms_norm", torch.device("cpu"), torch.bfloat16, "default", (("large", False),))
-    names = probe.probed_backends("rms_norm")
+    names = selection.probed_backends("rms_norm")
     assert len(names) >= 2
     have, missing = names[0], names[1:]
-    verdicts.store_verdicts(problem.device, {verdicts.probe_key(problem, dispatch.get("rms_norm", have)):
+    verdicts.store_verdicts(problem.device, {verdicts.verdict_key(problem, dispatch.get("rms_norm", have)):
                                              {"passed": True, "reason": "planted", "time_ms": 1.0}})
     asked = []
 
     def fake_verify(op, dtype, kind, device, backend):
         asked.append(backend)
-        return {verdicts.probe_key(problem, dispatch.get(op, backend)): {"passed": True, "reason": "probed"}}
+        return {verdicts.verdict_key(problem, dispatch.get(op, backend)): {"passed": True, "reason": "probed"}}
 
-    monkeypatch.setattr(probe, "verify", fake_verify)
-    found = probe.probe_verdict(problem, dispatch.get("rms_norm", missing[0]))
+    monkeypatch.setattr(selection, "verify", fake_verify)
+    found = selection.verdict_for(problem, dispatch.get("rms_norm", missing[0]))
     assert asked == [missing[0]] and found["reason"] == "probed"
-    assert probe.probe_verdict(problem, dispatch.get("rms_norm", have))["reason"] == "planted"
+    assert selection.verdict_for(problem, dispatch.get("rms_norm", have))["reason"] == "planted"
     assert len(asked) == 1
     verdicts.clear_cache()

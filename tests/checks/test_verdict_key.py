@@ -27,4 +27,4 @@ def test_the_store_key_of_a_call_is_the_types_encoding():
 
     class _Backend:
         name = "torch"
-    assert probe_key(problem, _Backend()) == key.encode()
+    assert verdict_key(problem, _Backend()) == key.encode()

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gpuparity import dispatch
-from gpuparity.checks import probe
+from gpuparity.checks import selection
 from gpuparity.checks.results import CheckResult, Status
 from gpuparity.doctor import recommendations
 from gpuparity.known import avoid
@@ -57,14 +57,14 @@ def test_stored_verdicts_are_failed_by_a_confirmed_issue():
 
 
 def test_first_call_probe_applies_confirmed_issues(monkeypatch):
-    """probe_op: the battery passed torch, the known issue is confirmed here: torch fails."""
-    monkeypatch.setattr(probe, "plan", lambda *a, **k: ([], []))
-    monkeypatch.setattr(probe, "run_tasks", lambda *a, **k: [])
-    monkeypatch.setattr(probe, "verdicts_from_results",
+    """check_op: the battery passed torch, the known issue is confirmed here: torch fails."""
+    monkeypatch.setattr(selection, "plan", lambda *a, **k: ([], []))
+    monkeypatch.setattr(selection, "run_tasks", lambda *a, **k: [])
+    monkeypatch.setattr(selection, "verdicts_from_results",
                         lambda results: {"layer_norm|torch|bfloat16|default": {"passed": True, "reason": "planted"}})
     asked = []
     monkeypatch.setattr(avoid, "confirmed_here", lambda op, dtype, device, backends: asked.append(op) or [LN_GRAD])
-    verdicts = probe.probe_op("layer_norm", torch.bfloat16, "default", "cpu")
+    verdicts = selection.check_op("layer_norm", torch.bfloat16, "default", "cpu")
     assert asked == ["layer_norm"]
     assert verdicts["layer_norm|torch|bfloat16|default"]["passed"] is False
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gpuparity import dispatch
-from gpuparity.checks import probe
+from gpuparity.checks import selection
 from gpuparity.checks.results import CheckResult, Status
 from gpuparity.doctor import recommendations
 from gpuparity.known import avoid
@@ -87,10 +87,10 @@ def sdpa_only(monkeypatch):
     verdicts = {f"attention|{name}|bfloat16|default": dict(v) for name, v in stored.items()}
     avoid.apply(verdicts, _confirmed(), "cuda")   # as the doctor stores them on the GPU machine
     by_backend = {key.split("|")[1]: v for key, v in verdicts.items()}
-    monkeypatch.setattr(probe, "probe_verdict", lambda problem, backend: by_backend[backend.name])
-    # auto tries candidates fastest first (probe.rank): here by the stored timings, cuDNN first
+    monkeypatch.setattr(selection, "verdict_for", lambda problem, backend: by_backend[backend.name])
+    # auto tries candidates fastest first (selection.rank): here by the stored timings, cuDNN first
     order = {"sdpa_cudnn": 0, "sdpa_math": 1}
-    monkeypatch.setattr(probe, "rank", lambda problem, candidates: [
+    monkeypatch.setattr(selection, "rank", lambda problem, candidates: [
         (b, "test order") for b in sorted(candidates, key=lambda b: order.get(b.name, 9))], raising=False)
     dispatch.forget()
     yield
@@ -111,14 +111,14 @@ def test_auto_keeps_cudnn_off_the_regime_and_free_outside_it(sdpa_only):
 
 
 def test_first_call_probe_records_the_regime(monkeypatch):
-    monkeypatch.setattr(probe, "plan", lambda *a, **k: ([], []))
-    monkeypatch.setattr(probe, "run_tasks", lambda *a, **k: [])
-    monkeypatch.setattr(probe, "verdicts_from_results",
+    monkeypatch.setattr(selection, "plan", lambda *a, **k: ([], []))
+    monkeypatch.setattr(selection, "run_tasks", lambda *a, **k: [])
+    monkeypatch.setattr(selection, "verdicts_from_results",
                         lambda results: {"attention|sdpa_cudnn|bfloat16|bool_mask": {"passed": True, "reason": "ok"}})
     on_cpu = [dataclasses.replace(a, device_type=None) for a in _confirmed()]   # this probe runs on the CPU
     monkeypatch.setattr(avoid, "confirmed_here", lambda op, dtype, device, backends: on_cpu)
-    monkeypatch.setattr(probe.get_spec("attention"), "timing_params", lambda: None)
-    verdicts = probe.probe_op("attention", torch.bfloat16, "bool_mask", "cpu")
+    monkeypatch.setattr(selection.get_spec("attention"), "timing_params", lambda: None)
+    verdicts = selection.check_op("attention", torch.bfloat16, "bool_mask", "cpu")
     verdict = verdicts["attention|sdpa_cudnn|bfloat16|bool_mask"]
     assert verdict["passed"] is True and verdict["avoid_when"][0]["issue"] == ISSUE
 

@@ -170,7 +170,7 @@ def test_unsupported_named_backend_raises_with_reasons():
 
 def _store(problem, verdicts):
     verdicts_store.store_verdicts(problem.device, {
-        verdicts_store.probe_key(problem, dispatch.get("attention", name)): verdict for name, verdict in verdicts.items()})
+        verdicts_store.verdict_key(problem, dispatch.get("attention", name)): verdict for name, verdict in verdicts.items()})
 
 
 def test_auto_picks_the_fastest_verified_backend(tmp_path, monkeypatch):

@@ -15,7 +15,7 @@ from gpuparity import dispatch, reference  # noqa: E402
 from gpuparity.backends.registry import Backend, BackendUnavailable, register, unregister  # noqa: E402
 from gpuparity.backends.sdpa import composition  # noqa: E402
 from gpuparity.backends.triton_attention.launch import SEED_LIMIT, dropout_seed  # noqa: E402
-from gpuparity.checks import probe  # noqa: E402
+from gpuparity.checks import selection  # noqa: E402
 from gpuparity.tolerance import compare  # noqa: E402
 from gpuparity.ops import dropout as dropout_ops  # noqa: E402
 from gpuparity.ops.attention import attention, attention_problem, explain_attention  # noqa: E402
@@ -164,7 +164,7 @@ def test_backends_without_dropout_refuse_it_and_auto_verifies_with_the_same_mask
         return composition(q_, k_, v_, dropout_p=dropout_p, seed=(seed or 0) + 1, **kwargs)
 
     # the battery (no dropout) passes everyone here; the dropout self-check decides
-    monkeypatch.setattr(probe, "probe_verdict", lambda p, b: {"passed": True, "reason": "planted", "time_ms": 1.0})
+    monkeypatch.setattr(selection, "verdict_for", lambda p, b: {"passed": True, "reason": "planted", "time_ms": 1.0})
     register(Backend("planted_rng", "attention", own_rng, "dropout from its own RNG", device_types=("cpu", "cuda"),
                      opt_in=("dropout",)))
     try:

@@ -9,7 +9,7 @@ import torch
 
 import gpuparity
 from gpuparity import dispatch
-from gpuparity.checks import probe
+from gpuparity.checks import selection
 from gpuparity.ops import library
 from gpuparity.ops import swiglu as _swiglu  # noqa: F401 - registers gpuparity::swiglu and its twin
 
@@ -195,7 +195,7 @@ def test_auto_resolves_when_traced_not_per_call(monkeypatch):
     real = select.resolve
     monkeypatch.setattr(select, "resolve", lambda problem, backend="auto": resolved.append(backend) or
                         real(problem, backend))
-    monkeypatch.setattr(probe, "probe_verdict", lambda p, b: {"passed": False, "reason": "planted"})
+    monkeypatch.setattr(selection, "verdict_for", lambda p, b: {"passed": False, "reason": "planted"})
     dispatch.forget()
     x, w = randn(3, 8), randn(8)
     torch._dynamo.reset()

@@ -21,7 +21,7 @@ from .results import CheckResult, ResultStream, Status
 from ..contracts import get_spec
 from .verdicts import VerdictKey, verdict_dtype
 
-# plan, run_tasks, Task and normalize_device are imported from here by checks/probe.py
+# plan, run_tasks, Task and normalize_device are imported from here by checks/selection.py
 __all__ = ["BatteryRun", "Budget", "CRASH_LIMIT", "DEFAULT_TIMEOUT_S", "SECONDS_PER_CHECK", "Task",
            "WORKER_START_S", "WorkerPool", "as_budget", "check_backend_names", "default_workers",
            "estimate_seconds", "normalize_device", "plan", "run_battery", "run_tasks", "timing_tasks",

@@ -260,7 +260,7 @@ def run_tasks(tasks: Iterable[Task], *, isolate: bool = True, timeout: Optional[
     """Run tasks in crash-isolated workers (or in-process); results in task order. `pool`: an
     already started worker to use when workers == 1 (ignored otherwise), e.g. one that imported
     torch meanwhile; it is closed when the tasks are done, unless `keep_pool` (the first-call
-    probe keeps its worker alive across calls: checks/probe.py). Tasks of mode "warm" run but are
+    probe keeps its worker alive across calls: checks/selection.py). Tasks of mode "warm" run but are
     not passed to `on_result`. After `crash_limit` crashes or hangs in a row of one
     implementation (None: never) its remaining tasks are NOT_RUN, and so is every task left
     when `budget` (seconds from now, or a Budget) is spent."""

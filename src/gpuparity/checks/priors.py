@@ -1,7 +1,7 @@
 """Speed priors per device family: the order in which `backend="auto"` tries an op's backends
 before anything was timed on this machine.
 
-A first auto call verifies one candidate, not every backend (checks/probe.py): it needs an
+A first auto call verifies one candidate, not every backend (checks/selection.py): it needs an
 order to pick that candidate from. Timings measured here (`gpuparity doctor`, or the background
 refinement a first call starts on a GPU) replace the prior as soon as they are stored. A prior
 only ranks: a backend is still used only after its checks passed here, and a confirmed known

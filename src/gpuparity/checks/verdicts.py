@@ -1,6 +1,6 @@
-"""The probe-verdict store behind verified auto-selection: per device and platform fingerprint,
-one JSON file of verdicts keyed "op|backend|dtype|kind". `checks.probe.probe_verdict` reads
-it and probes on a miss; `gpuparity doctor` fills it ahead of time. Every change here tells
+"""The verdict store behind verified auto-selection: per device and platform fingerprint,
+one JSON file of verdicts keyed "op|backend|dtype|kind". `checks.selection.verdict_for` reads
+it and verifies on a miss; `gpuparity doctor` fills it ahead of time. Every change here tells
 dispatch to forget the resolutions it remembered (dispatch._Memo's rule)."""
 from __future__ import annotations
 
@@ -69,7 +69,8 @@ class VerdictKey(NamedTuple):
         return cls(problem.op, backend, verdict_dtype(problem.op, problem.dtype, problem.device), problem.kind)
 
 
-def probe_key(problem: Problem, backend: Backend) -> str:
+def verdict_key(problem: Problem, backend: Backend) -> str:
+    """The store's key (a string) of `backend`'s verdict for calls like `problem`."""
     return VerdictKey.of(problem, backend.name).encode()
 
 
