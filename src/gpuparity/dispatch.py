@@ -22,10 +22,11 @@ import torch
 from .backends.registry import (Backend, BackendUnavailable, Problem, on_change, register, registered,
                                 unregister)
 
-__all__ = ["Backend", "BackendUnavailable", "Problem", "Verdict", "backends", "explain", "forget", "get",
+__all__ = ["Backend", "BackendUnavailable", "Problem", "VerdictSource", "backends", "explain", "forget", "get",
            "register", "resolve", "unregister"]
 
-Verdict = Callable[[Problem, Backend], Dict[str, Any]]
+# verdict(problem, backend) -> a verdict: {"passed", "reason", "time_ms", ...} (ops/select.verdict)
+VerdictSource = Callable[[Problem, Backend], Dict[str, Any]]
 # rank(problem, candidates) -> [(backend, why, stored verdict or None)], the order to try them in
 Rank = Callable[[Problem, List[Backend]], List[Tuple[Backend, str, Optional[Dict[str, Any]]]]]
 LOG = logging.getLogger("gpuparity")
@@ -94,7 +95,7 @@ def get(op: str, name: str) -> Backend:
     return table[name]
 
 
-def _key(problem: Problem, backend: str, verdict: Optional[Verdict], rank: Optional[Rank] = None) -> tuple:
+def _key(problem: Problem, backend: str, verdict: Optional[VerdictSource], rank: Optional[Rank] = None) -> tuple:
     # the environment variables a resolution depends on, read one by one: this runs on every eager call
     get_env = os.environ.get
     key = (problem, backend, verdict, rank, get_env("GPUPARITY_TRUST_UNPROBED"), get_env("TRITON_INTERPRET"))
@@ -104,7 +105,7 @@ def _key(problem: Problem, backend: str, verdict: Optional[Verdict], rank: Optio
     return key
 
 
-def resolve(problem: Problem, backend: str = "auto", *, verdict: Optional[Verdict] = None,
+def resolve(problem: Problem, backend: str = "auto", *, verdict: Optional[VerdictSource] = None,
             rank: Optional[Rank] = None) -> Backend:
     """The backend that serves `problem`: the named one (or BackendUnavailable with its
     reasons), or for "auto" the verified choice, which needs `verdict` (and, to verify lazily
@@ -134,7 +135,7 @@ def resolve(problem: Problem, backend: str = "auto", *, verdict: Optional[Verdic
     return chosen
 
 
-def explain(problem: Problem, *, verdict: Optional[Verdict], rank: Optional[Rank] = None) -> Dict[str, Any]:
+def explain(problem: Problem, *, verdict: Optional[VerdictSource], rank: Optional[Rank] = None) -> Dict[str, Any]:
     """Why each backend was or was not chosen for `problem` under "auto".
 
     Without `rank`, every candidate's verdict is asked and the fastest that passed wins. With
@@ -183,7 +184,7 @@ def explain(problem: Problem, *, verdict: Optional[Verdict], rank: Optional[Rank
     return {"chosen": chosen.name, "chosen_backend": chosen, "candidates": rows}
 
 
-def _explain_ranked(problem: Problem, verdict: Verdict, rank: Rank, full: bool) -> Dict[str, Any]:
+def _explain_ranked(problem: Problem, verdict: VerdictSource, rank: Rank, full: bool) -> Dict[str, Any]:
     """The ranked walk. `full` (explain): the rows after the choice get their declared reasons
     and stored verdicts too; resolve leaves them out (some declarations cost seconds: the
     compile backend tries torch.compile)."""
