@@ -1,7 +1,7 @@
 """The rule language: clause semantics, unknown facts, combinators and unconfirmed bounds."""
 import pytest
 
-from gpuparity.known.rules import (Verdict, arch_in_wheel, cudnn_version, describe_rule, evaluate_rule,
+from gpuparity.known.rules import (RuleOutcome, arch_in_wheel, cudnn_version, describe_rule, evaluate_rule,
                                    in_range, miopen_version, rocm_release)
 
 
@@ -23,7 +23,7 @@ def amd_report(**overrides):
     return report
 
 
-def verdict(rule, report=None):
+def outcome(rule, report=None):
     return evaluate_rule(rule, report or amd_report())
 
 
@@ -46,16 +46,16 @@ def test_library_versions_are_decoded():
 
 
 def test_match_says_which_facts_matched_in_words():
-    result = verdict({"vendor": "amd", "torch_version": {"<": "2.7"}, "library": {"aotriton": {"<": "0.8.2"}}})
-    assert result.verdict == Verdict.MATCH
+    result = outcome({"vendor": "amd", "torch_version": {"<": "2.7"}, "library": {"aotriton": {"<": "0.8.2"}}})
+    assert result.outcome == RuleOutcome.MATCH
     assert result.matched == ["ROCm build (torch 2.5.1+rocm6.2)", "torch 2.5.1+rocm6.2 < 2.7", "aotriton 0.7 < 0.8.2"]
 
 
 def test_one_hard_miss_excludes_and_says_why():
-    result = verdict({"vendor": "amd", "torch_version": {">=": "2.7"}})
-    assert result.verdict == Verdict.MISS
+    result = outcome({"vendor": "amd", "torch_version": {">=": "2.7"}})
+    assert result.outcome == RuleOutcome.MISS
     assert result.missed == ["torch 2.5.1+rocm6.2 is not >= 2.7"]
-    result = verdict({"vendor": "nvidia"})
+    result = outcome({"vendor": "nvidia"})
     assert result.missed == ["not a CUDA build: ROCm build (torch 2.5.1+rocm6.2)"]
 
 
@@ -71,72 +71,72 @@ def test_one_hard_miss_excludes_and_says_why():
     ({"devices": [{"index": 0, "name": "x", "arch": "gfx942", "is_apu": None}]}, {"is_apu": True}),
 ])
 def test_unknown_facts_never_exclude(change, rule):
-    result = verdict(rule, amd_report(**change))
-    assert result.verdict == Verdict.UNKNOWN
+    result = outcome(rule, amd_report(**change))
+    assert result.outcome == RuleOutcome.UNKNOWN
     assert result.applies
     assert result.unknown and not result.missed
 
 
 def test_unknown_does_not_rescue_a_hard_miss():
     report = amd_report(libraries={"aotriton": {"unknown": "?"}})
-    result = verdict({"vendor": "nvidia", "library": {"aotriton": {"<": "0.8.2"}}}, report)
-    assert result.verdict == Verdict.MISS
+    result = outcome({"vendor": "nvidia", "library": {"aotriton": {"<": "0.8.2"}}}, report)
+    assert result.outcome == RuleOutcome.MISS
 
 
 def test_unconfirmed_bounds_cannot_rule_out():
-    result = verdict({"vendor": "amd", "unconfirmed": {"torch_version": {"<": "2.5"}}})
-    assert result.applies and result.verdict == Verdict.UNKNOWN
+    result = outcome({"vendor": "amd", "unconfirmed": {"torch_version": {"<": "2.5"}}})
+    assert result.applies and result.outcome == RuleOutcome.UNKNOWN
     assert "unconfirmed" in result.soft_missed[0] and "torch 2.5.1+rocm6.2 is not < 2.5" in result.soft_missed[0]
-    inside = verdict({"unconfirmed": {"torch_version": {"<": "2.6"}}})
-    assert inside.verdict == Verdict.MATCH and inside.matched[0].endswith("(unconfirmed)")
+    inside = outcome({"unconfirmed": {"torch_version": {"<": "2.6"}}})
+    assert inside.outcome == RuleOutcome.MATCH and inside.matched[0].endswith("(unconfirmed)")
     # ... but a hard clause beside it still excludes.
-    assert not verdict({"vendor": "nvidia", "unconfirmed": {"torch_version": {"<": "2.5"}}}).applies
+    assert not outcome({"vendor": "nvidia", "unconfirmed": {"torch_version": {"<": "2.5"}}}).applies
 
 
 def test_any_of_all_of_not():
-    assert verdict({"any_of": [{"vendor": "nvidia"}, {"arch_in": ["gfx942"]}]}).verdict == Verdict.MATCH
-    missed = verdict({"any_of": [{"vendor": "nvidia"}, {"arch_in": ["gfx950"]}]})
-    assert missed.verdict == Verdict.MISS and missed.missed[0].startswith("none of:")
-    assert verdict({"all_of": [{"vendor": "amd"}, {"is_apu": True}]}).verdict == Verdict.MATCH
-    assert verdict({"not": {"arch_in": ["gfx942"]}}).verdict == Verdict.MISS
-    assert verdict({"not": {"arch_in": ["gfx1151"]}}).verdict == Verdict.MATCH
+    assert outcome({"any_of": [{"vendor": "nvidia"}, {"arch_in": ["gfx942"]}]}).outcome == RuleOutcome.MATCH
+    missed = outcome({"any_of": [{"vendor": "nvidia"}, {"arch_in": ["gfx950"]}]})
+    assert missed.outcome == RuleOutcome.MISS and missed.missed[0].startswith("none of:")
+    assert outcome({"all_of": [{"vendor": "amd"}, {"is_apu": True}]}).outcome == RuleOutcome.MATCH
+    assert outcome({"not": {"arch_in": ["gfx942"]}}).outcome == RuleOutcome.MISS
+    assert outcome({"not": {"arch_in": ["gfx1151"]}}).outcome == RuleOutcome.MATCH
 
 
 def test_device_clauses_match_any_device():
     report = amd_report(devices=[
         {"index": 0, "name": "AMD Radeon RX 6800 XT", "arch": "gfx1030", "capability": [10, 3], "is_apu": False},
         {"index": 1, "name": "AMD Radeon Graphics", "arch": "gfx1036", "capability": [10, 3], "is_apu": True}])
-    result = verdict({"arch_prefix": ["gfx103"], "is_apu": True, "device_count": {">=": "2"}}, report)
-    assert result.verdict == Verdict.MATCH
+    result = outcome({"arch_prefix": ["gfx103"], "is_apu": True, "device_count": {">=": "2"}}, report)
+    assert result.outcome == RuleOutcome.MATCH
     assert "device 0 AMD Radeon RX 6800 XT is gfx1030" in result.matched[0]
     assert "and 1 more device" in result.matched[0]
-    assert verdict({"arch_in": ["gfx942"]}, amd_report(devices=[])).missed == ["no GPU devices in the report"]
+    assert outcome({"arch_in": ["gfx942"]}, amd_report(devices=[])).missed == ["no GPU devices in the report"]
 
 
 def test_env_and_kernel_param_clauses():
-    assert verdict({"env_set": ["HSA_XNACK"]}).matched == ["HSA_XNACK=1 is set"]
-    assert verdict({"env_set": {"HSA_XNACK": "0"}}).verdict == Verdict.MISS
-    assert verdict({"env_unset": {"HSA_XNACK": "0"}}).verdict == Verdict.MATCH
-    assert verdict({"env_unset": ["HSA_XNACK"]}).verdict == Verdict.MISS
-    assert verdict({"kernel_param_absent": ["iommu=pt"]}).verdict == Verdict.MISS
-    assert verdict({"kernel_param_present": ["amdgpu.noretry=0"]}).verdict == Verdict.MATCH
-    assert verdict({"kernel_param_present": ["amdgpu.noretry=1"]}).verdict == Verdict.MISS
-    assert verdict({"kernel_param_absent": ["amdgpu.vm_fragment_size=9"]}).verdict == Verdict.MATCH
+    assert outcome({"env_set": ["HSA_XNACK"]}).matched == ["HSA_XNACK=1 is set"]
+    assert outcome({"env_set": {"HSA_XNACK": "0"}}).outcome == RuleOutcome.MISS
+    assert outcome({"env_unset": {"HSA_XNACK": "0"}}).outcome == RuleOutcome.MATCH
+    assert outcome({"env_unset": ["HSA_XNACK"]}).outcome == RuleOutcome.MISS
+    assert outcome({"kernel_param_absent": ["iommu=pt"]}).outcome == RuleOutcome.MISS
+    assert outcome({"kernel_param_present": ["amdgpu.noretry=0"]}).outcome == RuleOutcome.MATCH
+    assert outcome({"kernel_param_present": ["amdgpu.noretry=1"]}).outcome == RuleOutcome.MISS
+    assert outcome({"kernel_param_absent": ["amdgpu.vm_fragment_size=9"]}).outcome == RuleOutcome.MATCH
 
 
 def test_other_clauses():
-    assert verdict({"rocm_version": {">=": "6.2"}}).verdict == Verdict.MATCH
-    assert verdict({"rocm_version": {"<": "5.7"}}).missed == ["ROCm 6.2 is not < 5.7"]
-    assert verdict({"numerics": {"cudnn_allow_tf32": True}}).verdict == Verdict.MATCH
-    assert verdict({"numerics": {"deterministic_algorithms": True}}).verdict == Verdict.MISS
-    assert verdict({"kfd": {"exists": True, "readable_writable": False}}).verdict == Verdict.MISS
-    assert verdict({"cuda_available": False}).verdict == Verdict.MISS
-    assert verdict({"os": "(?i)windows"}).verdict == Verdict.MISS
-    assert verdict({"always": True}).verdict == Verdict.MATCH
-    assert verdict({"hsa_override": True}).verdict == Verdict.MISS
+    assert outcome({"rocm_version": {">=": "6.2"}}).outcome == RuleOutcome.MATCH
+    assert outcome({"rocm_version": {"<": "5.7"}}).missed == ["ROCm 6.2 is not < 5.7"]
+    assert outcome({"numerics": {"cudnn_allow_tf32": True}}).outcome == RuleOutcome.MATCH
+    assert outcome({"numerics": {"deterministic_algorithms": True}}).outcome == RuleOutcome.MISS
+    assert outcome({"kfd": {"exists": True, "readable_writable": False}}).outcome == RuleOutcome.MISS
+    assert outcome({"cuda_available": False}).outcome == RuleOutcome.MISS
+    assert outcome({"os": "(?i)windows"}).outcome == RuleOutcome.MISS
+    assert outcome({"always": True}).outcome == RuleOutcome.MATCH
+    assert outcome({"hsa_override": True}).outcome == RuleOutcome.MISS
     stale = amd_report(hsa_override={"value": "11.0.0", "as_arch": "gfx1100", "device_archs": ["gfx1030"]})
-    result = verdict({"hsa_override": True}, stale)
-    assert result.verdict == Verdict.MATCH and "wrong for some of them" in result.matched[0]
+    result = outcome({"hsa_override": True}, stale)
+    assert result.outcome == RuleOutcome.MATCH and "wrong for some of them" in result.matched[0]
 
 
 def test_arch_in_wheel():
@@ -150,10 +150,10 @@ def test_arch_in_wheel():
     assert arch_in_wheel("gfx942", ["gfx90a", "gfx942"], "amd")
     assert not arch_in_wheel("gfx1031", ["gfx1030"], "amd")
     report = amd_report(devices=[{"index": 0, "name": "AMD Radeon RX 6700 XT", "arch": "gfx1031"}])
-    assert verdict({"arch_not_in_wheel": True}, report).verdict == Verdict.MATCH
-    assert verdict({"arch_not_in_wheel": True}).verdict == Verdict.MISS
+    assert outcome({"arch_not_in_wheel": True}, report).outcome == RuleOutcome.MATCH
+    assert outcome({"arch_not_in_wheel": True}).outcome == RuleOutcome.MISS
     unknown_list = amd_report(torch={"version": "2.5.1+rocm6.2", "arch_list": {"unknown": "RuntimeError"}})
-    assert verdict({"arch_not_in_wheel": True}, unknown_list).verdict == Verdict.UNKNOWN
+    assert outcome({"arch_not_in_wheel": True}, unknown_list).outcome == RuleOutcome.UNKNOWN
 
 
 def test_describe_rule_reads_like_a_sentence():

@@ -211,15 +211,15 @@ def _kernel_param_notes(issue: Dict[str, Any], report: Dict[str, Any]) -> List[s
 
 
 def _rule_status(issue: Dict[str, Any], report: Dict[str, Any]) -> KnownIssueResult:
-    verdict = evaluate_rule(issue["rule"], report)
-    if verdict.applies:
+    rule = evaluate_rule(issue["rule"], report)
+    if rule.applies:
         status = MAY_APPLY
-        why = verdict.matched + [f"cannot tell: {text}" for text in verdict.unknown] + verdict.soft_missed
+        why = rule.matched + [f"cannot tell: {text}" for text in rule.unknown] + rule.soft_missed
         why += _kernel_param_notes(issue, report)
     else:
         status = DOES_NOT_APPLY
-        why = list(verdict.missed)
-        if verdict.version_only:
+        why = list(rule.missed)
+        if rule.version_only:
             why.append(VERSION_ONLY_NOTE)
     why = list(dict.fromkeys(why))  # clauses of one rule often share a sentence (the build)
     return KnownIssueResult(
@@ -228,13 +228,13 @@ def _rule_status(issue: Dict[str, Any], report: Dict[str, Any]) -> KnownIssueRes
         symptom=issue["symptom"], affects=issue["affects"], fixed_in=issue["fixed_in"],
         unconfirmed=bool(issue["unconfirmed"]), group=issue.get("group", ""),
         remedy_env_scope=issue.get("remedy_env_scope", MAY_APPLY), kind=issue.get("kind", "bug"),
-        expected=verdict.applies, reviewed=str(issue.get("reviewed", "")))
+        expected=rule.applies, reviewed=str(issue.get("reviewed", "")))
 
 
 def _version_excluded(issue: Dict[str, Any], report: Dict[str, Any]) -> bool:
     """Ruled out by version ranges alone: the platform is the kind the entry is about."""
-    verdict = evaluate_rule(issue["rule"], report)
-    return not verdict.applies and verdict.version_only
+    rule = evaluate_rule(issue["rule"], report)
+    return not rule.applies and rule.version_only
 
 
 _EVIDENCE = re.compile(r"(?i)error|fault|violation|illegal|abort|exception|denied|killed|timed? ?out")

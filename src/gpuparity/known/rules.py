@@ -42,7 +42,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from ..platform import is_unknown, parse_version, rocm_version
 
 
-class Verdict(str, enum.Enum):
+class RuleOutcome(str, enum.Enum):
     MATCH = "match"
     MISS = "miss"
     UNKNOWN = "unknown"
@@ -50,7 +50,7 @@ class Verdict(str, enum.Enum):
 
 @dataclasses.dataclass
 class RuleResult:
-    """The verdict of a rule and the sentences behind it.
+    """The outcome of a rule and the sentences behind it.
 
     matched: clauses that hold; missed: hard clauses that do not (why it does not apply);
     unknown: clauses the report cannot decide; soft_missed: unconfirmed bounds that do not hold.
@@ -58,7 +58,7 @@ class RuleResult:
     library outside the range): the platform is the right kind, only the versions say "not
     expected here". A probe that can run here decides such an entry (engine.evaluate).
     """
-    verdict: Verdict
+    outcome: RuleOutcome
     matched: List[str] = dataclasses.field(default_factory=list)
     missed: List[str] = dataclasses.field(default_factory=list)
     unknown: List[str] = dataclasses.field(default_factory=list)
@@ -68,7 +68,7 @@ class RuleResult:
     @property
     def applies(self) -> bool:
         """True unless a hard clause rules the issue out."""
-        return self.verdict != Verdict.MISS
+        return self.outcome != RuleOutcome.MISS
 
 
 class _Unknown:
@@ -123,10 +123,10 @@ class VersionMiss(str):
 
 def _range_clause(label: str, version: Optional[tuple], shown: str, spec: Dict[str, str]):
     if not version:
-        return Verdict.UNKNOWN, f"{label} version unknown ({shown})"
+        return RuleOutcome.UNKNOWN, f"{label} version unknown ({shown})"
     if in_range(version, spec):
-        return Verdict.MATCH, f"{label} {shown} {range_text(spec)}"
-    return Verdict.MISS, VersionMiss(f"{label} {shown} is not {range_text(spec)}")
+        return RuleOutcome.MATCH, f"{label} {shown} {range_text(spec)}"
+    return RuleOutcome.MISS, VersionMiss(f"{label} {shown} is not {range_text(spec)}")
 
 
 def _packed_version(text: Any, unpack: Callable[[int], tuple]) -> tuple:
@@ -213,9 +213,9 @@ def _device_clause(report, predicate: Callable[[Dict[str, Any]], Optional[bool]]
     cannot be read or the predicate cannot tell; MISS otherwise."""
     devices = _devices(report)
     if isinstance(devices, _Unknown):
-        return Verdict.UNKNOWN, f"the device list is unknown ({devices.reason})"
+        return RuleOutcome.UNKNOWN, f"the device list is unknown ({devices.reason})"
     if not devices:
-        return Verdict.MISS, "no GPU devices in the report"
+        return RuleOutcome.MISS, "no GPU devices in the report"
     matches, undecided = [], []
     for device in devices:
         if not isinstance(device, dict) or is_unknown(device):
@@ -229,10 +229,10 @@ def _device_clause(report, predicate: Callable[[Dict[str, Any]], Optional[bool]]
     if matches:
         text = match_text(matches[0])
         others = len(matches) - 1
-        return Verdict.MATCH, text + (f" (and {others} more device{'s' if others > 1 else ''})" if others else "")
+        return RuleOutcome.MATCH, text + (f" (and {others} more device{'s' if others > 1 else ''})" if others else "")
     if undecided:
-        return Verdict.UNKNOWN, f"{len(undecided)} device(s) could not be read: {miss_text(devices)}"
-    return Verdict.MISS, miss_text(devices)
+        return RuleOutcome.UNKNOWN, f"{len(undecided)} device(s) could not be read: {miss_text(devices)}"
+    return RuleOutcome.MISS, miss_text(devices)
 
 
 def _listify(value) -> List[str]:
@@ -244,15 +244,15 @@ def _vendor(report, arg):
     wanted = _listify(arg)
     vendor = report.get("vendor")
     if vendor in wanted:
-        return Verdict.MATCH, _build_text(report)
+        return RuleOutcome.MATCH, _build_text(report)
     names = " or ".join(VENDOR_LABELS.get(w, w) for w in wanted)
-    return Verdict.MISS, f"not a {names}: {_build_text(report)}"
+    return RuleOutcome.MISS, f"not a {names}: {_build_text(report)}"
 
 
 def _torch_version(report, spec):
     version = _fact(report, "torch", "version")
     if isinstance(version, _Unknown):
-        return Verdict.UNKNOWN, f"torch version unknown ({version.reason})"
+        return RuleOutcome.UNKNOWN, f"torch version unknown ({version.reason})"
     return _range_clause("torch", parse_version(version), str(version), spec)
 
 
@@ -268,7 +268,7 @@ def rocm_release(report: Dict[str, Any]) -> tuple:
 
 def _rocm_version(report, spec):
     if report.get("vendor") != "amd":
-        return Verdict.MISS, f"not a ROCm build: {_build_text(report)}"
+        return RuleOutcome.MISS, f"not a ROCm build: {_build_text(report)}"
     version = rocm_release(report)
     shown = ".".join(str(p) for p in version) if version else "unknown"
     return _range_clause("ROCm", version, shown, spec)
@@ -276,10 +276,10 @@ def _rocm_version(report, spec):
 
 def _cuda_version(report, spec):
     if report.get("vendor") != "nvidia":
-        return Verdict.MISS, f"not a CUDA build: {_build_text(report)}"
+        return RuleOutcome.MISS, f"not a CUDA build: {_build_text(report)}"
     version = _fact(report, "torch", "cuda")
     if isinstance(version, _Unknown) or not version:
-        return Verdict.UNKNOWN, "CUDA version unknown"
+        return RuleOutcome.UNKNOWN, "CUDA version unknown"
     return _range_clause("CUDA", parse_version(version), str(version), spec)
 
 
@@ -338,11 +338,11 @@ def _device_name(report, pattern):
 def _device_count(report, spec):
     devices = _devices(report)
     if isinstance(devices, _Unknown):
-        return Verdict.UNKNOWN, f"the device list is unknown ({devices.reason})"
+        return RuleOutcome.UNKNOWN, f"the device list is unknown ({devices.reason})"
     count = len(devices)
     if in_range((count,), spec):
-        return Verdict.MATCH, f"{count} GPU{'s' if count != 1 else ''} ({range_text(spec)})"
-    return Verdict.MISS, f"{count} GPU{'s' if count != 1 else ''}, not {range_text(spec)}"
+        return RuleOutcome.MATCH, f"{count} GPU{'s' if count != 1 else ''} ({range_text(spec)})"
+    return RuleOutcome.MISS, f"{count} GPU{'s' if count != 1 else ''}, not {range_text(spec)}"
 
 
 def _library(report, arg):
@@ -352,9 +352,9 @@ def _library(report, arg):
         label = LIBRARY_LABELS.get(name, name)
         found = library_version(report, name)
         if found is None:
-            results.append((Verdict.MISS, f"no {label} in this build"))
+            results.append((RuleOutcome.MISS, f"no {label} in this build"))
         elif isinstance(found, _Unknown):
-            results.append((Verdict.UNKNOWN, f"{label} version unknown ({found.reason})"))
+            results.append((RuleOutcome.UNKNOWN, f"{label} version unknown ({found.reason})"))
         else:
             version, shown = found
             results.append(_range_clause(label, version, shown, spec))
@@ -362,14 +362,14 @@ def _library(report, arg):
 
 
 def _and_simple(results):
-    for verdict in (Verdict.MISS, Verdict.UNKNOWN):
-        texts = [text for v, text in results if v == verdict]
+    for outcome in (RuleOutcome.MISS, RuleOutcome.UNKNOWN):
+        texts = [text for v, text in results if v == outcome]
         if texts:
             joined = "; ".join(texts)
-            if verdict == Verdict.MISS and all(isinstance(text, VersionMiss) for text in texts):
+            if outcome == RuleOutcome.MISS and all(isinstance(text, VersionMiss) for text in texts):
                 joined = VersionMiss(joined)
-            return verdict, joined
-    return Verdict.MATCH, "; ".join(text for _, text in results)
+            return outcome, joined
+    return RuleOutcome.MATCH, "; ".join(text for _, text in results)
 
 
 def _env(report):
@@ -388,32 +388,32 @@ def _env_items(arg) -> List[Tuple[str, Optional[str]]]:
 def _env_set(report, arg):
     env = _env(report)
     if isinstance(env, _Unknown):
-        return Verdict.UNKNOWN, f"environment unknown ({env.reason})"
+        return RuleOutcome.UNKNOWN, f"environment unknown ({env.reason})"
     results = []
     for name, value in _env_items(arg):
         here = env.get(name)
         if here is not None and (value is None or here == value):
-            results.append((Verdict.MATCH, f"{name}={here} is set"))
+            results.append((RuleOutcome.MATCH, f"{name}={here} is set"))
         elif here is None:
-            results.append((Verdict.MISS, f"{name} is not set"))
+            results.append((RuleOutcome.MISS, f"{name} is not set"))
         else:
-            results.append((Verdict.MISS, f"{name}={here}, not {value}"))
+            results.append((RuleOutcome.MISS, f"{name}={here}, not {value}"))
     return _and_simple(results)
 
 
 def _env_unset(report, arg):
     env = _env(report)
     if isinstance(env, _Unknown):
-        return Verdict.UNKNOWN, f"environment unknown ({env.reason})"
+        return RuleOutcome.UNKNOWN, f"environment unknown ({env.reason})"
     results = []
     for name, value in _env_items(arg):
         here = env.get(name)
         if here is None:
-            results.append((Verdict.MATCH, f"{name} is not set"))
+            results.append((RuleOutcome.MATCH, f"{name} is not set"))
         elif value is not None and here != value:
-            results.append((Verdict.MATCH, f"{name}={here}, not {value}"))
+            results.append((RuleOutcome.MATCH, f"{name}={here}, not {value}"))
         else:
-            results.append((Verdict.MISS, f"{name}={here} is set"))
+            results.append((RuleOutcome.MISS, f"{name}={here} is set"))
     return _and_simple(results)
 
 
@@ -436,11 +436,11 @@ def _kernel_param(report, arg, want_present: bool):
     for param in _listify(arg):
         state = kernel_param_state(report, param)
         if isinstance(state, _Unknown):
-            results.append((Verdict.UNKNOWN, f"kernel parameters unknown ({state.reason})"))
+            results.append((RuleOutcome.UNKNOWN, f"kernel parameters unknown ({state.reason})"))
         elif state == want_present:
-            results.append((Verdict.MATCH, f"kernel parameter {param} is {'set' if state else 'not set'}"))
+            results.append((RuleOutcome.MATCH, f"kernel parameter {param} is {'set' if state else 'not set'}"))
         else:
-            results.append((Verdict.MISS, f"kernel parameter {param} is {'set' if state else 'not set'}"))
+            results.append((RuleOutcome.MISS, f"kernel parameter {param} is {'set' if state else 'not set'}"))
     return _and_simple(results)
 
 
@@ -460,13 +460,13 @@ def _numerics(report, arg):
         label = NUMERICS_LABELS.get(name, name)
         value = _fact(report, "numerics", name)
         if isinstance(value, _Unknown):
-            results.append((Verdict.UNKNOWN, f"{label} unknown ({value.reason})"))
+            results.append((RuleOutcome.UNKNOWN, f"{label} unknown ({value.reason})"))
             continue
         options = wanted if isinstance(wanted, list) else [wanted]
         if value in options:
-            results.append((Verdict.MATCH, f"{label} = {value}"))
+            results.append((RuleOutcome.MATCH, f"{label} = {value}"))
         else:
-            results.append((Verdict.MISS, f"{label} = {value}, not {' or '.join(map(str, options))}"))
+            results.append((RuleOutcome.MISS, f"{label} = {value}, not {' or '.join(map(str, options))}"))
     return _and_simple(results)
 
 
@@ -476,29 +476,29 @@ def _kfd(report, arg):
         value = _fact(report, "kfd", name)
         label = {"exists": "/dev/kfd exists", "readable_writable": "/dev/kfd is readable and writable"}.get(name, name)
         if isinstance(value, _Unknown):
-            results.append((Verdict.UNKNOWN, f"{label}: unknown ({value.reason})"))
+            results.append((RuleOutcome.UNKNOWN, f"{label}: unknown ({value.reason})"))
         elif bool(value) == bool(wanted):
-            results.append((Verdict.MATCH, f"{label}: {bool(value)}"))
+            results.append((RuleOutcome.MATCH, f"{label}: {bool(value)}"))
         else:
-            results.append((Verdict.MISS, f"{label}: {bool(value)}"))
+            results.append((RuleOutcome.MISS, f"{label}: {bool(value)}"))
     return _and_simple(results)
 
 
 def _cuda_available(report, arg):
     value = _fact(report, "cuda_available")
     if isinstance(value, _Unknown):
-        return Verdict.UNKNOWN, f"torch.cuda.is_available() unknown ({value.reason})"
-    verdict = Verdict.MATCH if bool(value) == bool(arg) else Verdict.MISS
-    return verdict, f"torch.cuda.is_available() is {bool(value)}"
+        return RuleOutcome.UNKNOWN, f"torch.cuda.is_available() unknown ({value.reason})"
+    outcome = RuleOutcome.MATCH if bool(value) == bool(arg) else RuleOutcome.MISS
+    return outcome, f"torch.cuda.is_available() is {bool(value)}"
 
 
 def _os(report, pattern):
     value = _fact(report, "os")
     if isinstance(value, _Unknown):
-        return Verdict.UNKNOWN, f"OS unknown ({value.reason})"
+        return RuleOutcome.UNKNOWN, f"OS unknown ({value.reason})"
     if re.search(pattern, str(value)):
-        return Verdict.MATCH, f"OS {value}"
-    return Verdict.MISS, f"OS {value} does not match /{pattern}/"
+        return RuleOutcome.MATCH, f"OS {value}"
+    return RuleOutcome.MISS, f"OS {value} does not match /{pattern}/"
 
 
 def arch_in_wheel(arch: str, arch_list: Sequence[str], vendor: str) -> bool:
@@ -530,31 +530,31 @@ def _arch_not_in_wheel(report, arg):
     arch_list = _fact(report, "torch", "arch_list")
     vendor = report.get("vendor")
     if isinstance(arch_list, _Unknown):
-        verdict, text = _device_clause(report, lambda d: True, lambda d: f"{_device_label(d)} is {d.get('arch')}",
+        outcome, text = _device_clause(report, lambda d: True, lambda d: f"{_device_label(d)} is {d.get('arch')}",
                                        lambda ds: "no GPU devices")
-        if verdict == Verdict.MISS:
-            return verdict, text
-        return Verdict.UNKNOWN, f"torch's arch list is unknown ({arch_list.reason})"
+        if outcome == RuleOutcome.MISS:
+            return outcome, text
+        return RuleOutcome.UNKNOWN, f"torch's arch list is unknown ({arch_list.reason})"
     listed = ", ".join(arch_list) if arch_list else "empty"
 
     def missing(device):
         arch = device.get("arch")
         return None if arch is None else not arch_in_wheel(str(arch), arch_list, vendor)
 
-    verdict, text = _device_clause(
+    outcome, text = _device_clause(
         report, missing, lambda d: f"{_device_label(d)} is {d.get('arch')}, not in torch's arch list ({listed})",
         lambda ds: f"every device's arch ({_archs_text(ds)}) is in torch's arch list")
     if not arg:
-        verdict = {Verdict.MATCH: Verdict.MISS, Verdict.MISS: Verdict.MATCH}.get(verdict, verdict)
-    return verdict, text
+        outcome = {RuleOutcome.MATCH: RuleOutcome.MISS, RuleOutcome.MISS: RuleOutcome.MATCH}.get(outcome, outcome)
+    return outcome, text
 
 
 def _hsa_override(report, arg):
     value = _fact(report, "hsa_override")
     if isinstance(value, _Unknown):
-        return Verdict.UNKNOWN, f"HSA_OVERRIDE_GFX_VERSION unknown ({value.reason})"
+        return RuleOutcome.UNKNOWN, f"HSA_OVERRIDE_GFX_VERSION unknown ({value.reason})"
     if not value:
-        return (Verdict.MISS if arg else Verdict.MATCH), "HSA_OVERRIDE_GFX_VERSION is not set"
+        return (RuleOutcome.MISS if arg else RuleOutcome.MATCH), "HSA_OVERRIDE_GFX_VERSION is not set"
     as_arch = value.get("as_arch")
     archs = [a for a in value.get("device_archs") or [] if a]
     text = f"HSA_OVERRIDE_GFX_VERSION={value.get('value')} ({as_arch}) is set"
@@ -562,16 +562,16 @@ def _hsa_override(report, arg):
         others = sorted(set(archs) - {as_arch})
         text += (f"; devices report {', '.join(sorted(set(archs)))}" +
                  (f", not all {as_arch}: the override is wrong for some of them" if others else ""))
-    return (Verdict.MATCH if arg else Verdict.MISS), text
+    return (RuleOutcome.MATCH if arg else RuleOutcome.MISS), text
 
 
 def _always(report, arg):
     if arg:
-        return Verdict.MATCH, arg if isinstance(arg, str) else "documented behaviour on every platform"
-    return Verdict.MISS, "disabled"
+        return RuleOutcome.MATCH, arg if isinstance(arg, str) else "documented behaviour on every platform"
+    return RuleOutcome.MISS, "disabled"
 
 
-CLAUSES: Dict[str, Callable[[Dict[str, Any], Any], Tuple[Verdict, str]]] = {
+CLAUSES: Dict[str, Callable[[Dict[str, Any], Any], Tuple[RuleOutcome, str]]] = {
     "vendor": _vendor,
     "torch_version": _torch_version,
     "rocm_version": _rocm_version,
@@ -659,51 +659,51 @@ def _evaluate_key(key: str, arg: Any, report: Dict[str, Any]) -> RuleResult:
         return _any([evaluate_rule(sub, report) for sub in arg])
     if key == "not":   # a negated version range stays a hard clause (version_only False)
         inner = evaluate_rule(arg, report)
-        if inner.verdict == Verdict.MATCH:
-            return RuleResult(Verdict.MISS, missed=inner.matched)
-        if inner.verdict == Verdict.MISS:
-            return RuleResult(Verdict.MATCH, matched=inner.missed)
+        if inner.outcome == RuleOutcome.MATCH:
+            return RuleResult(RuleOutcome.MISS, missed=inner.matched)
+        if inner.outcome == RuleOutcome.MISS:
+            return RuleResult(RuleOutcome.MATCH, matched=inner.missed)
         return inner
     if key == "unconfirmed":
         inner = evaluate_rule(arg, report)
-        if inner.verdict == Verdict.MISS:
-            return RuleResult(Verdict.UNKNOWN, matched=inner.matched, unknown=inner.unknown,
+        if inner.outcome == RuleOutcome.MISS:
+            return RuleResult(RuleOutcome.UNKNOWN, matched=inner.matched, unknown=inner.unknown,
                               soft_missed=[f"{text}, but that bound is unconfirmed, so it cannot rule this out"
                                            for text in inner.missed] + inner.soft_missed)
-        return RuleResult(inner.verdict, matched=[f"{text} (unconfirmed)" for text in inner.matched],
+        return RuleResult(inner.outcome, matched=[f"{text} (unconfirmed)" for text in inner.matched],
                           unknown=inner.unknown, soft_missed=inner.soft_missed)
-    verdict, text = CLAUSES[key](report, arg)
-    if verdict == Verdict.MATCH:
-        return RuleResult(verdict, matched=[text])
-    if verdict == Verdict.MISS:
-        return RuleResult(verdict, missed=[str(text)], version_only=isinstance(text, VersionMiss))
-    return RuleResult(verdict, unknown=[text])
+    outcome, text = CLAUSES[key](report, arg)
+    if outcome == RuleOutcome.MATCH:
+        return RuleResult(outcome, matched=[text])
+    if outcome == RuleOutcome.MISS:
+        return RuleResult(outcome, missed=[str(text)], version_only=isinstance(text, VersionMiss))
+    return RuleResult(outcome, unknown=[text])
 
 
 def _and(parts: List[RuleResult]) -> RuleResult:
-    missed = [text for part in parts if part.verdict == Verdict.MISS for text in part.missed]
-    merged = RuleResult(Verdict.MATCH)
+    missed = [text for part in parts if part.outcome == RuleOutcome.MISS for text in part.missed]
+    merged = RuleResult(RuleOutcome.MATCH)
     for part in parts:
         merged.matched += part.matched
         merged.unknown += part.unknown
         merged.soft_missed += part.soft_missed
     if missed:
-        return RuleResult(Verdict.MISS, matched=merged.matched, missed=missed,
-                          version_only=all(part.version_only for part in parts if part.verdict == Verdict.MISS))
-    if any(part.verdict == Verdict.UNKNOWN for part in parts):
-        merged.verdict = Verdict.UNKNOWN
+        return RuleResult(RuleOutcome.MISS, matched=merged.matched, missed=missed,
+                          version_only=all(part.version_only for part in parts if part.outcome == RuleOutcome.MISS))
+    if any(part.outcome == RuleOutcome.UNKNOWN for part in parts):
+        merged.outcome = RuleOutcome.UNKNOWN
     return merged
 
 
 def _any(parts: List[RuleResult]) -> RuleResult:
     for part in parts:
-        if part.verdict == Verdict.MATCH:
+        if part.outcome == RuleOutcome.MATCH:
             return part
-    undecided = [part for part in parts if part.verdict == Verdict.UNKNOWN]
+    undecided = [part for part in parts if part.outcome == RuleOutcome.UNKNOWN]
     if undecided:
         return _and(undecided)
     texts = ["; ".join(part.missed) for part in parts]
-    return RuleResult(Verdict.MISS, missed=["none of: " + " | ".join(f"({text})" for text in texts)]
+    return RuleResult(RuleOutcome.MISS, missed=["none of: " + " | ".join(f"({text})" for text in texts)]
                       if len(texts) > 1 else texts, version_only=all(part.version_only for part in parts))
 
 
