@@ -34,6 +34,31 @@ def _sdpa_kernel(name: str):
     return sdpa_kernel([member])
 
 
+SDPA_ALIGNMENT = 16   # bytes: the widest vector load of torch's fused SDPA kernels
+
+
+def aligned(t: torch.Tensor) -> torch.Tensor:
+    """`t`, or a copy of it in a fresh buffer when it sits on a GPU at a data pointer that is not
+    16-byte aligned (a view at an odd storage offset, e.g. q sliced out of a fused projection at a
+    position that is not a multiple of 8 bf16 elements). torch's cuDNN SDPA raises "CUDA error:
+    misaligned address" on such a q or k (known issue SDPA-CUDNN-MISALIGNED; its efficient
+    backend has the same fault class, pytorch/pytorch#183484), and the error poisons the
+    process's CUDA context. The copy is differentiable; `.contiguous()` would not do, a
+    contiguous view keeps its offset."""
+    if t.device.type == "cpu" or torch.compiler.is_compiling() or not misaligned(t):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def misaligned(t: torch.Tensor) -> bool:
+    """Whether `t`'s data pointer is not 16-byte aligned (False for a tensor without real
+    storage, fake or meta: nothing to align)."""
+    try:
+        return bool(t.data_ptr() % SDPA_ALIGNMENT)
+    except RuntimeError:
+        return False
+
+
 def _expand_kv(q, k, v):
     heads, kv_heads = q.shape[1], k.shape[1]
     if heads == kv_heads:
@@ -50,6 +75,7 @@ def _make_sdpa(name: str):
         # a window becomes part of the bool mask SDPA reads (no block skipping)
         mask, causal, empty = sdpa_arguments(q, k, attn_mask, key_padding_mask, is_causal, window)
         k_full, v_full = _expand_kv(q, k, v)
+        q, k_full, v_full = aligned(q), aligned(k_full), aligned(v_full)
         try:
             with _sdpa_kernel(name):
                 out = F.scaled_dot_product_attention(q, k_full, v_full, attn_mask=mask, is_causal=causal,

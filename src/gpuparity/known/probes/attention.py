@@ -274,6 +274,77 @@ def sdpa_noncontig_v(dev: torch.device) -> Dict[str, Any]:
     return summarize(comparisons, "FLASH/EFFICIENT with a non-contiguous v, bf16 B1 H16 L62 D128")
 
 
+def at_offset(value: torch.Tensor, offset: int) -> torch.Tensor:
+    """`value` stored `offset` elements into a buffer of its own: the same values and strides, a
+    data pointer offset * itemsize bytes past the (aligned) start of the allocation."""
+    flat = torch.zeros(value.numel() + offset, dtype=value.dtype, device=value.device)
+    flat[offset:] = value.reshape(-1)
+    return flat[offset:].view(value.shape)
+
+
+MISALIGNED_MARKERS = ("misaligned address", "cudaErrorMisalignedAddress")
+
+
+@probe(gpu=True)
+def sdpa_misaligned(dev: torch.device) -> Dict[str, Any]:
+    """SDPA (torch's own choice, then the efficient, flash and cuDNN backends pinned) with q at a
+    storage offset of 3 elements (bf16: a data pointer 6 bytes past 16-byte alignment), k and v
+    aligned, the decode call where the doctor met the error (B3 H4 Hkv2 Sq1 Sk40 D32, a bool mask,
+    GQA): "CUDA error: misaligned address", or a wrong output? Each call runs on aligned inputs
+    first (the control); the error poisons the CUDA context, so the probe stops at the first one
+    (it runs in a process of its own)."""
+    batch, heads, kv_heads, q_len, k_len, dim = 3, 4, 2, 1, 40, 32
+    q = randn((batch, heads, q_len, dim), dev, torch.bfloat16, 1)
+    k, v = randns((batch, kv_heads, k_len, dim), dev, torch.bfloat16, 2, 3)
+    lengths = torch.tensor([k_len, 1, k_len // 2]).view(batch, 1, 1, 1)
+    mask = (torch.arange(k_len).view(1, 1, 1, k_len) < lengths).expand(batch, 1, q_len, k_len).to(dev)
+    shifted = at_offset(q, 3)
+    k_rep, v_rep = k.repeat_interleave(heads // kv_heads, 1), v.repeat_interleave(heads // kv_heads, 1)
+    ref = reference_attention(upcast(q, False), upcast(k_rep, False), upcast(v_rep, False), attn_mask=mask.cpu())
+    base = _composition(q, k_rep, v_rep, attn_mask=mask)
+    ran, skipped, comparisons = [], [], []
+    for backend in ("default", "efficient", "flash", "cudnn"):
+        label = f"{backend} (torch picks {_choice(q, k, v, mask)})" if backend == "default" else backend
+        try:
+            _sdpa_call(backend, q, k, v, mask)          # the control: the same call, aligned
+        except NoKernel as exc:
+            skipped.append(f"{backend}: {exc}")
+            continue
+        try:
+            out = _sdpa_call(backend, shifted, k, v, mask)
+            sync(dev)
+        except RuntimeError as exc:
+            if any(marker in str(exc) for marker in MISALIGNED_MARKERS):
+                return verdict(True, f"{label}: {first_line(exc, 120)} with q's data pointer "
+                                     f"{shifted.data_ptr() % 16} bytes past 16-byte alignment (bf16 B{batch} H{heads} "
+                                     f"Hkv{kv_heads} Sq{q_len} Sk{k_len} D{dim}, bool mask, GQA); the aligned control "
+                                     f"ran", backend=backend, backends_run=ran + [backend])
+            raise
+        ran.append(backend)
+        comparisons.append(compare(f"{label} out, q misaligned", out, ref, base, torch.bfloat16))
+    if not comparisons:
+        return inconclusive("no SDPA backend ran these calls here: " + "; ".join(skipped))
+    result = summarize(comparisons, f"SDPA with q 6 bytes past 16-byte alignment ({', '.join(ran)})")
+    result["backends_run"] = ran
+    return result
+
+
+def _sdpa_call(backend: str, q, k, v, mask):
+    if backend == "default":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    return run_sdpa(backend, q, k, v, attn_mask=mask, enable_gqa=True)
+
+
+def _choice(q, k, v, mask) -> str:
+    """The backend torch's own selection picks for this call ("?" where it cannot say)."""
+    try:
+        from torch.nn.attention import SDPBackend
+        index = torch._fused_sdp_choice(q, k, v, mask, 0.0, False, scale=None, enable_gqa=True)
+        return SDPBackend(index).name.lower()
+    except Exception:  # noqa: BLE001 - a torch whose selection function takes other arguments
+        return "?"
+
+
 @probe(gpu=True)
 def sdpa_fp32_lse_race(dev: torch.device) -> Dict[str, Any]:
     """FLASH and EFFICIENT fp32, head dim 80, is_causal, (3, 5, 256) queries over 32 keys,

@@ -1,0 +1,50 @@
+"""SDPA-CUDNN-MISALIGNED: the probe confirms a backend that faults on a query whose data pointer
+is not 16-byte aligned, and gpuparity's SDPA wrappers hand torch an aligned copy instead."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from device_env import ON_GPU, TEST_DEVICE
+from gpuparity.backends import sdpa
+from gpuparity.backends.triton_decode import decode_sdpa
+from gpuparity.contracts.decode import decode_reference
+from gpuparity.known import probes
+from gpuparity.known.probes.attention import at_offset
+
+
+def test_probe_confirms_a_backend_that_faults_on_a_misaligned_query(monkeypatch):
+    monkeypatch.setattr(probes.base, "needs_gpu", lambda dev: None)
+
+    def faulting(backend, q, k, v, mask):
+        if backend == "efficient" and q.data_ptr() % 16:
+            raise RuntimeError("CUDA error: misaligned address\nCUDA kernel errors might be asynchronously reported")
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    monkeypatch.setattr(probes.attention, "_sdpa_call", faulting)
+    result = probes.sdpa_misaligned(device="cpu")
+    assert result["failed"] is True and result["backend"] == "efficient"
+    assert "misaligned address" in result["detail"] and "6 bytes past 16-byte alignment" in result["detail"]
+    monkeypatch.setattr(probes.attention, "_sdpa_call", lambda backend, q, k, v, mask:
+                        F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True))
+    assert probes.sdpa_misaligned(device="cpu")["failed"] is False
+
+
+def test_misaligned_pointers_are_recognised():
+    x = torch.randn(2, 3, 8, dtype=torch.bfloat16)
+    assert sdpa.misaligned(at_offset(x, 3)) and not sdpa.misaligned(at_offset(x, 8))
+    assert torch.equal(at_offset(x, 3), x)
+    assert sdpa.aligned(at_offset(x, 3)).data_ptr() % 16 == 6    # the CPU kernels need no copy
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the fault and its fix are GPU ones (GPUPARITY_TEST_DEVICE=cuda)")
+def test_sdpa_wrappers_hand_torch_an_aligned_copy():
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 4, 1, 32, generator=gen).to(TEST_DEVICE, torch.bfloat16)
+    k, v = (torch.randn(3, 2, 40, 32, generator=gen).to(TEST_DEVICE, torch.bfloat16) for _ in range(2))
+    shifted = at_offset(q, 3)
+    copy = sdpa.aligned(shifted)
+    assert copy.data_ptr() % 16 == 0 and torch.equal(copy, q)
+    lengths = torch.tensor([40, 1, 20], dtype=torch.int32, device=TEST_DEVICE)
+    out = decode_sdpa(shifted, k, v, lengths)
+    torch.cuda.synchronize()
+    ref = decode_reference(*(t.cpu().double() for t in (q, k, v)), lengths.cpu())
+    assert float((out.cpu().double() - ref).norm() / ref.norm()) < 1e-2
