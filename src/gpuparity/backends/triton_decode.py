@@ -67,6 +67,18 @@ def decode_reference(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=
     return out
 
 
+def gather_pages(pool: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
+    """A page pool (num_blocks, Hkv, page_size, D) read through block_table (B, max_blocks) into a
+    contiguous (B, Hkv, max_blocks * page_size, D) cache (a copy: what the composed backends and
+    the reference read; the Triton kernel reads the pages in place). Entries are clamped into the
+    pool, as the kernel clamps them (tokens past an item's length are masked anyway)."""
+    num_blocks, kv_heads, page, head_dim = pool.shape
+    table = block_table.long().clamp(0, max(num_blocks - 1, 0))
+    pages = pool[table.reshape(-1)]                       # (B * max_blocks, Hkv, page, D)
+    pages = pages.view(block_table.shape[0], block_table.shape[1], kv_heads, page, head_dim)
+    return pages.transpose(1, 2).reshape(block_table.shape[0], kv_heads, block_table.shape[1] * page, head_dim)
+
+
 def _repeat_kv(q, k_cache, v_cache):
     group = q.shape[1] // k_cache.shape[1]
     if group == 1:
@@ -74,8 +86,11 @@ def _repeat_kv(q, k_cache, v_cache):
     return k_cache.repeat_interleave(group, dim=1), v_cache.repeat_interleave(group, dim=1)
 
 
-def decode_composition(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None):
-    """repeat_kv, scores over the whole cache, masked softmax in fp32: the trusted baseline."""
+def decode_composition(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, block_table=None):
+    """repeat_kv, scores over the whole cache, masked softmax in fp32: the trusted baseline (a
+    paged cache gathered into a contiguous one first)."""
+    if block_table is not None:
+        k_cache, v_cache = gather_pages(k_cache, block_table), gather_pages(v_cache, block_table)
     k, v = _repeat_kv(q, k_cache, v_cache)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     scores = torch.matmul(q, k.transpose(-2, -1)).float() * scale
@@ -88,12 +103,15 @@ def decode_composition(q, k_cache, v_cache, cache_seqlens, *, scale=None, softca
     return torch.matmul(probs.to(q.dtype), v)
 
 
-def decode_sdpa(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None):
+def decode_sdpa(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, block_table=None):
     """F.scaled_dot_product_attention with the decode mask as a bool mask (GQA by enable_gqa
-    where torch has it); rows with no key give zeros, as everywhere in gpuparity."""
+    where torch has it); rows with no key give zeros, as everywhere in gpuparity. A paged cache
+    is gathered into a contiguous one first."""
     if softcap is not None:
         raise ValueError(f"softcap: SDPA has no logit softcap, got softcap={softcap}; use backend='triton' "
                          f"or 'composition'")
+    if block_table is not None:
+        k_cache, v_cache = gather_pages(k_cache, block_table), gather_pages(v_cache, block_table)
     allowed = decode_allowed(cache_seqlens, q.shape[2], k_cache.shape[2])
     empty = ~allowed.any(-1, keepdim=True)
     q, k_cache, v_cache = aligned(q), aligned(k_cache), aligned(v_cache)   # known issue SDPA-CUDNN-MISALIGNED
@@ -128,13 +146,13 @@ def _build() -> Dict[str, Any]:
     import triton
     import triton.language as tl
 
-    @triton.jit(do_not_specialize=("num_kv_heads", "q_len", "s_max", "num_splits"))
-    def decode_split(Q, K, V, SEQLENS, O, LSE,
-                     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, so_row, so_split,
-                     num_kv_heads, q_len, s_max, num_splits, qk_scale, cap_in, cap_out,
+    @triton.jit(do_not_specialize=("num_kv_heads", "q_len", "s_max", "num_splits", "num_blocks"))
+    def decode_split(Q, K, V, SEQLENS, BT, O, LSE,
+                     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, so_row, so_split, sbt,
+                     num_kv_heads, q_len, s_max, num_splits, num_blocks, qk_scale, cap_in, cap_out,
                      GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SOFTCAP: tl.constexpr,
-                     DOT_PRECISION: tl.constexpr, FINAL: tl.constexpr):
+                     DOT_PRECISION: tl.constexpr, FINAL: tl.constexpr, PAGE_SIZE: tl.constexpr):
         pid_bh = tl.program_id(0)
         split = tl.program_id(1)
         b = pid_bh // num_kv_heads
@@ -158,8 +176,13 @@ def _build() -> Dict[str, Any]:
         per_split = tl.cdiv(tl.cdiv(seqlen, num_splits), BLOCK_N) * BLOCK_N
         lo = split * per_split
         hi = tl.minimum(lo + per_split, seqlen)
-        k_base = K + b.to(tl.int64) * skb + hkv.to(tl.int64) * skh
-        v_base = V + b.to(tl.int64) * svb + hkv.to(tl.int64) * svh
+        if PAGE_SIZE == 0:      # a contiguous cache: item b's keys at K[b, hkv]
+            k_base = K + b.to(tl.int64) * skb + hkv.to(tl.int64) * skh
+            v_base = V + b.to(tl.int64) * svb + hkv.to(tl.int64) * svh
+        else:                   # a page pool: key j of item b in page BT[b, j // PAGE_SIZE], slot j % PAGE_SIZE
+            k_base = K + hkv.to(tl.int64) * skh
+            v_base = V + hkv.to(tl.int64) * svh
+            bt_row = BT + b.to(tl.int64) * sbt
         offs_n = tl.arange(0, BLOCK_N)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -167,7 +190,23 @@ def _build() -> Dict[str, Any]:
         for start in range(lo, hi, BLOCK_N):
             cols = start + offs_n
             col_ok = cols < hi
-            kt = tl.load(k_base + cols[None, :].to(tl.int64) * sks + dims[:, None],
+            if PAGE_SIZE == 0:
+                k_rows = cols.to(tl.int64) * sks
+                v_rows = cols.to(tl.int64) * svs
+            else:
+                # entries are clamped into the pool: a bad table gives wrong keys, never a read
+                # outside it (the op checks tables it can read without a sync)
+                if PAGE_SIZE % BLOCK_N == 0:   # tiles start at multiples of BLOCK_N: one page per tile
+                    page = tl.load(bt_row + start // PAGE_SIZE)
+                    page = tl.minimum(tl.maximum(page, 0), num_blocks - 1).to(tl.int64)
+                    slots = (start % PAGE_SIZE + offs_n).to(tl.int64)
+                else:                          # a tile over several pages: one table entry per key
+                    page = tl.load(bt_row + cols // PAGE_SIZE, mask=col_ok, other=0)
+                    page = tl.minimum(tl.maximum(page, 0), num_blocks - 1).to(tl.int64)
+                    slots = (cols % PAGE_SIZE).to(tl.int64)
+                k_rows = page * skb + slots * sks
+                v_rows = page * svb + slots * svs
+            kt = tl.load(k_base + k_rows[None, :] + dims[:, None],
                          mask=col_ok[None, :] & dim_ok[:, None], other=0.0)
             if DOT_PRECISION == "upcast":   # the interpreter's bf16 dot is broken; products are exact in fp32
                 qk = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
@@ -184,7 +223,7 @@ def _build() -> Dict[str, Any]:
             alpha = tl.math.exp2(m_i - m_safe)
             p = tl.math.exp2(qk - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(v_base + cols[:, None].to(tl.int64) * svs + dims[None, :],
+            v = tl.load(v_base + v_rows[:, None] + dims[None, :],
                         mask=col_ok[:, None] & dim_ok[None, :], other=0.0)
             acc = acc * alpha[:, None]
             if DOT_PRECISION == "upcast":
@@ -276,13 +315,19 @@ def fit_tiles(block_n: int, num_stages: int, head_dim: int, element_size: int, b
     return block_n, num_stages
 
 
-def triton_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, num_splits=None,
-                  block_n=None):
-    """Split-KV decode attention (see the module comment). num_splits / block_n: chosen here
+def triton_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, block_table=None,
+                  num_splits=None, block_n=None, num_stages=None):
+    """Split-KV decode attention (see the module comment). With block_table (B, max_blocks)
+    int32/int64, k_cache and v_cache are page pools (num_blocks, Hkv, page_size, D) and each split
+    reads its keys through the table (item b's key j: page block_table[b, j // page_size], slot
+    j % page_size), with no copy of the pages. num_splits / block_n / num_stages: chosen here
     unless given (tests and tuning)."""
     from .triton_attention.launch import dot_precision   # torch's TF32 switch, as the attention kernels read it
     batch, heads, q_len, head_dim = q.shape
-    kv_heads, s_max = k_cache.shape[1], k_cache.shape[2]
+    kv_heads = k_cache.shape[1]
+    page_size = 0 if block_table is None else k_cache.shape[2]
+    # the keys an item can have: its cache row, or its table's pages
+    s_max = k_cache.shape[2] if block_table is None else block_table.shape[1] * page_size
     group = heads // kv_heads
     config = dict(_config(q.device))
     if not triton_common.interpreting() and q.device.type == "cuda":
@@ -290,6 +335,7 @@ def triton_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=Non
         config["block_n"], config["num_stages"] = fit_tiles(int(block_n or config["block_n"]), config["num_stages"],
                                                             head_dim, k_cache.element_size(), budget)
     block_n = int(block_n or config["block_n"])
+    config["num_stages"] = int(num_stages or config["num_stages"])
     splits = int(num_splits or choose_splits(batch, kv_heads, s_max, block_n, q.device))
     scale = head_dim ** -0.5 if scale is None else float(scale)
     out = torch.empty((batch, heads, q_len, head_dim), dtype=q.dtype, device=q.device)
@@ -299,6 +345,11 @@ def triton_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=Non
     k_cache = k_cache if k_cache.stride(-1) == 1 else k_cache.contiguous()
     v_cache = v_cache if v_cache.stride(-1) == 1 else v_cache.contiguous()
     seqlens = cache_seqlens if cache_seqlens.is_contiguous() else cache_seqlens.contiguous()
+    if block_table is None:
+        table, table_stride = seqlens, 0       # unread (PAGE_SIZE=0): any pointer will do
+    else:
+        table = block_table if block_table.stride(-1) == 1 else block_table.contiguous()
+        table_stride = table.stride(0)
     block_d = max(16, triton_common.next_pow2(head_dim))
     block_m = max(16, triton_common.next_pow2(group * q_len))
     final = splits == 1
@@ -316,13 +367,13 @@ def triton_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=Non
     kernels = kernel_table()
     triton_common.launch(
         kernels["split"], (batch * kv_heads, splits),
-        (q, k_cache, v_cache, seqlens, partial, lse,
+        (q, k_cache, v_cache, seqlens, table, partial, lse,
          q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), so_row, so_split,
-         kv_heads, q_len, s_max, splits, qk_scale, cap_in, cap_out),
+         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), so_row, so_split, table_stride,
+         kv_heads, q_len, s_max, splits, k_cache.shape[0], qk_scale, cap_in, cap_out),
         num_warps=config["num_warps"], num_stages=config["num_stages"],
         GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, BLOCK_D=block_d,
-        SOFTCAP=softcap is not None, DOT_PRECISION=dot_precision(q.dtype), FINAL=final)
+        SOFTCAP=softcap is not None, DOT_PRECISION=dot_precision(q.dtype), FINAL=final, PAGE_SIZE=page_size)
     if not final:
         triton_common.launch(
             kernels["combine"], (batch * heads * q_len,), (partial, lse, out, so_row, so_split, splits),
@@ -332,11 +383,14 @@ def triton_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=Non
 
 
 # ----------------------------------------------------------------------------- ahead of time
-# (head_dim, GROUP = H / Hkv, new queries, dtype, softcap, final): Llama-style GQA decode at the
-# common head dims, the largest query block (8 heads x 16 new queries) and the widest head dim
-# the kernel takes, fp32 (the tf32x3 dot on NVIDIA); BLOCK_M and BLOCK_D as triton_decode sizes them.
-AOT_CASES = ((128, 8, 1, "bf16", False, False), (128, 8, 16, "bf16", True, False), (256, 4, 16, "bf16", False, False),
-             (256, 1, 1, "bf16", True, True), (64, 1, 1, "fp32", False, False))
+# (head_dim, GROUP = H / Hkv, new queries, dtype, softcap, final, page size): Llama-style GQA
+# decode at the common head dims, the largest query block (8 heads x 16 new queries) and the widest
+# head dim the kernel takes, fp32 (the tf32x3 dot on NVIDIA); BLOCK_M and BLOCK_D as triton_decode
+# sizes them. Paged (page size > 0): vLLM's 16-token pages (a table entry per key: a tile spans
+# several pages) and 256-token pages (one entry per tile), GQA 32:8.
+AOT_CASES = ((128, 8, 1, "bf16", False, False, 0), (128, 8, 16, "bf16", True, False, 0),
+             (256, 4, 16, "bf16", False, False, 0), (256, 1, 1, "bf16", True, True, 0), (64, 1, 1, "fp32", False, False, 0),
+             (128, 4, 1, "bf16", False, False, 16), (128, 4, 1, "bf16", False, False, 256))
 
 
 # Built as launches on caches with the head dim innermost build them (AotSpec.aligned_params): at
@@ -356,23 +410,24 @@ def aot_specs() -> List[Any]:
     for target in AOT_TARGETS:
         vendor = "amd" if target.startswith("hip") else "nvidia"
         cfg = VENDOR_CONFIGS[vendor]
-        for head_dim, group, q_len, dtype, softcap, final in AOT_CASES:
+        for head_dim, group, q_len, dtype, softcap, final, page in AOT_CASES:
             # the tile triton_decode launches: the vendor's, fitted to its shared-memory budget
             block_n, stages = fit_tiles(cfg["block_n"], cfg["num_stages"], head_dim, 4 if dtype == "fp32" else 2,
                                         TILE_BYTES[vendor])
             precision = "tf32x3" if dtype == "fp32" and vendor == "nvidia" else "ieee"
             signature = {name: f"*{dtype}" for name in ("Q", "K", "V")}
-            signature.update(SEQLENS="*i32", O=f"*{dtype}" if final else "*fp32", LSE="*fp32")
+            signature.update(SEQLENS="*i32", BT="*i32", O=f"*{dtype}" if final else "*fp32", LSE="*fp32")
             signature.update({name: "i32" for name in ("sqb", "sqh", "sqs", "skb", "skh", "sks", "svb", "svh", "svs",
-                                                        "so_row", "so_split", "num_kv_heads", "q_len", "s_max",
-                                                        "num_splits")})
+                                                        "so_row", "so_split", "sbt", "num_kv_heads", "q_len", "s_max",
+                                                        "num_splits", "num_blocks")})
             signature.update(qk_scale="fp32", cap_in="fp32", cap_out="fp32")
             constexprs = dict(GROUP=group, BLOCK_M=max(16, triton_common.next_pow2(group * q_len)),
                               BLOCK_N=block_n, HEAD_DIM=head_dim, BLOCK_D=max(16, triton_common.next_pow2(head_dim)),
-                              SOFTCAP=softcap, DOT_PRECISION=precision, FINAL=final)
+                              SOFTCAP=softcap, DOT_PRECISION=precision, FINAL=final, PAGE_SIZE=page)
             signature.update({name: "constexpr" for name in constexprs})
             specs.append(AotSpec(f"attention_decode.split.{target}.d{head_dim}.{dtype}.g{group}q{q_len}"
-                                 + (".softcap" if softcap else "") + (".final" if final else ""),
+                                 + (".softcap" if softcap else "") + (".final" if final else "")
+                                 + (f".page{page}" if page else ""),
                                  kernels["split"], signature, constexprs, num_warps=cfg["num_warps"],
                                  num_stages=stages, targets=(target,), aligned_params=_ALIGNED_STRIDES))
         constexprs = dict(HEAD_DIM=MAX_HEAD_DIM, BLOCK_D=MAX_HEAD_DIM, BLOCK_S=MAX_SPLITS)
@@ -412,18 +467,21 @@ def _triton_availability() -> Optional[str]:
     return None
 
 
-def _backend_triton(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None):
-    return triton_decode(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap)
+def _backend_triton(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, block_table=None):
+    return triton_decode(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap, block_table=block_table)
 
 
 register(Backend("triton", "attention_decode", _backend_triton,
                  "split-KV (flash-decoding) Triton kernel: K/V read once per KV head, tiles past "
-                 "cache_seqlens never loaded, splits combined by log-sum-exp",
+                 "cache_seqlens never loaded, splits combined by log-sum-exp; paged caches read in place "
+                 "through the block table",
                  device_types=("cuda", "cpu"), dtypes=(torch.float16, torch.bfloat16, torch.float32),
                  availability=_triton_availability, supports=_triton_supports, jit=True))
 register(Backend("sdpa", "attention_decode", decode_sdpa,
-                 "torch SDPA over the whole cache with a bool mask (GQA through enable_gqa)",
+                 "torch SDPA over the whole cache with a bool mask (GQA through enable_gqa); paged caches "
+                 "gathered into a contiguous copy first",
                  supports=_sdpa_supports))
 register(Backend("composition", "attention_decode", decode_composition,
-                 "repeat_kv, masked softmax in fp32 over the whole cache: the trusted fallback",
+                 "repeat_kv, masked softmax in fp32 over the whole cache: the trusted fallback (paged caches "
+                 "gathered first)",
                  fallback=True))
