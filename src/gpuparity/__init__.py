@@ -43,6 +43,8 @@ def __getattr__(name):
         # a slow CPU: per layer, per step, for a model calling gpuparity.rms_norm)
         globals()[name] = value
         return value
-    if name in ("nn", "trace", "profile", "known", "platform", "dispatch", "reference"):
+    if name in ("nn", "trace", "profile", "known", "platform", "dispatch"):
         return importlib.import_module(f"gpuparity.{name}")
+    if name == "reference":   # the float64 references, gathered from the op contracts
+        return importlib.import_module("gpuparity.contracts.reference")
     raise AttributeError(f"module 'gpuparity' has no attribute {name!r}")

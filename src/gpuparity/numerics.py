@@ -36,3 +36,22 @@ def cudnn_tf32() -> bool:
         if conv in (None, "none"):
             conv = getattr(torch.backends.cudnn, "fp32_precision", None)
         return _inherited(conv) == "tf32"
+
+
+def default_rms_eps(dtype: torch.dtype) -> float:
+    """What F.rms_norm uses for eps=None. Its docs say finfo(x.dtype).eps, but its kernels use
+    the eps of the op-math dtype (float32 for fp16/bf16 inputs); we follow the kernels, since
+    that is what users compare against."""
+    return torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
+
+
+def rotate(x, cos, sin, interleaved: bool):
+    """x (..., rotary_dim); cos/sin (..., rotary_dim/2) broadcast to x's leading dims."""
+    if interleaved:
+        x0, x1 = x[..., 0::2], x[..., 1::2]
+        out0 = x0 * cos - x1 * sin
+        out1 = x0 * sin + x1 * cos
+        return torch.stack((out0, out1), dim=-1).flatten(-2)
+    half = x.shape[-1] // 2
+    x0, x1 = x[..., :half], x[..., half:]
+    return torch.cat((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)

@@ -18,7 +18,8 @@ import torch
 
 from .registry import Backend, Problem, register
 from . import torch_ops
-from .. import caches, reference
+from .. import caches
+from ..numerics import rotate
 
 _VERDICTS: Dict[str, Optional[str]] = caches.register("backends.compiled.verdicts", {})
 _COMPILED: Dict[tuple, Callable] = caches.register("backends.compiled.compiled", {})
@@ -126,7 +127,7 @@ def rotary_composition(x, cos, sin, *, interleaved=False, seqlen_offsets=0, cu_s
         pos = rows - bounds[sequence]
         pos = pos + (seqlen_offsets.long()[sequence] if offsets_tensor else int(seqlen_offsets))
         c, s = cos[pos].unsqueeze(1), sin[pos].unsqueeze(1)              # (total, 1, rd/2)
-    rotated = reference._rotate(x[..., :rotary_dim], c.to(x.dtype), s.to(x.dtype), interleaved)
+    rotated = rotate(x[..., :rotary_dim], c.to(x.dtype), s.to(x.dtype), interleaved)
     if rotary_dim == x.shape[-1]:
         return rotated
     return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)

@@ -6,8 +6,6 @@ from typing import Optional, Tuple
 
 import torch
 
-from .. import reference
-
 
 def mask_kind(attn_mask, key_padding_mask, is_causal) -> str:
     """The probe key for a call: which mask machinery a backend must get right."""
@@ -32,10 +30,22 @@ def attention_kind(attn_mask, key_padding_mask, is_causal, window=None, softcap=
     return kind
 
 
+def window_allowed(q_len: int, k_len: int, window, device="cpu") -> torch.Tensor:
+    """Bool (Sq, Sk): query i sees key j when i - left <= j <= i + right (-1: that side unbounded)."""
+    left, right = window
+    offset = torch.arange(k_len, device=device).view(1, k_len) - torch.arange(q_len, device=device).view(q_len, 1)
+    keep = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
+    if left >= 0:
+        keep &= offset >= -left
+    if right >= 0:
+        keep &= offset <= right
+    return keep
+
+
 def window_mask(q_len: int, k_len: int, window, device) -> torch.Tensor:
     """Bool (1, 1, Sq, Sk): query i sees key j when i - left <= j <= i + right (FlashAttention's
     window_size; -1 = unbounded on that side), top-left aligned as SDPA's is_causal."""
-    return reference.window_allowed(q_len, k_len, window, device).view(1, 1, q_len, k_len)
+    return window_allowed(q_len, k_len, window, device).view(1, 1, q_len, k_len)
 
 
 def allowed_mask(q_len: int, k_len: int, device, *, attn_mask=None, key_padding_mask=None,

@@ -6,7 +6,9 @@ import torch
 import torch.nn.functional as F
 
 from .registry import Backend, register
-from .. import reference
+from ..contracts.norms import layer_norm as reference_layer_norm, rms_norm as reference_rms_norm
+from ..contracts.rotary import apply_rotary as reference_apply_rotary
+from ..numerics import default_rms_eps
 
 
 # ---------------------------------------------------------------- norms
@@ -18,8 +20,8 @@ def torch_rms_norm(x, normalized_shape, weight=None, eps=None):
 
 def rms_norm_composition(x, normalized_shape, weight=None, eps=None):
     """Statistics in fp32, output in x's dtype: the eager RMSNorm most models ship."""
-    eps = reference.default_rms_eps(x.dtype) if eps is None else eps
-    y = reference.rms_norm(x.float(), normalized_shape, None, eps).to(x.dtype)
+    eps = default_rms_eps(x.dtype) if eps is None else eps
+    y = reference_rms_norm(x.float(), normalized_shape, None, eps).to(x.dtype)
     return y * weight if weight is not None else y
 
 
@@ -28,7 +30,7 @@ def torch_layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
 
 
 def layer_norm_composition(x, normalized_shape, weight=None, bias=None, eps=1e-5):
-    y = reference.layer_norm(x.float(), normalized_shape, None, None, eps).to(x.dtype)
+    y = reference_layer_norm(x.float(), normalized_shape, None, None, eps).to(x.dtype)
     if weight is not None:
         y = y * weight
     if bias is not None:
@@ -39,7 +41,7 @@ def layer_norm_composition(x, normalized_shape, weight=None, bias=None, eps=1e-5
 # ---------------------------------------------------------------- rotary
 def rotary_composition(x, cos, sin, *, interleaved=False, seqlen_offsets=0, cu_seqlens=None, max_seqlen=None):
     """The eager rotary of most model code, in x's dtype (cos/sin cast to it)."""
-    return reference.apply_rotary(x, cos, sin, interleaved=interleaved, seqlen_offsets=seqlen_offsets,
+    return reference_apply_rotary(x, cos, sin, interleaved=interleaved, seqlen_offsets=seqlen_offsets,
                                   cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
 
 

@@ -40,33 +40,6 @@ def decode_allowed(cache_seqlens: torch.Tensor, q_len: int, s_max: int) -> torch
     return cols < lengths - q_len + 1 + rows
 
 
-def decode_reference(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None) -> torch.Tensor:
-    """The float64 referee (the battery's and the tests'), written item by item and query by
-    query, independent of the backends' mask construction: out[b, h, i] = softmax over keys
-    j < L_b - Sq + 1 + i, on the CPU."""
-    q, k_cache, v_cache = (t.detach().to("cpu", torch.float64) for t in (q, k_cache, v_cache))
-    batch, heads, q_len, head_dim = q.shape
-    group = heads // k_cache.shape[1]
-    scale = head_dim ** -0.5 if scale is None else float(scale)
-    out = torch.zeros_like(q)
-    s_max = k_cache.shape[2]
-    lengths = torch.as_tensor(cache_seqlens).tolist()
-    for b in range(batch):
-        length = min(max(int(lengths[b]), 0), s_max)
-        for i in range(q_len):
-            visible = length - q_len + 1 + i
-            if visible <= 0:
-                continue
-            for h in range(heads):
-                keys = k_cache[b, h // group, :visible]
-                scores = keys @ q[b, h, i] * scale
-                if softcap is not None:
-                    scores = softcap * torch.tanh(scores / softcap)
-                weights = torch.softmax(scores, dim=0)
-                out[b, h, i] = weights @ v_cache[b, h // group, :visible]
-    return out
-
-
 def gather_pages(pool: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
     """A page pool (num_blocks, Hkv, page_size, D) read through block_table (B, max_blocks) into a
     contiguous (B, Hkv, max_blocks * page_size, D) cache (a copy: what the composed backends and

@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from .. import reference
+from ..numerics import default_rms_eps
 from .registry import Backend, register
 from . import triton_common
 from .triton_common import (AotSpec, PlanCache, PreparedLaunch, allocation_template, availability, cdiv,
@@ -722,7 +722,7 @@ class _NormApply(torch.autograd.Function):
 # ----------------------------------------------------------------------------- backends
 def triton_rms_norm(x, normalized_shape, weight=None, eps=None):
     # eps=None: what F.rms_norm's kernels use (the op-math dtype's eps), not finfo(x.dtype).
-    eps = reference.default_rms_eps(x.dtype) if eps is None else eps
+    eps = default_rms_eps(x.dtype) if eps is None else eps
     return _run(x, weight, None, _normalized_ndim(normalized_shape), eps, True)
 
 
@@ -737,7 +737,7 @@ def _contiguous(param: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 
 
 def _rms_forward_saving(x, normalized_shape, weight, eps):
-    eps = reference.default_rms_eps(x.dtype) if eps is None else eps
+    eps = default_rms_eps(x.dtype) if eps is None else eps
     y, stats = norm_forward(x, _normalized_ndim(normalized_shape), _contiguous(weight), None, eps, True)
     return y, (stats,)
 

@@ -1,13 +1,12 @@
 """Backend "composition" of op "attention_varlen": each packed sequence through the dense
 composition with its bottom-right aligned mask, the trusted fallback of the varlen kernels; and
-the op's float64 reference (per sequence through gpuparity.reference), which the battery uses."""
+the per-sequence packing the op's float64 reference (contracts/varlen.py) runs too."""
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 
-from .. import reference
 from .registry import Backend, register
 from .sdpa import composition
 
@@ -60,17 +59,6 @@ def composition_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
                        window=None, softcap=None, scale=None):
     """Matmul-softmax-matmul per sequence in q's dtype (softmax in fp32); max_seqlen_* unused."""
     return packed(composition, q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, scale, softcap)
-
-
-def attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False,
-                               window: Optional[Tuple[int, int]] = None, softcap=None, scale=None):
-    """The float64 referee: each sequence through gpuparity.reference.attention (float64 on q's
-    device, differentiable) with its bottom-right mask. Inputs are upcast; returns float64."""
-    def dense(q_i, k_i, v_i, *, attn_mask=None, scale=None, softcap=None):
-        return reference.attention(q_i, k_i, v_i, attn_mask=attn_mask, scale=scale, softcap=softcap)
-
-    return packed(dense, q.double(), k.double(), v.double(), cu_seqlens_q, cu_seqlens_k, causal, window, scale,
-                  softcap)
 
 
 def empty_rows(cu_seqlens_q, cu_seqlens_k, *, causal=False, window=None) -> torch.Tensor:

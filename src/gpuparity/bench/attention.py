@@ -96,7 +96,7 @@ def setup(name: str, case: Case) -> Setup:
 def relative_error(out: torch.Tensor, case: Case, masked: bool) -> float:
     """Relative L2 error of a forward output on the first batch item (up to 4 heads) against
     the float64 reference (every item keeps at least one key, so no row is empty)."""
-    from .. import reference
+    from ..contracts import reference
     heads = min(4, case.dims[1])
     ref_device = case.q.device
     q, k, v = (t[:1, :heads].to(ref_device, torch.float64) for t in (case.q, case.k, case.v))

@@ -41,7 +41,7 @@ def window_workload(label: str, dims, left: int, dtype, device, seed: int) -> Wo
     """Causal attention over the last `left` keys (window=(left, 0)) on a dense batch: ours
     with window=, flex with a sliding-window block mask, SDPA with the dense bool band, fa2/fa4
     with window_size."""
-    from .. import reference
+    from ..contracts import reference
     from ..ops.attention import attention
     batch, heads, seq, head_dim = dims
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -86,7 +86,7 @@ def varlen_workload(label: str, dims, pad: float, dtype, device, seed: int) -> W
     packed: ours through attention_varlen, flex with a document mask over the packed tokens,
     fa2/fa4 through flash_attn_varlen_func; SDPA runs the padded batch (key-padding mask),
     which is what packing saves."""
-    from .. import reference
+    from ..contracts import reference
     from ..ops.varlen import attention_varlen
     batch, heads, seq, head_dim = dims
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -137,7 +137,7 @@ def decode_workload(label: str, dims, kv_heads: int, dtype, device, seed: int) -
     ours through attention_decode, SDPA with enable_gqa and a length mask, flex with a length
     block mask, fa2 through flash_attn_with_kvcache, fa4 through its varlen entry point.
     Forward only; GB/s = K+V bytes read / time (benchmarks/bench_decode.py's measure)."""
-    from .. import reference
+    from ..contracts import reference
     from ..ops.decode import attention_decode
     batch, heads, seq, head_dim = dims
     if kv_heads < 1 or heads % kv_heads:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from ..dispatch import BackendUnavailable, get as get_backend
-from .. import reference
+from ..contracts import attention as reference
 from .. import targets, tolerance
 from .families import apply_values, apply_views
 from .results import Comparison, Status

@@ -1,3 +1,4 @@
+# long file: the attention contract is one place by design (arguments, reference, ~30 cases and 10 regime families); splitting it would scatter the op again
 """The attention contract: what a call of `gpuparity.attention` is (its arguments checked, the
 `Problem` it becomes for the dispatcher), the float64 reference every backend is held to, and the
 battery's cases: every mask kind and their combinations, GQA, Sq != Sk, custom scale, hostile
@@ -10,13 +11,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .. import caches, reference
+from .. import caches
 from ..backends.masks import attention_kind
 from ..backends.registry import BackendUnavailable, Problem
 from ..numerics import matmul_tf32
 from ..validation import FLOAT_DTYPES, describe, expect_broadcastable, expect_same_device, expect_same_dtype, expect_tensor
 from .base import Case, OpSpec, check_softcap, family, randn, tf32_precision, view_members
-
+from ..backends.masks import window_allowed
 
 # --------------------------------------------------------------------------- the call: arguments checked, and the Problem the dispatcher gets
 def check_window(window, q_len: int, k_len: int) -> Optional[Tuple[int, int]]:
@@ -202,6 +203,81 @@ def attention_extras(problem: Problem) -> Dict[str, Any]:
     return extras
 
 
+# --------------------------------------------------------------------------- the float64 reference
+def attention_allowed(q_len: int, k_len: int, batch: int, *, attn_mask=None, key_padding_mask=None,
+                      is_causal: bool = False, window=None, device="cpu") -> torch.Tensor:
+    """Bool (B or 1, H or 1, Sq, Sk): True where a query may attend to a key.
+
+    attn_mask bool: True = attend (SDPA); float attn_mask: -inf means masked.
+    key_padding_mask: (B, Sk), True = padding (nn.MultiheadAttention).
+    is_causal: top-left aligned, query i sees keys 0..i (SDPA).
+    window (left, right): query i sees keys i - left .. i + right, -1 = unbounded on that side
+    (FlashAttention's window_size), top-left aligned as is_causal.
+    """
+    allowed = torch.ones(1, 1, q_len, k_len, dtype=torch.bool, device=device)
+    if is_causal:
+        allowed = allowed & torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril()
+    if window is not None:
+        allowed = allowed & window_allowed(q_len, k_len, window, device)
+    if attn_mask is not None:
+        m = attn_mask if attn_mask.dtype == torch.bool else ~torch.isneginf(attn_mask)
+        while m.dim() < 4:
+            m = m.unsqueeze(0)
+        allowed = allowed & m
+    if key_padding_mask is not None:
+        allowed = allowed & ~key_padding_mask.view(key_padding_mask.shape[0], 1, 1, k_len)
+    return allowed
+
+
+def empty_query_rows(q_len: int, k_len: int, batch: int, heads: int, **masks) -> torch.Tensor:
+    """Bool (B, H, Sq, 1): rows with no key left to attend to."""
+    allowed = attention_allowed(q_len, k_len, batch, **masks)
+    return (~allowed.any(-1, keepdim=True)).expand(batch, heads, q_len, 1)
+
+
+def attention(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None,
+              window=None, softcap=None):
+    """q: (B, H, Sq, D); k, v: (B, Hkv, Sk, D), H % Hkv == 0 (GQA: head h reads kv head
+    h // (H // Hkv), as SDPA's enable_gqa). softcap c: scaled scores s become c * tanh(s / c)
+    (Gemma-2) before any mask or float attn_mask is applied."""
+    batch, heads, q_len, head_dim = q.shape
+    kv_heads, k_len = k.shape[1], k.shape[2]
+    if heads != kv_heads:
+        group = heads // kv_heads
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+    scale = head_dim ** -0.5 if scale is None else scale
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        scores = scores + attn_mask.to(scores.dtype)
+    allowed = attention_allowed(q_len, k_len, batch, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                                is_causal=is_causal, window=window, device=q.device)
+    allowed = allowed & ~torch.isneginf(scores)
+    empty = ~allowed.any(-1, keepdim=True)
+    scores = scores.masked_fill(~allowed, float("-inf")).masked_fill(empty, 0.0)
+    probs = torch.softmax(scores, dim=-1).masked_fill(empty, 0.0)
+    return torch.matmul(probs, v)
+
+
+def attention_dropout(q, k, v, keep, dropout_p: float, **masks):
+    """`attention` with dropout on the probabilities: those where `keep` (bool, broadcastable
+    to (B, H, Sq, Sk), True = kept) is False are zeroed, the rest scaled by 1 / (1 - dropout_p).
+    masks: attention's keyword arguments. The probabilities are attention's own, read through an
+    identity value matrix (a product with 1 and 0s is exact), so the two cannot disagree."""
+    batch, heads, _, _ = q.shape
+    kv_heads, k_len = k.shape[1], k.shape[2]
+    eye = torch.eye(k_len, dtype=q.dtype, device=q.device).expand(batch, kv_heads, k_len, k_len)
+    probs = attention(q, k, eye, **masks)
+    dropped = torch.where(keep.to(q.device), probs / (1.0 - dropout_p), torch.zeros((), dtype=probs.dtype,
+                                                                                     device=q.device))
+    if heads != kv_heads:
+        v = v.repeat_interleave(heads // kv_heads, dim=1)
+    return torch.matmul(dropped, v)
+
+
+# --------------------------------------------------------------------------- the battery's cases
 def _case(name, level="default", **params) -> Case:
     defaults = dict(B=2, H=2, Hkv=None, Sq=16, Sk=None, D=32, mask="none", causal=False, scale=None,
                     layout="bhsd", logit_scale=1.0, lengths=None, empty_rows=0, mask_shape="b1qk",
@@ -261,7 +337,7 @@ class AttentionSpec(OpSpec):
     op = "attention"
     signature = "fn(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None)"
     grad_inputs = ("q", "k", "v")
-    reference_fn = staticmethod(reference.attention)
+    reference_fn = staticmethod(attention)
 
     def cases(self):
         return CASES
@@ -374,7 +450,7 @@ class AttentionSpec(OpSpec):
                   is_causal=p["causal"], scale=p["scale"], **extras)
 
     def zero_masks(self, inputs, p):
-        empty = reference.empty_query_rows(p["Sq"], p["Sk"], p["B"], p["H"], attn_mask=inputs.get("attn_mask"),
+        empty = empty_query_rows(p["Sq"], p["Sk"], p["B"], p["H"], attn_mask=inputs.get("attn_mask"),
                                            key_padding_mask=inputs.get("key_padding_mask"),
                                            is_causal=p["causal"], window=p.get("window"))
         if not bool(empty.any()):

@@ -1,6 +1,7 @@
 """Battery cases for attention_decode (new queries against a KV cache, inference only): cache
 lengths of 0, 1 and full, fewer keys than new queries, 1 to 16 new queries, GQA/MQA, softcap on
-large logits; the forward against the float64 item-by-item reference."""
+large logits, paged caches (a block table into shuffled pages of 1 to 256 tokens); the forward
+against the float64 item-by-item reference."""
 from __future__ import annotations
 
 from typing import Any, Dict, List
@@ -8,14 +9,66 @@ from typing import Any, Dict, List
 import torch
 
 from ..backends.registry import Problem
-from ..backends.triton_decode import decode_reference
 from ..numerics import matmul_tf32
 from .base import Case, OpSpec, family, randn, tf32_precision, view_members
 
 
+# --------------------------------------------------------------------------- the float64 reference
+def decode_reference(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None) -> torch.Tensor:
+    """The float64 referee (the battery's and the tests'), written item by item and query by
+    query, independent of the backends' mask construction: out[b, h, i] = softmax over keys
+    j < L_b - Sq + 1 + i, on the CPU."""
+    q, k_cache, v_cache = (t.detach().to("cpu", torch.float64) for t in (q, k_cache, v_cache))
+    batch, heads, q_len, head_dim = q.shape
+    group = heads // k_cache.shape[1]
+    scale = head_dim ** -0.5 if scale is None else float(scale)
+    out = torch.zeros_like(q)
+    s_max = k_cache.shape[2]
+    lengths = torch.as_tensor(cache_seqlens).tolist()
+    for b in range(batch):
+        length = min(max(int(lengths[b]), 0), s_max)
+        for i in range(q_len):
+            visible = length - q_len + 1 + i
+            if visible <= 0:
+                continue
+            for h in range(heads):
+                keys = k_cache[b, h // group, :visible]
+                scores = keys @ q[b, h, i] * scale
+                if softcap is not None:
+                    scores = softcap * torch.tanh(scores / softcap)
+                weights = torch.softmax(scores, dim=0)
+                out[b, h, i] = weights @ v_cache[b, h // group, :visible]
+    return out
+
+
+def paged_decode_reference(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None,
+                           block_table=None) -> torch.Tensor:
+    """decode_reference, on a paged cache too: with block_table (B, max_blocks), k_cache and v_cache
+    are page pools (num_blocks, Hkv, page_size, D) and item b's key j is page block_table[b, j //
+    page_size], slot j % page_size, read here by index arithmetic (not the backends' gather).
+    Entries are clamped into the pool, as the kernel clamps them (the battery's tables are valid)."""
+    if block_table is not None:
+        page = k_cache.shape[2]
+        keys = torch.arange(block_table.shape[1] * page)
+        pages = torch.as_tensor(block_table).detach().cpu().long().clamp(0, k_cache.shape[0] - 1)[:, keys // page]
+        # pool[pages (B, S), :, slots (S,)] is (B, S, Hkv, D): the cache (B, Hkv, S, D) transposed
+        k_cache, v_cache = (pool.detach().cpu()[pages, :, keys % page].transpose(1, 2) for pool in (k_cache, v_cache))
+    return decode_reference(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap)
+
+
+def decode_kind(softcap: bool, paged: bool) -> str:
+    """A decode call's kind (what a verdict vouches for): default, softcap, paged, paged-softcap."""
+    if paged:
+        return "paged-softcap" if softcap else "paged"
+    return "softcap" if softcap else "default"
+
+
+# --------------------------------------------------------------------------- the battery's cases
 def _case(name, level="default", **params) -> Case:
+    # page: None (a contiguous cache) or the page size of a paged pool, its pages shuffled among
+    # spare ones (make_inputs)
     defaults = dict(B=3, H=4, Hkv=2, Sq=1, S_max=40, D=32, lengths=None, softcap=None, scale=None,
-                    logit_scale=1.0, seqlens_dtype="int32", layout="bhsd", forward_only=True)
+                    logit_scale=1.0, seqlens_dtype="int32", layout="bhsd", forward_only=True, page=None)
     defaults.update(params)
     if defaults["lengths"] is None:
         defaults["lengths"] = [0, 1, defaults["S_max"]][:defaults["B"]]
@@ -35,6 +88,15 @@ CASES: List[Case] = [
     _case("d256_mqa", B=2, H=4, Hkv=1, D=256, S_max=70, Sq=1, lengths=[70, 35]),
     _case("d80_softcap_sq5", B=2, H=6, Hkv=3, D=80, S_max=90, Sq=5, softcap=30.0, lengths=[90, 4]),
     _case("strided_cache_bshd", B=2, H=4, Hkv=2, D=64, S_max=50, Sq=2, layout="bshd", lengths=[50, 17]),
+    # paged (vLLM-style block table, shuffled pages): pages that hold whole key tiles and pages
+    # that split a tile, lengths at page remainders, GQA/MQA, FlashAttention's pool layout
+    _case("paged_p16_gqa", "quick", H=8, Hkv=2, S_max=48, page=16, lengths=[0, 17, 48]),
+    _case("paged_p5_sq3_mqa", "quick", Sq=3, H=4, Hkv=1, S_max=40, page=5, lengths=[4, 5, 36]),
+    _case("paged_softcap_p16", "quick", Sq=2, logit_scale=30.0, softcap=20.0, page=16, lengths=[40, 15, 16]),
+    _case("paged_p256_gqa", B=2, H=8, Hkv=2, D=64, S_max=600, page=256, lengths=[600, 255]),
+    _case("paged_p16_fa_layout_d128", B=2, H=8, Hkv=2, D=128, S_max=200, Sq=2, page=16, layout="bshd",
+          lengths=[200, 33]),
+    _case("paged_p64_sq8", B=3, H=4, Hkv=4, D=64, S_max=192, Sq=8, page=64, lengths=[63, 64, 129]),
     # full: a long cache
     _case("long_4096", "full", B=2, H=8, Hkv=1, D=128, S_max=4096, Sq=1, lengths=[4096, 2500]),
 ]
@@ -42,9 +104,9 @@ CASES: List[Case] = [
 
 class DecodeSpec(OpSpec):
     op = "attention_decode"
-    signature = "fn(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None)"
+    signature = "fn(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, block_table=None)"
     grad_inputs = ()            # inference only: the op refuses tensors that require grad
-    reference_fn = staticmethod(decode_reference)
+    reference_fn = staticmethod(paged_decode_reference)
 
     def cases(self):
         return CASES
@@ -67,27 +129,41 @@ class DecodeSpec(OpSpec):
         return p["B"] * p["H"] * p["Sq"] * p["S_max"]
 
     def kind(self, p):
-        return "softcap" if p["softcap"] is not None else "default"
+        return decode_kind(p["softcap"] is not None, p.get("page") is not None)
 
     def problem(self, p, dtype, device):
         # the features ops.decode.decode_problem gives the dispatcher
         features = (("head_dim", p["D"]), ("gqa", p["H"] != p["Hkv"]), ("q_len", p["Sq"]))
         if p["softcap"] is not None:
             features += (("softcap", float(p["softcap"])),)
+        if p.get("page") is not None:
+            features += (("page_size", p["page"]),)
         return Problem(self.op, device, dtype, self.kind(p), features)
 
     def make_inputs(self, p, gen) -> Dict[str, Any]:
         B, H, Hkv, Sq, S, D = p["B"], p["H"], p["Hkv"], p["Sq"], p["S_max"], p["D"]
-        cache_shape = (B, S, Hkv, D) if p["layout"] == "bshd" else (B, Hkv, S, D)
-        return {"q": randn(gen, B, H, Sq, D) * p["logit_scale"], "k_cache": randn(gen, *cache_shape),
-                "v_cache": randn(gen, *cache_shape),
-                "cache_seqlens": torch.tensor(p["lengths"], dtype=getattr(torch, p["seqlens_dtype"]))}
+        inputs = {"q": randn(gen, B, H, Sq, D) * p["logit_scale"]}
+        if p.get("page") is None:
+            cache_shape = (B, S, Hkv, D) if p["layout"] == "bshd" else (B, Hkv, S, D)
+        else:   # a pool of B * ceil(S_max / page) pages and 3 spare ones, each item's pages shuffled in it
+            page = p["page"]
+            blocks = -(-S // page)
+            num_blocks = B * blocks + 3
+            cache_shape = (num_blocks, page, Hkv, D) if p["layout"] == "bshd" else (num_blocks, Hkv, page, D)
+            order = torch.randperm(num_blocks, generator=gen)[:B * blocks]
+            inputs["block_table"] = order.view(B, blocks).to(torch.int32)
+        inputs.update(k_cache=randn(gen, *cache_shape), v_cache=randn(gen, *cache_shape),
+                      cache_seqlens=torch.tensor(p["lengths"], dtype=getattr(torch, p["seqlens_dtype"])))
+        return inputs
 
     def call(self, fn, inputs, p):
         k_cache, v_cache = inputs["k_cache"], inputs["v_cache"]
-        if p["layout"] == "bshd":   # a (B, S_max, Hkv, D) cache viewed as (B, Hkv, S_max, D)
+        if p["layout"] == "bshd":   # a (B, S_max, Hkv, D) cache (or pool of pages) viewed as (B, Hkv, S_max, D)
             k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
-        return fn(inputs["q"], k_cache, v_cache, inputs["cache_seqlens"], scale=p["scale"], softcap=p["softcap"])
+        # only a paged call passes block_table (the signature every decode backend had before)
+        paged = {} if p.get("page") is None else {"block_table": inputs["block_table"]}
+        return fn(inputs["q"], k_cache, v_cache, inputs["cache_seqlens"], scale=p["scale"], softcap=p["softcap"],
+                  **paged)
 
     def zero_masks(self, inputs, p):
         lengths = inputs["cache_seqlens"].long().clamp(0, p["S_max"]).view(-1, 1, 1, 1)
@@ -112,6 +188,10 @@ FAMILIES = [
     family("values", [("logits_x30", dict(logit_scale=30.0, lengths=[40, 23, 2])),
                           ("denormal_cache", dict(values={"k_cache": "denormal_mix", "v_cache": "denormal_mix"}))]),
     family("layouts", view_members(("q", "k_cache", "v_cache"), ("offset", "sliced", "transposed"))),
+    family("paged", [("page_1", dict(page=1, S_max=24, lengths=[24, 1, 13])),
+                     ("page_7_sq4", dict(page=7, Sq=4, lengths=[40, 6, 8])),
+                     ("page_64_tile_edges", dict(page=64, S_max=192, D=64, lengths=[63, 65, 192])),
+                     ("page_16_gqa_h12", dict(page=16, H=12, Hkv=4, lengths=[16, 31, 33]))]),
     family("long", [("cache_16448", dict(B=2, H=2, Hkv=1, S_max=16448, lengths=[16448, 4097])),
                         ("cache_131136", dict(B=1, H=2, Hkv=1, S_max=131136, lengths=[131136]))], sized=True),
 ]

@@ -3,15 +3,14 @@ multi-dim normalized shapes, strided rows; gradients of x, weight and bias."""
 from __future__ import annotations
 
 import numbers
-from typing import List, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from .. import reference
 from ..backends.registry import Problem
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_tensor
 from .base import LARGE_NORM, Case, OpSpec, family, randn, view_members
-
+from ..numerics import default_rms_eps
 
 # --------------------------------------------------------------------------- the call: arguments checked, and the Problem the dispatcher gets
 ShapeLike = Union[int, Sequence[int], torch.Size]
@@ -77,6 +76,33 @@ def norm_problem(op: str, x: torch.Tensor, shape: Tuple[int, ...], weight, bias)
     return Problem(op, x.device, x.dtype, "default", features)
 
 
+# --------------------------------------------------------------------------- the float64 references
+def _norm_dims(normalized_shape: Sequence[int]):
+    return tuple(range(-len(tuple(normalized_shape)), 0))
+
+
+def rms_norm(x, normalized_shape, weight=None, eps: Optional[float] = None, *, eps_dtype=None):
+    """F.rms_norm; pass eps_dtype (the dtype under test) when x was upcast and eps is None."""
+    if eps is None:
+        eps = default_rms_eps(eps_dtype or x.dtype)
+    dims = _norm_dims(normalized_shape)
+    y = x * torch.rsqrt(x.pow(2).mean(dim=dims, keepdim=True) + eps)
+    return y * weight if weight is not None else y
+
+
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5):
+    dims = _norm_dims(normalized_shape)
+    mean = x.mean(dim=dims, keepdim=True)
+    var = (x - mean).pow(2).mean(dim=dims, keepdim=True)  # biased, as F.layer_norm
+    y = (x - mean) * torch.rsqrt(var + eps)
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+# --------------------------------------------------------------------------- the battery's cases
 def _case(name, level="default", **params) -> Case:
     defaults = dict(shape=(4, 32), norm_dims=1, affine=True, bias=True, eps=None, offset=0.0, spread=1.0,
                     layout="contiguous")
@@ -213,17 +239,17 @@ class RMSNormSpec(_NormSpec):
 
     @staticmethod
     def reference_fn(x, normalized_shape, weight=None, eps=None):  # eps=None: dtype's eps, set by call()
-        return reference.rms_norm(x, normalized_shape, weight, eps)
+        return rms_norm(x, normalized_shape, weight, eps)
 
     def repro_reference(self):
-        return reference.rms_norm  # reference_fn passes its arguments on unchanged
+        return rms_norm  # reference_fn passes its arguments on unchanged
 
     def call(self, fn, inputs, p):
         x = self._x_view(inputs, p)
         eps = p["eps"]
         if eps is None and x.dtype == torch.float64 and "orig_dtype" in inputs:
             # the reference runs upcast: keep the default eps of the dtype under test
-            eps = reference.default_rms_eps(inputs["orig_dtype"])
+            eps = default_rms_eps(inputs["orig_dtype"])
         return fn(x, self.normalized_shape(p), inputs.get("weight"), eps)
 
 
@@ -231,7 +257,7 @@ class LayerNormSpec(_NormSpec):
     op = "layer_norm"
     signature = "fn(x, normalized_shape, weight=None, bias=None, eps=1e-5)"
     grad_inputs = ("x", "weight", "bias")
-    reference_fn = staticmethod(reference.layer_norm)
+    reference_fn = staticmethod(layer_norm)
 
     def call(self, fn, inputs, p):
         eps = 1e-5 if p["eps"] is None else p["eps"]

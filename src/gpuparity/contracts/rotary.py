@@ -7,11 +7,11 @@ from typing import List
 
 import torch
 
-from .. import reference
 from ..backends.registry import Problem
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_tensor
 from .base import INDEX_DTYPES, Case, OpSpec, capturing, checked_once, family, randn, view_members
-
+from ..numerics import rotate
+from typing import Union
 
 # --------------------------------------------------------------------------- the call: arguments checked, and the Problem the dispatcher gets
 def rotary_kind(interleaved: bool, cu_seqlens) -> str:
@@ -138,6 +138,41 @@ def _check_positions(lowest_offset: int, end: int, table_len: int) -> None:
                          f"has {table_len} rows; expected cos.shape[0] >= {end}")
 
 
+# --------------------------------------------------------------------------- the float64 reference
+def rotary_positions(batch: int, seqlen: int, seqlen_offsets: Union[int, torch.Tensor]) -> torch.Tensor:
+    """(B, S) absolute positions: s + offset[b]."""
+    base = torch.arange(seqlen).unsqueeze(0).expand(batch, seqlen)
+    if isinstance(seqlen_offsets, torch.Tensor):
+        return base + seqlen_offsets.to("cpu", torch.long).view(batch, 1)
+    return base + int(seqlen_offsets)
+
+
+def apply_rotary(x, cos, sin, *, interleaved: bool = False, seqlen_offsets=0, cu_seqlens=None,
+                 max_seqlen=None):
+    """The flash-attn rotary contract: x (B, S, H, D) or packed (total, H, D) with cu_seqlens;
+    cos/sin (S_max, rotary_dim/2); the first rotary_dim features rotate, the rest pass."""
+    rotary_dim = cos.shape[-1] * 2
+    if cu_seqlens is None:
+        batch, seqlen = x.shape[0], x.shape[1]
+        pos = rotary_positions(batch, seqlen, seqlen_offsets).to(x.device)
+        c = cos[pos].unsqueeze(2)  # (B, S, 1, rd/2)
+        s = sin[pos].unsqueeze(2)
+    else:
+        bounds = cu_seqlens.to("cpu", torch.long).tolist()
+        batch = len(bounds) - 1
+        pos_parts = []
+        for b in range(batch):
+            length = bounds[b + 1] - bounds[b]
+            offset = int(seqlen_offsets[b]) if isinstance(seqlen_offsets, torch.Tensor) else int(seqlen_offsets)
+            pos_parts.append(torch.arange(length) + offset)
+        pos = torch.cat(pos_parts).to(x.device) if pos_parts else torch.zeros(0, dtype=torch.long, device=x.device)
+        c = cos[pos].unsqueeze(1)  # (total, 1, rd/2)
+        s = sin[pos].unsqueeze(1)
+    rotated = rotate(x[..., :rotary_dim], c.to(x.dtype), s.to(x.dtype), interleaved)
+    return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
+
+
+# --------------------------------------------------------------------------- the battery's cases
 def _case(name, level="default", **params) -> Case:
     defaults = dict(B=2, S=16, H=3, D=32, rotary_dim=None, interleaved=False, offsets=0, varlen=None,
                     layout="bshd", s_max=None)
@@ -167,7 +202,7 @@ class RotarySpec(OpSpec):
     signature = ("fn(x, cos, sin, *, interleaved=False, seqlen_offsets=0, cu_seqlens=None, "
                  "max_seqlen=None)")
     grad_inputs = ("x",)
-    reference_fn = staticmethod(reference.apply_rotary)
+    reference_fn = staticmethod(apply_rotary)
 
     def cases(self):
         return CASES

@@ -3,17 +3,31 @@ and length-1 sequences, Sq != Sk per sequence under bottom-right causal and wind
 softcap on large logits, forward and backward against the float64 per-sequence reference."""
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
 from ..backends.masks import attention_kind
 from ..backends.registry import Problem
-from ..backends.varlen_composition import attention_varlen_reference, empty_rows
+from ..backends.varlen_composition import empty_rows, packed
 from ..numerics import matmul_tf32
+from .attention import attention as reference_attention
 from .base import Case, OpSpec, family, randn, tf32_precision, view_members
 
 
+# --------------------------------------------------------------------------- the float64 reference
+def attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False,
+                               window: Optional[Tuple[int, int]] = None, softcap=None, scale=None):
+    """The float64 referee: each sequence through the attention contract's reference (float64 on q's
+    device, differentiable) with its bottom-right mask. Inputs are upcast; returns float64."""
+    def dense(q_i, k_i, v_i, *, attn_mask=None, scale=None, softcap=None):
+        return reference_attention(q_i, k_i, v_i, attn_mask=attn_mask, scale=scale, softcap=softcap)
+
+    return packed(dense, q.double(), k.double(), v.double(), cu_seqlens_q, cu_seqlens_k, causal, window, scale,
+                  softcap)
+
+
+# --------------------------------------------------------------------------- the battery's cases
 def _case(name, level="default", **params) -> Case:
     # params travel to the workers as JSON: lists, not tuples
     defaults = dict(q_lens=[5, 9], k_lens=None, H=2, Hkv=None, D=16, causal=False, window=None, softcap=None,

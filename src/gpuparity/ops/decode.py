@@ -12,7 +12,8 @@ from torch import Tensor
 
 from . import select
 from ..backends.registry import Problem
-from ..backends.triton_decode import decode_reference, gather_pages
+from ..backends.triton_decode import gather_pages
+from ..contracts.decode import decode_reference
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_same_dtype, expect_tensor
 from ..contracts.base import check_softcap
 from .library import _like

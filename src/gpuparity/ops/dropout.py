@@ -57,7 +57,7 @@ _LOCK = threading.Lock()
 
 
 def _self_check(problem: Problem, backend: Backend) -> Dict[str, Any]:
-    from .. import reference
+    from ..contracts import reference
     from ..tolerance import compare
     c = _CHECK
     gen = torch.Generator().manual_seed(0)

@@ -8,11 +8,12 @@ import torch
 
 from . import library_varlen, select
 from .library_varlen import attention_varlen_problem
-from ..backends.varlen_composition import attention_varlen_reference, empty_rows
+from ..backends.varlen_composition import empty_rows
+from ..contracts.varlen import attention_varlen_reference
 from ..validation import describe
 
-# attention_varlen_reference and empty_rows live with the composition (the battery, below ops,
-# uses them), attention_varlen_problem with the torch.library op; re-exported here, their public path.
+# attention_varlen_reference lives in the op's contract, empty_rows with the composition,
+# attention_varlen_problem with the torch.library op; re-exported here, their public path.
 __all__ = ["attention_varlen", "attention_varlen_problem", "attention_varlen_reference", "empty_rows",
            "explain_attention_varlen"]
 

@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from .. import reference
+from ..contracts import reference
 from ..backends import sdpa as sdpa_backends
 from ..backends import torch_ops
 

@@ -8,7 +8,7 @@ from typing import Any, Dict
 import torch
 import torch.nn.functional as F
 
-from ...reference import attention as reference_attention
+from ...contracts.attention import attention as reference_attention
 from .base import compare, first_line, half_dtype, inconclusive, probe, randn, randns, summarize, sync, upcast, verdict
 
 

@@ -10,7 +10,7 @@ from typing import Any, Dict
 import torch
 import torch.nn.functional as F
 
-from ... import reference
+from ...contracts import reference
 from .base import compare, grad_leaves, inconclusive, probe, randn, rel_err, summarize, sync, upcast, verdict
 
 

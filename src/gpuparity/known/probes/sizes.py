@@ -10,7 +10,7 @@ from typing import Any, Dict, Optional
 import torch
 import torch.nn.functional as F
 
-from ... import reference
+from ...contracts import reference
 from .base import compare, inconclusive, is_rocm, probe, randn, summarize, sync, verdict
 
 GiB = 2 ** 30
