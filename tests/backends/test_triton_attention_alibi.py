@@ -15,7 +15,7 @@ from gpuparity import reference  # noqa: E402
 from gpuparity.backends import sdpa  # noqa: E402
 from gpuparity.backends.triton_attention import triton_attention, triton_attention_varlen  # noqa: E402
 from gpuparity.backends.triton_common import clear_plans  # noqa: E402
-from gpuparity.tolerance import compare  # noqa: E402
+from gpuparity.tolerance import judge  # noqa: E402
 
 require_device()
 pytestmark = pytest.mark.usefixtures("triton_interpreter_is_live")
@@ -63,9 +63,9 @@ def check_dense(q, k, v, dout, slopes, *, attn_mask=None, key_padding_mask=None,
     allowed = reference.attention_allowed(q_len, k_len, batch, attn_mask=bias, key_padding_mask=kpm,
                                           is_causal=is_causal, window=window)
     empty = (~allowed.any(-1, keepdim=True)).expand(batch, heads, q_len, 1)
-    results = [compare("out", out, ref_out, base_out, dtype, valid=~empty, must_be_zero=empty)]
+    results = [judge("out", out, ref_out, base_out, dtype, valid=~empty, must_be_zero=empty)]
     for name, mine, want, base in zip(("grad_q", "grad_k", "grad_v"), grads, ref_grads, base_grads):
-        results.append(compare(name, mine, want, base, dtype))
+        results.append(judge(name, mine, want, base, dtype))
     failed = [r.reason for r in results if not r.passed]
     assert not failed, failed
 
@@ -138,7 +138,7 @@ def test_varlen_alibi_per_sequence():
     ref_grads = torch.autograd.grad(ref_out, ref_inputs, dout.cpu().double())
     for name, mine, want in zip(("out", "grad_q", "grad_k", "grad_v"), (out, *grads), (ref_out, *ref_grads)):
         # fp32 against float64: the policy's fp32 floor, as the composition's own error would be
-        result = compare(name, mine, want, want.to(mine.dtype), torch.float32)
+        result = judge(name, mine, want, want.to(mine.dtype), torch.float32)
         assert result.passed, result.reason
 
 
@@ -165,3 +165,27 @@ def test_return_lse_is_the_kernels_natural_log_sum_exp():
     want = torch.logsumexp(scores, -1)
     assert not lse.requires_grad and torch.isfinite(lse).all()   # top-left causal: every row sees key 0
     torch.testing.assert_close(lse.cpu().double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("alibi", [True, False])
+def test_key_lengths_put_each_items_diagonal_at_its_length(alibi):
+    """With key_lengths (FlashAttention's KV cache: cache_seqlens), query i sits at key position
+    i + len_b - Sq: the bias follows each item's own length, forward and backward; keys past an
+    item's length get zero dk and dv (with or without ALiBi: they were visited in the item's last
+    block and got gradients before)."""
+    q, k, v, dout = inputs(3, 4, 2, 3, size(40, 300), 16, torch.float32, seed=4)
+    k_len = k.shape[2]
+    lengths = [k_len, 17, 1]
+    slopes = torch.tensor([[0.5, 0.25, 0.125, 0.0625], [0.3, 0.2, 0.1, 0.05], [1.0, 0.5, 0.5, 0.5]], device=DEVICE)
+    slopes = slopes if alibi else torch.zeros_like(slopes)
+    out = triton_attention(q, k, v, key_lengths=torch.tensor(lengths, device=DEVICE),
+                           alibi_slopes=slopes if alibi else None)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    bias = torch.cat([alibi_bias(slopes[b:b + 1], 3, k_len, shift=length - 3) for b, length in enumerate(lengths)])
+    kpm = torch.arange(k_len).view(1, k_len) >= torch.tensor(lengths).view(3, 1)
+    ref_inputs = [t.detach().cpu().double().requires_grad_() for t in (q, k, v)]
+    ref_out = reference.attention(*ref_inputs, attn_mask=bias, key_padding_mask=kpm)
+    ref_grads = torch.autograd.grad(ref_out, ref_inputs, dout.cpu().double())
+    for name, mine, want in zip(("out", "grad_q", "grad_k", "grad_v"), (out, *grads), (ref_out, *ref_grads)):
+        result = judge(name, mine, want, want.to(mine.dtype), torch.float32)
+        assert result.passed, result.reason

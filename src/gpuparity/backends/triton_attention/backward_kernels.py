@@ -9,7 +9,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .kernels import _NO_SPECIALIZE, _alibi_distance, _key_range, _mma, _scan_padding, _tanh, alibi_slope_of, dropout_keep
+from .kernels import (_NO_SPECIALIZE, _alibi_distance, _key_range, _mma, _scan_padding, _tanh, alibi_shift_of,
+                      alibi_slope_of, dropout_keep)
 
 
 @triton.jit
@@ -185,6 +186,7 @@ def _dkdv_program(
         q_full = tl.minimum(tl.cdiv(start_n * BLOCK_N + BLOCK_N - 1, BLOCK_M) * BLOCK_M, q_hi)
         q_full = tl.maximum(q_full, q_lo)
 
+    alibi_shift = alibi_shift_of(Bounds, batch, alibi_shift, HAS_ALIBI, HAS_KPM, HAS_BOUNDS)
     for g in range(0, group_size):
         head = kv_head * group_size + g
         bh = batch * num_heads + head
@@ -221,6 +223,14 @@ def _dkdv_program(
             kept_end = tl.load(KPM + b64 * stride_pb + cols * stride_pn, mask=col_ok, other=1, volatile=True) == 0
             dk = tl.where(kept_end[:, None], dk, 0.0)
             dv = tl.where(kept_end[:, None], dv, 0.0)
+    elif HAS_BOUNDS:
+        # per-item lengths: the keys past an item's length in its last live block were visited
+        # like kept ones (no mask is read); their rows of dk and dv are zero, as padding's are
+        first = tl.load(Bounds + 3 * batch)
+        last = tl.load(Bounds + 3 * batch + 1)
+        in_range = (cols >= first) & (cols < last)
+        dk = tl.where(in_range[:, None], dk, 0.0)
+        dv = tl.where(in_range[:, None], dv, 0.0)
     tl.store(DK + b64 * stride_dkb + kv_head.to(tl.int64) * stride_dkh + cols[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
              dk.to(DK.dtype.element_ty), mask=kv_ok)
     tl.store(DV + b64 * stride_dvb + kv_head.to(tl.int64) * stride_dvh + cols[:, None] * stride_dvn + offs_d[None, :] * stride_dvd,
@@ -453,6 +463,7 @@ def _dq_program(
     kpm_base = KPM + b64 * stride_pb
     seed_bh = seed + batch_head
     alibi_slope = alibi_slope_of(Alibi, batch, head, stride_ab, HAS_ALIBI)
+    alibi_shift = alibi_shift_of(Bounds, batch, alibi_shift, HAS_ALIBI, HAS_KPM, HAS_BOUNDS)
 
     first = 0
     last = k_len

@@ -93,6 +93,20 @@ def alibi_slope_of(Alibi, batch, head, stride_ab, HAS_ALIBI: tl.constexpr):
 
 
 @triton.jit
+def alibi_shift_of(Bounds, batch, alibi_shift, HAS_ALIBI: tl.constexpr, HAS_KPM: tl.constexpr,
+                   HAS_BOUNDS: tl.constexpr):
+    """The ALiBi shift of this batch item: Sk - Sq, or with key_lengths (Bounds without a padding
+    mask) the item's own key length - Sq, FlashAttention's KV-cache alignment (query i at key
+    position i + len_b - Sq): the launcher keeps len_b - Sk in Bounds[b, 2]."""
+    shift = alibi_shift
+    if HAS_ALIBI:
+        if HAS_BOUNDS:
+            if not HAS_KPM:
+                shift += tl.load(Bounds + 3 * batch + 2)
+    return shift
+
+
+@triton.jit
 def _key_range(first, last, start_m, k_len, window_left, window_right,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
                HAS_BOUNDS: tl.constexpr, HAS_WINDOW: tl.constexpr):
@@ -261,6 +275,7 @@ def _attn_fwd_kernel(
     kpm_base = KPM + b64 * stride_pb
     seed_bh = seed + batch_head
     alibi_slope = alibi_slope_of(Alibi, batch, head, stride_ab, HAS_ALIBI)
+    alibi_shift = alibi_shift_of(Bounds, batch, alibi_shift, HAS_ALIBI, HAS_KPM, HAS_BOUNDS)
 
     first = 0
     last = k_len

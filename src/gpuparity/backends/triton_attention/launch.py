@@ -87,8 +87,10 @@ def prepare_masks(q: torch.Tensor, k: torch.Tensor, attn_mask=None, key_padding_
         # the kernels find each item's kept-key range by scanning its row of the mask themselves
     elif key_lengths is not None:
         lengths = key_lengths.to(device=q.device, dtype=torch.int32).clamp(0, k_len)
-        # keys 0..length-1 kept: no holes
-        args.bounds = torch.stack([torch.zeros_like(lengths), lengths, torch.zeros_like(lengths)], dim=1).contiguous()
+        # keys 0..length-1 kept: no holes; with ALiBi the third column moves each item's diagonal
+        # to its own length (kernels.alibi_shift_of), else it stays 0 (never read)
+        third = lengths - k_len if alibi_slopes is not None else torch.zeros_like(lengths)
+        args.bounds = torch.stack([torch.zeros_like(lengths), lengths, third], dim=1).contiguous()
     return args
 
 
@@ -469,7 +471,8 @@ def triton_attention(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causa
     window (left, right) and softcap: as gpuparity.attention (validated there; (-1, -1) and a
     softcap of None mean off). alibi_slopes fp32 (H,) or (B, H): FlashAttention's ALiBi, computed in
     the kernels (no bias tensor): -slope * |i + Sk - Sq - j| added to the scaled (softcapped) scores,
-    query i at key position i + Sk - Sq (bottom-right, whatever is_causal's top-left alignment);
+    query i at key position i + Sk - Sq (bottom-right, whatever is_causal's top-left alignment; with
+    key_lengths at i + key_lengths[b] - Sq, as FlashAttention's KV cache aligns on cache_seqlens);
     no gradient to the slopes (checked here: the battery calls this function directly).
     return_lse: (out, lse), lse the kernels' fp32 (B, H, Sq) natural log-sum-exp (+inf for a row with
     no key; no gradient)."""
