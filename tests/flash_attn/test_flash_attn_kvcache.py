@@ -49,13 +49,33 @@ CASES = {
     "batch_idx_causal_alibi_per_head": dict(batch_idx=True, causal=True, alibi="head"),
     "no_new_kv_causal_q_longer_than_some_caches": dict(new=False, causal=True, q_len=5),
     "no_new_kv_right_window_not_causal": dict(new=False, window=(-1, 2), q_len=5, alibi=True),
+    "decode_one_query_causal_alibi_per_batch": dict(causal=True, q_len=1, new_len=1, alibi="batch"),
 }
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_kvcache_matches_the_reference(name):
+    check_kvcache_case(name, BACKENDS)
+
+
+def _no_bias(*args, **kwargs):
+    raise AssertionError("a (B, H, Sq, Sk) ALiBi bias was built: the call did not run ALiBi inside the Triton kernels")
+
+
+@pytest.mark.parametrize("name", sorted(name for name, case in CASES.items() if case.get("alibi")))
+def test_kvcache_alibi_runs_inside_the_triton_kernels(name, monkeypatch):
+    """With backend "triton" the slopes and each item's length go to the kernels (the bias composer
+    raises here); one query (decode) needs no mask at all."""
+    from gpuparity.flash_attn import _compose as C
+    monkeypatch.setattr(C, "alibi_bias", _no_bias)
+    if name.startswith("decode"):
+        monkeypatch.setattr(C, "item_allowed", _no_bias)
+    check_kvcache_case(name, dict(BACKENDS, attention="triton"))
+
+
+def check_kvcache_case(name, backends):
     case = CASES[name]
-    q_len, new_len = case.get("q_len", 3), (2 if case.get("new", True) else 0)
+    q_len, new_len = case.get("q_len", 3), (case.get("new_len", 2) if case.get("new", True) else 0)
     cache_rows = 2 * BATCH if case.get("batch_idx") else BATCH
     t = case_inputs(q_len, max(new_len, 1), cache_rows, seed=len(name))
     seqlens = torch.tensor([3, 0, 11], dtype=torch.int32)
@@ -83,7 +103,7 @@ def test_kvcache_matches_the_reference(name):
         q_seen = rotate(t["q"], t["cos"], t["sin"], q_positions.expand(BATCH, q_len), case["interleaved"])
     caches = [t["k_cache"].clone().to(DEVICE), t["v_cache"].clone().to(DEVICE)]
     move = (lambda x: None if x is None else x.to(DEVICE))
-    with flash_attn.backends(**BACKENDS):
+    with flash_attn.backends(**backends):
         out, lse = flash_attn.flash_attn_with_kvcache(
             t["q"].to(DEVICE), *caches, k=move(k_new), v=move(v_new),
             rotary_cos=move(t["cos"]) if case.get("rotary") else None,

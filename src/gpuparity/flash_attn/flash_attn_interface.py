@@ -78,9 +78,12 @@ def _on_triton(op: str, problem) -> bool:
 
 
 # ----------------------------------------------------------------------------- dense
-def _dense_fused_alibi(q, k, v, slopes, allowed, is_causal, window, softcap, dropout_p, scale, return_lse):
-    """_dense's result with ALiBi in the Triton kernels, or None where the call runs elsewhere
-    (q, k, v (B, H, S, D) views; allowed a bool (1, 1, Sq, Sk) mask or None)."""
+def _alibi_in_kernels(q, k, v, slopes, allowed, is_causal, window, softcap, dropout_p, scale, return_lse,
+                      key_lengths=None):
+    """(out, lse or None) with ALiBi in the dense Triton kernels, or None where the call runs
+    elsewhere (q, k, v (B, H, S, D) views; allowed a bool mask broadcastable to (B, H, Sq, Sk) or
+    None; key_lengths (B,): keys past them are padding and each item's diagonal sits at its length,
+    as FlashAttention's KV cache)."""
     problem = attention_problem(q, k, v, attn_mask=allowed, is_causal=is_causal, scale=scale, window=window,
                                 softcap=softcap, dropout_p=dropout_p)
     if not _on_triton("attention", problem):
@@ -89,7 +92,7 @@ def _dense_fused_alibi(q, k, v, slopes, allowed, is_causal, window, softcap, dro
     seed = _dropout.draw_seed(q.device) if dropout_p else None   # as gpuparity.attention draws it
     result = triton_attention(q, k, v, attn_mask=allowed, is_causal=is_causal, scale=scale, window=window,
                               softcap=softcap, dropout_p=float(dropout_p), seed=seed, alibi_slopes=slopes,
-                              return_lse=return_lse)
+                              key_lengths=key_lengths, return_lse=return_lse)
     return result if return_lse else (result, None)
 
 
@@ -105,8 +108,8 @@ def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alib
     bias = None
     if alibi_slopes is not None:
         slopes = C.check_slopes(alibi_slopes, batch, heads, q.device)
-        fused = _dense_fused_alibi(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), slopes, allowed,
-                                   is_causal, window, C.softcap_value(softcap), dropout_p, softmax_scale, return_lse)
+        fused = _alibi_in_kernels(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), slopes, allowed,
+                                  is_causal, window, C.softcap_value(softcap), dropout_p, softmax_scale, return_lse)
         if fused is not None:
             out, lse = fused
             return out.transpose(1, 2).contiguous(), (None if lse is None else _fa_lse(lse))
@@ -425,10 +428,23 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         keys, values = ((k_cache[:batch, :span], v_cache[:batch, :span]) if batch_idx is None else
                         (k_cache[batch_idx, :span], v_cache[batch_idx, :span]))
     q_lens = torch.full((batch,), q_len, dtype=torch.long, device=device)
-    allowed = C.item_allowed(q_lens, ends, q_len, span, left, right, key_start=leftpad)
     bias = None
     if alibi_slopes is not None:
-        bias = C.alibi_bias(C.check_slopes(alibi_slopes, batch, heads, device), q_len, span, ends - q_len)
+        slopes = C.check_slopes(alibi_slopes, batch, heads, device)
+        # the kernels take the lengths (keys past an item's length, and its diagonal); a mask only
+        # for what lengths cannot say: left padding, a left window, a bottom-right right side
+        # bounding some query (one query sees every key up to its item's length whatever the right side)
+        masked = leftpad is not None or left >= 0 or (right >= 0 and q_len > 1)
+        allowed = C.item_allowed(q_lens, ends, q_len, span, left, right, key_start=leftpad) if masked else None
+        fused = _alibi_in_kernels(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), slopes, allowed,
+                                  False, None, C.softcap_value(softcap), 0.0, softmax_scale,
+                                  bool(return_softmax_lse), key_lengths=ends)
+        if fused is not None:
+            out, lse = fused
+            out = out.transpose(1, 2).contiguous()
+            return (out, _fa_lse(lse)) if return_softmax_lse else out
+        bias = C.alibi_bias(slopes, q_len, span, ends - q_len)
+    allowed = C.item_allowed(q_lens, ends, q_len, span, left, right, key_start=leftpad)
     mask = C.with_bias(allowed, bias)
     result = attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask,
                        scale=softmax_scale, softcap=C.softcap_value(softcap), backend=_BACKENDS["attention"],
