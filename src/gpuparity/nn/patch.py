@@ -35,16 +35,20 @@ _FUSED = ("inductor fuses the plain {what} with its neighbours under torch.compi
 # A prior, shipped per family: eager, every kind swapped (a Llama training step on an H200,
 # benchmarks/records/h200/patch-model-2026-11-27.md: the whole patch 1.18x sdpa, attention alone
 # 1.17x; each op's `auto` still picks, per call, the fastest backend verified here, the torch
-# composition where nothing beats it). Compiled: attention and the loss swapped; the elementwise
-# and norm modules left to inductor, which fuses their plain forms into their neighbours, where
-# a kernel of ours is a fusion barrier (reasoned, not yet measured: that record's compiled rows
-# failed, see it). Under compile a swapped op's backend is still auto's choice at trace time.
+# composition where nothing beats it). Compiled: attention swapped, everything else left to
+# inductor (benchmarks/records/h200/patch-compiled-2026-11-27.md, 8 layers, 2 x 2048 tokens:
+# attention alone 1.10x compiled sdpa, attention + the fused loss 1.05x, so the loss is left; the
+# elementwise and norm modules are left because inductor fuses their plain forms into their
+# neighbours, where a kernel of ours is a fusion barrier). Under compile a swapped op's backend is
+# still auto's choice at trace time.
 PRIORS: Dict[str, Dict[str, Dict[str, str]]] = {
     "nvidia": {"eager": {}, "compiled": {
         "rms_norm": _FUSED.format(what="RMSNorm"),
         "layer_norm": _FUSED.format(what="LayerNorm"),
         "rotary": _FUSED.format(what="rotary (into the q/k projections' epilogue)"),
-        "swiglu": _FUSED.format(what="silu(gate) * up")}},
+        "swiglu": _FUSED.format(what="silu(gate) * up"),
+        "loss": ("inductor's LM head matmul + cross-entropy is faster compiled here than the fused chunked "
+                 "linear_cross_entropy (which saves the logits' memory; force=('loss',) to trade speed for it)")}},
 }
 PRIORS["cpu"] = PRIORS["nvidia"]   # no kernels of ours on a CPU: the torch compositions either way
 PRIORS["amd"] = PRIORS["nvidia"]   # not measured on ROCm: the NVIDIA table, for the same reasons
