@@ -113,7 +113,7 @@ def _judge(name: str, outputs, eager: List[torch.Tensor], ref64: Optional[List[t
             continue
         ref = ref64[index] if ref64 is not None else eager_out
         baseline = eager_out if ref64 is not None else None
-        result = tolerance.compare(f"output {index}", out, ref, baseline, out.dtype)
+        result = tolerance.judge(f"output {index}", out, ref, baseline, out.dtype)
         ratio = float("inf") if result.err is None else result.err / max(result.allowed, 1e-300)
         if ratio > worst:
             worst = ratio

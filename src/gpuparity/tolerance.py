@@ -115,11 +115,11 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor, valid: Optional[torch.T
     return diff / norm
 
 
-def compare(name: str, out, ref: torch.Tensor, baseline: Optional[torch.Tensor], dtype: torch.dtype,
-            valid: Optional[torch.Tensor] = None, must_be_zero: Optional[torch.Tensor] = None,
-            precision: Optional[str] = None, reduction: Optional[int] = None,
-            logit_peak: Optional[float] = None) -> Comparison:
-    """Compare one output (or gradient) with the float64 reference under the policy.
+def judge(name: str, out, ref: torch.Tensor, baseline: Optional[torch.Tensor], dtype: torch.dtype,
+          valid: Optional[torch.Tensor] = None, must_be_zero: Optional[torch.Tensor] = None,
+          precision: Optional[str] = None, reduction: Optional[int] = None,
+          logit_peak: Optional[float] = None) -> Comparison:
+    """Judge one output (or gradient) against the float64 reference under the policy.
 
     valid: bool mask (broadcastable to ref) of the meaningful elements.
     must_be_zero: bool mask of the elements that must be exactly 0 (fully masked rows).

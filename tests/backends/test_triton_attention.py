@@ -15,7 +15,7 @@ pytest.importorskip("triton")
 from gpuparity import reference  # noqa: E402
 from gpuparity.backends import sdpa, triton_attention  # noqa: E402
 from gpuparity.backends.triton_attention import tiles  # noqa: E402
-from gpuparity.tolerance import compare  # noqa: E402
+from gpuparity.tolerance import judge  # noqa: E402
 
 require_device()
 pytestmark = pytest.mark.usefixtures("triton_interpreter_is_live")
@@ -72,18 +72,18 @@ def check(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, sc
         # a float mask's -inf entries mask too
         allowed = reference.attention_allowed(q_len, k.shape[2], batch, **masks)
         empty = (~allowed.any(-1, keepdim=True)).expand(batch, heads, q_len, 1)
-    results = [compare("out", out, ref_out, base_out, dtype, valid=~empty, must_be_zero=empty)]
+    results = [judge("out", out, ref_out, base_out, dtype, valid=~empty, must_be_zero=empty)]
     assert torch.isfinite(out).all(), "non-finite output"
     if backward:
         grads = torch.autograd.grad(out, (q, k, v), dout)
         base_grads = torch.autograd.grad(base_out, base_inputs, dout)
         ref_grads = torch.autograd.grad(ref_out, ref_inputs, dout.to("cpu", torch.float64))
-        results.append(compare("dq", grads[0], ref_grads[0], base_grads[0], dtype, must_be_zero=empty))
+        results.append(judge("dq", grads[0], ref_grads[0], base_grads[0], dtype, must_be_zero=empty))
         unused = None
         if key_padding_mask is not None:
             unused = ref_kpm.view(batch, 1, -1, 1)
-        results.append(compare("dk", grads[1], ref_grads[1], base_grads[1], dtype, must_be_zero=unused))
-        results.append(compare("dv", grads[2], ref_grads[2], base_grads[2], dtype, must_be_zero=unused))
+        results.append(judge("dk", grads[1], ref_grads[1], base_grads[1], dtype, must_be_zero=unused))
+        results.append(judge("dv", grads[2], ref_grads[2], base_grads[2], dtype, must_be_zero=unused))
     failed = [r.reason for r in results if not r.passed]
     assert not failed, "\n".join(failed)
     return out

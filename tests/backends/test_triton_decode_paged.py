@@ -13,7 +13,7 @@ import gpuparity
 from gpuparity.backends import triton_decode as td
 from gpuparity.ops import decode
 from gpuparity.ops.decode import attention_decode, decode_reference, kv_cache_append
-from gpuparity.tolerance import compare
+from gpuparity.tolerance import judge
 
 DEVICE = torch.device(TEST_DEVICE)
 pytestmark = pytest.mark.usefixtures("triton_interpreter_is_live")
@@ -37,7 +37,7 @@ def check(out, q, k_pool, v_pool, table, seqlens, softcap=None):
     base = td.decode_composition(q, k, v, seqlens, softcap=softcap)
     visible = seqlens.cpu().long().view(-1, 1, 1, 1) - q.shape[2] + 1 + torch.arange(q.shape[2]).view(1, 1, -1, 1)
     empty = (visible <= 0).expand(q.shape[0], q.shape[1], q.shape[2], 1)
-    result = compare("out", out.cpu(), ref, base.cpu(), q.dtype, valid=~empty, must_be_zero=empty)
+    result = judge("out", out.cpu(), ref, base.cpu(), q.dtype, valid=~empty, must_be_zero=empty)
     assert result.passed, result.reason
 
 
@@ -84,7 +84,7 @@ def test_flash_attention_pool_layout_int64_table_and_sliced_table(no_gather):
     k5, v5 = (p[table[:, :5].long()].transpose(1, 2).reshape(3, 2, 40, 16) for p in (k_pool, v_pool))
     ref = decode_reference(q, k5, v5, seqlens.cpu())
     base = td.decode_composition(q, k5, v5, seqlens)
-    result = compare("out", out.cpu(), ref, base.cpu(), q.dtype)
+    result = judge("out", out.cpu(), ref, base.cpu(), q.dtype)
     assert result.passed, result.reason
 
 

@@ -15,7 +15,7 @@ pytest.importorskip("triton")
 
 from gpuparity import reference  # noqa: E402
 from gpuparity.backends import torch_ops, triton_common, triton_norms  # noqa: E402
-from gpuparity.tolerance import compare  # noqa: E402
+from gpuparity.tolerance import judge  # noqa: E402
 
 require_device()
 
@@ -64,7 +64,7 @@ def check_norm(op, x, weight, bias, eps, dy=None, seed=0):
         if e is None:
             continue
         assert g.dtype == (x.dtype if name in ("out", "dx") else (weight if name == "dweight" else bias).dtype)
-        result = compare(name, g, e, b, x.dtype)
+        result = judge(name, g, e, b, x.dtype)
         assert result.passed, f"{op} {tuple(x.shape)} {x.dtype}: {result.reason}"
     return got
 
@@ -189,7 +189,7 @@ def test_backward_tile_walk_both_ways(op, prefetch):
            else reference.layer_norm(xs, (hidden,), ws, bs, 1e-5))
     expected = torch.autograd.grad(ref, [t for t in (xs, ws, bs) if t is not None], dy.double().cpu())
     for name, got, want in zip(("dx", "dweight", "dbias"), (dx, dw, db), expected):
-        result = compare(name, got, want, None, torch.float32)
+        result = judge(name, got, want, None, torch.float32)
         assert result.passed, f"{op} prefetch={prefetch}: {result.reason}"
 
 
@@ -275,7 +275,7 @@ def test_multi_dim_normalized_shape():
     weight = torch.randn(5, 6, generator=gen).to(DEVICE)
     out = triton_norms.triton_layer_norm(x, (5, 6), weight, None, 1e-5)
     expected = reference.layer_norm(x.double().cpu(), (5, 6), weight.double().cpu(), None, 1e-5)
-    assert compare("out", out, expected, None, torch.float32).passed
+    assert judge("out", out, expected, None, torch.float32).passed
     # backward with a two-dim weight and bias, twice (the second through the kept launches)
     bias = torch.randn(5, 6, generator=gen).to(DEVICE)
     dy = torch.randn(x.shape, generator=gen).to(DEVICE)
@@ -287,10 +287,10 @@ def test_multi_dim_normalized_shape():
         got = torch.autograd.grad(triton_norms.triton_layer_norm(leaves[0], (5, 6), *leaves[1:], 1e-5), leaves, dy)
         for name, g, want in zip(("dx", "dweight", "dbias"), got, expected):
             assert g.shape == want.shape
-            assert compare(name, g, want, None, torch.float32).passed, name
+            assert judge(name, g, want, None, torch.float32).passed, name
     out = triton_norms.triton_rms_norm(x, (5, 6), weight, None)
     expected = reference.rms_norm(x.double().cpu(), (5, 6), weight.double().cpu(), torch.finfo(torch.float32).eps)
-    assert compare("out", out, expected, None, torch.float32).passed
+    assert judge("out", out, expected, None, torch.float32).passed
 
 
 def test_empty_input():
@@ -345,11 +345,11 @@ def test_more_than_2_31_elements(op):
     w64 = weight.detach().double().cpu()
     expected = reference.rms_norm(x_tail, (hidden,), w64, 1e-6) if op == "rms" else \
         reference.layer_norm(x_tail, (hidden,), w64, None, 1e-5)
-    result = compare("out", out[tail], expected, None, torch.bfloat16)
+    result = judge("out", out[tail], expected, None, torch.bfloat16)
     assert result.passed, result.reason
     x_leaf = x_tail.clone().requires_grad_()
     ref_out = reference.rms_norm(x_leaf, (hidden,), w64, 1e-6) if op == "rms" else \
         reference.layer_norm(x_leaf, (hidden,), w64, None, 1e-5)
     (ref_dx,) = torch.autograd.grad(ref_out, [x_leaf], torch.ones_like(ref_out))
-    result = compare("dx", dx[tail], ref_dx, None, torch.bfloat16)
+    result = judge("dx", dx[tail], ref_dx, None, torch.bfloat16)
     assert result.passed, result.reason

@@ -15,7 +15,7 @@ pytest.importorskip("triton")
 
 from gpuparity import reference  # noqa: E402
 from gpuparity.backends import torch_ops, triton_rotary  # noqa: E402
-from gpuparity.tolerance import compare  # noqa: E402
+from gpuparity.tolerance import judge  # noqa: E402
 
 require_device()
 
@@ -53,7 +53,7 @@ def check_rotary(x, cos, sin, seed=0, **kwargs):
     expected = run_rotary(reference.apply_rotary, up(x), up(cos), up(sin), up(dy), **ref_kwargs)
     for name, g, b, e in zip(("out", "dx"), got, base, expected):
         assert g.dtype == x.dtype and g.shape == x.shape
-        result = compare(name, g, e, b, x.dtype)
+        result = judge(name, g, e, b, x.dtype)
         assert result.passed, f"{tuple(x.shape)} {x.dtype} {kwargs}: {result.reason}"
     return got
 

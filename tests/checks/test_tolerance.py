@@ -11,10 +11,10 @@ def test_pass_when_within_twice_the_baseline_or_the_floor():
     baseline = ref * (1 + 0.02)           # baseline error 0.02
     good = ref * (1 + 0.039)              # < 2 * 0.02
     bad = ref * (1 + 0.041)
-    assert tolerance.compare("out", good.float(), ref, baseline.float(), torch.float32).passed
-    result = tolerance.compare("out", bad.float(), ref, baseline.float(), torch.float32)
+    assert tolerance.judge("out", good.float(), ref, baseline.float(), torch.float32).passed
+    result = tolerance.judge("out", bad.float(), ref, baseline.float(), torch.float32)
     assert not result.passed and abs(result.allowed - 0.04) < 1e-6
-    exact_baseline = tolerance.compare("out", (ref * (1 + 5e-6)).float(), ref, ref.float(), torch.float32)
+    exact_baseline = tolerance.judge("out", (ref * (1 + 5e-6)).float(), ref, ref.float(), torch.float32)
     assert exact_baseline.passed and exact_baseline.allowed == tolerance.FLOOR[torch.float32]
 
 
@@ -22,7 +22,7 @@ def test_nan_where_reference_is_finite_fails():
     ref = torch.zeros(4, 4, dtype=torch.float64)
     out = torch.zeros(4, 4)
     out[2, 3] = float("nan")
-    result = tolerance.compare("out", out, ref, None, torch.float32)
+    result = tolerance.judge("out", out, ref, None, torch.float32)
     assert not result.passed and "NaN" in result.reason and result.worst_index == [2, 3]
 
 
@@ -32,19 +32,19 @@ def test_rows_that_must_be_zero_must_be_exactly_zero():
     empty[1, 2] = True
     ref[1, 2] = 0
     out = ref.clone().float()
-    assert tolerance.compare("out", out, ref, None, torch.float32, must_be_zero=empty).passed
+    assert tolerance.judge("out", out, ref, None, torch.float32, must_be_zero=empty).passed
     out[1, 2, 4] = 1e-30
-    result = tolerance.compare("out", out, ref, None, torch.float32, must_be_zero=empty)
+    result = tolerance.judge("out", out, ref, None, torch.float32, must_be_zero=empty)
     assert not result.passed and "exactly 0" in result.reason
 
 
 def test_wrong_shape_and_tf32_floor():
     gen = torch.Generator().manual_seed(0)  # seeded: the noise must sit between the two floors
     ref = torch.randn(3, 3, dtype=torch.float64, generator=gen)
-    assert "wrong shape" in tolerance.compare("out", torch.zeros(3), ref, None, torch.float32).reason
+    assert "wrong shape" in tolerance.judge("out", torch.zeros(3), ref, None, torch.float32).reason
     noisy = (ref * (1 + 5e-4 * torch.randn(3, 3, dtype=torch.float64, generator=gen))).float()
-    assert not tolerance.compare("out", noisy, ref, None, torch.float32).passed
-    assert tolerance.compare("out", noisy, ref, None, torch.float32, precision="tf32").passed
+    assert not tolerance.judge("out", noisy, ref, None, torch.float32).passed
+    assert tolerance.judge("out", noisy, ref, None, torch.float32, precision="tf32").passed
 
 
 def test_a_vanishing_reference_is_judged_per_element_not_by_the_norm_of_its_noise():
@@ -52,8 +52,8 @@ def test_a_vanishing_reference_is_judged_per_element_not_by_the_norm_of_its_nois
     noise (1e-6 per element, over 100k elements: an L2 norm of 3e-4) passes; a wrong value fails."""
     ref = torch.zeros(100_000, dtype=torch.float64)
     noise = torch.full((100_000,), 1e-6, dtype=torch.float32)
-    assert tolerance.compare("grad_q", noise, ref, torch.zeros(100_000), torch.float32).passed
-    assert not tolerance.compare("grad_q", torch.full((100_000,), 1e-3), ref, torch.zeros(100_000), torch.float32).passed
+    assert tolerance.judge("grad_q", noise, ref, torch.zeros(100_000), torch.float32).passed
+    assert not tolerance.judge("grad_q", torch.full((100_000,), 1e-3), ref, torch.zeros(100_000), torch.float32).passed
 
 
 def test_the_floor_rises_with_the_reduction_length_as_output_dtype_accumulation_does():
@@ -64,13 +64,13 @@ def test_the_floor_rises_with_the_reduction_length_as_output_dtype_accumulation_
     gen = torch.Generator().manual_seed(0)
     ref = torch.randn(4096, dtype=torch.float64, generator=gen)
     off = (ref * (1 + 0.0102 * torch.randn(4096, dtype=torch.float64, generator=gen))).to(torch.float32)
-    assert not tolerance.compare("grad_v", off, ref, None, torch.bfloat16).passed
-    assert tolerance.compare("grad_v", off, ref, None, torch.bfloat16, reduction=16448).passed
+    assert not tolerance.judge("grad_v", off, ref, None, torch.bfloat16).passed
+    assert tolerance.judge("grad_v", off, ref, None, torch.bfloat16, reduction=16448).passed
     assert tolerance.error_floor(torch.bfloat16, reduction=300) == tolerance.FLOOR[torch.bfloat16]
     bf16 = tolerance.error_floor(torch.bfloat16, reduction=16448)
     assert abs(bf16 - 2 * 2.0 ** -8 / 3 ** 0.5 * (16448 / 512) ** 0.5) < 1e-12 and bf16 < 0.03
     far = (ref * (1 + 0.05 * torch.randn(4096, dtype=torch.float64, generator=gen))).to(torch.float32)
-    assert not tolerance.compare("grad_v", far, ref, None, torch.bfloat16, reduction=16448).passed
+    assert not tolerance.judge("grad_v", far, ref, None, torch.bfloat16, reduction=16448).passed
     # fp32 accumulation is what every fp32 kernel does: its floor does not move at these lengths
     assert tolerance.error_floor(torch.float32, reduction=131136) == tolerance.FLOOR[torch.float32]
 
@@ -82,9 +82,9 @@ def test_the_floor_rises_with_the_logits_an_exponential_is_taken_of():
     gen = torch.Generator().manual_seed(1)
     ref = torch.randn(4096, dtype=torch.float64, generator=gen)
     off = (ref * (1 + 1.6e-5 * torch.randn(4096, dtype=torch.float64, generator=gen))).to(torch.float32)
-    assert not tolerance.compare("grad_q", off, ref, None, torch.float32).passed
-    assert tolerance.compare("grad_q", off, ref, None, torch.float32, logit_peak=123.0).passed
+    assert not tolerance.judge("grad_q", off, ref, None, torch.float32).passed
+    assert tolerance.judge("grad_q", off, ref, None, torch.float32, logit_peak=123.0).passed
     assert tolerance.error_floor(torch.float32, logit_peak=20.0) == tolerance.FLOOR[torch.float32]
     assert tolerance.error_floor(torch.bfloat16, logit_peak=123.0) == tolerance.FLOOR[torch.bfloat16]
     wrong = (ref * (1 + 1e-3 * torch.randn(4096, dtype=torch.float64, generator=gen))).to(torch.float32)
-    assert not tolerance.compare("grad_q", wrong, ref, None, torch.float32, logit_peak=123.0).passed
+    assert not tolerance.judge("grad_q", wrong, ref, None, torch.float32, logit_peak=123.0).passed

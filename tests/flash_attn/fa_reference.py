@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from gpuparity.tolerance import compare
+from gpuparity.tolerance import judge
 
 
 def reference(q, k, v, *, causal=False, window=(-1, -1), softcap=0.0, alibi=None, scale=None, q_lens=None,
@@ -55,7 +55,7 @@ def check(got, ref, baseline, dtype, names=("out", "dq", "dk", "dv"), must_be_ze
     """Each of got against ref (float64) under the tolerance policy; asserts."""
     for i, (name, mine, want, base) in enumerate(zip(names, got, ref, baseline)):
         zero = must_be_zero if i == 0 else None
-        result = compare(name, mine, want, base, dtype, must_be_zero=zero)
+        result = judge(name, mine, want, base, dtype, must_be_zero=zero)
         assert result.passed, result.reason
 
 

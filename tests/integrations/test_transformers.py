@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 import torch  # noqa: E402
 
 import gpuparity  # noqa: E402
-from gpuparity.tolerance import compare  # noqa: E402
+from gpuparity.tolerance import judge  # noqa: E402
 from gpuparity.integrations import transformers as gp_hf  # noqa: E402
 
 DEVICE = os.environ.get("GPUPARITY_TEST_DEVICE", "cpu")
@@ -126,11 +126,11 @@ def check_family(family, dtype, backend="auto", **overrides):
     base_logits, _, base_grads = run(base, batch, valid, dtype)
     our_logits, _, our_grads = run(ours, batch, valid, dtype)
     assert torch.isfinite(our_logits).all(), f"{family}: NaN/Inf in the patched logits (padding rows included)"
-    results = [compare("logits", our_logits, ref_logits, base_logits, dtype, valid=keep.unsqueeze(-1))]
+    results = [judge("logits", our_logits, ref_logits, base_logits, dtype, valid=keep.unsqueeze(-1))]
     assert our_grads.keys() == ref_grads.keys()
     # A key projection's bias has an exactly zero gradient (softmax is shift-invariant per query
     # row): its rounding noise has no relative error to speak of, so it is not compared.
-    results += [compare(f"d{n}", our_grads[n], ref_grads[n], base_grads.get(n), dtype) for n in ref_grads
+    results += [judge(f"d{n}", our_grads[n], ref_grads[n], base_grads.get(n), dtype) for n in ref_grads
                 if not n.endswith(KEY_BIASES)]
     marginal = MARGINAL.get((family, dtype), ())
     failed = [r.reason for r in results if not r.passed and not (
@@ -336,7 +336,7 @@ def test_training_run_tracks_unpatched_loss_curve():
     gpuparity.patch(ours_model)
     ours = curve(ours_model, torch.float32)
     assert ref[-1] < ref[0] - 0.5, "the run must actually train"
-    result = compare("loss curve", ours, ref, base, torch.float32)
+    result = judge("loss curve", ours, ref, base, torch.float32)
     assert result.passed, result.reason
 
 

@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 import torch  # noqa: E402
 
 import gpuparity  # noqa: E402
-from gpuparity.tolerance import compare  # noqa: E402
+from gpuparity.tolerance import judge  # noqa: E402
 from gpuparity.integrations import transformers_loss  # noqa: E402
 from device_env import TEST_DEVICE  # noqa: E402
 from test_transformers import build, inputs  # noqa: E402
@@ -61,9 +61,9 @@ def check(family, dtype, head_scale=1.0, **overrides):
     got, grads = loss_and_grads(ours, batch, labels)
     assert got.logits is None and got_base.logits is not None
     assert got.loss.dtype == torch.float32 == got_base.loss.dtype
-    results = [compare("loss", got.loss, ref.loss, got_base.loss, dtype)]
+    results = [judge("loss", got.loss, ref.loss, got_base.loss, dtype)]
     assert grads.keys() == ref_grads.keys()
-    results += [compare(f"d{n}", grads[n], ref_grads[n], base_grads.get(n), dtype) for n in ref_grads
+    results += [judge(f"d{n}", grads[n], ref_grads[n], base_grads.get(n), dtype) for n in ref_grads
                 if not n.endswith("k_proj.bias")]   # exactly zero in exact arithmetic (softmax shift)
     failed = [r.reason for r in results if not r.passed and not interpreter_rounding(r, dtype)]
     assert not failed, f"{family} {dtype}:\n" + "\n".join(failed)

@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 import torch  # noqa: E402
 
 import gpuparity  # noqa: E402
-from gpuparity.tolerance import compare  # noqa: E402
+from gpuparity.tolerance import judge  # noqa: E402
 from gpuparity.integrations import transformers_rotary as rotary  # noqa: E402
 from test_transformers import DEVICE, KEY_BIASES, MARGINAL, build, inputs, run  # noqa: E402
 
@@ -71,8 +71,8 @@ def check(family, dtype, positions, served, backend="auto"):
     # q and k per layer; per-item tables: the batch as one sequence of B * S positions
     expected_lead = (1, rows) if positions == "per-item" else tuple(batch["input_ids"].shape)
     assert [shape[:2] for shape in served] == [expected_lead] * (2 * LAYERS), served
-    results = [compare("logits", our_logits, ref_logits, base_logits, dtype, valid=keep.unsqueeze(-1))]
-    results += [compare(f"d{n}", our_grads[n], ref_grads[n], base_grads.get(n), dtype) for n in ref_grads
+    results = [judge("logits", our_logits, ref_logits, base_logits, dtype, valid=keep.unsqueeze(-1))]
+    results += [judge(f"d{n}", our_grads[n], ref_grads[n], base_grads.get(n), dtype) for n in ref_grads
                 if not n.endswith(KEY_BIASES)]
     marginal = MARGINAL.get((family, dtype), ())
     failed = [r.reason for r in results if not r.passed and not (

@@ -12,7 +12,7 @@ from device_env import TEST_DEVICE as DEVICE, require_device
 
 import gpuparity.nn.attention as gp_attention
 from gpuparity import patch
-from gpuparity.tolerance import compare
+from gpuparity.tolerance import judge
 from gpuparity.nn.attention import MultiheadAttention
 
 require_device()
@@ -42,7 +42,7 @@ def check_against_torch(torch_module, ours, x, **kwargs):
     base_out, base_grads = run_and_grads(torch_module, x, **kwargs)
     out, grads = run_and_grads(ours, x, **kwargs)
     names = ["out", "dx"] + [f"d{n}" for n, _ in ours.named_parameters()]
-    results = [compare(n, o, r, b, torch.float32) for n, o, r, b in
+    results = [judge(n, o, r, b, torch.float32) for n, o, r, b in
                zip(names, [out, *grads], [ref_out, *ref_grads], [base_out, *base_grads])]
     failed = [r.reason for r in results if not r.passed]
     assert not failed, "\n".join(failed)
@@ -179,7 +179,7 @@ def test_patched_encoder_matches_forward_and_backward(backend, monkeypatch):
     ours = run(patched, x)
     assert calls == [backend, backend]
     names = ["out", "dx"] + [f"d{n}" for n, _ in patched.named_parameters()]
-    results = [compare(n, o, r, b, torch.float32) for n, o, r, b in zip(names, ours, ref, base)]
+    results = [judge(n, o, r, b, torch.float32) for n, o, r, b in zip(names, ours, ref, base)]
     failed = [r.reason for r in results if not r.passed]
     assert not failed, "\n".join(failed)
 

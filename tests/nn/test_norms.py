@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 from device_env import TEST_DEVICE as DEVICE, require_device
 
-from gpuparity.tolerance import compare
+from gpuparity.tolerance import judge
 from gpuparity.nn.norms import LayerNorm, RMSNorm
 from gpuparity.nn.patch import patch
 
@@ -43,7 +43,7 @@ def test_state_dict_round_trip(ours, theirs, kwargs):
     x = torch.randn(3, 5, 24, device=DEVICE)
     baseline = torch_module(x)
     expected = torch_module.double().cpu()(x.double().cpu())
-    result = compare("out", drop_in(x), expected, baseline, torch.float32)
+    result = judge("out", drop_in(x), expected, baseline, torch.float32)
     assert result.passed, result.reason
 
 
@@ -89,7 +89,7 @@ def test_patch_swaps_norms_and_keeps_answers():
     reference_model.load_state_dict({k: v.double().cpu() for k, v in original.state_dict().items()})
     out_ref = reference_model(x.double().cpu())
     out, out_base = model(x), original(x)
-    result = compare("out", out, out_ref, out_base, torch.float32)
+    result = judge("out", out, out_ref, out_base, torch.float32)
     assert result.passed, result.reason
     grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     out.backward(grad_out)
@@ -98,5 +98,5 @@ def test_patch_swaps_norms_and_keeps_answers():
     params = dict(model.named_parameters())
     base_params = dict(original.named_parameters())
     for name, param in reference_model.named_parameters():
-        result = compare(f"grad {name}", params[name].grad, param.grad, base_params[name].grad, torch.float32)
+        result = judge(f"grad {name}", params[name].grad, param.grad, base_params[name].grad, torch.float32)
         assert result.passed, result.reason

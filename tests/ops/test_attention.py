@@ -10,7 +10,7 @@ from device_env import ON_GPU, TEST_DEVICE as DEVICE, require_device
 from gpuparity import dispatch, reference
 from gpuparity.checks import verdicts as verdicts_store
 from gpuparity.backends import sdpa
-from gpuparity.tolerance import compare
+from gpuparity.tolerance import judge
 from gpuparity.ops.attention import attention, attention_problem, explain_attention
 
 require_device()
@@ -41,7 +41,7 @@ def test_named_backends_agree_with_the_reference(backend):
     base = sdpa.composition(q, k, v, attn_mask=bias, key_padding_mask=kpm, is_causal=True)
     empty = torch.zeros(1, 1, 13, 1, dtype=torch.bool)
     empty[..., 3, :] = True
-    result = compare("out", out, ref, base, q.dtype, valid=~empty, must_be_zero=empty)
+    result = judge("out", out, ref, base, q.dtype, valid=~empty, must_be_zero=empty)
     assert result.passed, result.reason
 
 
@@ -230,7 +230,7 @@ def test_auto_probes_for_real_on_a_fresh_cache(tmp_path, monkeypatch):
         assert chosen["status"] in ("verified", "fallback")
         out = attention(q, k, v, key_padding_mask=kpm)
         ref = reference.attention(*(t.cpu().double() for t in (q, k, v)), key_padding_mask=kpm.cpu())
-        assert compare("out", out, ref, None, q.dtype).passed
+        assert judge("out", out, ref, None, q.dtype).passed
     finally:
         verdicts_store.clear_cache()
 
@@ -256,7 +256,7 @@ def test_flex_backend_masks_and_empty_rows_eagerly(monkeypatch):
         ref_kwargs = {name: (t.cpu().double() if t.is_floating_point() else t.cpu()) if isinstance(t, torch.Tensor)
                       else t for name, t in kwargs.items()}
         ref = reference.attention(*(t.cpu().double() for t in (q, k, v)), **ref_kwargs)
-        result = compare("out", out, ref, None, q.dtype)
+        result = judge("out", out, ref, None, q.dtype)
         assert result.passed, result.reason
         if "key_padding_mask" in kwargs:
             assert (out[1] == 0).all()

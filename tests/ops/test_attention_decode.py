@@ -12,7 +12,7 @@ import gpuparity  # noqa: E402
 from gpuparity import dispatch  # noqa: E402
 from gpuparity.backends import triton_decode as td  # noqa: E402
 from gpuparity.backends.registry import BackendUnavailable  # noqa: E402
-from gpuparity.tolerance import compare  # noqa: E402
+from gpuparity.tolerance import judge  # noqa: E402
 from gpuparity.ops import decode  # noqa: E402
 from gpuparity.ops.decode import attention_decode, decode_reference, kv_cache_append  # noqa: E402
 
@@ -41,7 +41,7 @@ def check(out, q, k, v, seqlens, softcap=None, scale=None):
     visible = seqlens.cpu().long().view(-1, 1, 1, 1) - q.shape[2] + 1 + torch.arange(q.shape[2]).view(1, 1, -1, 1)
     empty = (visible <= 0).expand(q.shape[0], q.shape[1], q.shape[2], 1)
     assert not torch.isnan(out).any()
-    result = compare("out", out.cpu(), ref, base.cpu(), q.dtype, valid=~empty, must_be_zero=empty)
+    result = judge("out", out.cpu(), ref, base.cpu(), q.dtype, valid=~empty, must_be_zero=empty)
     assert result.passed, result.reason
     return empty
 

@@ -16,7 +16,7 @@ from gpuparity.backends.registry import Backend, BackendUnavailable, register, u
 from gpuparity.backends.sdpa import composition  # noqa: E402
 from gpuparity.backends.triton_attention.launch import SEED_LIMIT, dropout_seed  # noqa: E402
 from gpuparity.checks import selection  # noqa: E402
-from gpuparity.tolerance import compare  # noqa: E402
+from gpuparity.tolerance import judge  # noqa: E402
 from gpuparity.ops import dropout as dropout_ops  # noqa: E402
 from gpuparity.ops.attention import attention, attention_problem, explain_attention  # noqa: E402
 
@@ -58,8 +58,8 @@ def same_mask_failures(q, k, v, keep, got, grad, **masks):
     base.backward(grad.cpu())
     empty = reference.empty_query_rows(q.shape[2], k.shape[2], q.shape[0], q.shape[1],
                                        **{name: value for name, value in masks.items() if name != "softcap"})
-    results = [compare("out", got[0], ref, base, q.dtype, valid=~empty, must_be_zero=empty)]
-    results += [compare(name, mine, theirs.grad, baseline.grad, q.dtype) for name, mine, theirs, baseline in
+    results = [judge("out", got[0], ref, base, q.dtype, valid=~empty, must_be_zero=empty)]
+    results += [judge(name, mine, theirs.grad, baseline.grad, q.dtype) for name, mine, theirs, baseline in
                 zip(("dq", "dk", "dv"), got[1:], ref_leaves, base_leaves)]
     return [r.reason for r in results if not r.passed]
 

@@ -11,7 +11,7 @@ from device_env import ON_GPU, TEST_DEVICE, require_device, size  # sets TRITON_
 pytest.importorskip("triton")
 
 import gpuparity  # noqa: E402
-from gpuparity.tolerance import compare  # noqa: E402
+from gpuparity.tolerance import judge  # noqa: E402
 from gpuparity.backends.registry import Backend, register, unregister  # noqa: E402
 from gpuparity.ops.attention import attention  # noqa: E402
 from gpuparity.ops.varlen import (attention_varlen, attention_varlen_reference, empty_rows,  # noqa: E402
@@ -58,9 +58,9 @@ def check(backend, qkv, cu_q, cu_k, **kwargs):
     ref.backward(grad.cpu().double())
     empty = empty_rows(cu_q.cpu(), cu_k.cpu(), causal=kwargs.get("causal", False),
                        window=kwargs.get("window")).view(-1, 1, 1)
-    results = [compare("out", mine[0], ref, base[0], qkv[0].dtype, valid=~empty, must_be_zero=empty)]
+    results = [judge("out", mine[0], ref, base[0], qkv[0].dtype, valid=~empty, must_be_zero=empty)]
     for name, got, theirs, baseline in zip(("dq", "dk", "dv"), mine[1:], ref_leaves, base[1:]):
-        results.append(compare(name, got, theirs.grad, baseline, qkv[0].dtype))
+        results.append(judge(name, got, theirs.grad, baseline, qkv[0].dtype))
     for result in results:
         assert result.passed, result.reason
     return mine, empty

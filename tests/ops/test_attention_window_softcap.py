@@ -12,7 +12,7 @@ import gpuparity  # noqa: E402
 from gpuparity import dispatch, reference  # noqa: E402
 from gpuparity.backends import sdpa  # noqa: E402
 from gpuparity.backends.registry import BackendUnavailable  # noqa: E402
-from gpuparity.tolerance import compare  # noqa: E402
+from gpuparity.tolerance import judge  # noqa: E402
 from gpuparity.ops.attention import attention, attention_problem  # noqa: E402
 
 
@@ -53,9 +53,9 @@ def check(backend, q, k, v, **kwargs):
     assert not torch.isnan(out).any()
     masks = {name: cpu(kwargs[name]) for name in ("key_padding_mask", "is_causal", "window") if name in kwargs}
     empty = reference.empty_query_rows(q.shape[2], k.shape[2], q.shape[0], q.shape[1], **masks)
-    results = [compare("out", cpu(out), ref, cpu(base), q.dtype, valid=~empty, must_be_zero=empty)]
+    results = [judge("out", cpu(out), ref, cpu(base), q.dtype, valid=~empty, must_be_zero=empty)]
     for name, mine, theirs, baseline in zip(("dq", "dk", "dv"), leaves, ref_leaves, base_leaves):
-        results.append(compare(name, cpu(mine.grad), theirs.grad, cpu(baseline.grad), q.dtype))
+        results.append(judge(name, cpu(mine.grad), theirs.grad, cpu(baseline.grad), q.dtype))
     for result in results:
         assert result.passed, result.reason
     return cpu(out), empty

@@ -10,7 +10,7 @@ from device_env import TEST_DEVICE as DEVICE, require_device
 
 from gpuparity import dispatch, reference
 from gpuparity.ops import select
-from gpuparity.tolerance import compare
+from gpuparity.tolerance import judge
 from gpuparity.ops.norms import layer_norm, rms_norm
 from gpuparity.ops.rotary import apply_rotary, rotary_kind
 
@@ -36,7 +36,7 @@ def test_rms_norm_is_f_rms_norm(backend, dtype):
     expected = reference.rms_norm(x.double().cpu(), (40,), weight.double().cpu(), eps_dtype=dtype)
     out = rms_norm(x, 40, weight, backend=backend)
     assert out.dtype == dtype and out.shape == x.shape
-    result = compare("out", out, expected, F.rms_norm(x, (40,), weight), dtype)
+    result = judge("out", out, expected, F.rms_norm(x, (40,), weight), dtype)
     assert result.passed, result.reason
 
 
@@ -46,7 +46,7 @@ def test_rms_norm_default_eps_is_what_f_rms_norm_uses():
     x = rand(4, 16, dtype=torch.bfloat16) * 1e-4
     out = rms_norm(x, (16,), backend="triton")
     expected = F.rms_norm(x.float(), (16,)).to(torch.bfloat16)
-    assert compare("out", out, expected.double(), None, torch.bfloat16).passed
+    assert judge("out", out, expected.double(), None, torch.bfloat16).passed
 
 
 @pytest.mark.parametrize("backend", NAMED)
@@ -54,7 +54,7 @@ def test_layer_norm_is_f_layer_norm(backend):
     x, weight, bias = rand(5, 3, 24), rand(24, seed=1), rand(24, seed=2)
     expected = reference.layer_norm(x.double().cpu(), (24,), weight.double().cpu(), bias.double().cpu(), 1e-5)
     out = layer_norm(x, [24], weight, bias, backend=backend)
-    result = compare("out", out, expected, F.layer_norm(x, (24,), weight, bias), torch.float32)
+    result = judge("out", out, expected, F.layer_norm(x, (24,), weight, bias), torch.float32)
     assert result.passed, result.reason
 
 
@@ -67,7 +67,7 @@ def test_apply_rotary_matches_reference(backend, interleaved):
     expected = reference.apply_rotary(x.double().cpu(), cos.double().cpu(), sin.double().cpu(),
                                       interleaved=interleaved, seqlen_offsets=offsets.cpu())
     out = apply_rotary(x, cos, sin, interleaved=interleaved, seqlen_offsets=offsets, backend=backend)
-    assert compare("out", out, expected, None, torch.float32).passed
+    assert judge("out", out, expected, None, torch.float32).passed
 
 
 @pytest.mark.parametrize("backend", ["triton", "composition"])
@@ -86,7 +86,7 @@ def test_apply_rotary_varlen_computes_max_seqlen():
     cu = torch.tensor([0, 4, 10], dtype=torch.int32, device=DEVICE)
     out = apply_rotary(x, cos, sin, cu_seqlens=cu, backend="triton")
     expected = reference.apply_rotary(x.double().cpu(), cos.double().cpu(), sin.double().cpu(), cu_seqlens=cu.cpu())
-    assert compare("out", out, expected, None, torch.float32).passed
+    assert judge("out", out, expected, None, torch.float32).passed
 
 
 def test_rotary_varlen_values_are_checked_once_per_tensor_and_version(monkeypatch):
@@ -178,7 +178,7 @@ def test_auto_serves_and_explains(monkeypatch):
     monkeypatch.setenv("GPUPARITY_TRUST_UNPROBED", "1")
     x, weight = rand(4, 32), rand(32, seed=3)
     expected = reference.rms_norm(x.double().cpu(), (32,), weight.double().cpu(), eps_dtype=torch.float32)
-    assert compare("out", rms_norm(x, (32,), weight), expected, None, torch.float32).passed
+    assert judge("out", rms_norm(x, (32,), weight), expected, None, torch.float32).passed
     problem = dispatch.Problem("rms_norm", x.device, x.dtype, "default")
     explanation = select.explain(problem)
     rows = {row["name"]: row for row in explanation["candidates"]}
@@ -200,9 +200,9 @@ def test_compile_backend_serves_all_three_ops():
         pytest.skip(reason)
     x, weight, bias = rand(6, 24), rand(24, seed=1), rand(24, seed=2)
     expected = reference.layer_norm(x.double().cpu(), (24,), weight.double().cpu(), bias.double().cpu(), 1e-5)
-    assert compare("out", layer_norm(x, (24,), weight, bias, backend="compile"), expected, None, torch.float32).passed
+    assert judge("out", layer_norm(x, (24,), weight, bias, backend="compile"), expected, None, torch.float32).passed
     expected = reference.rms_norm(x.double().cpu(), (24,), weight.double().cpu(), 1e-6)
-    assert compare("out", rms_norm(x, (24,), weight, 1e-6, backend="compile"), expected, None, torch.float32).passed
+    assert judge("out", rms_norm(x, (24,), weight, 1e-6, backend="compile"), expected, None, torch.float32).passed
     packed = rand(9, 2, 16)
     cos, sin = tables(8, 12)
     cu = torch.tensor([0, 4, 9], dtype=torch.int32, device=DEVICE)
@@ -210,4 +210,4 @@ def test_compile_backend_serves_all_three_ops():
     expected = reference.apply_rotary(packed.double().cpu(), cos.double().cpu(), sin.double().cpu(), interleaved=True,
                                       seqlen_offsets=offsets.cpu(), cu_seqlens=cu.cpu())
     out = apply_rotary(packed, cos, sin, interleaved=True, seqlen_offsets=offsets, cu_seqlens=cu, backend="compile")
-    assert compare("out", out, expected, None, torch.float32).passed
+    assert judge("out", out, expected, None, torch.float32).passed

@@ -200,13 +200,13 @@ def _run_case(spec: OpSpec, fn: Callable, params: Dict[str, Any], dtype: torch.d
     zero = spec.zero_masks(ref_inputs, params)
     valid = spec.valid_masks(ref_inputs, params)
     precision = spec.precision(dtype, device)
-    comparisons = [tolerance.compare("out", out, ref_out, base_out, dtype, valid.get("out"), zero.get("out"), precision)]
+    comparisons = [tolerance.judge("out", out, ref_out, base_out, dtype, valid.get("out"), zero.get("out"), precision)]
     for name, ref_grad in ref_grads.items():
         got = grads.get(name)
         if got is None:
             comparisons.append(Comparison(name, False, reason=f"{name}: no gradient (None) where the reference has one"))
             continue
-        comparisons.append(tolerance.compare(name, got, ref_grad, base_grads.get(name), dtype, valid.get(name),
+        comparisons.append(tolerance.judge(name, got, ref_grad, base_grads.get(name), dtype, valid.get(name),
                                              zero.get(name), precision))
     failed = [c for c in comparisons if not c.passed]
     status = Status.FAIL if failed else Status.PASS

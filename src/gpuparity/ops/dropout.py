@@ -58,7 +58,7 @@ _LOCK = threading.Lock()
 
 def _self_check(problem: Problem, backend: Backend) -> Dict[str, Any]:
     from ..contracts import reference
-    from ..tolerance import compare
+    from ..tolerance import judge
     c = _CHECK
     gen = torch.Generator().manual_seed(0)
     kv_heads, head_dim = (2 if problem.feature("gqa") else c["heads"]), problem.feature("head_dim")
@@ -86,7 +86,7 @@ def _self_check(problem: Problem, backend: Backend) -> Dict[str, Any]:
     # the baseline: the reference with the same mask in the call's dtype (its rounding alone)
     base = run(lambda *leaves, **masks: reference.attention_dropout(*leaves, keep.to(problem.device),
                                                                     c["dropout_p"], **masks))
-    results = [compare(name, got, want, baseline, problem.dtype) for name, got, want, baseline in
+    results = [judge(name, got, want, baseline, problem.dtype) for name, got, want, baseline in
                zip(("out", "dq", "dk", "dv"), mine, [ref] + [t.grad for t in ref_leaves], base)]
     failed = [r.reason for r in results if not r.passed]
     return {"passed": not failed, "time_ms": None,

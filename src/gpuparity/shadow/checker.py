@@ -134,13 +134,13 @@ def check_call(call: SampledCall, device: Optional[torch.device] = None) -> List
         base_out, base_grads = None, {}
     valid = call.kind.valid(args) if call.kind.valid else {}
     zero = call.kind.must_be_zero(args) if call.kind.must_be_zero else {}
-    comparisons = [tolerance.compare("out", out, ref_out, base_out, dtype, valid.get("out"), zero.get("out"),
+    comparisons = [tolerance.judge("out", out, ref_out, base_out, dtype, valid.get("out"), zero.get("out"),
                                      call.precision)]
     for name, got in grads.items():
         ref = ref_grads.get(name)
         if ref is None:
             continue
-        comparisons.append(tolerance.compare(name, got, ref, base_grads.get(name), dtype,
+        comparisons.append(tolerance.judge(name, got, ref, base_grads.get(name), dtype,
                                              valid.get(name), zero.get(name), call.precision))
     if where:
         for comparison in comparisons:

@@ -166,7 +166,7 @@ def tensor_error(name: str, ta: torch.Tensor, ma: Dict[str, Any], tb: torch.Tens
     a_only = ~finite_a & finite_b
     if a_only.any():
         return {"err": math.inf, "reason": f"{name}: A has {int(a_only.sum())} NaN/Inf values where B is finite"}
-    result = tolerance.compare(name, tb, ta, None, torch.float32, valid=~both_same_nonfinite)
+    result = tolerance.judge(name, tb, ta, None, torch.float32, valid=~both_same_nonfinite)
     if result.err is None:  # NaN/Inf in B where A is finite
         return {"err": math.inf, "reason": result.reason.replace("the reference", "A"),
                 "worst_index": _full_index(result.worst_index, flat_index, ma["shape"])}

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ...contracts.attention import attention as reference_attention
-from .base import compare, first_line, half_dtype, inconclusive, probe, randn, randns, summarize, sync, upcast, verdict
+from .base import judge, first_line, half_dtype, inconclusive, probe, randn, randns, summarize, sync, upcast, verdict
 
 
 SDPA_MEMBERS = {"math": "MATH", "efficient": "EFFICIENT_ATTENTION", "flash": "FLASH_ATTENTION",
@@ -79,7 +79,7 @@ def attention_vs_fp64(backend: str, q, k, v, *, attn_mask=None, is_causal=False,
     base = _composition(qb, kb, vb, attn_mask=attn_mask, is_causal=is_causal)
 
     name = f"{backend}{' ' + label if label else ''}"
-    comparisons = [compare(f"{name} out", out, ref, base, dtype)]
+    comparisons = [judge(f"{name} out", out, ref, base, dtype)]
     if grads:
         generator = torch.Generator().manual_seed(1)
         grad_out = torch.randn(ref.shape, generator=generator, dtype=torch.float64)
@@ -87,7 +87,7 @@ def attention_vs_fp64(backend: str, q, k, v, *, attn_mask=None, is_causal=False,
         out.backward(grad_out.to(q.device, dtype))
         base.backward(grad_out.to(q.device, dtype))
         for label_grad, mine, theirs, baseline in (("dq", qs, q64, qb), ("dk", ks, k64, kb), ("dv", vs, v64, vb)):
-            comparisons.append(compare(f"{name} {label_grad}", mine.grad, theirs.grad, baseline.grad, dtype))
+            comparisons.append(judge(f"{name} {label_grad}", mine.grad, theirs.grad, baseline.grad, dtype))
     return comparisons
 
 
@@ -267,7 +267,7 @@ def sdpa_noncontig_v(dev: torch.device) -> Dict[str, Any]:
         except NoKernel as exc:
             skipped.append(f"{backend}: {exc}")
             continue
-        comparisons.append(compare(f"{backend} non-contiguous v out", out, ref,
+        comparisons.append(judge(f"{backend} non-contiguous v out", out, ref,
                                    _composition(q, k, v.contiguous()), torch.bfloat16))
     if not comparisons:
         return inconclusive("no fused backend has a kernel here: " + "; ".join(skipped))
@@ -321,7 +321,7 @@ def sdpa_misaligned(dev: torch.device) -> Dict[str, Any]:
                                      f"ran", backend=backend, backends_run=ran + [backend])
             raise
         ran.append(backend)
-        comparisons.append(compare(f"{label} out, q misaligned", out, ref, base, torch.bfloat16))
+        comparisons.append(judge(f"{label} out, q misaligned", out, ref, base, torch.bfloat16))
     if not comparisons:
         return inconclusive("no SDPA backend ran these calls here: " + "; ".join(skipped))
     result = summarize(comparisons, f"SDPA with q 6 bytes past 16-byte alignment ({', '.join(ran)})")
@@ -402,7 +402,7 @@ def sdpa_eff_stride0(dev: torch.device) -> Dict[str, Any]:
         return inconclusive(f"the efficient backend has no kernel here ({exc})")
     ref = reference_attention(upcast(q, False), upcast(k, False), upcast(v, False), attn_mask=mask.cpu())
     base = _composition(q, k.contiguous(), v.contiguous(), attn_mask=mask)
-    return summarize([compare("efficient stride-0 k/v out", out, ref, base, torch.bfloat16)],
+    return summarize([judge("efficient stride-0 k/v out", out, ref, base, torch.bfloat16)],
                      "efficient SDPA with stride-0 k/v, bf16, 4-D bool mask, kv_len 33")
 
 
@@ -467,7 +467,7 @@ def sdpa_aotriton_rdna35(dev: torch.device) -> Dict[str, Any]:
         ran.append(f"{backend} fp16 D72")
         if torch.isnan(out).any():
             findings.append(f"{backend}: NaN in the fp16 (4,8,4096,72) forward")
-        comparisons.append(compare(f"{backend} fp16 D72 out", out[:, :, rows.to(dev)], ref, base, torch.float16))
+        comparisons.append(judge(f"{backend} fp16 D72 out", out[:, :, rows.to(dev)], ref, base, torch.float16))
     q, k, v = randns((1, 4, 1024, 80), dev, torch.float32, 4, 5, 6)
     for backend in ("flash", "efficient"):
         try:

@@ -7,7 +7,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from ...tolerance import compare
+from ...tolerance import judge
 
 PROBES: List[str] = []
 
@@ -116,5 +116,5 @@ def rel_err(out, ref) -> float:
     return float(torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref))
 
 
-__all__ = ["PROBES", "compare", "device_of", "first_line", "grad_leaves", "half_dtype", "inconclusive", "is_rocm",
+__all__ = ["PROBES", "device_of", "first_line", "grad_leaves", "half_dtype", "inconclusive", "is_rocm", "judge",
            "needs_gpu", "probe", "randn", "randns", "rel_err", "summarize", "sync", "upcast", "verdict"]

@@ -7,7 +7,7 @@ from typing import Any, Dict
 
 import torch
 
-from .base import compare, first_line, grad_leaves, inconclusive, probe, randn, summarize, sync, upcast, verdict
+from .base import judge, first_line, grad_leaves, inconclusive, probe, randn, summarize, sync, upcast, verdict
 
 
 ENVIRONMENT_PROBLEMS = ("InvalidCxxCompiler", "No working C++ compiler", "Failed to find C compiler",
@@ -69,8 +69,8 @@ def compile_masked_pooling(dev: torch.device) -> Dict[str, Any]:
         seconds = time.monotonic() - start
     except Exception as exc:  # noqa: BLE001 - any compile failure is the finding
         return _compile_failure(exc)
-    result = summarize([compare("compiled out", out, ref_out, eager_out, torch.float32),
-                        compare("compiled dx", grad, ref_grad, eager_grad, torch.float32)],
+    result = summarize([judge("compiled out", out, ref_out, eager_out, torch.float32),
+                        judge("compiled dx", grad, ref_grad, eager_grad, torch.float32)],
                        "torch.compile of masked attention pooling vs eager (fp32, fwd+bwd)")
     result["compile_s"] = round(seconds, 2)
     return result
@@ -109,5 +109,5 @@ def compile_bf16_block(dev: torch.device) -> Dict[str, Any]:
         sync(dev)
     except Exception as exc:  # noqa: BLE001
         return _compile_failure(exc, confirms=False)
-    return summarize([compare("compiled bf16 block", out, ref, eager, torch.bfloat16)],
+    return summarize([judge("compiled bf16 block", out, ref, eager, torch.bfloat16)],
                      "compiled embedding+linear+RMSNorm under bf16 autocast vs eager")

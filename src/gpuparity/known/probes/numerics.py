@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ...contracts import reference
-from .base import compare, grad_leaves, inconclusive, probe, randn, rel_err, summarize, sync, upcast, verdict
+from .base import judge, grad_leaves, inconclusive, probe, randn, rel_err, summarize, sync, upcast, verdict
 
 
 @probe(default="cpu")
@@ -28,8 +28,8 @@ def cpu_bf16_layer_norm_grad(dev: torch.device) -> Dict[str, Any]:
     F.layer_norm(got[0], (width,), got[1]).backward(grad_out)
     F.layer_norm(ref[0], (width,), ref[1]).backward(grad_out.double())
     F.layer_norm(base[0], (width,), base[1]).backward(grad_out.float())
-    comparisons = [compare("dweight", got[1].grad, ref[1].grad, base[1].grad.bfloat16(), torch.bfloat16),
-                   compare("dx", got[0].grad, ref[0].grad, base[0].grad.bfloat16(), torch.bfloat16)]
+    comparisons = [judge("dweight", got[1].grad, ref[1].grad, base[1].grad.bfloat16(), torch.bfloat16),
+                   judge("dx", got[0].grad, ref[0].grad, base[0].grad.bfloat16(), torch.bfloat16)]
     return summarize(comparisons, "CPU bf16 layer_norm(256) backward, rows mean/std 50")
 
 
@@ -55,11 +55,11 @@ def norm_weight_grads(dev: torch.device) -> Dict[str, Any]:
         out.backward(grad_out)
         base.backward(grad_out)
         ref.backward(grad_out.detach().to("cpu", torch.float64))
-        comparisons.append(compare(f"{name} out", out, ref, base, torch.float32))
+        comparisons.append(judge(f"{name} out", out, ref, base, torch.float32))
         for label, index in (("dx", 0), ("dweight", 1), ("dbias", 2)):
             if ref_leaves[index].grad is None:
                 continue
-            comparisons.append(compare(f"{name} {label}", leaves[index].grad, ref_leaves[index].grad,
+            comparisons.append(judge(f"{name} {label}", leaves[index].grad, ref_leaves[index].grad,
                                        base_leaves[index].grad, torch.float32))
     return summarize(comparisons, f"LayerNorm/RMSNorm({width}) fp32 fwd+bwd on {dev}")
 
@@ -77,7 +77,7 @@ def layer_norm_huge_rows(dev: torch.device, rows: int = 2 ** 23 + 8, width: int 
     got = out[picked.to(dev)].detach().cpu()
     ref = reference.layer_norm(x[picked.to(dev)].detach().to("cpu", torch.float64), (width,))
     zero_rows = int((got[len(head):] == 0).all(dim=-1).sum())
-    comparison = compare("layer_norm tail rows", got, ref, None, torch.float32)
+    comparison = judge("layer_norm tail rows", got, ref, None, torch.float32)
     del x, out
     if dev.type == "cuda":
         torch.cuda.empty_cache()
@@ -251,9 +251,9 @@ def conv2d_vs_fp64(dev: torch.device) -> Dict[str, Any]:
             base.backward(grad_out.to(dev, torch.float32))
             ref.backward(grad_out)
             label = f"conv2d {x_shape}x{w_shape} s{stride}"
-            comparisons.append(compare(f"{label} out", out, ref, base, torch.float32))
-            comparisons.append(compare(f"{label} dx", leaves[0].grad, ref_leaves[0].grad, base_leaves[0].grad, torch.float32))
-            comparisons.append(compare(f"{label} dw", leaves[1].grad, ref_leaves[1].grad, base_leaves[1].grad, torch.float32))
+            comparisons.append(judge(f"{label} out", out, ref, base, torch.float32))
+            comparisons.append(judge(f"{label} dx", leaves[0].grad, ref_leaves[0].grad, base_leaves[0].grad, torch.float32))
+            comparisons.append(judge(f"{label} dw", leaves[1].grad, ref_leaves[1].grad, base_leaves[1].grad, torch.float32))
     finally:
         torch.backends.cudnn.allow_tf32 = previous
     return summarize(comparisons, f"conv2d fp32 fwd+bwd, {len(shapes)} shapes")

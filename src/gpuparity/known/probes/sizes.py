@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ...contracts import reference
-from .base import compare, inconclusive, is_rocm, probe, randn, summarize, sync, verdict
+from .base import judge, inconclusive, is_rocm, probe, randn, summarize, sync, verdict
 
 GiB = 2 ** 30
 MARGIN = 1.25     # free memory wanted beyond the probe's own need
@@ -52,7 +52,7 @@ def layer_norm_2pow32(dev: torch.device) -> Dict[str, Any]:
     got = out[-256:].float().cpu()
     zero_rows = int((got == 0).all(dim=-1).sum())
     ref = reference.layer_norm(tail.detach().to("cpu", torch.float64), (width,))
-    comparison = compare("layer_norm rows past 2^32 elements", got.to(torch.bfloat16), ref, None, torch.bfloat16)
+    comparison = judge("layer_norm rows past 2^32 elements", got.to(torch.bfloat16), ref, None, torch.bfloat16)
     del x, out
     _release(dev)
     result = summarize([comparison], f"layer_norm of ({rows}, {width}) bf16 ({rows * width / 2 ** 32:.4f} x 2^32 "
@@ -170,5 +170,5 @@ def sdpa_long_mask(dev: torch.device) -> Dict[str, Any]:
                               attn_mask=mask[rows.to(dev)].detach().to("cpu", torch.float64)[None, None])[0, 0]
     del q, k, v, mask, out
     _release(dev)
-    return summarize([compare("SDPA 131072 keys, float mask, 8 rows", got.to(torch.bfloat16), ref, None,
+    return summarize([judge("SDPA 131072 keys, float mask, 8 rows", got.to(torch.bfloat16), ref, None,
                               torch.bfloat16)], f"SDPA bf16 Lq={q_len} Lk={k_len} with a block-diagonal float mask")
