@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpuparity.backends.triton_decode import decode_composition
+from gpuparity.backends.triton_decode import decode_composition, gather_pages
 from gpuparity.backends.varlen_composition import composition_varlen, packed
 from gpuparity.backends.sdpa import composition
 from gpuparity.checks.battery import plan, run_battery
@@ -61,21 +61,33 @@ def varlen_nan_on_empty(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
     return torch.where((lengths_k == 0).view(-1, 1, 1), torch.full_like(out, float("nan")), out)
 
 
-def decode_correct(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None):
-    return decode_composition(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap)
+def decode_correct(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, block_table=None):
+    return decode_composition(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap, block_table=block_table)
 
 
-def decode_one_key_too_many(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None):
+def decode_one_key_too_many(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, block_table=None):
     """Reads the cache one past its length (the <= for < of a kernel's bound)."""
+    if block_table is not None:
+        k_cache, v_cache = gather_pages(k_cache, block_table), gather_pages(v_cache, block_table)
     return decode_composition(q, k_cache, v_cache, (cache_seqlens + 1).clamp(max=k_cache.shape[2]), scale=scale,
                               softcap=softcap)
 
 
-def decode_wrong_gqa_head(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None):
+def decode_wrong_gqa_head(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, block_table=None):
     """Query head h reads KV head h % Hkv instead of h // (H / Hkv)."""
+    if block_table is not None:
+        k_cache, v_cache = gather_pages(k_cache, block_table), gather_pages(v_cache, block_table)
     group = q.shape[1] // k_cache.shape[1]
     k, v = k_cache.repeat(1, group, 1, 1), v_cache.repeat(1, group, 1, 1)
     return decode_composition(q, k, v, cache_seqlens, scale=scale, softcap=softcap)
+
+
+def decode_pages_in_pool_order(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, block_table=None):
+    """Reads item b's pages in the pool's order, not through its table (a paged kernel that
+    ignores the shuffle); a contiguous cache is read correctly."""
+    if block_table is not None:
+        block_table = torch.arange(block_table.numel(), device=block_table.device).view_as(block_table)
+    return decode_composition(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap, block_table=block_table)
 
 
 # ----------------------------------------------------------------------------- tests
@@ -98,6 +110,7 @@ def test_cli_check_accepts_the_new_ops():
     ("attention_varlen", "varlen_nan_on_empty", {"empty_and_single_sequences"}),
     ("attention_decode", "decode_one_key_too_many", {"lengths_0_1_full", "sq4_fewer_keys_than_queries"}),
     ("attention_decode", "decode_wrong_gqa_head", {"sq4_fewer_keys_than_queries", "lengths_0_1_full"}),
+    ("attention_decode", "decode_pages_in_pool_order", {"paged_p16_gqa", "paged_p5_sq3_mqa", "paged_softcap_p16"}),
 ])
 def test_planted_bug_is_caught(op, name, must_catch):
     caught = failed_cases(run(op, name))

@@ -13,7 +13,7 @@ from torch import Tensor
 from . import select
 from ..backends.registry import Problem
 from ..backends.triton_decode import gather_pages
-from ..contracts.decode import decode_reference
+from ..contracts.decode import decode_kind, decode_reference
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_same_dtype, expect_tensor
 from ..contracts.base import check_softcap
 from .library import _like
@@ -108,12 +108,6 @@ def decode_problem(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=No
         features += (("page_size", int(k_cache.shape[2])),)
     return Problem(op="attention_decode", device=q.device, dtype=q.dtype,
                    kind=decode_kind(softcap is not None, block_table is not None), features=features)
-
-
-def decode_kind(softcap: bool, paged: bool) -> str:
-    """The call's kind (what a verdict vouches for): default, softcap, paged, paged-softcap."""
-    kind = "softcap" if softcap else "default"
-    return ("paged-softcap" if softcap else "paged") if paged else kind
 
 
 # ----------------------------------------------------------------------------- public API
