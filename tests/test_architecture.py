@@ -209,6 +209,66 @@ def test_the_lazy_facade_imports_on_first_use_and_keeps_the_name():
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
+# --------------------------------------------------------------------------- one contract per op
+# What defines an op lives in its contract (src/gpuparity/contracts/<op>.py): its float64 reference
+# and the battery's cases and regime families. Modules outside contracts/ whose public functions are
+# named like a reference but are not an op's, with why (none today):
+NOT_OP_REFERENCES = {}
+_REFERENCE_NAME = re.compile(r"^(reference_\w+|[a-z]\w*_reference)$")   # public names: private helpers adapt
+_CASE_BUILDERS = {"family", "Family", "Case", "view_members"}
+
+
+def outside_contracts(names=None):
+    """Definitions that belong in an op contract but sit outside contracts/: a function named like a
+    float64 reference (reference_* / *_reference), an OpSpec subclass, a case or family built at
+    module level (Case(...), family(...), view_members(...))."""
+    found = []
+    for module, path in sorted((names or module_names()).items()):
+        if module.startswith("gpuparity.contracts") or module in NOT_OP_REFERENCES:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _REFERENCE_NAME.search(node.name):
+                found.append(f"{module}.{node.name} (a float64 reference)")
+            elif isinstance(node, ast.ClassDef) and any(ast.unparse(b).split(".")[-1] == "OpSpec" for b in node.bases):
+                found.append(f"{module}.{node.name} (an OpSpec: the battery's cases)")
+        for node in tree.body:   # module level: cases and families declared here
+            for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
+                name = ast.unparse(call.func).split(".")[-1]
+                if name in _CASE_BUILDERS and not isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                    found.append(f"{module}: {name}(...) at line {call.lineno} (the battery's cases)")
+    return found
+
+
+def test_the_contract_finder_sees_planted_definitions(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text("from gpuparity.contracts.base import Case, OpSpec, family\n"
+                       "def attention_reference(q):\n    return q\n"
+                       "class MySpec(OpSpec):\n    pass\n"
+                       "CASES = [Case('a', {})]\n"
+                       "FAMILIES = [family('f', [])]\n"
+                       "def fine(x):\n    return x\n")
+    assert outside_contracts({"gpuparity.ops.planted": planted}) == [
+        "gpuparity.ops.planted.attention_reference (a float64 reference)",
+        "gpuparity.ops.planted.MySpec (an OpSpec: the battery's cases)",
+        "gpuparity.ops.planted: Case(...) at line 6 (the battery's cases)",
+        "gpuparity.ops.planted: family(...) at line 7 (the battery's cases)"]
+    assert outside_contracts({"gpuparity.contracts.planted": planted}) == []
+
+
+def test_references_and_cases_live_in_their_op_contract():
+    found = outside_contracts()
+    assert not found, ("an op's float64 reference or battery cases outside contracts/ (move them into "
+                       "contracts/<op>.py, or list a non-reference in NOT_OP_REFERENCES with why): " + ", ".join(found))
+
+
+def test_the_check_engine_runs_contracts_from_the_registry():
+    """checks/ finds each op's spec through contracts.get_spec, never a contract module by name."""
+    found = upward_imports(import_graph(), "gpuparity.checks", "gpuparity.contracts",
+                           allowed=("gpuparity.contracts", "gpuparity.contracts.base"))
+    assert not found, "checks/ imports an op's contract directly: " + ", ".join(found)
+
+
 # --------------------------------------------------------------------------- process-level caches
 # Module-level state that is not a memo: registries filled at import, and one-shot flags.
 NOT_CACHES = {
