@@ -80,7 +80,7 @@ def test_a_candidate_that_fails_verification_gives_way_to_the_next(empty_cache, 
         problem = norm_problem("rms_norm", x, (64,), w, None)
         assert select.resolve(problem).name == "torch"
         assert [t.backend for t in checks_run][0] == "planted_wrong"
-        assert {t.backend for t in checks_run} == {"planted_wrong", "torch"}
+        assert {t.backend for t in checks_run} == {"planted_wrong", "torch"}, [vars(t) for t in checks_run]
         rows = {r["name"]: r for r in select.explain(problem)["candidates"]}
         assert rows["planted_wrong"]["status"] == "failed-probe"
         # a failed verdict is kept: even timed fastest, the backend is never chosen
@@ -110,13 +110,25 @@ def test_a_confirmed_known_issue_still_rules_the_candidate_out(empty_cache, chec
     assert "PLANTED-ISSUE" in rows["torch"]["reason"]
 
 
-def test_stored_timings_rank_before_the_priors(empty_cache, checks_run):
+@pytest.fixture
+def fast_backend():
+    """A second correct rms_norm backend that runs on any machine (triton serves CPU tensors only
+    under the interpreter, so not on a GPU machine's CPU), ranked last by the CPU priors."""
+    def fast(x, normalized_shape, weight=None, eps=None):
+        return torch.nn.functional.rms_norm(x, normalized_shape, weight, eps)
+
+    dispatch.register(Backend("planted_fast", "rms_norm", fast, "planted for a test", dtypes=(torch.float32,)))
+    yield "planted_fast"
+    dispatch.unregister("rms_norm", "planted_fast")
+
+
+def test_stored_timings_rank_before_the_priors(empty_cache, checks_run, fast_backend):
     x, w = _rms_inputs()
     problem = norm_problem("rms_norm", x, (64,), w, None)
     stored = {verdicts.verdict_key(problem, dispatch.get("rms_norm", "torch")): {"passed": True, "reason": "", "time_ms": 9.0},
-              verdicts.verdict_key(problem, dispatch.get("rms_norm", "triton")): {"passed": True, "reason": "", "time_ms": 1.0}}
+              verdicts.verdict_key(problem, dispatch.get("rms_norm", fast_backend)): {"passed": True, "reason": "", "time_ms": 1.0}}
     verdicts.store_verdicts(problem.device, stored)
-    assert select.resolve(problem).name == "triton" and checks_run == []
+    assert select.resolve(problem).name == fast_backend and checks_run == []
 
 
 def test_a_slow_first_call_logs_one_info_line_and_no_warning(empty_cache, monkeypatch, caplog):
@@ -136,7 +148,7 @@ def test_a_slow_first_call_logs_one_info_line_and_no_warning(empty_cache, monkey
     assert "rms_norm" in said[0].getMessage()
 
 
-def test_background_timings_refine_the_choice(empty_cache, monkeypatch):
+def test_background_timings_refine_the_choice(empty_cache, monkeypatch, fast_backend):
     monkeypatch.setenv(selection.REFINE, "background")
     monkeypatch.setattr(selection, "REFINE_QUIET_S", 0.2)   # shipped: 10 s after the last first-call check
     x, w = _rms_inputs()
@@ -144,14 +156,14 @@ def test_background_timings_refine_the_choice(empty_cache, monkeypatch):
 
     def timed(op, dtype, kind, device, backends=None, **_):
         return {verdicts.verdict_key(problem, dispatch.get(op, name)): {"passed": True, "reason": "timed", "time_ms": t}
-                for name, t in (("torch", 5.0), ("triton", 1.0))}
+                for name, t in (("torch", 5.0), (fast_backend, 1.0))}
 
     monkeypatch.setattr(selection, "check_op", timed)
     assert select.resolve(problem).name == "torch"               # the prior, verified
     deadline = time.monotonic() + 30
-    while select.resolve(problem).name != "triton" and time.monotonic() < deadline:
+    while select.resolve(problem).name != fast_backend and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert select.resolve(problem).name == "triton"              # the timings arrived
+    assert select.resolve(problem).name == fast_backend          # the timings arrived
 
 
 def test_the_verification_worker_stays_alive_across_calls(empty_cache, monkeypatch):
