@@ -39,7 +39,8 @@ def build(args, variant: str):
             if type(module).__name__.endswith("Attention"):
                 module.gpuparity_backend = args.backend     # as patch(backend=...) sets it
     if variant.startswith("patch"):
-        force = True if variant.endswith("all") else ()
+        # "patch-all": every kind forced; "patch+rms_norm+swiglu": those kinds forced on top of the plan
+        force = True if variant.endswith("all") else tuple(variant.split("+")[1:])
         summary = gpuparity.patch(model, backend=args.backend, mode=args.mode, force=force)
     return model, summary
 
@@ -111,7 +112,8 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--backend", default="triton")
     parser.add_argument("--mode", default="compiled")
-    parser.add_argument("--variants", default="sdpa,attention-only,patch,patch-all")
+    parser.add_argument("--variants", default="sdpa,attention-only,patch,patch-all",
+                        help="comma-separated; patch+KIND[+KIND] forces kinds (rms_norm, rotary, swiglu, loss)")
     parser.add_argument("--eager", action="store_true", help="eager steps instead of compiled")
     parser.add_argument("--checks", action="store_true", help="inductor-code and reduce-overhead checks first")
     parser.add_argument("--out", default=None)
