@@ -12,6 +12,14 @@ float64 reference (the battery's)."""
 # never loaded) with an online softmax in fp32, and writes (out, lse) per split; a second small
 # kernel combines the splits by their log-sum-exp. With one split the first kernel writes the
 # output directly.
+#
+# Paged caches (constexpr PAGE_SIZE > 0): K and V are page pools (num_blocks, Hkv, page, D) and a
+# split reads its keys in place through the item's block-table row: where the page size is a
+# multiple of BLOCK_N a tile lies in one page (one table entry per tile, rows contiguous as in a
+# contiguous cache); otherwise each key of the tile loads its own entry. Triton pipelines the
+# K/V loads one buffer deep behind the table load (two for a contiguous cache): on an H200, pages
+# of 256 run within 10% of the contiguous kernel, pages of 16 up to 24% slower on short rows
+# (benchmarks/records/h200/paged-decode-2026-11-27.md).
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
