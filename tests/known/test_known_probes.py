@@ -178,12 +178,12 @@ def test_probe_decorator_sets_up_the_device_and_the_gpu_check(monkeypatch):
     @base.probe(default="cpu")
     def echo(dev, scale=1):
         seen.append((dev, scale))
-        return base.verdict(False, "ran")
+        return base.finding(False, "ran")
 
     @base.probe(gpu=True)
     def gpu_only(dev):
         seen.append(dev)
-        return base.verdict(False, "ran")
+        return base.finding(False, "ran")
 
     assert base.PROBES == ["echo", "gpu_only"]
     echo()

@@ -6,7 +6,7 @@ known/engine.py calls them by name as `gpuparity.known.probes:<name>`; PROBES li
 # kernel, no second GPU, ...). A crash or hang of the process is judged by the caller. Probes call
 # torch directly (raw SDPA, raw norms), never gpuparity's own wrappers, because they test the
 # platform, and they keep memory modest. The families are imported in registry order.
-from .base import PROBES, inconclusive, probe, summarize, verdict
+from .base import PROBES, finding, inconclusive, probe, summarize
 from .attention import (NO_KERNEL, SDPA_MEMBERS, NoKernel, attention_vs_fp64, run_sdpa, sdpa_aotriton_rdna35,
                         sdpa_cudnn, sdpa_cudnn_gqa, sdpa_cudnn_mask_lse, sdpa_cudnn_sq1_lse, sdpa_eff_stride0,
                         sdpa_flash_alone, sdpa_fp32_lse_race, sdpa_fullmask_nan, sdpa_fused_launch, sdpa_fused_vs_fp64,
@@ -24,7 +24,7 @@ from .system import (apu_memory, arch_smoke, gfx_name, hsa_override, kfd_gfx_tar
                      rocm_perms)
 
 __all__ = [
-    "PROBES", "probe", "verdict", "inconclusive", "summarize",
+    "PROBES", "probe", "finding", "inconclusive", "summarize",
     "SDPA_MEMBERS", "NO_KERNEL", "NoKernel", "run_sdpa", "attention_vs_fp64", "TF32_LEVEL", "BF16_LEVEL",
     "memory_shortfall", "ENVIRONMENT_PROBLEMS", "_compile_failure", "masked_pooling", "kfd_gfx_targets", "gfx_name", "override_target",
     # the probes, in registry order

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ...contracts.attention import attention as reference_attention
-from .base import judge, first_line, half_dtype, inconclusive, probe, randn, randns, summarize, sync, upcast, verdict
+from .base import finding, first_line, half_dtype, inconclusive, judge, probe, randn, randns, summarize, sync, upcast
 
 
 SDPA_MEMBERS = {"math": "MATH", "efficient": "EFFICIENT_ATTENTION", "flash": "FLASH_ATTENTION",
@@ -138,7 +138,7 @@ def sdpa_fullmask_nan(dev: torch.device) -> Dict[str, Any]:
     detail = "; ".join(findings) if findings else f"no NaN from {', '.join(ran)} with a fully masked row (fwd+bwd)"
     if skipped:
         detail += f"; not run: {', '.join(s.split(' ')[0] for s in skipped)}"
-    return verdict(bool(findings), detail, backends_run=ran, backends_with_nan=len(findings))
+    return finding(bool(findings), detail, backends_run=ran, backends_with_nan=len(findings))
 
 
 @probe(gpu=True)
@@ -153,7 +153,7 @@ def sdpa_mask_dtype(dev: torch.device) -> Dict[str, Any]:
     except NoKernel as exc:
         return inconclusive(f"the efficient backend has no kernel here ({exc})")
     except RuntimeError as exc:
-        return verdict(False, f"efficient SDPA refuses the mixed-dtype mask with an error, not NaN: {first_line(exc)}")
+        return finding(False, f"efficient SDPA refuses the mixed-dtype mask with an error, not NaN: {first_line(exc)}")
     return summarize(comparisons, "efficient SDPA, fp16 q/k/v with an fp32 additive mask")
 
 
@@ -224,10 +224,10 @@ def sdpa_cudnn_mask_lse(dev: torch.device) -> Dict[str, Any]:
     measured = {"nonfinite_grad_q": counts, "cudnn_version": torch.backends.cudnn.version(), "refused": refused}
     if bad:
         worst = max(bad, key=bad.get)
-        return verdict(True, f"cuDNN SDPA returned non-finite grad_q in {len(bad)}/{len(cudnn)} calls "
+        return finding(True, f"cuDNN SDPA returned non-finite grad_q in {len(bad)}/{len(cudnn)} calls "
                              f"({where}; worst {worst}: {bad[worst]} of {q.numel()}); the efficient "
                              f"backend: {sum(control.values()) if control else 'not run'} non-finite", **measured)
-    return verdict(False, f"cuDNN SDPA grad_q finite in {len(cudnn)} calls ({where})", **measured)
+    return finding(False, f"cuDNN SDPA grad_q finite in {len(cudnn)} calls ({where})", **measured)
 
 
 @probe(gpu=True)
@@ -248,7 +248,7 @@ def sdpa_cudnn_sq1_lse(dev: torch.device) -> Dict[str, Any]:
     sync(dev)
     counts = {name: int((~torch.isfinite(t.grad)).sum()) for name, t in (("dq", q), ("dk", k), ("dv", v))}
     bad = sum(counts.values())
-    return verdict(bad > 0, f"cuDNN SDPA bf16 Sq=1 Sk=128, logits ~ -128: non-finite gradients {counts}",
+    return finding(bad > 0, f"cuDNN SDPA bf16 Sq=1 Sk=128, logits ~ -128: non-finite gradients {counts}",
                    nonfinite=counts, cudnn_version=torch.backends.cudnn.version())
 
 
@@ -315,7 +315,7 @@ def sdpa_misaligned(dev: torch.device) -> Dict[str, Any]:
             sync(dev)
         except RuntimeError as exc:
             if any(marker in str(exc) for marker in MISALIGNED_MARKERS):
-                return verdict(True, f"{label}: {first_line(exc, 120)} with q's data pointer "
+                return finding(True, f"{label}: {first_line(exc, 120)} with q's data pointer "
                                      f"{shifted.data_ptr() % 16} bytes past 16-byte alignment (bf16 B{batch} H{heads} "
                                      f"Hkv{kv_heads} Sq{q_len} Sk{k_len} D{dim}, bool mask, GQA); the aligned control "
                                      f"ran", backend=backend, backends_run=ran + [backend])
@@ -367,7 +367,7 @@ def sdpa_fp32_lse_race(dev: torch.device) -> Dict[str, Any]:
     if not ran:
         return inconclusive("no fused fp32 kernel here: " + "; ".join(skipped))
     bad = {name: n for name, n in bad_runs.items() if n}
-    return verdict(bool(bad), f"fp32 D80 causal fwd+bwd, 20 runs per backend: non-finite in {bad or 'none'} "
+    return finding(bool(bad), f"fp32 D80 causal fwd+bwd, 20 runs per backend: non-finite in {bad or 'none'} "
                               f"({', '.join(ran)} ran)", bad_runs=bad_runs)
 
 
@@ -422,11 +422,11 @@ def sdpa_maskgrad(dev: torch.device) -> Dict[str, Any]:
     ref.backward(grad_out.detach().to("cpu", torch.float64))
     got = bias.grad.detach().to("cpu", torch.float64)
     if not torch.isfinite(got).all():
-        return verdict(True, "the mask gradient has NaN/Inf")
+        return finding(True, "the mask gradient has NaN/Inf")
     err = float(torch.linalg.vector_norm(got - bias64.grad) / torch.linalg.vector_norm(bias64.grad))
     # fp16 end to end: an error near 1 means garbage, not rounding.
     failed = err > 0.05
-    return verdict(failed, f"backward with only the float mask requiring grad ran; mask-gradient relative error "
+    return finding(failed, f"backward with only the float mask requiring grad ran; mask-gradient relative error "
                            f"{err:.3g} vs float64" + (" (wrong)" if failed else ""), err=err)
 
 
@@ -481,7 +481,7 @@ def sdpa_aotriton_rdna35(dev: torch.device) -> Dict[str, Any]:
     if not ran:
         return inconclusive("no fused backend has a kernel for these shapes here")
     if findings:
-        return verdict(True, "; ".join(findings), cases_run=ran)
+        return finding(True, "; ".join(findings), cases_run=ran)
     result = summarize(comparisons, "RDNA3.5 shapes")
     result["cases_run"] = ran
     return result
@@ -511,8 +511,8 @@ def sdpa_fused_launch(dev: torch.device) -> Dict[str, Any]:
     if not ran and not findings:
         return inconclusive("no fused backend has a kernel here: " + "; ".join(skipped))
     if findings:
-        return verdict(True, "; ".join(findings))
-    return verdict(False, f"{', '.join(ran)} launched and a later op ran cleanly")
+        return finding(True, "; ".join(findings))
+    return finding(False, f"{', '.join(ran)} launched and a later op ran cleanly")
 
 
 @probe(gpu=True)
@@ -533,4 +533,4 @@ def sdpa_flash_alone(dev: torch.device) -> Dict[str, Any]:
         efficient = "efficient ran with head_dim 288"
     except NoKernel as exc:
         efficient = f"efficient has no kernel for head_dim 288 ({exc})"
-    return verdict(failed, f"{flash}; {efficient}")
+    return finding(failed, f"{flash}; {efficient}")

@@ -1,5 +1,5 @@
 """What every probe shares: the registry and its decorator (device setup, the GPU check), seeded
-inputs, the float64 comparison under the tolerance policy, and the verdict dict."""
+inputs, the float64 comparison under the tolerance policy, and the finding dict."""
 from __future__ import annotations
 
 import functools
@@ -32,26 +32,26 @@ def probe(fn: Optional[Callable] = None, *, default: str = "cuda", gpu: bool = F
     return register(fn) if fn is not None else register
 
 
-# --------------------------------------------------------------------------- verdicts
-def verdict(failed: Optional[bool], detail: str, **measured: Any) -> Dict[str, Any]:
+# --------------------------------------------------------------------------- findings
+def finding(failed: Optional[bool], detail: str, **measured: Any) -> Dict[str, Any]:
     return {"failed": failed, "detail": detail, **measured}
 
 
 def inconclusive(detail: str, **measured: Any) -> Dict[str, Any]:
-    return verdict(None, detail, **measured)
+    return finding(None, detail, **measured)
 
 
 def summarize(comparisons, what: str) -> Dict[str, Any]:
-    """A probe verdict from Comparisons: failed when any comparison failed."""
+    """A probe finding from Comparisons: failed when any comparison failed."""
     failures = [c for c in comparisons if not c.passed]
     worst = max(comparisons, key=lambda c: (c.err or 0.0) / (c.allowed or 1e-30) if c.err is not None else float("inf"))
     measured = {"err": worst.err, "allowed": worst.allowed, "max_abs": worst.max_abs, "checks": len(comparisons),
                 "failed_checks": len(failures)}
     if failures:
         more = len(failures) - 1
-        return verdict(True, f"{what}: {failures[0].reason}"
+        return finding(True, f"{what}: {failures[0].reason}"
                        + (f" (and {more} more failed check{'s' * (more != 1)})" if more else ""), **measured)
-    return verdict(False, f"{what}: {len(comparisons)} check{'s' * (len(comparisons) != 1)} within tolerance "
+    return finding(False, f"{what}: {len(comparisons)} check{'s' * (len(comparisons) != 1)} within tolerance "
                           f"(worst {worst.name}: err {worst.err:.3g} <= allowed {worst.allowed:.3g})", **measured)
 
 
@@ -116,5 +116,5 @@ def rel_err(out, ref) -> float:
     return float(torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref))
 
 
-__all__ = ["PROBES", "device_of", "first_line", "grad_leaves", "half_dtype", "inconclusive", "is_rocm", "judge",
-           "needs_gpu", "probe", "randn", "randns", "rel_err", "summarize", "sync", "upcast", "verdict"]
+__all__ = ["PROBES", "device_of", "finding", "first_line", "grad_leaves", "half_dtype", "inconclusive", "is_rocm",
+           "judge", "needs_gpu", "probe", "randn", "randns", "rel_err", "summarize", "sync", "upcast"]

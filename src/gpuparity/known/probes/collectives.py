@@ -8,7 +8,7 @@ from typing import Any, Dict, Sequence
 
 import torch
 
-from .base import first_line, inconclusive, probe, verdict
+from .base import finding, first_line, inconclusive, probe
 
 
 def _free_port() -> int:
@@ -75,16 +75,16 @@ def _all_reduce(dev: torch.device, sizes: Sequence[int], deadline_s: float = 45.
     backend = "NCCL/RCCL" if dev.type == "cuda" else "gloo"
     if len(answers) < 2:
         missing = sorted(set(range(2)) - set(answers))
-        return verdict(True, f"2-process {backend} all_reduce did not finish within {deadline_s:g} s "
+        return finding(True, f"2-process {backend} all_reduce did not finish within {deadline_s:g} s "
                              f"(rank {', '.join(map(str, missing))} silent: a hang)")
     errors = [f"rank {rank}: {answer['error']}" for rank, answer in sorted(answers.items()) if "error" in answer]
     if errors:
-        return verdict(True, f"2-process {backend} all_reduce failed: {'; '.join(errors)}")
+        return finding(True, f"2-process {backend} all_reduce failed: {'; '.join(errors)}")
     rows = answers[0]["report"]
     wrong = sum(row["wrong"] for answer in answers.values() for row in answer["report"])
     slowest = max(rows, key=lambda row: row["seconds"])
     sizes_text = ", ".join(dict.fromkeys(_bytes(row["bytes"]) for row in rows))   # each size once
-    return verdict(wrong > 0, f"2-process {backend} all_reduce over {sizes_text}: {wrong} wrong elements; "
+    return finding(wrong > 0, f"2-process {backend} all_reduce over {sizes_text}: {wrong} wrong elements; "
                               f"slowest {slowest['seconds'] * 1e3:.1f} ms at {_bytes(slowest['bytes'])}",
                    sizes=[row["bytes"] for row in rows], seconds=[row["seconds"] for row in rows], wrong=wrong)
 

@@ -7,7 +7,7 @@ from typing import Any, Dict
 
 import torch
 
-from .base import judge, first_line, grad_leaves, inconclusive, probe, randn, summarize, sync, upcast, verdict
+from .base import finding, first_line, grad_leaves, inconclusive, judge, probe, randn, summarize, sync, upcast
 
 
 ENVIRONMENT_PROBLEMS = ("InvalidCxxCompiler", "No working C++ compiler", "Failed to find C compiler",
@@ -16,7 +16,7 @@ ENVIRONMENT_PROBLEMS = ("InvalidCxxCompiler", "No working C++ compiler", "Failed
 
 
 def _compile_failure(exc: BaseException, confirms: bool = True) -> Dict[str, Any]:
-    """A compile error as a verdict: a missing toolchain cannot tell; otherwise the failure
+    """A compile error as a finding: a missing toolchain cannot tell; otherwise the failure
     confirms the entry when a failing compile is its symptom (confirms=True), else cannot tell."""
     text = f"{type(exc).__name__}: {exc}"
     if any(marker in text for marker in ENVIRONMENT_PROBLEMS):
@@ -24,7 +24,7 @@ def _compile_failure(exc: BaseException, confirms: bool = True) -> Dict[str, Any
                             f"{first_line(exc)}")
     if not confirms:
         return inconclusive(f"torch.compile failed, so the compiled result could not be checked: {first_line(exc, 400)}")
-    return verdict(True, f"torch.compile failed: {first_line(exc, 400)}")
+    return finding(True, f"torch.compile failed: {first_line(exc, 400)}")
 
 
 def masked_pooling(x, mask, weight):

@@ -9,7 +9,7 @@ from typing import Any, Dict
 import torch
 import torch.nn.functional as F
 
-from .base import first_line, grad_leaves, inconclusive, probe, randn, randns, sync, verdict
+from .base import finding, first_line, grad_leaves, inconclusive, probe, randn, randns, sync
 from .compile import _compile_failure
 
 
@@ -74,7 +74,7 @@ def checkpoint_masked_attention(dev: torch.device) -> Dict[str, Any]:
             outcomes[label] = "" if same else "gradients differ from the run without checkpointing"
     safe_failures = {label: text for label, text in outcomes.items() if text and label != "forward only"}
     if safe_failures:
-        return verdict(True, "math attention + checkpointing fails even with the backend chosen consistently: "
+        return finding(True, "math attention + checkpointing fails even with the backend chosen consistently: "
                        + "; ".join(f"context {label}: {text}" for label, text in safe_failures.items()))
     if outcomes["forward only"]:
         # Torch behaviour on every platform, not a fault of this one: the recompute in backward
@@ -82,7 +82,7 @@ def checkpoint_masked_attention(dev: torch.device) -> Dict[str, Any]:
         return inconclusive("fine when the backend is chosen inside the checkpointed function or the context "
                             "also covers backward; with sdpa_kernel([MATH]) around the forward only the recompute "
                             f"picks another backend (torch behaviour on every platform): {outcomes['forward only']}")
-    return verdict(False, "math attention + checkpointing fine in all 3 patterns, "
+    return finding(False, "math attention + checkpointing fine in all 3 patterns, "
                           "including the context around the forward only")
 
 
@@ -99,13 +99,13 @@ def det_cublas_workspace(dev: torch.device) -> Dict[str, Any]:
         sync(dev)
     except RuntimeError as exc:
         if "CUBLAS_WORKSPACE_CONFIG" in str(exc):
-            return verdict(True, f"deterministic mode raises here with CUBLAS_WORKSPACE_CONFIG={config}: "
+            return finding(True, f"deterministic mode raises here with CUBLAS_WORKSPACE_CONFIG={config}: "
                                  f"{first_line(exc, 200)}", workspace_config=config)
         raise
     finally:
         torch.use_deterministic_algorithms(False)
     equal = bool(torch.equal(first, second))
-    return verdict(not equal, f"deterministic bmm with CUBLAS_WORKSPACE_CONFIG={config}: two runs "
+    return finding(not equal, f"deterministic bmm with CUBLAS_WORKSPACE_CONFIG={config}: two runs "
                               f"{'bitwise equal' if equal else 'differ'}", workspace_config=config)
 
 
@@ -120,7 +120,7 @@ def gemv_twice_bitwise(dev: torch.device) -> Dict[str, Any]:
     gemv_differ = sum(not torch.equal(gemv[0], other) for other in gemv[1:])
     gemm_differ = sum(not torch.equal(gemm[0], other) for other in gemm[1:])
     failed = bool(gemv_differ or gemm_differ)
-    return verdict(failed, f"10 runs each: GEMV differed {gemv_differ} times, split-K GEMM {gemm_differ} times "
+    return finding(failed, f"10 runs each: GEMV differed {gemv_differ} times, split-K GEMM {gemm_differ} times "
                            f"(deterministic algorithms {torch.are_deterministic_algorithms_enabled()}; "
                            f"ROCBLAS_DEFAULT_ATOMICS_MODE={os.environ.get('ROCBLAS_DEFAULT_ATOMICS_MODE')})",
                    gemv_differ=gemv_differ, gemm_differ=gemm_differ)
@@ -148,5 +148,5 @@ def flex_attention_twice(dev: torch.device) -> Dict[str, Any]:
         return _compile_failure(exc, confirms=False)
     names = ("out", "dq", "dk", "dv")
     differ = [name for name, first, second in zip(names, runs[0], runs[1]) if not torch.equal(first, second)]
-    return verdict(bool(differ), "compiled FlexAttention twice: " + (
+    return finding(bool(differ), "compiled FlexAttention twice: " + (
         f"{', '.join(differ)} differ bitwise" if differ else "out, dq, dk, dv bitwise equal"))

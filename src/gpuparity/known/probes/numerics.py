@@ -10,8 +10,9 @@ from typing import Any, Dict
 import torch
 import torch.nn.functional as F
 
-from ...contracts import reference
-from .base import judge, grad_leaves, inconclusive, probe, randn, rel_err, summarize, sync, upcast, verdict
+from ...contracts.attention import attention as reference_attention
+from ...contracts.norms import layer_norm as reference_layer_norm, rms_norm as reference_rms_norm
+from .base import finding, grad_leaves, inconclusive, judge, probe, randn, rel_err, summarize, sync, upcast
 
 
 @probe(default="cpu")
@@ -43,10 +44,10 @@ def norm_weight_grads(dev: torch.device) -> Dict[str, Any]:
     grad_out = randn((rows, width), dev, torch.float32, 4)
     comparisons = []
     cases = [("layer_norm", lambda x_, w_, b_: F.layer_norm(x_, (width,), w_, b_),
-              lambda x_, w_, b_: reference.layer_norm(x_, (width,), w_, b_))]
+              lambda x_, w_, b_: reference_layer_norm(x_, (width,), w_, b_))]
     if hasattr(F, "rms_norm"):
         cases.append(("rms_norm", lambda x_, w_, b_: F.rms_norm(x_, (width,), w_, eps=1e-6),
-                      lambda x_, w_, b_: reference.rms_norm(x_, (width,), w_, eps=1e-6)))
+                      lambda x_, w_, b_: reference_rms_norm(x_, (width,), w_, eps=1e-6)))
     for name, op, ref_op in cases:
         leaves = grad_leaves((x, weight, bias))
         base_leaves = grad_leaves((x, weight, bias))
@@ -75,7 +76,7 @@ def layer_norm_huge_rows(dev: torch.device, rows: int = 2 ** 23 + 8, width: int 
     head = torch.arange(0, min(rows, 1024))
     picked = torch.cat([head, tail])
     got = out[picked.to(dev)].detach().cpu()
-    ref = reference.layer_norm(x[picked.to(dev)].detach().to("cpu", torch.float64), (width,))
+    ref = reference_layer_norm(x[picked.to(dev)].detach().to("cpu", torch.float64), (width,))
     zero_rows = int((got[len(head):] == 0).all(dim=-1).sum())
     comparison = judge("layer_norm tail rows", got, ref, None, torch.float32)
     del x, out
@@ -97,7 +98,7 @@ def softmax_fp64_odd(dev: torch.device) -> Dict[str, Any]:
             if error > worst:
                 worst, worst_width = error, width
     failed = worst > 1e-12
-    return verdict(failed, f"fp64 softmax row sums: worst |sum - 1| = {worst:.3g}"
+    return finding(failed, f"fp64 softmax row sums: worst |sum - 1| = {worst:.3g}"
                    + (f" at width {worst_width}" if failed else " over widths 515, 781, 1023"), max_error=worst)
 
 
@@ -121,7 +122,7 @@ def tf32_defaults(dev: torch.device) -> Dict[str, Any]:
     detail = (f"fp32 {' and '.join(reduced)} ran at reduced (TF32-level) precision by default"
               if reduced else "fp32 matmul and conv2d ran at full fp32 precision by default")
     detail += f" (matmul err {matmul_err:.2g}, conv err {conv_err:.2g}; flags {flags})"
-    return verdict(bool(reduced), detail, matmul_err=matmul_err, conv_err=conv_err, flags=flags)
+    return finding(bool(reduced), detail, matmul_err=matmul_err, conv_err=conv_err, flags=flags)
 
 
 @probe(gpu=True)
@@ -138,7 +139,7 @@ def xf32_high_precision(dev: torch.device) -> Dict[str, Any]:
     finally:
         torch.set_float32_matmul_precision(before)
     failed = errors["high"] > BF16_LEVEL
-    return verdict(failed, f"fp32 matmul error vs float64: 'highest' {errors['highest']:.2g}, 'high' {errors['high']:.2g}"
+    return finding(failed, f"fp32 matmul error vs float64: 'highest' {errors['highest']:.2g}, 'high' {errors['high']:.2g}"
                    + (" (bf16-level)" if failed else " (TF32-level or better)"), errors=errors)
 
 
@@ -149,7 +150,7 @@ def gemm_large_m(dev: torch.device) -> Dict[str, Any]:
     wrong = (out != 1).any(dim=1)
     count = int(wrong.sum())
     first = int(wrong.nonzero()[0, 0]) if count else None
-    return verdict(count > 0, f"{count} of 600000 rows wrong" + (f", first at row {first}" if count else ""),
+    return finding(count > 0, f"{count} of 600000 rows wrong" + (f", first at row {first}" if count else ""),
                    wrong_rows=count, first_wrong_row=first)
 
 
@@ -162,7 +163,7 @@ def gemm_small_dim_fp32(dev: torch.device) -> Dict[str, Any]:
     for label, left, right in (("n == 1", a, b[:, :1]), ("m == 1", a[:1], b), ("both > 1", a, b)):
         errors[label] = rel_err(torch.mm(left, right), left.double().cpu() @ right.double().cpu())
     reduced = [label for label in ("n == 1", "m == 1") if errors[label] > TF32_LEVEL]
-    return verdict(bool(reduced), "fp32 GEMM error vs float64: " + ", ".join(f"{k} {v:.2g}" for k, v in errors.items())
+    return finding(bool(reduced), "fp32 GEMM error vs float64: " + ", ".join(f"{k} {v:.2g}" for k, v in errors.items())
                    + (f"; {' and '.join(reduced)} at reduced precision" if reduced else ""), errors=errors)
 
 
@@ -175,7 +176,7 @@ def gemm_transposed_fp32(dev: torch.device) -> Dict[str, Any]:
     tt = rel_err(a.t() @ b.t(), ref)
     nn = rel_err(a.t().contiguous() @ b.t().contiguous(), ref)
     failed = tt > BF16_LEVEL and tt > 10 * nn
-    return verdict(failed, f"fp32 A^T B^T error vs float64 {tt:.2g} (same product from contiguous copies {nn:.2g})",
+    return finding(failed, f"fp32 A^T B^T error vs float64 {tt:.2g} (same product from contiguous copies {nn:.2g})",
                    tt_err=tt, nn_err=nn)
 
 
@@ -195,7 +196,7 @@ def gemm_2gib_tail(dev: torch.device) -> Dict[str, Any]:
     first = int(torch.isnan(out).any(dim=1).nonzero()[0, 0]) if nan_rows else None
     del out
     torch.cuda.empty_cache()
-    return verdict(nan_rows > 0, f"{nan_rows} of {m} output rows never written (still NaN)"
+    return finding(nan_rows > 0, f"{nan_rows} of {m} output rows never written (still NaN)"
                    + (f", first at row {first}" if nan_rows else f"; output {m * n * 2 / 2**30:.2f} GiB"),
                    unwritten_rows=nan_rows)
 
@@ -212,7 +213,7 @@ def bf16_emulated(dev: torch.device) -> Dict[str, Any]:
         except TypeError:
             native = capability >= (8, 0)
     failed = reported and not native
-    return verdict(failed, f"capability {capability[0]}.{capability[1]}: is_bf16_supported() {reported}, "
+    return finding(failed, f"capability {capability[0]}.{capability[1]}: is_bf16_supported() {reported}, "
                            f"native bf16 {native}" + (" (emulated: slow)" if failed else ""),
                    capability=list(capability), reported=reported, native=native)
 
@@ -289,5 +290,5 @@ def conv_train_step(dev: torch.device) -> Dict[str, Any]:
         losses.append(float(loss.item()))
     sync(dev)
     finite = all(map(lambda value: value == value and abs(value) != float("inf"), losses))
-    return verdict(not finite, f"3 conv training steps ran; losses {', '.join(f'{l:.4f}' for l in losses)}"
+    return finding(not finite, f"3 conv training steps ran; losses {', '.join(f'{l:.4f}' for l in losses)}"
                    + ("" if finite else " (not finite)"), losses=losses)

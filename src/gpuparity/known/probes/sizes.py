@@ -10,15 +10,16 @@ from typing import Any, Dict, Optional
 import torch
 import torch.nn.functional as F
 
-from ...contracts import reference
-from .base import judge, inconclusive, is_rocm, probe, randn, summarize, sync, verdict
+from ...contracts.attention import attention as reference_attention
+from ...contracts.norms import layer_norm as reference_layer_norm, rms_norm as reference_rms_norm
+from .base import finding, inconclusive, is_rocm, judge, probe, randn, summarize, sync
 
 GiB = 2 ** 30
 MARGIN = 1.25     # free memory wanted beyond the probe's own need
 
 
 def memory_shortfall(dev: torch.device, needed_bytes: int) -> Optional[Dict[str, Any]]:
-    """A "did not run" verdict when `dev` lacks `needed_bytes` (times MARGIN) free; None when it has it."""
+    """A "did not run" finding when `dev` lacks `needed_bytes` (times MARGIN) free; None when it has it."""
     if dev.type != "cuda":
         return inconclusive(f"not run: this size probe needs a GPU with {needed_bytes * MARGIN / GiB:.1f} GiB free "
                             f"(device {dev}); a CPU run would take minutes and tens of GiB of host memory",
@@ -51,7 +52,7 @@ def layer_norm_2pow32(dev: torch.device) -> Dict[str, Any]:
     sync(dev)
     got = out[-256:].float().cpu()
     zero_rows = int((got == 0).all(dim=-1).sum())
-    ref = reference.layer_norm(tail.detach().to("cpu", torch.float64), (width,))
+    ref = reference_layer_norm(tail.detach().to("cpu", torch.float64), (width,))
     comparison = judge("layer_norm rows past 2^32 elements", got.to(torch.bfloat16), ref, None, torch.bfloat16)
     del x, out
     _release(dev)
@@ -75,7 +76,7 @@ def cumsum_2pow32(dev: torch.device) -> Dict[str, Any]:
     sync(dev)
     del x, out
     _release(dev)
-    return verdict(peak != 0.0, f"cumsum(dim=1) of zeros {shape} fp16 ({numel / 2 ** 32:.2f} x 2^32 elements): "
+    return finding(peak != 0.0, f"cumsum(dim=1) of zeros {shape} fp16 ({numel / 2 ** 32:.2f} x 2^32 elements): "
                                 f"max |sum| = {peak:g} (0 expected)", max_abs=peak)
 
 
@@ -93,7 +94,7 @@ def _gemm_tail(dev: torch.device, m: int, n: int, k: int, dtype=torch.bfloat16) 
     first = int(bad.nonzero()[0, 0]) if nan_rows else None
     del a, b, out, bad
     _release(dev)
-    return verdict(nan_rows > 0, f"{nan_rows} of {m} output rows never written (still NaN)"
+    return finding(nan_rows > 0, f"{nan_rows} of {m} output rows never written (still NaN)"
                    + (f", first at row {first}" if nan_rows else f"; output {m * n * size / GiB:.2f} GiB"),
                    unwritten_rows=nan_rows)
 
@@ -142,7 +143,7 @@ def triton_buffer_ops_2gib(dev: torch.device) -> Dict[str, Any]:
     del src, dst, past
     _release(dev)
     where = "ROCm" if is_rocm() else "CUDA"
-    return verdict(zeros + head_zeros > 0, f"Triton copy of {numel * 2 / GiB:.0f} GiB bf16 on {where}: {zeros} zeros "
+    return finding(zeros + head_zeros > 0, f"Triton copy of {numel * 2 / GiB:.0f} GiB bf16 on {where}: {zeros} zeros "
                                            f"at byte offsets 2-3 GiB, {head_zeros} below 2 GiB (0 expected)",
                    zeros_past_2gib=zeros, zeros_below_2gib=head_zeros)
 
@@ -165,7 +166,7 @@ def sdpa_long_mask(dev: torch.device) -> Dict[str, Any]:
     sync(dev)
     rows = torch.tensor([0, q_step - 1, 3 * q_step, 4 * q_step + 5, 6 * q_step, q_len - 64, q_len - 2, q_len - 1])
     got = out[0, 0, rows.to(dev)].float().cpu()
-    ref = reference.attention(q[:, :, rows.to(dev)].detach().to("cpu", torch.float64),
+    ref = reference_attention(q[:, :, rows.to(dev)].detach().to("cpu", torch.float64),
                               k.detach().to("cpu", torch.float64), v.detach().to("cpu", torch.float64),
                               attn_mask=mask[rows.to(dev)].detach().to("cpu", torch.float64)[None, None])[0, 0]
     del q, k, v, mask, out

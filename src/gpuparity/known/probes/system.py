@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from ..rules import arch_in_wheel
-from .base import first_line, inconclusive, is_rocm, probe, randn, sync, verdict
+from .base import finding, first_line, inconclusive, is_rocm, probe, randn, sync
 
 
 @probe(gpu=True)
@@ -27,12 +27,12 @@ def arch_smoke(dev: torch.device) -> Dict[str, Any]:
         value = float((torch.ones(16, device=dev) * 2 + 1).sum().item())
         sync(dev)
     except RuntimeError as exc:
-        return verdict(True, f"{props.name} ({arch}): a kernel launch fails: {first_line(exc)}; torch's arch list: "
+        return finding(True, f"{props.name} ({arch}): a kernel launch fails: {first_line(exc)}; torch's arch list: "
                              f"{', '.join(arch_list)}", arch=arch, arch_list=arch_list)
     if value != 48.0:
-        return verdict(True, f"{props.name} ({arch}): a kernel ran but computed {value}, expected 48")
+        return finding(True, f"{props.name} ({arch}): a kernel ran but computed {value}, expected 48")
     note = "listed in" if listed else "not listed in (a compatible or overridden target ran)"
-    return verdict(False, f"{props.name} ({arch}) is {note} torch's arch list; a kernel launch works",
+    return finding(False, f"{props.name} ({arch}) is {note} torch's arch list; a kernel launch works",
                    arch=arch, arch_list=arch_list)
 
 
@@ -49,13 +49,13 @@ def rocm_perms(dev: torch.device) -> Dict[str, Any]:
     available = bool(torch.cuda.is_available())
     if denied:
         owners = {path: _group_of(path) for path in denied}
-        return verdict(True, f"no read/write access to {', '.join(denied)} (owned by group "
+        return finding(True, f"no read/write access to {', '.join(denied)} (owned by group "
                              f"{', '.join(sorted(set(owners.values())))}); this user's groups: {', '.join(groups)}",
                        denied=denied, groups=groups, cuda_available=available)
     if not available:
         return inconclusive("the device files are accessible but torch.cuda.is_available() is False "
                             "(check HIP_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES and the driver)", groups=groups)
-    return verdict(False, f"/dev/kfd and {len(access) - 1} render node(s) accessible; GPU available", groups=groups)
+    return finding(False, f"/dev/kfd and {len(access) - 1} render node(s) accessible; GPU available", groups=groups)
 
 
 def _group_exists(gid: int) -> bool:
@@ -114,10 +114,10 @@ def hsa_override(dev: torch.device, topology_root: str = "/sys/class/kfd/kfd/top
     on the GPU (a stale override crashes it)."""
     value = os.environ.get("HSA_OVERRIDE_GFX_VERSION")
     if not value:
-        return verdict(False, "HSA_OVERRIDE_GFX_VERSION is not set in this process")
+        return finding(False, "HSA_OVERRIDE_GFX_VERSION is not set in this process")
     wanted = override_target(value)
     if wanted is None:
-        return verdict(True, f"HSA_OVERRIDE_GFX_VERSION={value!r} is not MAJOR.MINOR.STEPPING")
+        return finding(True, f"HSA_OVERRIDE_GFX_VERSION={value!r} is not MAJOR.MINOR.STEPPING")
     targets = kfd_gfx_targets(topology_root)
     findings = []
     if targets:
@@ -137,7 +137,7 @@ def hsa_override(dev: torch.device, topology_root: str = "/sys/class/kfd/kfd/top
         sync(dev)
         smoke = f"; {props.name} reports {getattr(props, 'gcnArchName', '?')} and a matmul ran ({value_sum:.3g})"
     if findings:
-        return verdict(True, "; ".join(findings) + smoke, override=value, hardware=hardware)
+        return finding(True, "; ".join(findings) + smoke, override=value, hardware=hardware)
     if not targets:
         return inconclusive(f"HSA_OVERRIDE_GFX_VERSION={value}; the hardware gfx target could not be read{smoke}",
                             override=value)
@@ -145,7 +145,7 @@ def hsa_override(dev: torch.device, topology_root: str = "/sys/class/kfd/kfd/top
     note = ("it equals the hardware target and can be removed" if same else
             "same family as the hardware (the usual workaround for an unlisted stepping); it still bypasses "
             "ROCm's support matrix")
-    return verdict(False, f"HSA_OVERRIDE_GFX_VERSION={value} ({gfx_name(wanted)}) on {hardware}: {note}{smoke}",
+    return finding(False, f"HSA_OVERRIDE_GFX_VERSION={value} ({gfx_name(wanted)}) on {hardware}: {note}{smoke}",
                    override=value, hardware=hardware)
 
 
@@ -173,9 +173,9 @@ def apu_memory(dev: torch.device) -> Dict[str, Any]:
             f"{vram / 2**30:.1f} GiB, GTT {gtt / 2**30:.1f} GiB")
     measured = {"torch_total": total, "vram_total": vram, "gtt_total": gtt}
     if total <= vram * 1.05 and gtt > 2 * vram:
-        return verdict(True, text + ": only the carve-out is usable", **measured)
+        return finding(True, text + ": only the carve-out is usable", **measured)
     if total > vram * 1.5:
-        return verdict(False, text + ": torch sees more than the carve-out", **measured)
+        return finding(False, text + ": torch sees more than the carve-out", **measured)
     return inconclusive(text, **measured)
 
 
@@ -218,6 +218,6 @@ def numa_spill(dev: torch.device) -> Dict[str, Any]:
                             f"{'unknown' if local is None else local}", **measured)
     remote = sum(max(0, d) for node, d in drops.items() if node != local)
     if remote > total_drop / 2:
-        return verdict(True, f"most of a 1 GiB allocation landed off the device's node {local}: {text}", **measured)
+        return finding(True, f"most of a 1 GiB allocation landed off the device's node {local}: {text}", **measured)
     return inconclusive(f"a 1 GiB allocation landed on the device's node {local} ({text}); spills happen under "
                         "memory pressure, which this probe does not create", **measured)
