@@ -179,7 +179,9 @@ def test_append_past_the_pool_names_block_table():
         kv_cache_append(k_pool, v_pool, new, new, torch.tensor([8]), block_table=table)
 
 
-def test_public_api_reaches_the_kernel_under_torch_compile():
+def test_block_table_passes_through_the_library_op_under_torch_compile():
+    """Traced, attention_decode is one gpuparity::attention_decode op: block_table is one of its
+    arguments (fullgraph: no break), and the op resolves its backend with the paged kind."""
     k_pool, v_pool, table = paged(2, 2, 3, 8, 16, seed=11)
     seqlens = torch.tensor([20, 3], dtype=torch.int32, device=DEVICE)
     q = torch.randn(2, 4, 1, 16).to(DEVICE)
