@@ -102,11 +102,12 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor, valid: Optional[torch.T
     """||out - ref|| / ||ref|| in float64 over the valid elements. Where the reference is exactly
     zero (a gradient that vanishes, e.g. grad_q with one key) there is no scale to be relative
     to: the root mean square of out takes its place (the inputs' scale is about 1), so rounding
-    noise of a correct kernel (1e-6 per element) passes while a wrong nonzero value fails; 0/0 is 0."""
-    out = out.detach().to("cpu", torch.float64)
-    ref = ref.detach().to("cpu", torch.float64)
+    noise of a correct kernel (1e-6 per element) passes while a wrong nonzero value fails; 0/0 is 0.
+    Computed where the reference is (the battery's on the CPU, the monitor's on a GPU)."""
+    out = out.detach().to(ref.device, torch.float64)
+    ref = ref.detach().to(torch.float64)
     if valid is not None and not bool(valid.all()):  # (indexing copies: long cases' grads are large)
-        valid = valid.to("cpu").expand_as(ref)
+        valid = valid.to(ref.device).expand_as(ref)
         out, ref = out[valid], ref[valid]
     diff = torch.linalg.vector_norm(out - ref).item()
     norm = torch.linalg.vector_norm(ref).item()
@@ -125,19 +126,23 @@ def judge(name: str, out, ref: torch.Tensor, baseline: Optional[torch.Tensor], d
     must_be_zero: bool mask of the elements that must be exactly 0 (fully masked rows).
     precision: "tf32" when fp32 inputs may run on TF32 units (raises the floor accordingly).
     reduction, logit_peak: what raises the floor of this output (error_floor).
+    Computed where the reference is: the battery's float64 reference is on the CPU; the monitor's
+    is on the GPU that ran the call, where copying outputs of 10^7 elements to the host and judging
+    them there took most of a check's time.
     """
     if not isinstance(out, torch.Tensor):
         return Comparison(name, False, reason=f"{name}: expected a tensor, got {type(out).__name__}")
     if tuple(out.shape) != tuple(ref.shape):
         return Comparison(name, False, reason=f"{name}: wrong shape {tuple(out.shape)}, expected {tuple(ref.shape)}")
-    out64 = out.detach().to("cpu", torch.float64)
-    ref64 = ref.detach().to("cpu", torch.float64)
+    where = ref.device
+    out64 = out.detach().to(where, torch.float64)
+    ref64 = ref.detach().to(torch.float64)
     if valid is None:
         valid_full = torch.ones_like(ref64, dtype=torch.bool)
     else:
-        valid_full = valid.to("cpu").expand_as(ref64).clone()
+        valid_full = valid.to(where).expand_as(ref64).clone()
     if must_be_zero is not None:
-        zero_full = must_be_zero.to("cpu").expand_as(ref64)
+        zero_full = must_be_zero.to(where).expand_as(ref64)
         valid_full &= ~zero_full
         bad_zero = zero_full & ~(out64 == 0)
         if bad_zero.any():

@@ -189,3 +189,47 @@ def test_key_lengths_put_each_items_diagonal_at_its_length(alibi):
     for name, mine, want in zip(("out", "grad_q", "grad_k", "grad_v"), (out, *grads), (ref_out, *ref_grads)):
         result = judge(name, mine, want, want.to(mine.dtype), torch.float32)
         assert result.passed, result.reason
+
+
+def _planted(alignment):
+    """An implementation that takes alibi_slopes and gets it wrong: "ignored" (no bias) or "top_left"
+    (distance |i - j|, not FlashAttention's |i + Sk - Sq - j|)."""
+    from gpuparity.contracts.attention import with_alibi
+
+    def attention(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None, window=None,
+                  softcap=None, alibi_slopes=None):
+        if alignment == "top_left":
+            q_len, k_len = q.shape[2], k.shape[2]
+            distance = (torch.arange(q_len).view(q_len, 1) - torch.arange(k_len).view(1, k_len)).abs().to(q.device)
+            bias = -alibi_slopes.reshape(-1, q.shape[1], 1, 1).float() * distance
+            attn_mask = with_alibi(attn_mask, bias)
+        return sdpa.composition(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
+                                scale=scale, window=window, softcap=softcap)
+    return attention
+
+
+def test_the_batterys_alibi_cases_pass_the_kernels_and_catch_wrong_biases():
+    """`gpuparity check --op attention`'s ALiBi cases against float64: the Triton kernels pass, an
+    implementation that drops the bias or aligns it top-left fails, the other backends are SKIP
+    (ALiBi is opt-in), and the cases have verdicts of their own (kind "...+alibi")."""
+    from gpuparity.checks.execute import run_case
+    from gpuparity.checks.results import Status
+    from gpuparity.contracts import get_spec
+    from gpuparity.dispatch import get as get_backend
+    spec = get_spec("attention")
+    cases = {case.name: case for case in spec.cases() if case.params.get("alibi")}
+    assert {"alibi_causal_gqa", "alibi_sq_lt_sk_per_batch"} <= set(cases)
+    baseline = get_backend("attention", "composition").fn
+    device = torch.device(DEVICE)
+    case = cases["alibi_sq_lt_sk_per_batch"]   # Sq < Sk: top-left and bottom-right differ
+    assert spec.kind(case.params) == "none+alibi"
+    problem = spec.problem(case.params, torch.float32, device)
+    assert get_backend("attention", "triton").reasons(problem) == []
+    assert "does not implement alibi" in " ".join(get_backend("attention", "sdpa_math").reasons(problem))
+    status, _, reason = run_case("attention", get_backend("attention", "triton").fn, case.params, torch.float32,
+                                 device, 0, baseline_fn=baseline)
+    assert status == Status.PASS, reason
+    for alignment in ("ignored", "top_left"):
+        status, _, _ = run_case("attention", _planted(alignment), case.params, torch.float32, device, 0,
+                                baseline_fn=baseline)
+        assert status == Status.FAIL, alignment

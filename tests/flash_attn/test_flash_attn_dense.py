@@ -209,3 +209,30 @@ def test_other_backends_keep_the_composed_bias(monkeypatch):
     qkv, _ = inputs()
     with flash_attn.backends(attention="composition"), pytest.raises(AssertionError, match="bias was built"):
         flash_attn.flash_attn_func(*qkv, alibi_slopes=torch.full((4,), 0.3, device=DEVICE))
+
+
+@pytest.mark.parametrize("alibi_verdict", ["triton", "none"])
+def test_auto_runs_alibi_in_the_kernels_only_where_they_passed_the_alibi_cases(alibi_verdict, monkeypatch):
+    """Under auto, a call whose kind auto runs on triton takes the kernels' ALiBi only where triton
+    also passed the battery's ALiBi cases here (asked as kind "<kind>+alibi"); else the composed bias."""
+    from gpuparity.backends.registry import BackendUnavailable
+    from gpuparity.dispatch import get as get_backend
+    from gpuparity.flash_attn import flash_attn_interface as F
+    asked = []
+
+    def resolve(problem, backend):
+        asked.append(problem.kind)
+        if problem.kind.endswith("+alibi") and alibi_verdict == "none":
+            raise BackendUnavailable("no backend can serve this attention call")
+        return get_backend("attention", "triton")
+    monkeypatch.setattr(F._dropout, "resolve", resolve)
+    composed = []
+    real_bias = C.alibi_bias
+    monkeypatch.setattr(C, "alibi_bias", lambda *a, **k: composed.append(1) or real_bias(*a, **k))
+    qkv, grad = inputs(q_len=5, k_len=9)
+    slopes = torch.full((4,), 0.3, device=DEVICE)
+    with flash_attn.backends(attention="auto"):
+        out = flash_attn.flash_attn_func(*qkv, causal=True, alibi_slopes=slopes)
+    assert asked[-1].endswith("+alibi") and (bool(composed) == (alibi_verdict == "none"))
+    want = reference(*[t.cpu().double() for t in qkv], causal=True, alibi=slopes)[0]
+    torch.testing.assert_close(out.cpu().double(), want, rtol=2e-5, atol=2e-5)

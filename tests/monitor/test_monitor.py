@@ -245,3 +245,39 @@ def test_where_the_float64_check_runs(monkeypatch):
     report = mon.report()
     assert report.checked_on == {"cpu": sum(report.checked.values())} and report.moved_to_cpu == 0
     assert "float64 checks ran on cpu" in report.summary()
+
+
+def test_masks_of_the_judged_elements_are_built_on_the_calls_device():
+    """On a GPU the float64 check runs on the call's device: the masks of the elements that are
+    judged (SDPA's defined rows, gpuparity.attention's zero rows) must be built there too (a
+    CPU mask beside cuda tensors made every attention check on an H200 an error). The meta
+    device stands in for the GPU here."""
+    from gpuparity.shadow import ops
+    q = torch.empty(2, 4, 8, 16, device="meta")
+    padding = torch.zeros(2, 8, dtype=torch.bool, device="meta")
+    zero = ops._gp_attention_zero({"q": q, "k": q, "v": q, "key_padding_mask": padding, "is_causal": True})
+    valid = ops._sdpa_valid({"query": q, "key": q, "value": q, "is_causal": False,
+                             "attn_mask": torch.ones(8, 8, dtype=torch.bool, device="meta")})
+    assert {t.device.type for t in (*zero.values(), *valid.values())} == {"meta"}
+
+
+def test_the_baseline_is_computed_only_when_the_floor_is_not_enough(monkeypatch):
+    """Same verdicts, less work: a check within the dtype's floor never runs the same-dtype
+    baseline; above the floor, the baseline is computed and decides (2 x its error)."""
+    from gpuparity import tolerance
+    from gpuparity.shadow import checker
+    runs = []
+    real_run = checker._run
+
+    def counting(kind, args, dtype, grad_names, grad_out):
+        runs.append(dtype)
+        return real_run(kind, args, dtype, grad_names, grad_out)
+    monkeypatch.setattr(checker, "_run", counting)
+    _, _, mon = _run(True)
+    assert mon.report().passed and set(runs) == {torch.float64}
+    runs.clear()
+    monkeypatch.setattr(tolerance, "error_floor", lambda *args, **kwargs: 1e-300)   # every check above the floor
+    _, _, mon = _run(True)
+    assert torch.float32 in runs
+    judged = [c for f in mon.report().failures for c in f["comparisons"] if c.get("err") is not None]
+    assert judged and all(c["baseline_err"] is not None for c in judged)

@@ -30,10 +30,12 @@ def attention_kind(attn_mask, key_padding_mask, is_causal, window=None, softcap=
     return kind
 
 
-def window_allowed(q_len: int, k_len: int, window, device="cpu") -> torch.Tensor:
-    """Bool (Sq, Sk): query i sees key j when i - left <= j <= i + right (-1: that side unbounded)."""
+def window_allowed(q_len: int, k_len: int, window, device="cpu", row_offset: int = 0) -> torch.Tensor:
+    """Bool (Sq, Sk): query i sees key j when i - left <= j <= i + right (-1: that side unbounded).
+    row_offset: the rows are queries row_offset .. row_offset + Sq - 1 (a block of rows)."""
     left, right = window
-    offset = torch.arange(k_len, device=device).view(1, k_len) - torch.arange(q_len, device=device).view(q_len, 1)
+    offset = (torch.arange(k_len, device=device).view(1, k_len)
+              - torch.arange(row_offset, row_offset + q_len, device=device).view(q_len, 1))
     keep = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
     if left >= 0:
         keep &= offset >= -left

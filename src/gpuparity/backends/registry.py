@@ -15,8 +15,9 @@ _LOCK = threading.Lock()
 _LISTENERS: List[Callable[[], None]] = []
 
 
-# Features a backend serves only when it says so (Backend.opt_in): "dropout" (attention dropout p > 0).
-OPT_IN = ("dropout",)
+# Features a backend serves only when it says so (Backend.opt_in): "dropout" (attention dropout p > 0),
+# "alibi" (attention with ALiBi slopes in the kernels: the battery's ALiBi cases, gpuparity.flash_attn).
+OPT_IN = ("dropout", "alibi")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -199,14 +199,16 @@ def _run_case(spec: OpSpec, fn: Callable, params: Dict[str, Any], dtype: torch.d
     zero = spec.zero_masks(ref_inputs, params)
     valid = spec.valid_masks(ref_inputs, params)
     precision = spec.precision(dtype, device)
-    comparisons = [tolerance.judge("out", out, ref_out, base_out, dtype, valid.get("out"), zero.get("out"), precision)]
+    terms = spec.error_terms(ref_inputs, params)   # what raises each output's floor (tolerance.error_floor)
+    comparisons = [tolerance.judge("out", out, ref_out, base_out, dtype, valid.get("out"), zero.get("out"), precision,
+                                    **terms.get("out", {}))]
     for name, ref_grad in ref_grads.items():
         got = grads.get(name)
         if got is None:
             comparisons.append(Comparison(name, False, reason=f"{name}: no gradient (None) where the reference has one"))
             continue
         comparisons.append(tolerance.judge(name, got, ref_grad, base_grads.get(name), dtype, valid.get(name),
-                                             zero.get(name), precision))
+                                             zero.get(name), precision, **terms.get(name, {})))
     failed = [c for c in comparisons if not c.passed]
     status = Status.FAIL if failed else Status.PASS
     reason = "; ".join(c.reason for c in failed)

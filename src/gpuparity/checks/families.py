@@ -154,14 +154,21 @@ def device_total_bytes(device: torch.device) -> Optional[int]:
         return None
 
 
-def not_runnable(work: int, level: str, device: torch.device, checks: int, itemsize: int = 4) -> Optional[str]:
+def not_runnable(work: int, level: str, device: torch.device, checks: int, itemsize: int = 4,
+                 reference_bytes: Optional[int] = None) -> Optional[str]:
     """Why a sized member of `work` elements does not run here at `level` (None: it runs).
-    `checks`: how many checks run it (implementations x dtypes), who share the level's budget."""
-    need = work * REFERENCE_BYTES_PER_ELEMENT
+    `checks`: how many checks run it (implementations x dtypes), who share the level's budget.
+    reference_bytes: what the float64 referee needs on the host, where the spec knows it (a
+    referee in blocks of rows needs one block, not `work` elements of intermediates)."""
+    referee = work * REFERENCE_BYTES_PER_ELEMENT if reference_bytes is None else reference_bytes
+    # on a CPU the implementation and the baseline run on the host too, each materialising up
+    # to `work` elements (the composition does), a few copies in the dtype under test
+    need = referee + (work * itemsize * 6 if device.type == "cpu" else 0)
     free = host_available_bytes()
     if free is not None and need > free // 2:
-        return (f"needs ~{need / 2 ** 30:.1f} GiB of host memory for the float64 referee "
-                f"({work:,} elements per intermediate); {free / 2 ** 30:.1f} GiB is available here")
+        return (f"needs ~{need / 2 ** 30:.1f} GiB of host memory (the float64 referee "
+                f"{referee / 2 ** 30:.1f} GiB; {work:,} elements per intermediate); "
+                f"{free / 2 ** 30:.1f} GiB is available here")
     total = device_total_bytes(device)
     if total is not None and work * itemsize * 6 > total * 0.8:
         return (f"needs ~{work * itemsize * 6 / 2 ** 30:.1f} GiB on {device}, which has {total / 2 ** 30:.1f} GiB")

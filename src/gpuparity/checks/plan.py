@@ -145,7 +145,7 @@ def _sized_reason(spec, case: Case, level: str, device: torch.device, checks: in
     work = spec.work(case.params)
     if work is None or families.family_of(case.name) is None:
         return None
-    return families.not_runnable(work, level, device, checks)
+    return families.not_runnable(work, level, device, checks, reference_bytes=spec.reference_bytes(case.params))
 
 
 def _implementations(spec, candidates, op_dtypes, device) -> int:

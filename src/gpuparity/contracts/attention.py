@@ -13,7 +13,7 @@ import torch
 
 from .. import caches
 from ..backends.masks import attention_kind
-from ..backends.registry import BackendUnavailable, Problem
+from ..backends.registry import BackendUnavailable, Problem, registered
 from ..numerics import matmul_tf32
 from ..validation import FLOAT_DTYPES, describe, expect_broadcastable, expect_same_device, expect_same_dtype, expect_tensor
 from .base import Case, OpSpec, check_softcap, family, randn, tf32_precision, view_members
@@ -204,8 +204,13 @@ def attention_extras(problem: Problem) -> Dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- the float64 reference
+# The referee computes in blocks of query rows holding at most this many scores (its functions'
+# block_scores default, spelled out there: a repro script copies their source without this module)
+REFERENCE_BLOCK_SCORES = 2 ** 24
+
+
 def attention_allowed(q_len: int, k_len: int, batch: int, *, attn_mask=None, key_padding_mask=None,
-                      is_causal: bool = False, window=None, device="cpu") -> torch.Tensor:
+                      is_causal: bool = False, window=None, device="cpu", row_offset: int = 0) -> torch.Tensor:
     """Bool (B or 1, H or 1, Sq, Sk): True where a query may attend to a key.
 
     attn_mask bool: True = attend (SDPA); float attn_mask: -inf means masked.
@@ -213,12 +218,14 @@ def attention_allowed(q_len: int, k_len: int, batch: int, *, attn_mask=None, key
     is_causal: top-left aligned, query i sees keys 0..i (SDPA).
     window (left, right): query i sees keys i - left .. i + right, -1 = unbounded on that side
     (FlashAttention's window_size), top-left aligned as is_causal.
+    row_offset: the rows are queries row_offset .. row_offset + Sq - 1 (a block of rows; attn_mask
+    holds those rows).
     """
     allowed = torch.ones(1, 1, q_len, k_len, dtype=torch.bool, device=device)
     if is_causal:
-        allowed = allowed & torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril()
+        allowed = allowed & torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(row_offset)
     if window is not None:
-        allowed = allowed & window_allowed(q_len, k_len, window, device)
+        allowed = allowed & window_allowed(q_len, k_len, window, device, row_offset)
     if attn_mask is not None:
         m = attn_mask if attn_mask.dtype == torch.bool else ~torch.isneginf(attn_mask)
         while m.dim() < 4:
@@ -229,23 +236,67 @@ def attention_allowed(q_len: int, k_len: int, batch: int, *, attn_mask=None, key
     return allowed
 
 
-def empty_query_rows(q_len: int, k_len: int, batch: int, heads: int, **masks) -> torch.Tensor:
-    """Bool (B, H, Sq, 1): rows with no key left to attend to."""
-    allowed = attention_allowed(q_len, k_len, batch, **masks)
-    return (~allowed.any(-1, keepdim=True)).expand(batch, heads, q_len, 1)
+def empty_query_rows(q_len: int, k_len: int, batch: int, heads: int, block_scores: int = 2 ** 24,
+                     **masks) -> torch.Tensor:
+    """Bool (B, H, Sq, 1): rows with no key left to attend to (in blocks of rows, as attention)."""
+    rows = attention_block_rows(batch * heads, q_len, k_len, block_scores)
+    attn_mask = masks.pop("attn_mask", None)
+    empty = []
+    for start in range(0, max(q_len, 1), rows):
+        stop = min(start + rows, q_len)
+        allowed = attention_allowed(stop - start, k_len, batch, attn_mask=mask_rows(attn_mask, start, stop),
+                                    row_offset=start, **masks)
+        empty.append(~allowed.any(-1, keepdim=True))
+    return torch.cat(empty, dim=-2).expand(batch, heads, q_len, 1)
+
+
+def attention_block_rows(batch_heads: int, q_len: int, k_len: int, block_scores: int = 2 ** 24) -> int:
+    """Query rows per block so that a block holds at most `block_scores` scores (every row at
+    once where the whole (B, H, Sq, Sk) does): the float64 referee's memory bound."""
+    per_row = max(1, batch_heads * k_len)
+    if per_row * q_len <= block_scores:
+        return max(q_len, 1)
+    return max(1, block_scores // per_row)
+
+
+def mask_rows(attn_mask, start: int, stop: int):
+    """Rows start..stop of an attn_mask broadcastable to (B, H, Sq, Sk) (a mask whose query dim
+    is broadcast, or a 1-D (Sk,) one, is every row's)."""
+    if attn_mask is None or attn_mask.dim() < 2 or attn_mask.shape[-2] == 1:
+        return attn_mask
+    return attn_mask[..., start:stop, :]
 
 
 def attention(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None,
-              window=None, softcap=None):
+              window=None, softcap=None, block_scores: int = 2 ** 24):
     """q: (B, H, Sq, D); k, v: (B, Hkv, Sk, D), H % Hkv == 0 (GQA: head h reads kv head
     h // (H // Hkv), as SDPA's enable_gqa). softcap c: scaled scores s become c * tanh(s / c)
-    (Gemma-2) before any mask or float attn_mask is applied."""
-    batch, heads, q_len, head_dim = q.shape
-    kv_heads, k_len = k.shape[1], k.shape[2]
-    if heads != kv_heads:
-        group = heads // kv_heads
-        k = k.repeat_interleave(group, dim=1)
-        v = v.repeat_interleave(group, dim=1)
+    (Gemma-2) before any mask or float attn_mask is applied.
+
+    Where the scores (B*H*Sq*Sk) exceed `block_scores`, computed in blocks of query rows, each
+    under activation checkpointing: a block's intermediates are dropped after its forward and
+    recomputed, one block at a time, by the backward. Memory is O(block_scores), not O(Sq*Sk),
+    and the result is the unblocked one: the rows are independent, and grad_k/grad_v sum the
+    blocks' parts in another order (a float64 rounding, ~1e-16)."""
+    batch, heads, q_len, _ = q.shape
+    rows = attention_block_rows(batch * heads, q_len, k.shape[2], block_scores)
+    if rows >= q_len:
+        return attention_rows(q, k, v, attn_mask, key_padding_mask, is_causal, scale, window, softcap, 0)
+    blocks = []
+    for start in range(0, q_len, rows):
+        stop = min(start + rows, q_len)
+        blocks.append(torch.utils.checkpoint.checkpoint(
+            attention_rows, q[:, :, start:stop], k, v, mask_rows(attn_mask, start, stop), key_padding_mask,
+            is_causal, scale, window, softcap, start, use_reentrant=False, preserve_rng_state=False))
+    return torch.cat(blocks, dim=2)
+
+
+def attention_scores(q, k, attn_mask, key_padding_mask, is_causal, scale, window, softcap, row_offset):
+    """(scores, empty): the scaled (softcapped, float-masked) logits of the queries row_offset ..
+    row_offset + Sq - 1, -inf where a query may not attend and 0 on its rows with no key at all,
+    and those rows (B or 1, H or 1, Sq, 1). k is already expanded to q's heads."""
+    batch, _, q_len, head_dim = q.shape
+    k_len = k.shape[2]
     scale = head_dim ** -0.5 if scale is None else scale
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale
     if softcap is not None:
@@ -253,12 +304,43 @@ def attention(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False
     if attn_mask is not None and attn_mask.dtype != torch.bool:
         scores = scores + attn_mask.to(scores.dtype)
     allowed = attention_allowed(q_len, k_len, batch, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-                                is_causal=is_causal, window=window, device=q.device)
+                                is_causal=is_causal, window=window, device=q.device, row_offset=row_offset)
     allowed = allowed & ~torch.isneginf(scores)
     empty = ~allowed.any(-1, keepdim=True)
-    scores = scores.masked_fill(~allowed, float("-inf")).masked_fill(empty, 0.0)
+    return scores.masked_fill(~allowed, float("-inf")).masked_fill(empty, 0.0), empty
+
+
+def attention_rows(q, k, v, attn_mask, key_padding_mask, is_causal, scale, window, softcap, row_offset):
+    """`attention` of the query rows row_offset .. row_offset + Sq - 1 at once (attn_mask holds
+    those rows)."""
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if heads != kv_heads:
+        group = heads // kv_heads
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+    scores, empty = attention_scores(q, k, attn_mask, key_padding_mask, is_causal, scale, window, softcap,
+                                     row_offset)
     probs = torch.softmax(scores, dim=-1).masked_fill(empty, 0.0)
     return torch.matmul(probs, v)
+
+
+def attention_logit_peak(q, k, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None,
+                         window=None, softcap=None, block_scores: int = 2 ** 24) -> float:
+    """The largest |row max| of the logits a query may attend to (0 without any): the size of
+    the exponents a kernel rounds (tolerance.error_floor). In blocks of rows, without gradients."""
+    batch, heads, q_len, _ = q.shape
+    if heads != k.shape[1]:
+        k = k.repeat_interleave(heads // k.shape[1], dim=1)
+    rows = attention_block_rows(batch * heads, q_len, k.shape[2], block_scores)
+    peak = 0.0
+    with torch.no_grad():
+        for start in range(0, q_len, rows):
+            stop = min(start + rows, q_len)
+            scores, empty = attention_scores(q[:, :, start:stop], k, mask_rows(attn_mask, start, stop),
+                                             key_padding_mask, is_causal, scale, window, softcap, start)
+            if scores.numel():
+                peak = max(peak, float(scores.amax(-1, keepdim=True).masked_fill(empty, 0.0).abs().max()))
+    return peak
 
 
 def attention_dropout(q, k, v, keep, dropout_p: float, **masks):
@@ -281,11 +363,44 @@ def attention_dropout(q, k, v, keep, dropout_p: float, **masks):
 def _case(name, level="default", **params) -> Case:
     defaults = dict(B=2, H=2, Hkv=None, Sq=16, Sk=None, D=32, mask="none", causal=False, scale=None,
                     layout="bhsd", logit_scale=1.0, lengths=None, empty_rows=0, mask_shape="b1qk",
-                    window=None, softcap=None, value="normal", mask_fill="random")
+                    window=None, softcap=None, value="normal", mask_fill="random", alibi=None)
     defaults.update(params)
     defaults["Hkv"] = defaults["Hkv"] or defaults["H"]
     defaults["Sk"] = defaults["Sk"] or defaults["Sq"]
     return Case(name, defaults, level)
+
+
+# ALiBi (FlashAttention's alibi_slopes): cases with params["alibi"] "head" (slopes (H,)) or "batch"
+# ((B, H)). Only implementations that take alibi_slopes run them (the Triton kernels; an OPT_IN
+# feature); the float64 reference and the same-dtype composition get the bias as a float attn_mask.
+def alibi_slopes(p: Dict[str, Any], device) -> torch.Tensor:
+    """fp32 slopes of an ALiBi case: 0.8 * 2^-(h+1) per head (a steeper set than the paper's
+    2^(-8(h+1)/H), so a few keys already change the scores), times (b + 1) per batch item."""
+    heads = p["H"]
+    slopes = 0.8 * 2.0 ** -(torch.arange(heads, dtype=torch.float64) + 1)
+    if p["alibi"] == "batch":
+        slopes = slopes.view(1, heads) * (torch.arange(p["B"], dtype=torch.float64).view(-1, 1) + 1)
+    return slopes.to(device, torch.float32)
+
+
+def alibi_bias(slopes: torch.Tensor, q_len: int, k_len: int, dtype=torch.float64) -> torch.Tensor:
+    """(B or 1, H, Sq, Sk) in `dtype`: -slope * |i + Sk - Sq - j|, FlashAttention's ALiBi bias, added to
+    the scaled (softcapped) scores; query i sits at key position i + Sk - Sq (bottom-right) whatever
+    is_causal's top-left alignment (the float64 reference of the kernels' bias)."""
+    i = torch.arange(q_len, dtype=dtype, device=slopes.device).view(q_len, 1)
+    j = torch.arange(k_len, dtype=dtype, device=slopes.device).view(1, k_len)
+    table = slopes.to(dtype).reshape(-1, slopes.shape[-1], 1, 1)
+    return -table * (i + (k_len - q_len) - j).abs()
+
+
+def with_alibi(attn_mask, bias: torch.Tensor) -> torch.Tensor:
+    """attn_mask (None, bool or float) and an ALiBi bias as one float mask (-inf where a bool mask
+    forbids)."""
+    if attn_mask is None:
+        return bias
+    if attn_mask.dtype == torch.bool:
+        return bias.masked_fill(~attn_mask, float("-inf"))
+    return bias + attn_mask.to(bias.dtype)
 
 
 CASES: List[Case] = [
@@ -308,6 +423,14 @@ CASES: List[Case] = [
     _case("window_sq_ne_sk_empty_rows", Sq=50, Sk=20, window=(0, 2), mask="key_padding", lengths=[20, 8]),
     _case("window_bool_mask", Sq=33, window=(4, 4), mask="bool", empty_rows=1),
     _case("softcap_float_mask_d64", D=64, Sq=24, softcap=5.0, mask="float", mask_shape="qk"),
+    # ALiBi: bottom-right distance with Sq != Sk both ways, causal, per batch item, masks, partial tiles
+    _case("alibi_causal_gqa", "quick", H=4, Hkv=2, Sq=17, causal=True, alibi="head"),
+    _case("alibi_sq_lt_sk_per_batch", "quick", Sq=7, Sk=37, alibi="batch"),
+    _case("alibi_sq_gt_sk_bool_mask", Sq=40, Sk=13, mask="bool", empty_rows=1, alibi="head"),
+    _case("alibi_window_softcap_padding", H=4, Hkv=2, Sq=45, window=(9, 0), softcap=30.0, causal=True,
+          mask="key_padding", lengths=[45, 17], alibi="batch"),
+    _case("alibi_d64_causal_padding", D=64, Sq=70, mask="key_padding+causal", causal=True, lengths=[70, 33],
+          alibi="batch"),
     # default: sizes and shapes a kernel author must survive
     _case("one_valid_key", B=3, Sq=10, Sk=40, mask="key_padding", lengths=[1, 1, 40]),
     _case("odd_150_aam", B=2, H=4, Sq=150, D=32, mask="key_padding", lengths=[150, 97]),
@@ -331,8 +454,9 @@ CASES: List[Case] = [
 
 
 class AttentionSpec(OpSpec):
-    # keywords of cases that need a feature an implementation may lack (checks/signature.py, call)
-    optional_keywords = ("window", "softcap")
+    # keywords of cases that need a feature an implementation may lack (checks/signature.py, call);
+    # alibi_slopes is passed from the case's "alibi" (call), never read from params by that name
+    optional_keywords = ("window", "softcap", "alibi_slopes")
 
     op = "attention"
     signature = "fn(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None)"
@@ -362,9 +486,36 @@ class AttentionSpec(OpSpec):
         # the scores, and the inputs and gradients (a few copies of each, float64)
         return p["B"] * p["H"] * (p["Sq"] * p["Sk"] + 4 * (p["Sq"] + p["Sk"]) * p["D"])
 
+    def reference_bytes(self, p):
+        """The referee computes in blocks of query rows (attention's block_scores): one block's
+        intermediates (48 bytes a score), the inputs and gradients, and the mask (its random
+        draw, the bool and a float64 copy: ~16 bytes an element)."""
+        scores = p["B"] * p["H"] * p["Sq"] * p["Sk"]
+        vectors = 4 * p["B"] * p["H"] * (p["Sq"] + p["Sk"]) * p["D"]
+        kinds = p["mask"].split("+")
+        mask = 0
+        if "bool" in kinds or "float" in kinds:
+            mask = 1
+            for size in mask_shape(p["mask_shape"], p["B"], p["H"], p["Sq"], p["Sk"]):
+                mask *= size
+        return 48 * (min(scores, REFERENCE_BLOCK_SCORES) + vectors) + 16 * mask
+
+    def error_terms(self, inputs, p):
+        """Each output's floor terms (tolerance.error_floor): out and grad_q sum over the keys,
+        grad_k and grad_v over the query rows of every head that shares the KV head; all take
+        exponentials of the logits, whose largest row max is measured on these inputs."""
+        q, k, _ = self._views(inputs, p)
+        peak = attention_logit_peak(q, k, attn_mask=inputs.get("attn_mask"),
+                                    key_padding_mask=inputs.get("key_padding_mask"), is_causal=p["causal"],
+                                    scale=p["scale"], window=p.get("window"), softcap=p.get("softcap"))
+        keys = {"reduction": p["Sk"], "logit_peak": peak}
+        rows = {"reduction": p["Sq"] * (p["H"] // p["Hkv"]), "logit_peak": peak}
+        return {"out": keys, "grad_q": keys, "grad_k": rows, "grad_v": rows}
+
     def kind(self, params):
         masks = self._mask_tensors_meta(params)
-        return attention_kind(*masks, params["causal"], params.get("window"), params.get("softcap"))
+        kind = attention_kind(*masks, params["causal"], params.get("window"), params.get("softcap"))
+        return kind + "+alibi" if params.get("alibi") else kind   # verdicts of their own, as gpuparity.flash_attn asks
 
     @staticmethod
     def _mask_tensors_meta(params):
@@ -383,7 +534,7 @@ class AttentionSpec(OpSpec):
         features = (("head_dim", params["D"]), ("has_mask", attn is not None or kpm is not None),
                     ("gqa", params["H"] != params["Hkv"]), ("mask_requires_grad", False),
                     ("seq_q", params["Sq"]), ("seq_k", params["Sk"]))
-        for name in ("window", "softcap"):
+        for name in ("window", "softcap", "alibi"):
             if params.get(name) is not None:
                 features += ((name, params[name]),)
         return Problem("attention", device, dtype, self.kind(params), features)
@@ -446,7 +597,20 @@ class AttentionSpec(OpSpec):
         if missing:
             raise BackendUnavailable(f"{getattr(fn, '__name__', 'the implementation')}: takes no "
                                      f"{' or '.join(missing)} argument, which this case needs")
-        return fn(q, k, v, attn_mask=inputs.get("attn_mask"), key_padding_mask=inputs.get("key_padding_mask"),
+        attn_mask = inputs.get("attn_mask")
+        if p.get("alibi"):
+            slopes = alibi_slopes(p, q.device)
+            if _takes(fn, "alibi_slopes"):
+                extras["alibi_slopes"] = slopes
+            elif fn is self.reference_fn or fn is getattr(registered("attention").get("composition"), "fn", None):
+                # the referee and the baseline: the bias as a float mask, float64 for the referee, fp32
+                # beside 16-bit inputs (the composition adds masks in fp32; the kernels' bias is fp32)
+                dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+                attn_mask = with_alibi(attn_mask, alibi_bias(slopes, p["Sq"], p["Sk"], dtype))
+            else:
+                raise BackendUnavailable(f"{getattr(fn, '__name__', 'the implementation')}: takes no alibi_slopes "
+                                         f"argument, which this case needs")
+        return fn(q, k, v, attn_mask=attn_mask, key_padding_mask=inputs.get("key_padding_mask"),
                   is_causal=p["causal"], scale=p["scale"], **extras)
 
     def zero_masks(self, inputs, p):

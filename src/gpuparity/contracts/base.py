@@ -73,6 +73,16 @@ class OpSpec:
         (sized families: what decides whether a long case fits memory and the level's budget)."""
         return None
 
+    def reference_bytes(self, params: Dict[str, Any]) -> Optional[int]:
+        """Host bytes the float64 referee needs for `params`, where it computes in blocks and so
+        needs less than work() elements of intermediates (None: 48 bytes per work element)."""
+        return None
+
+    def error_terms(self, inputs: Dict[str, Any], params: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+        """Per output name: what raises its tolerance floor (tolerance.error_floor's reduction=,
+        the terms each element sums, and logit_peak=, the largest logit exponentiated)."""
+        return {}
+
     def dtypes(self, device: torch.device, level: str = "default") -> List[torch.dtype]:
         """fp16 on the CPU only at --full: torch's CPU half kernels are emulated and not where
         anyone trains (seen: CPU fp16 layer_norm weight grads ~5% off on offset rows)."""

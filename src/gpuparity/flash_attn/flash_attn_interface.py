@@ -12,10 +12,12 @@ naming the argument.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Dict, Optional, Union
 
 import torch
 
+from ..backends.registry import BackendUnavailable
 from ..ops import dropout as _dropout
 from ..ops.attention import attention, attention_lse, attention_problem
 from ..ops.decode import MAX_NEW_QUERIES, attention_decode
@@ -68,13 +70,24 @@ def _check_dense(q, k, v):
 # ----------------------------------------------------------------------------- ALiBi
 def _on_triton(op: str, problem) -> bool:
     """Whether `problem` (a call's masks and flags, its ALiBi aside) runs on backend "triton" of `op`:
-    named through backends(), or auto's verified choice here (resolved as gpuparity's op would; a
-    named backend that cannot serve raises its reasons, as the op does). Such a call gets ALiBi inside
-    the Triton kernels; any other backend the composed (B, H, Sq, Sk) fp32 bias. Never while
-    torch.compile traces: the ops are torch.library ops there, without ALiBi."""
+    named through backends() (forced, as the ops force a named backend: one that cannot serve raises
+    its reasons), or auto's verified choice here. Such a call gets ALiBi inside the Triton kernels; any
+    other backend the composed (B, H, Sq, Sk) fp32 bias. Under auto the dense kernels must also pass
+    the battery's ALiBi cases here (kind "<kind>+alibi", which only backends that opt in to "alibi"
+    serve); the varlen contract has no ALiBi cases, so its kernels are trusted on the call's kind.
+    Never while torch.compile traces: the ops are torch.library ops there, without ALiBi."""
     if torch.compiler.is_compiling():
         return False
-    return _dropout.resolve(problem, _BACKENDS[op]).name == "triton"
+    name = _BACKENDS[op]
+    if _dropout.resolve(problem, name).name != "triton":
+        return False
+    if name != "auto" or op != "attention":
+        return True
+    alibi = dataclasses.replace(problem, kind=problem.kind + "+alibi", features=problem.features + (("alibi", True),))
+    try:
+        return _dropout.resolve(alibi, "auto").name == "triton"
+    except BackendUnavailable:   # not verified for ALiBi here: the composed bias serves
+        return False
 
 
 # ----------------------------------------------------------------------------- dense

@@ -61,7 +61,7 @@ def _sdpa_valid(a):
     such rows are not judged in the output or in grad_query."""
     q = a["query"]
     empty = reference.empty_query_rows(q.shape[-2], a["key"].shape[-2], q.shape[0], q.shape[1],
-                                       attn_mask=a["attn_mask"], is_causal=a["is_causal"])
+                                       attn_mask=a["attn_mask"], is_causal=a["is_causal"], device=q.device)
     rows = ~empty.expand(*q.shape[:-1], 1)
     return {"out": rows, "grad_query": rows}
 
@@ -90,7 +90,8 @@ def _gp_attention_baseline(a):
 def _gp_attention_zero(a):
     """gpuparity.attention's contract: a row with no key left is exactly zero, with zero grad_q."""
     q = a["q"]
-    empty = reference.empty_query_rows(q.shape[-2], a["k"].shape[-2], q.shape[0], q.shape[1], **_attention_masks(a))
+    empty = reference.empty_query_rows(q.shape[-2], a["k"].shape[-2], q.shape[0], q.shape[1], **_attention_masks(a),
+                                       device=q.device)
     return {"out": empty, "grad_q": empty}
 
 

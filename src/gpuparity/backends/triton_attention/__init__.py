@@ -94,7 +94,7 @@ register(Backend("triton", "attention", triton_attention,
                  "gpuparity's fused Triton kernel (forward and backward, masks read in tiles)",
                  device_types=("cuda", "cpu"), dtypes=(torch.float16, torch.bfloat16, torch.float32),
                  availability=_availability, supports=_supports, jit=True,
-                 forward_saving=_forward_saving, backward_from=_backward_from, opt_in=("dropout",)))
+                 forward_saving=_forward_saving, backward_from=_backward_from, opt_in=("dropout", "alibi")))
 
 
 def _varlen_supports(problem: Problem) -> List[str]:

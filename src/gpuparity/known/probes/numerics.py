@@ -10,7 +10,6 @@ from typing import Any, Dict
 import torch
 import torch.nn.functional as F
 
-from ...contracts.attention import attention as reference_attention
 from ...contracts.norms import layer_norm as reference_layer_norm, rms_norm as reference_rms_norm
 from .base import finding, grad_leaves, inconclusive, judge, probe, randn, rel_err, summarize, sync, upcast
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ...contracts.attention import attention as reference_attention
-from ...contracts.norms import layer_norm as reference_layer_norm, rms_norm as reference_rms_norm
+from ...contracts.norms import layer_norm as reference_layer_norm
 from .base import finding, inconclusive, is_rocm, judge, probe, randn, summarize, sync
 
 GiB = 2 ** 30

@@ -1,0 +1,57 @@
+"""gpuparity.monitor on a GPU (GPUPARITY_TEST_DEVICE=cuda): the float64 checks run on the call's
+GPU on a side stream, find a planted NaN grad_query, pass correct SDPA and gpuparity.attention
+calls with masks, and leave the run's loss and gradients bitwise unchanged."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gpuparity
+from device_env import ON_GPU
+
+pytestmark = pytest.mark.skipif(not ON_GPU, reason="a GPU run (GPUPARITY_TEST_DEVICE=cuda)")
+
+
+def _step(q, k, v, mask, padding):
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    out = out + gpuparity.attention(q, k, v, key_padding_mask=padding, is_causal=True)
+    return out.float().square().mean()
+
+
+def _inputs():
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 64, 32, generator=gen).cuda().to(torch.bfloat16).requires_grad_(True)
+               for _ in range(3))
+    mask = torch.ones(64, 64, dtype=torch.bool, device="cuda").tril()
+    padding = torch.zeros(2, 64, dtype=torch.bool, device="cuda")
+    padding[1, 50:] = True
+    return q, k, v, mask, padding
+
+
+def test_checks_run_on_the_gpu_and_change_nothing():
+    q, k, v, mask, padding = _inputs()
+    _step(q, k, v, mask, padding).backward()
+    plain = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    with gpuparity.monitor(every=1, check_device="device", max_pending=8) as mon:
+        _step(q, k, v, mask, padding).backward()
+    report = mon.report()
+    assert report.passed and not report.errors, (report.failures, report.errors)
+    assert report.checked_on == {"cuda:0": sum(report.checked.values())} and len(report.checked) == 2
+    assert all(torch.equal(t.grad, g) for t, g in zip((q, k, v), plain))
+
+
+def test_planted_nan_grad_query_caught_on_the_gpu(monkeypatch, tmp_path):
+    real = F.scaled_dot_product_attention
+
+    def wrong(q, k, v, attn_mask=None, **kw):     # query row 3's gradient becomes NaN
+        q = q.view_as(q)
+        q.register_hook(lambda g: g.index_fill(2, torch.tensor([3], device=g.device), float("nan")))
+        return real(q, k, v, attn_mask=attn_mask, **kw)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", wrong)
+    q, k, v, mask, padding = _inputs()
+    with gpuparity.monitor(every=1, check_device="device", repro_dir=str(tmp_path)) as mon:
+        _step(q, k, v, mask, padding).backward()
+    failures = mon.report().failures     # (gpuparity.attention too where its backend calls SDPA)
+    assert any(f["op"] == "F.scaled_dot_product_attention" and "grad_query" in f["reason"] for f in failures)
+    assert failures[0]["device"] == "cuda:0" and "repro" in failures[0]
