@@ -51,8 +51,9 @@ def no_gather(monkeypatch):
 
 # page 16 holds a whole interpreter tile (BLOCK_N 16; 64 on a GPU: there a tile spans 4 pages),
 # page 5 splits every tile over pages, 256 holds every tile on both
-@pytest.mark.parametrize("page, q_len, splits", [(16, 1, 1), (16, 3, 3), (5, 2, 2), (256, 1, None)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("page, q_len, splits, dtype", [
+    (16, 1, 1, torch.float32), (16, 3, 3, torch.float32), (16, 3, 3, torch.bfloat16), (5, 2, 2, torch.float32),
+    (5, 2, 2, torch.bfloat16), (256, 1, None, torch.bfloat16)])
 def test_paged_kernel_matches_the_reference(page, q_len, splits, dtype):
     blocks = 1 if page == 256 else 4
     k_pool, v_pool, table = paged(4, 2, blocks, page, 16, dtype, seed=page)
