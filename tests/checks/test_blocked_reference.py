@@ -106,7 +106,7 @@ def test_logit_peak_is_the_largest_row_max_of_allowed_logits():
 def test_the_memory_estimate_counts_one_block_of_the_referee(monkeypatch):
     """The long members were SKIPped for the host memory of a referee holding every score
     (sq16448_sk16448_bool: ~25 GiB); in blocks of rows it needs one block, so they run where the
-    level's budget allows, and the > 2^31-score member needs under 2 GiB."""
+    level's budget allows, and the > 2^31-score member needs under 3 GiB (not 97)."""
     from gpuparity.checks import families
     from gpuparity.contracts import get_spec
 
@@ -118,4 +118,4 @@ def test_the_memory_estimate_counts_one_block_of_the_referee(monkeypatch):
     work = spec.work(square.params)
     assert "host memory" in families.not_runnable(work, "full", gpu, 1)
     assert families.not_runnable(work, "full", gpu, 1, reference_bytes=spec.reference_bytes(square.params)) is None
-    assert spec.reference_bytes(huge.params) < 2 * 2 ** 30 < spec.work(huge.params)
+    assert spec.reference_bytes(huge.params) < 3 * 2 ** 30 < 48 * spec.work(huge.params)

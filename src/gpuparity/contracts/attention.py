@@ -206,7 +206,7 @@ def attention_extras(problem: Problem) -> Dict[str, Any]:
 # --------------------------------------------------------------------------- the float64 reference
 # The referee computes in blocks of query rows holding at most this many scores (its functions'
 # block_scores default, spelled out there: a repro script copies their source without this module)
-REFERENCE_BLOCK_SCORES = 2 ** 24
+REFERENCE_BLOCK_SCORES = 2 ** 25
 
 
 def attention_allowed(q_len: int, k_len: int, batch: int, *, attn_mask=None, key_padding_mask=None,
@@ -236,7 +236,7 @@ def attention_allowed(q_len: int, k_len: int, batch: int, *, attn_mask=None, key
     return allowed
 
 
-def empty_query_rows(q_len: int, k_len: int, batch: int, heads: int, block_scores: int = 2 ** 24,
+def empty_query_rows(q_len: int, k_len: int, batch: int, heads: int, block_scores: int = 2 ** 25,
                      **masks) -> torch.Tensor:
     """Bool (B, H, Sq, 1): rows with no key left to attend to (in blocks of rows, as attention)."""
     rows = attention_block_rows(batch * heads, q_len, k_len, block_scores)
@@ -250,7 +250,7 @@ def empty_query_rows(q_len: int, k_len: int, batch: int, heads: int, block_score
     return torch.cat(empty, dim=-2).expand(batch, heads, q_len, 1)
 
 
-def attention_block_rows(batch_heads: int, q_len: int, k_len: int, block_scores: int = 2 ** 24) -> int:
+def attention_block_rows(batch_heads: int, q_len: int, k_len: int, block_scores: int = 2 ** 25) -> int:
     """Query rows per block so that a block holds at most `block_scores` scores (every row at
     once where the whole (B, H, Sq, Sk) does): the float64 referee's memory bound."""
     per_row = max(1, batch_heads * k_len)
@@ -268,7 +268,7 @@ def mask_rows(attn_mask, start: int, stop: int):
 
 
 def attention(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None,
-              window=None, softcap=None, block_scores: int = 2 ** 24):
+              window=None, softcap=None, block_scores: int = 2 ** 25):
     """q: (B, H, Sq, D); k, v: (B, Hkv, Sk, D), H % Hkv == 0 (GQA: head h reads kv head
     h // (H // Hkv), as SDPA's enable_gqa). softcap c: scaled scores s become c * tanh(s / c)
     (Gemma-2) before any mask or float attn_mask is applied.
@@ -325,7 +325,7 @@ def attention_rows(q, k, v, attn_mask, key_padding_mask, is_causal, scale, windo
 
 
 def attention_logit_peak(q, k, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None,
-                         window=None, softcap=None, block_scores: int = 2 ** 24) -> float:
+                         window=None, softcap=None, block_scores: int = 2 ** 25) -> float:
     """The largest |row max| of the logits a query may attend to (0 without any): the size of
     the exponents a kernel rounds (tolerance.error_floor). In blocks of rows, without gradients."""
     batch, heads, q_len, _ = q.shape

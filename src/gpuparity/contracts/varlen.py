@@ -9,9 +9,9 @@ import torch
 
 from ..backends.masks import attention_kind
 from ..backends.registry import Problem
-from ..backends.varlen_composition import empty_rows, packed
+from ..backends.varlen_composition import bottom_right_allowed, empty_rows, packed
 from ..numerics import matmul_tf32
-from .attention import attention as reference_attention
+from .attention import attention as reference_attention, attention_logit_peak
 from .base import Case, OpSpec, family, randn, tf32_precision, view_members
 
 
@@ -93,6 +93,28 @@ class VarlenSpec(OpSpec):
 
     def work(self, p):
         return p["H"] * sum(q * k for q, k in zip(p["q_lens"], p["k_lens"]))
+
+    def error_terms(self, inputs, p):
+        """As attention's, per sequence: out and grad_q sum over a sequence's keys, grad_k and
+        grad_v over its query rows (times the heads sharing a KV head), grad_qkv both; the logit
+        peak is the largest over the sequences, each under its bottom-right mask."""
+        if p["layout"] == "qkv_view":
+            q, k = inputs["qkv"][:, 0], inputs["qkv"][:, 1]
+        else:
+            q, k = inputs["q"], inputs["k"]
+        bounds_q, bounds_k = inputs["cu_seqlens_q"].tolist(), inputs["cu_seqlens_k"].tolist()
+        peak = 0.0
+        for b in range(len(bounds_q) - 1):
+            (qs, qe), (ks, ke) = bounds_q[b:b + 2], bounds_k[b:b + 2]
+            if qe > qs and ke > ks:
+                mask = bottom_right_allowed(qe - qs, ke - ks, p["causal"], _window(p), q.device)
+                q_i, k_i = (t.transpose(0, 1).unsqueeze(0) for t in (q[qs:qe], k[ks:ke]))
+                peak = max(peak, attention_logit_peak(q_i, k_i, attn_mask=mask, scale=p["scale"],
+                                                      softcap=p["softcap"]))
+        keys = {"reduction": max(p["k_lens"], default=0), "logit_peak": peak}
+        rows = {"reduction": max(p["q_lens"], default=0) * (p["H"] // p["Hkv"]), "logit_peak": peak}
+        both = {"reduction": max(keys["reduction"], rows["reduction"]), "logit_peak": peak}
+        return {"out": keys, "grad_q": keys, "grad_k": rows, "grad_v": rows, "grad_qkv": both}
 
     def kind(self, p):
         return attention_kind(None, None, p["causal"], p["window"], p["softcap"])
