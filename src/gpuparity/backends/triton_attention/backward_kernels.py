@@ -1,3 +1,4 @@
+# long file: the dq and dk/dv programs and their four entry points (two-launch, one-launch, descriptor) share every loop and flag; apart they would drift
 """The backward kernels of fused attention in Triton: dk/dv and dq as two launches (long
 sequences: delta is computed once, by the dq kernel, and read by dk/dv) or as one (short ones,
 where the second launch costs more host time than it saves device time). Imports triton at its
