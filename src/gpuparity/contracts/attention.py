@@ -715,6 +715,10 @@ def _families():
             ("sq16448_sk64_bool", dict(B=1, H=1, Sq=16448, Sk=64, mask="bool", mask_shape="11qk")),
             ("sq4160_sk4160_bool", dict(B=1, H=1, Sq=4160, mask="bool", mask_shape="11qk")),
             ("sq8_sk131136_padding", dict(B=1, H=1, Sq=8, Sk=131136, mask="key_padding", lengths=[131130])),
+            # a long-sequence path (split keys, other tiles) takes every argument anew: one long
+            # member with a custom scale and GQA, two regimes that otherwise meet only short rows
+            ("sq64_sk16448_gqa_scale0p3", dict(B=1, H=2, Hkv=1, Sq=64, Sk=16448, scale=0.3, mask="key_padding",
+                                               lengths=[16001])),
             ("sq8256_sk8256_causal", dict(B=1, H=1, Sq=8256, causal=True)),
             ("sq16448_sk16448_bool", dict(B=1, H=2, Sq=16448, mask="bool", mask_shape="11qk")),
             # > 2^31 elements in the scores of one call: where 32-bit offsets overflow
