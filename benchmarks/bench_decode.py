@@ -83,6 +83,7 @@ def main(argv=None) -> int:
         return 2
     os.environ.pop("TRITON_INTERPRET", None)
     from gpuparity.backends import triton_decode as td
+    from gpuparity.contracts.decode import decode_composition
     from gpuparity.bench.common import graphed
 
     started = time.monotonic()
@@ -132,7 +133,7 @@ def main(argv=None) -> int:
                         best = (us, block, splits, label)
             row["triton_us"], row["triton_block_n"], row["num_splits"], row["splits_rule"] = best
             mine = td.triton_decode(q, k, v, lengths, block_n=best[1], num_splits=best[2]).float()
-            for name, fn in (("sdpa", td.decode_sdpa), ("composition", td.decode_composition)):
+            for name, fn in (("sdpa", td.decode_sdpa), ("composition", decode_composition)):
                 try:
                     theirs = fn(q, k, v, lengths)
                     row[f"{name}_us"] = timed(lambda: fn(q, k, v, lengths))

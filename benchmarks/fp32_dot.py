@@ -21,7 +21,7 @@ import triton.testing  # noqa: E402
 
 from gpuparity import reference  # noqa: E402
 from gpuparity.backends import triton_attention as ta  # noqa: E402
-from gpuparity.backends.sdpa import composition  # noqa: E402
+from gpuparity.contracts.attention import composition  # noqa: E402
 from gpuparity.tolerance import relative_error  # noqa: E402
 from gpuparity.ops.attention import attention  # noqa: E402
 

@@ -215,13 +215,18 @@ def test_the_lazy_facade_imports_on_first_use_and_keeps_the_name():
 # named like a reference but are not an op's, with why (none today):
 NOT_OP_REFERENCES = {}
 _REFERENCE_NAME = re.compile(r"^(reference_\w+|[a-z]\w*_reference)$")   # public names: private helpers adapt
+# Backend modules that register an op's "composition" themselves, with why:
+COMPOSITION_ELSEWHERE = {
+    "gpuparity.backends.ce_composition": "linear_cross_entropy's composition is the chunked driver its Triton "
+                                         "backend runs too (the kernels replace its steps)",
+}
 _CASE_BUILDERS = {"family", "Family", "Case", "view_members"}
 
 
 def outside_contracts(names=None):
     """Definitions that belong in an op contract but sit outside contracts/: a function named like a
-    float64 reference (reference_* / *_reference), an OpSpec subclass, a case or family built at
-    module level (Case(...), family(...), view_members(...))."""
+    float64 reference (reference_* / *_reference), an OpSpec subclass, the op's "composition"
+    backend, a case or family built at module level (Case(...), family(...), view_members(...))."""
     found = []
     for module, path in sorted((names or module_names()).items()):
         if module.startswith("gpuparity.contracts") or module in NOT_OP_REFERENCES:
@@ -232,6 +237,10 @@ def outside_contracts(names=None):
                 found.append(f"{module}.{node.name} (a float64 reference)")
             elif isinstance(node, ast.ClassDef) and any(ast.unparse(b).split(".")[-1] == "OpSpec" for b in node.bases):
                 found.append(f"{module}.{node.name} (an OpSpec: the battery's cases)")
+            elif (isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] == "Backend" and node.args
+                  and isinstance(node.args[0], ast.Constant) and node.args[0].value == "composition"
+                  and module not in COMPOSITION_ELSEWHERE):
+                found.append(f"{module}: Backend('composition', ...) at line {node.lineno} (the op's trusted composition)")
         for node in tree.body:   # module level: cases and families declared here
             for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
                 name = ast.unparse(call.func).split(".")[-1]
@@ -247,10 +256,12 @@ def test_the_contract_finder_sees_planted_definitions(tmp_path):
                        "class MySpec(OpSpec):\n    pass\n"
                        "CASES = [Case('a', {})]\n"
                        "FAMILIES = [family('f', [])]\n"
-                       "def fine(x):\n    return x\n")
+                       "def fine(x):\n    return x\n"
+                       "register(Backend('composition', 'attention', fine))\n")
     assert outside_contracts({"gpuparity.ops.planted": planted}) == [
         "gpuparity.ops.planted.attention_reference (a float64 reference)",
         "gpuparity.ops.planted.MySpec (an OpSpec: the battery's cases)",
+        "gpuparity.ops.planted: Backend('composition', ...) at line 10 (the op's trusted composition)",
         "gpuparity.ops.planted: Case(...) at line 6 (the battery's cases)",
         "gpuparity.ops.planted: family(...) at line 7 (the battery's cases)"]
     assert outside_contracts({"gpuparity.contracts.planted": planted}) == []

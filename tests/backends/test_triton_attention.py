@@ -13,7 +13,8 @@ from device_env import ON_GPU, TEST_DEVICE as DEVICE, require_device, size
 pytest.importorskip("triton")
 
 from gpuparity import reference  # noqa: E402
-from gpuparity.backends import sdpa, triton_attention  # noqa: E402
+from gpuparity.backends import triton_attention  # noqa: E402
+from gpuparity.contracts import attention as attention_contract  # noqa: E402
 from gpuparity.backends.triton_attention import tiles  # noqa: E402
 from gpuparity.tolerance import judge  # noqa: E402
 
@@ -55,7 +56,7 @@ def check(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, sc
     dout = torch.randn(out.shape, generator=gen).to(DEVICE, dtype)
 
     base_inputs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    base_out = sdpa.composition(*base_inputs, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+    base_out = attention_contract.composition(*base_inputs, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
                                 is_causal=is_causal, scale=scale)
     ref_inputs = [t.detach().to("cpu", torch.float64).requires_grad_() for t in (q, k, v)]
     ref_mask = attn_mask

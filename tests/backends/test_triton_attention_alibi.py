@@ -12,7 +12,7 @@ from device_env import TEST_DEVICE as DEVICE, require_device, size
 pytest.importorskip("triton")
 
 from gpuparity import reference  # noqa: E402
-from gpuparity.backends import sdpa  # noqa: E402
+from gpuparity.contracts import attention as attention_contract  # noqa: E402
 from gpuparity.backends.triton_attention import triton_attention, triton_attention_varlen  # noqa: E402
 from gpuparity.backends.triton_common import clear_plans  # noqa: E402
 from gpuparity.tolerance import judge  # noqa: E402
@@ -57,7 +57,7 @@ def check_dense(q, k, v, dout, slopes, *, attn_mask=None, key_padding_mask=None,
     ref_out = reference.attention(*ref_inputs, attn_mask=bias, key_padding_mask=kpm, **flags)
     ref_grads = torch.autograd.grad(ref_out, ref_inputs, dout.cpu().double())
     base_inputs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    base_out = sdpa.composition(*base_inputs, attn_mask=bias.to(DEVICE, dtype), key_padding_mask=key_padding_mask,
+    base_out = attention_contract.composition(*base_inputs, attn_mask=bias.to(DEVICE, dtype), key_padding_mask=key_padding_mask,
                                 **flags)
     base_grads = torch.autograd.grad(base_out, base_inputs, dout)
     allowed = reference.attention_allowed(q_len, k_len, batch, attn_mask=bias, key_padding_mask=kpm,
@@ -203,7 +203,7 @@ def _planted(alignment):
             distance = (torch.arange(q_len).view(q_len, 1) - torch.arange(k_len).view(1, k_len)).abs().to(q.device)
             bias = -alibi_slopes.reshape(-1, q.shape[1], 1, 1).float() * distance
             attn_mask = with_alibi(attn_mask, bias)
-        return sdpa.composition(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
+        return attention_contract.composition(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
                                 scale=scale, window=window, softcap=softcap)
     return attention
 

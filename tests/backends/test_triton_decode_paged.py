@@ -11,6 +11,7 @@ from device_env import TEST_DEVICE, size  # sets TRITON_INTERPRET=1 on the CPU b
 
 import gpuparity
 from gpuparity.backends import triton_decode as td
+from gpuparity.contracts.decode import decode_composition
 from gpuparity.ops import decode
 from gpuparity.ops.decode import attention_decode, decode_reference, kv_cache_append
 from gpuparity.tolerance import judge
@@ -34,7 +35,7 @@ def check(out, q, k_pool, v_pool, table, seqlens, softcap=None):
     as the baseline); rows that see no key exactly zero."""
     k, v = td.gather_pages(k_pool, table), td.gather_pages(v_pool, table)
     ref = decode_reference(q, k, v, seqlens.cpu(), softcap=softcap)
-    base = td.decode_composition(q, k, v, seqlens, softcap=softcap)
+    base = decode_composition(q, k, v, seqlens, softcap=softcap)
     visible = seqlens.cpu().long().view(-1, 1, 1, 1) - q.shape[2] + 1 + torch.arange(q.shape[2]).view(1, 1, -1, 1)
     empty = (visible <= 0).expand(q.shape[0], q.shape[1], q.shape[2], 1)
     result = judge("out", out.cpu(), ref, base.cpu(), q.dtype, valid=~empty, must_be_zero=empty)
@@ -84,7 +85,7 @@ def test_flash_attention_pool_layout_int64_table_and_sliced_table(no_gather):
     # the pages by hand (gather_pages is refused here)
     k5, v5 = (p[table[:, :5].long()].transpose(1, 2).reshape(3, 2, 40, 16) for p in (k_pool, v_pool))
     ref = decode_reference(q, k5, v5, seqlens.cpu())
-    base = td.decode_composition(q, k5, v5, seqlens)
+    base = decode_composition(q, k5, v5, seqlens)
     result = judge("out", out.cpu(), ref, base.cpu(), q.dtype)
     assert result.passed, result.reason
 
@@ -98,7 +99,7 @@ def test_table_entries_past_the_pool_are_clamped_in_the_kernel():
     seqlens = torch.tensor([12, 9], dtype=torch.int32, device=DEVICE)
     q = torch.randn(2, 2, 1, 16, generator=torch.Generator().manual_seed(5)).to(DEVICE)
     out = td.triton_decode(q, k_pool, v_pool, seqlens, block_table=table)
-    want = td.decode_composition(q, k_pool, v_pool, seqlens, block_table=table)
+    want = decode_composition(q, k_pool, v_pool, seqlens, block_table=table)
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
 
 

@@ -14,7 +14,8 @@ from device_env import ON_GPU, TEST_DEVICE as DEVICE, require_device
 pytest.importorskip("triton")
 
 from gpuparity import reference  # noqa: E402
-from gpuparity.backends import torch_ops, triton_common, triton_norms  # noqa: E402
+from gpuparity.backends import triton_common, triton_norms  # noqa: E402
+from gpuparity.contracts import norms as norms_contract  # noqa: E402
 from gpuparity.tolerance import judge  # noqa: E402
 
 require_device()
@@ -50,11 +51,11 @@ def check_norm(op, x, weight, bias, eps, dy=None, seed=0):
         dy = torch.randn(x.shape, generator=gen).to(x.device, x.dtype)
     if op == "rms":
         ours = lambda a, w, b: triton_norms.triton_rms_norm(a, shape, w, eps)  # noqa: E731
-        base = lambda a, w, b: torch_ops.rms_norm_composition(a, shape, w, eps)  # noqa: E731
+        base = lambda a, w, b: norms_contract.rms_norm_composition(a, shape, w, eps)  # noqa: E731
         ref = lambda a, w, b: reference.rms_norm(a, shape, w, eps)  # noqa: E731
     else:
         ours = lambda a, w, b: triton_norms.triton_layer_norm(a, shape, w, b, eps)  # noqa: E731
-        base = lambda a, w, b: torch_ops.layer_norm_composition(a, shape, w, b, eps)  # noqa: E731
+        base = lambda a, w, b: norms_contract.layer_norm_composition(a, shape, w, b, eps)  # noqa: E731
         ref = lambda a, w, b: reference.layer_norm(a, shape, w, b, eps)  # noqa: E731
     up = lambda t: None if t is None else t.detach().to("cpu", torch.float64)  # noqa: E731
     got = run_norm(ours, x, weight, bias, dy)

@@ -14,7 +14,8 @@ from device_env import ON_GPU, TEST_DEVICE as DEVICE, require_device
 pytest.importorskip("triton")
 
 from gpuparity import reference  # noqa: E402
-from gpuparity.backends import torch_ops, triton_rotary  # noqa: E402
+from gpuparity.backends import triton_rotary  # noqa: E402
+from gpuparity.contracts import rotary as rotary_contract  # noqa: E402
 from gpuparity.tolerance import judge  # noqa: E402
 
 require_device()
@@ -44,7 +45,7 @@ def check_rotary(x, cos, sin, seed=0, **kwargs):
     dy = torch.randn(x.shape, generator=gen).to(x.device, x.dtype)
     got = run_rotary(triton_rotary.triton_apply_rotary, x, cos, sin, dy, **kwargs)
     # The eager composition computes in x's dtype: the trusted baseline of the policy.
-    base = run_rotary(torch_ops.rotary_composition, x, cos.to(x.dtype), sin.to(x.dtype), dy, **kwargs)
+    base = run_rotary(rotary_contract.rotary_composition, x, cos.to(x.dtype), sin.to(x.dtype), dy, **kwargs)
     up = lambda t: t.detach().to("cpu", torch.float64)  # noqa: E731
     ref_kwargs = dict(kwargs)
     for key in ("seqlen_offsets", "cu_seqlens"):

@@ -9,7 +9,7 @@ import time
 import torch
 
 from gpuparity import reference
-from gpuparity.backends.sdpa import composition
+from gpuparity.contracts.attention import composition
 
 
 # ---------------------------------------------------------------- attention

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from gpuparity.backends.sdpa import composition
+from gpuparity.contracts.attention import composition
 
 
 def _correct(q, k, v, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None):

@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpuparity.backends.triton_decode import decode_composition, gather_pages
-from gpuparity.backends.varlen_composition import composition_varlen, packed
-from gpuparity.backends.sdpa import composition
+from gpuparity.backends.triton_decode import gather_pages
+from gpuparity.contracts.decode import decode_composition
+from gpuparity.contracts.varlen import composition_varlen, packed
+from gpuparity.contracts.attention import composition
 from gpuparity.checks.battery import plan, run_battery
 from gpuparity.checks.results import Status
 from gpuparity.contracts import OPS

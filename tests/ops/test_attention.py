@@ -9,7 +9,7 @@ from device_env import ON_GPU, TEST_DEVICE as DEVICE, require_device
 
 from gpuparity import dispatch, reference
 from gpuparity.checks import verdicts as verdicts_store
-from gpuparity.backends import sdpa
+from gpuparity.contracts import attention as attention_contract
 from gpuparity.tolerance import judge
 from gpuparity.ops.attention import attention, attention_problem, explain_attention
 
@@ -38,7 +38,7 @@ def test_named_backends_agree_with_the_reference(backend):
     out = attention(q, k, v, attn_mask=bias, key_padding_mask=kpm, is_causal=True, backend=backend)
     ref = reference.attention(*(t.cpu().double() for t in (q, k, v)), attn_mask=bias.cpu().double(),
                               key_padding_mask=kpm.cpu(), is_causal=True)
-    base = sdpa.composition(q, k, v, attn_mask=bias, key_padding_mask=kpm, is_causal=True)
+    base = attention_contract.composition(q, k, v, attn_mask=bias, key_padding_mask=kpm, is_causal=True)
     empty = torch.zeros(1, 1, 13, 1, dtype=torch.bool)
     empty[..., 3, :] = True
     result = judge("out", out, ref, base, q.dtype, valid=~empty, must_be_zero=empty)

@@ -11,6 +11,7 @@ from device_env import TEST_DEVICE, size  # sets TRITON_INTERPRET=1 on the CPU b
 import gpuparity  # noqa: E402
 from gpuparity import dispatch  # noqa: E402
 from gpuparity.backends import triton_decode as td  # noqa: E402
+from gpuparity.contracts.decode import decode_composition  # noqa: E402
 from gpuparity.backends.registry import BackendUnavailable  # noqa: E402
 from gpuparity.tolerance import judge  # noqa: E402
 from gpuparity.ops import decode  # noqa: E402
@@ -37,7 +38,7 @@ def check(out, q, k, v, seqlens, softcap=None, scale=None):
     """out against float64 under the policy, the composition in the same dtype as baseline;
     rows that see no key must be exactly zero."""
     ref = decode_reference(q, k, v, seqlens.cpu(), softcap=softcap, scale=scale)
-    base = td.decode_composition(q, k, v, seqlens, softcap=softcap, scale=scale)
+    base = decode_composition(q, k, v, seqlens, softcap=softcap, scale=scale)
     visible = seqlens.cpu().long().view(-1, 1, 1, 1) - q.shape[2] + 1 + torch.arange(q.shape[2]).view(1, 1, -1, 1)
     empty = (visible <= 0).expand(q.shape[0], q.shape[1], q.shape[2], 1)
     assert not torch.isnan(out).any()

@@ -16,7 +16,7 @@ from gpuparity.backends.registry import Backend, register, unregister  # noqa: E
 from gpuparity.ops.attention import attention  # noqa: E402
 from gpuparity.ops.varlen import (attention_varlen, attention_varlen_reference, empty_rows,  # noqa: E402
                                   explain_attention_varlen)
-from gpuparity.backends.varlen_composition import bottom_right_allowed, composition_varlen  # noqa: E402
+from gpuparity.contracts.varlen import bottom_right_allowed, composition_varlen  # noqa: E402
 
 require_device()
 pytestmark = pytest.mark.usefixtures("triton_interpreter_is_live")

@@ -10,7 +10,7 @@ from device_env import TEST_DEVICE  # sets TRITON_INTERPRET=1 on the CPU before 
 
 import gpuparity  # noqa: E402
 from gpuparity import dispatch, reference  # noqa: E402
-from gpuparity.backends import sdpa  # noqa: E402
+from gpuparity.contracts import attention as attention_contract  # noqa: E402
 from gpuparity.backends.registry import BackendUnavailable  # noqa: E402
 from gpuparity.tolerance import judge  # noqa: E402
 from gpuparity.ops.attention import attention, attention_problem  # noqa: E402
@@ -48,7 +48,7 @@ def check(backend, q, k, v, **kwargs):
     ref = reference.attention(*ref_leaves, **ref_kwargs)
     ref.backward(cpu(grad).double())
     base_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    base = sdpa.composition(*base_leaves, **kwargs)
+    base = attention_contract.composition(*base_leaves, **kwargs)
     base.backward(grad)
     assert not torch.isnan(out).any()
     masks = {name: cpu(kwargs[name]) for name in ("key_padding_mask", "is_causal", "window") if name in kwargs}

@@ -1,17 +1,28 @@
 """One module per backend family. Importing a module registers its backends with
-`gpuparity.dispatch`; `load_all` is the one list of them."""
+`gpuparity.dispatch`; `load_all` is the one list of them. The op contracts' plain compositions
+(`COMPOSITIONS` in contracts/<op>.py) are registered here too, each in its slot of MODULES, so
+the registration order (what `dispatch.backends(op)` lists) does not depend on which contract an
+earlier call imported first."""
 from __future__ import annotations
 
 import importlib
+
+from .registry import register
 
 # Each entry is imported once; a module whose optional dependency is missing registers
 # backends whose availability() says so, so it must import without that dependency.
 MODULES = (
     "gpuparity.backends.sdpa",
+    "gpuparity.contracts.attention",
     "gpuparity.backends.torch_ops",
+    "gpuparity.contracts.norms",
+    "gpuparity.contracts.rotary",
+    "gpuparity.contracts.basic",
+    "gpuparity.contracts.swiglu",
     "gpuparity.backends.triton_attention",
     "gpuparity.backends.triton_decode",
-    "gpuparity.backends.varlen_composition",
+    "gpuparity.contracts.decode",
+    "gpuparity.contracts.varlen",
     "gpuparity.backends.triton_norms",
     "gpuparity.backends.triton_rotary",
     "gpuparity.backends.ce_composition",
@@ -31,7 +42,10 @@ def load_all() -> None:
     _LOADED = True
     for name in MODULES:
         try:
-            importlib.import_module(name)
+            module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
             if exc.name != name:  # a real import error inside an existing module: surface it
                 raise
+            continue
+        for backend in getattr(module, "COMPOSITIONS", ()):   # a contract's composition
+            register(backend)

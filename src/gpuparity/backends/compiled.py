@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from .registry import Backend, Problem, register
-from . import torch_ops
+from ..contracts.norms import layer_norm_composition, rms_norm_composition
 from .. import caches
 from ..numerics import rotate
 
@@ -167,14 +167,14 @@ def _compiled(name: str, fn: Callable, tensors) -> Callable:
 # with its neighbours, and no inner compiled function (with its own guards) runs in the graph.
 def compiled_rms_norm(x, normalized_shape, weight=None, eps=None):
     if torch.compiler.is_compiling():
-        return torch_ops.rms_norm_composition(x, tuple(normalized_shape), weight, eps)
-    return _compiled("rms_norm", torch_ops.rms_norm_composition, (x, weight))(x, tuple(normalized_shape), weight, eps)
+        return rms_norm_composition(x, tuple(normalized_shape), weight, eps)
+    return _compiled("rms_norm", rms_norm_composition, (x, weight))(x, tuple(normalized_shape), weight, eps)
 
 
 def compiled_layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     if torch.compiler.is_compiling():
-        return torch_ops.layer_norm_composition(x, tuple(normalized_shape), weight, bias, eps)
-    return _compiled("layer_norm", torch_ops.layer_norm_composition, (x, weight, bias))(
+        return layer_norm_composition(x, tuple(normalized_shape), weight, bias, eps)
+    return _compiled("layer_norm", layer_norm_composition, (x, weight, bias))(
         x, tuple(normalized_shape), weight, bias, eps)
 
 

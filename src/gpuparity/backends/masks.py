@@ -70,6 +70,15 @@ def allowed_mask(q_len: int, k_len: int, device, *, attn_mask=None, key_padding_
     return allowed
 
 
+def expand_kv(q, k, v):
+    """k and v with their heads repeated to q's (GQA/MQA: head h reads kv head h // group)."""
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if heads == kv_heads:
+        return k, v
+    group = heads // kv_heads
+    return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+
+
 def sdpa_arguments(q, k, attn_mask=None, key_padding_mask=None, is_causal=False, window=None
                    ) -> Tuple[Optional[torch.Tensor], bool, Optional[torch.Tensor]]:
     """(mask for SDPA, is_causal for SDPA, empty rows (B|1, H|1, Sq, 1) or None).

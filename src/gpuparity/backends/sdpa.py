@@ -1,5 +1,6 @@
-"""Attention through torch: each SDPA backend forced alone, and the plain
-matmul-softmax-matmul composition (the trusted baseline and the last resort of "auto").
+"""Attention through torch: each SDPA backend forced alone (the plain matmul-softmax-matmul
+composition, the trusted baseline and the last resort of "auto", is the attention contract's:
+contracts/attention.py).
 
 Every backend here follows gpuparity's contract: a query row with no key left returns zeros
 and zero gradients, whatever the SDPA backend itself would do with it.
@@ -13,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from .registry import Backend, BackendUnavailable, Problem, register
-from .masks import allowed_mask, sdpa_arguments, zero_empty_rows
+from .masks import expand_kv, sdpa_arguments, zero_empty_rows
 
 SDPA_BACKENDS = {
     "sdpa_math": "MATH",
@@ -59,14 +60,6 @@ def misaligned(t: torch.Tensor) -> bool:
         return False
 
 
-def _expand_kv(q, k, v):
-    heads, kv_heads = q.shape[1], k.shape[1]
-    if heads == kv_heads:
-        return k, v
-    group = heads // kv_heads
-    return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-
-
 def _make_sdpa(name: str):
     def run(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None, window=None,
             softcap=None):
@@ -74,7 +67,7 @@ def _make_sdpa(name: str):
             raise BackendUnavailable(f"{name}: SDPA has no logit softcap")
         # a window becomes part of the bool mask SDPA reads (no block skipping)
         mask, causal, empty = sdpa_arguments(q, k, attn_mask, key_padding_mask, is_causal, window)
-        k_full, v_full = _expand_kv(q, k, v)
+        k_full, v_full = expand_kv(q, k, v)
         q, k_full, v_full = aligned(q), aligned(k_full), aligned(v_full)
         try:
             with _sdpa_kernel(name):
@@ -87,35 +80,6 @@ def _make_sdpa(name: str):
         return zero_empty_rows(out, empty)
     run.__name__ = name
     return run
-
-
-def composition(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None, window=None,
-                softcap=None, dropout_p=0.0, seed=None):
-    """matmul-softmax-matmul in q's dtype with the softmax in fp32: the trusted baseline. Dropout
-    (p > 0) keeps probabilities where torch.rand from a generator seeded with `seed` is >= p:
-    repeatable for a seed (the recomputing backward draws the same mask), not the Triton mask."""
-    head_dim = q.shape[-1]
-    k, v = _expand_kv(q, k, v)
-    scale = head_dim ** -0.5 if scale is None else scale
-    scores = torch.matmul(q, k.transpose(-2, -1)).float() * scale
-    if softcap is not None:
-        scores = softcap * torch.tanh(scores / softcap)
-    if attn_mask is not None and attn_mask.dtype != torch.bool:
-        scores = scores + attn_mask.float()
-    allowed = allowed_mask(q.shape[-2], k.shape[-2], q.device, attn_mask=attn_mask,
-                           key_padding_mask=key_padding_mask, is_causal=is_causal, window=window)
-    if allowed is not None or (attn_mask is not None and attn_mask.dtype != torch.bool):
-        allowed = (~torch.isneginf(scores)) if allowed is None else (allowed & ~torch.isneginf(scores))
-        empty = ~allowed.any(-1, keepdim=True)
-        scores = scores.masked_fill(~allowed, float("-inf")).masked_fill(empty, 0.0)
-        probs = torch.softmax(scores, dim=-1).masked_fill(empty, 0.0)
-    else:
-        probs = torch.softmax(scores, dim=-1)
-    if dropout_p > 0.0:
-        generator = torch.Generator(device=q.device).manual_seed(int(seed or 0))
-        keep = torch.rand(probs.shape, generator=generator, device=q.device) >= dropout_p
-        probs = torch.where(keep, probs / (1.0 - dropout_p), 0.0)
-    return torch.matmul(probs.to(q.dtype), v)
 
 
 def _no_softcap(name: str, problem: Problem) -> List[str]:
@@ -187,6 +151,3 @@ register(Backend("sdpa_cudnn", "attention", _make_sdpa("sdpa_cudnn"),
                  availability=lambda: (None if torch.cuda.is_available() and not torch.version.hip
                                        else "sdpa_cudnn: needs an NVIDIA GPU"),
                  supports=_no_mask_grad(_cudnn_supports)))
-register(Backend("composition", "attention", composition,
-                 "matmul-softmax-matmul, fp32 softmax (trusted baseline)", dtypes=ALL, fallback=True,
-                 opt_in=("dropout",)))

@@ -67,23 +67,6 @@ def _repeat_kv(q, k_cache, v_cache):
     return k_cache.repeat_interleave(group, dim=1), v_cache.repeat_interleave(group, dim=1)
 
 
-def decode_composition(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, block_table=None):
-    """repeat_kv, scores over the whole cache, masked softmax in fp32: the trusted baseline (a
-    paged cache gathered into a contiguous one first)."""
-    if block_table is not None:
-        k_cache, v_cache = gather_pages(k_cache, block_table), gather_pages(v_cache, block_table)
-    k, v = _repeat_kv(q, k_cache, v_cache)
-    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    scores = torch.matmul(q, k.transpose(-2, -1)).float() * scale
-    if softcap is not None:
-        scores = softcap * torch.tanh(scores / softcap)
-    allowed = decode_allowed(cache_seqlens, q.shape[2], k.shape[2])
-    empty = ~allowed.any(-1, keepdim=True)
-    scores = scores.masked_fill(~allowed, float("-inf")).masked_fill(empty, 0.0)
-    probs = torch.softmax(scores, dim=-1).masked_fill(empty, 0.0)
-    return torch.matmul(probs.to(q.dtype), v)
-
-
 def decode_sdpa(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, block_table=None):
     """F.scaled_dot_product_attention with the decode mask as a bool mask (GQA by enable_gqa
     where torch has it); rows with no key give zeros, as everywhere in gpuparity. A paged cache
@@ -462,7 +445,3 @@ register(Backend("sdpa", "attention_decode", decode_sdpa,
                  "torch SDPA over the whole cache with a bool mask (GQA through enable_gqa); paged caches "
                  "gathered into a contiguous copy first",
                  supports=_sdpa_supports))
-register(Backend("composition", "attention_decode", decode_composition,
-                 "repeat_kv, masked softmax in fp32 over the whole cache: the trusted fallback (paged caches "
-                 "gathered first)",
-                 fallback=True))

@@ -49,7 +49,7 @@ def _liger_norm(op: str):
 def norm_peers(op: str, device: torch.device) -> Dict[str, Tuple[Optional[Callable], str]]:
     """backend -> (fn(x, weight, bias, eps) or None, reason when None)."""
     import torch.nn.functional as F
-    from ..backends import torch_ops
+    from ..contracts import norms as norms_contract
     peers: Dict[str, Tuple[Optional[Callable], str]] = {}
     from ..backends import triton_common, triton_norms
     reason = triton_common.availability() or triton_common.triton_unavailable_reason(device.type)
@@ -57,12 +57,12 @@ def norm_peers(op: str, device: torch.device) -> Dict[str, Tuple[Optional[Callab
         peers["triton"] = (None, reason) if reason else (
             lambda x, w, b, eps: triton_norms.triton_rms_norm(x, x.shape[-1:], w, eps), "")
         peers["torch"] = (lambda x, w, b, eps: F.rms_norm(x, x.shape[-1:], w, eps), "")
-        peers["eager"] = (lambda x, w, b, eps: torch_ops.rms_norm_composition(x, x.shape[-1:], w, eps), "")
+        peers["eager"] = (lambda x, w, b, eps: norms_contract.rms_norm_composition(x, x.shape[-1:], w, eps), "")
     else:
         peers["triton"] = (None, reason) if reason else (
             lambda x, w, b, eps: triton_norms.triton_layer_norm(x, x.shape[-1:], w, b, eps), "")
         peers["torch"] = (lambda x, w, b, eps: F.layer_norm(x, x.shape[-1:], w, b, eps), "")
-        peers["eager"] = (lambda x, w, b, eps: torch_ops.layer_norm_composition(x, x.shape[-1:], w, b, eps), "")
+        peers["eager"] = (lambda x, w, b, eps: norms_contract.layer_norm_composition(x, x.shape[-1:], w, b, eps), "")
     from ..backends import compiled
     reason = compiled.compile_unavailable_reason(device.type)
     if reason:

@@ -36,11 +36,12 @@ def _liger_rope():
 
 def rope_peers(device: torch.device) -> Dict[str, Tuple[Optional[Callable], str]]:
     """backend -> (fn(x, cos, sin, **rotary kwargs) or None, reason when None)."""
-    from ..backends import compiled, torch_ops, triton_common, triton_rotary
+    from ..backends import compiled, triton_common, triton_rotary
+    from ..contracts.rotary import rotary_composition
     peers: Dict[str, Tuple[Optional[Callable], str]] = {}
     reason = triton_common.availability() or triton_common.triton_unavailable_reason(device.type)
     peers["triton"] = (None, reason) if reason else (triton_rotary.triton_apply_rotary, "")
-    peers["eager"] = (torch_ops.rotary_composition, "")
+    peers["eager"] = (rotary_composition, "")
     reason = compiled.compile_unavailable_reason(device.type)
     peers["compile"] = (None, reason) if reason else (compiled.compiled_apply_rotary, "")
     return peers

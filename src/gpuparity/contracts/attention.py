@@ -12,12 +12,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from .. import caches
-from ..backends.masks import attention_kind
-from ..backends.registry import BackendUnavailable, Problem, registered
+from ..backends.masks import allowed_mask, attention_kind, expand_kv, window_allowed
+from ..backends.registry import Backend, BackendUnavailable, Problem, registered
 from ..numerics import matmul_tf32
 from ..validation import FLOAT_DTYPES, describe, expect_broadcastable, expect_same_device, expect_same_dtype, expect_tensor
 from .base import Case, OpSpec, check_softcap, family, randn, tf32_precision, view_members
-from ..backends.masks import window_allowed
+
 
 # --------------------------------------------------------------------------- the call: arguments checked, and the Problem the dispatcher gets
 def check_window(window, q_len: int, k_len: int) -> Optional[Tuple[int, int]]:
@@ -357,6 +357,42 @@ def attention_dropout(q, k, v, keep, dropout_p: float, **masks):
     if heads != kv_heads:
         v = v.repeat_interleave(heads // kv_heads, dim=1)
     return torch.matmul(dropped, v)
+
+
+# --------------------------------------------------------------------------- the trusted composition (the op's "composition" backend)
+def composition(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None, window=None,
+                softcap=None, dropout_p=0.0, seed=None):
+    """matmul-softmax-matmul in q's dtype with the softmax in fp32: the trusted baseline. Dropout
+    (p > 0) keeps probabilities where torch.rand from a generator seeded with `seed` is >= p:
+    repeatable for a seed (the recomputing backward draws the same mask), not the Triton mask."""
+    head_dim = q.shape[-1]
+    k, v = expand_kv(q, k, v)
+    scale = head_dim ** -0.5 if scale is None else scale
+    scores = torch.matmul(q, k.transpose(-2, -1)).float() * scale
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        scores = scores + attn_mask.float()
+    allowed = allowed_mask(q.shape[-2], k.shape[-2], q.device, attn_mask=attn_mask,
+                           key_padding_mask=key_padding_mask, is_causal=is_causal, window=window)
+    if allowed is not None or (attn_mask is not None and attn_mask.dtype != torch.bool):
+        allowed = (~torch.isneginf(scores)) if allowed is None else (allowed & ~torch.isneginf(scores))
+        empty = ~allowed.any(-1, keepdim=True)
+        scores = scores.masked_fill(~allowed, float("-inf")).masked_fill(empty, 0.0)
+        probs = torch.softmax(scores, dim=-1).masked_fill(empty, 0.0)
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    if dropout_p > 0.0:
+        generator = torch.Generator(device=q.device).manual_seed(int(seed or 0))
+        keep = torch.rand(probs.shape, generator=generator, device=q.device) >= dropout_p
+        probs = torch.where(keep, probs / (1.0 - dropout_p), 0.0)
+    return torch.matmul(probs.to(q.dtype), v)
+
+
+# registered by backends.load_all in the slot backends.MODULES gives it (after sdpa's backends)
+COMPOSITIONS = (Backend("composition", "attention", composition, "matmul-softmax-matmul, fp32 softmax (trusted baseline)",
+                        dtypes=(torch.float16, torch.bfloat16, torch.float32, torch.float64), fallback=True,
+                        opt_in=("dropout",)),)
 
 
 # --------------------------------------------------------------------------- the battery's cases

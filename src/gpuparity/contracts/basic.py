@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import List
 
 import torch
+import torch.nn.functional as F
 
+from ..backends.registry import Backend
 from ..numerics import cudnn_tf32, matmul_tf32
 from .base import Case, OpSpec, family, randn, tf32_precision, view_members
-import torch.nn.functional as F
 
 
 # --------------------------------------------------------------------------- the float64 references
@@ -44,6 +45,58 @@ class _ListedSpec(OpSpec):
 
     def make_case(self, name, level="default", **overrides):
         return Case(name, {**self.DEFAULTS, **overrides}, level)
+
+
+# --------------------------------------------------------------------------- the trusted composition (the op's "composition" backend)
+def softmax_composition(x, dim=-1):
+    """exp / sum in the input dtype, as a model would write it."""
+    e = (x - x.amax(dim=dim, keepdim=True)).exp()
+    return e / e.sum(dim=dim, keepdim=True)
+
+
+def matmul_composition(a, b):
+    """Products in the input dtype, summed with an fp32 accumulator: no GEMM library involved."""
+    return (a.unsqueeze(-1) * b.unsqueeze(-3)).float().sum(dim=-2).to(a.dtype)
+
+
+def conv2d_composition(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """im2col (unfold) + batched matmul in fp32: no convolution library involved."""
+    batch, _, height, width = x.shape
+    out_ch, in_per_group, kh, kw = weight.shape
+    cols = F.unfold(x.float(), (kh, kw), dilation=dilation, padding=padding, stride=stride)
+    cols = cols.view(batch, groups, in_per_group * kh * kw, -1)
+    w = weight.float().view(groups, out_ch // groups, -1)
+    out = torch.einsum("gok,bgkl->bgol", w, cols).reshape(batch, out_ch, -1)
+    pad = (padding, padding) if isinstance(padding, int) else tuple(padding)
+    st = (stride, stride) if isinstance(stride, int) else tuple(stride)
+    dil = (dilation, dilation) if isinstance(dilation, int) else tuple(dilation)
+    out_h = (height + 2 * pad[0] - dil[0] * (kh - 1) - 1) // st[0] + 1
+    out_w = (width + 2 * pad[1] - dil[1] * (kw - 1) - 1) // st[1] + 1
+    out = out.view(batch, out_ch, out_h, out_w)
+    if bias is not None:
+        out = out + bias.float().view(1, -1, 1, 1)
+    return out.to(x.dtype)
+
+
+def cross_entropy_composition(logits, target, *, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    valid = target != ignore_index
+    safe_target = target.masked_fill(~valid, 0)
+    nll = -logp.gather(-1, safe_target.unsqueeze(-1)).squeeze(-1)
+    smooth = -logp.mean(dim=-1)
+    loss = ((1 - label_smoothing) * nll + label_smoothing * smooth).masked_fill(~valid, 0.0)
+    if reduction == "sum":
+        return loss.sum().to(logits.dtype)
+    if reduction == "none":
+        return loss.to(logits.dtype)
+    return (loss.sum() / valid.sum()).to(logits.dtype)
+
+
+# registered by backends.load_all in the slot backends.MODULES gives them (after torch's own)
+COMPOSITIONS = tuple(Backend("composition", op, fn, "plain composition in the input dtype (trusted baseline)",
+                             fallback=True)
+                     for op, fn in (("softmax", softmax_composition), ("matmul", matmul_composition),
+                                    ("conv2d", conv2d_composition), ("cross_entropy", cross_entropy_composition)))
 
 
 # --------------------------------------------------------------------------- softmax

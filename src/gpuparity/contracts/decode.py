@@ -8,7 +8,9 @@ from typing import Any, Dict, List
 
 import torch
 
-from ..backends.registry import Problem
+from ..backends.masks import expand_kv
+from ..backends.registry import Backend, Problem
+from ..backends.triton_decode import decode_allowed, gather_pages
 from ..numerics import matmul_tf32
 from .base import Case, OpSpec, family, randn, tf32_precision, view_members
 
@@ -61,6 +63,30 @@ def decode_kind(softcap: bool, paged: bool) -> str:
     if paged:
         return "paged-softcap" if softcap else "paged"
     return "softcap" if softcap else "default"
+
+
+# --------------------------------------------------------------------------- the trusted composition (the op's "composition" backend)
+def decode_composition(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, block_table=None):
+    """repeat_kv, scores over the whole cache, masked softmax in fp32: the trusted baseline (a
+    paged cache gathered into a contiguous one first)."""
+    if block_table is not None:
+        k_cache, v_cache = gather_pages(k_cache, block_table), gather_pages(v_cache, block_table)
+    k, v = expand_kv(q, k_cache, v_cache)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    scores = torch.matmul(q, k.transpose(-2, -1)).float() * scale
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    allowed = decode_allowed(cache_seqlens, q.shape[2], k.shape[2])
+    empty = ~allowed.any(-1, keepdim=True)
+    scores = scores.masked_fill(~allowed, float("-inf")).masked_fill(empty, 0.0)
+    probs = torch.softmax(scores, dim=-1).masked_fill(empty, 0.0)
+    return torch.matmul(probs.to(q.dtype), v)
+
+
+# registered by backends.load_all in the slot backends.MODULES gives it (after triton and sdpa)
+COMPOSITIONS = (Backend("composition", "attention_decode", decode_composition,
+                        "repeat_kv, masked softmax in fp32 over the whole cache: the trusted fallback (paged caches "
+                        "gathered first)", fallback=True),)
 
 
 # --------------------------------------------------------------------------- the battery's cases

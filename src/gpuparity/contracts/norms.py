@@ -7,10 +7,11 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ..backends.registry import Problem
+from ..backends.registry import Backend, Problem
+from ..numerics import default_rms_eps
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_tensor
 from .base import LARGE_NORM, Case, OpSpec, family, randn, view_members
-from ..numerics import default_rms_eps
+
 
 # --------------------------------------------------------------------------- the call: arguments checked, and the Problem the dispatcher gets
 ShapeLike = Union[int, Sequence[int], torch.Size]
@@ -100,6 +101,32 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5):
     if bias is not None:
         y = y + bias
     return y
+
+
+# --------------------------------------------------------------------------- the trusted composition (the op's "composition" backend)
+def rms_norm_composition(x, normalized_shape, weight=None, eps=None):
+    """Statistics in fp32, output in x's dtype: the eager RMSNorm most models ship."""
+    eps = default_rms_eps(x.dtype) if eps is None else eps
+    y = rms_norm(x.float(), normalized_shape, None, eps).to(x.dtype)
+    return y * weight if weight is not None else y
+
+
+def layer_norm_composition(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    y = layer_norm(x.float(), normalized_shape, None, None, eps).to(x.dtype)
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+# registered by backends.load_all in the slot backends.MODULES gives them (after torch's own)
+COMPOSITIONS = (
+    Backend("composition", "rms_norm", rms_norm_composition, "plain composition in the input dtype (trusted baseline)",
+            fallback=True),
+    Backend("composition", "layer_norm", layer_norm_composition,
+            "plain composition in the input dtype (trusted baseline)", fallback=True),
+)
 
 
 # --------------------------------------------------------------------------- the battery's cases

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import numbers
 from typing import List
+from typing import Union
 
 import torch
 
-from ..backends.registry import Problem
+from ..backends.registry import Backend, Problem
+from ..numerics import rotate
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_tensor
 from .base import INDEX_DTYPES, Case, OpSpec, capturing, checked_once, family, randn, view_members
-from ..numerics import rotate
-from typing import Union
+
 
 # --------------------------------------------------------------------------- the call: arguments checked, and the Problem the dispatcher gets
 def rotary_kind(interleaved: bool, cu_seqlens) -> str:
@@ -170,6 +171,17 @@ def apply_rotary(x, cos, sin, *, interleaved: bool = False, seqlen_offsets=0, cu
         s = sin[pos].unsqueeze(1)
     rotated = rotate(x[..., :rotary_dim], c.to(x.dtype), s.to(x.dtype), interleaved)
     return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
+
+
+# --------------------------------------------------------------------------- the trusted composition (the op's "composition" backend)
+def rotary_composition(x, cos, sin, *, interleaved=False, seqlen_offsets=0, cu_seqlens=None, max_seqlen=None):
+    """The eager rotary of most model code, in x's dtype (cos/sin cast to it)."""
+    return apply_rotary(x, cos, sin, interleaved=interleaved, seqlen_offsets=seqlen_offsets,
+                        cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+
+
+# registered by backends.load_all in the slot backends.MODULES gives it
+COMPOSITIONS = (Backend("composition", "rotary", rotary_composition, "eager rotary in the input dtype", fallback=True),)
 
 
 # --------------------------------------------------------------------------- the battery's cases

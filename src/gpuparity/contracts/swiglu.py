@@ -7,7 +7,7 @@ from typing import List
 
 import torch
 
-from ..backends.registry import Problem
+from ..backends.registry import Backend, Problem
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_same_dtype, expect_tensor
 from .base import LARGE_NORM, Case, OpSpec, family, randn, view_members
 
@@ -29,6 +29,16 @@ def reference_swiglu(gate, up):
     """The float64 referee: gate * sigmoid(gate) * up."""
     gate = gate.double()
     return gate * torch.sigmoid(gate) * up.double()
+
+
+# --------------------------------------------------------------------------- the trusted composition (the op's "composition" backend)
+def swiglu_composition(gate, up):
+    return gate * torch.sigmoid(gate) * up
+
+
+# registered by backends.load_all in the slot backends.MODULES gives it (after torch's own)
+COMPOSITIONS = (Backend("composition", "swiglu", swiglu_composition,
+                        "plain composition in the input dtype (trusted baseline)", fallback=True),)
 
 
 def _case(name, level="default", **params) -> Case:

@@ -9,7 +9,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..backends.varlen_composition import bottom_right_allowed
+from ..contracts.varlen import bottom_right_allowed
 from ..validation import describe
 
 NEG_INF = float("-inf")

@@ -8,11 +8,10 @@ import torch
 
 from . import library_varlen, select
 from .library_varlen import attention_varlen_problem
-from ..backends.varlen_composition import empty_rows
-from ..contracts.varlen import attention_varlen_reference
+from ..contracts.varlen import attention_varlen_reference, empty_rows
 from ..validation import describe
 
-# attention_varlen_reference lives in the op's contract, empty_rows with the composition,
+# attention_varlen_reference and empty_rows live in the op's contract,
 # attention_varlen_problem with the torch.library op; re-exported here, their public path.
 __all__ = ["attention_varlen", "attention_varlen_problem", "attention_varlen_reference", "empty_rows",
            "explain_attention_varlen"]
@@ -57,7 +56,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 
 def _varlen_lse(q, k, cu_seqlens_q, cu_seqlens_k, causal, window, softcap, scale):
     """fp32 (H, total_q): each sequence's rows through attention_lse with its bottom-right mask."""
-    from ..backends.varlen_composition import bottom_right_allowed
+    from ..contracts.varlen import bottom_right_allowed
     from .attention import attention_lse
     lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float32, device=q.device)
     starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()

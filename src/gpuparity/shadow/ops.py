@@ -14,9 +14,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..contracts import reference
-from ..backends import sdpa as sdpa_backends
-from ..backends import torch_ops
+from ..contracts import attention as attention_contract, basic as basic_contract, norms as norms_contract
+from ..contracts import reference, rotary as rotary_contract
 
 _NO_DEFAULT = object()
 
@@ -52,7 +51,7 @@ def _sdpa_reference(a):
 
 
 def _sdpa_baseline(a):
-    return sdpa_backends.composition(a["query"], a["key"], a["value"], attn_mask=a["attn_mask"],
+    return attention_contract.composition(a["query"], a["key"], a["value"], attn_mask=a["attn_mask"],
                                      is_causal=a["is_causal"], scale=a["scale"])
 
 
@@ -83,7 +82,7 @@ def _gp_attention_reference(a):
 
 
 def _gp_attention_baseline(a):
-    return sdpa_backends.composition(a["q"], a["k"], a["v"], scale=a.get("scale"), softcap=a.get("softcap"),
+    return attention_contract.composition(a["q"], a["k"], a["v"], scale=a.get("scale"), softcap=a.get("softcap"),
                                      **_attention_masks(a))
 
 
@@ -107,7 +106,7 @@ def _rms_reference(a, x="input"):
 
 
 def _rms_baseline(a, x="input"):
-    return torch_ops.rms_norm_composition(a[x], a["normalized_shape"], a["weight"], a["eps"])
+    return norms_contract.rms_norm_composition(a[x], a["normalized_shape"], a["weight"], a["eps"])
 
 
 def _ln_reference(a, x="input"):
@@ -115,7 +114,7 @@ def _ln_reference(a, x="input"):
 
 
 def _ln_baseline(a, x="input"):
-    return torch_ops.layer_norm_composition(a[x], a["normalized_shape"], a["weight"], a["bias"], a["eps"])
+    return norms_contract.layer_norm_composition(a[x], a["normalized_shape"], a["weight"], a["bias"], a["eps"])
 
 
 def _softmax_reference(a):
@@ -123,7 +122,7 @@ def _softmax_reference(a):
 
 
 def _softmax_baseline(a):
-    return torch_ops.softmax_composition(a["input"], dim=a["dim"])
+    return basic_contract.softmax_composition(a["input"], dim=a["dim"])
 
 
 def _softmax_uncheckable(a):
@@ -146,7 +145,7 @@ def _ce_reference(a):
 def _ce_baseline(a):
     options = _ce_options(a)
     if options.pop("weight") is None:
-        return torch_ops.cross_entropy_composition(a["input"], a["target"], **options)
+        return basic_contract.cross_entropy_composition(a["input"], a["target"], **options)
     return F.cross_entropy(a["input"].float(), a["target"], **_ce_options(a)).to(a["input"].dtype)
 
 
@@ -168,7 +167,7 @@ def _rotary_reference(a):
 
 
 def _rotary_baseline(a):
-    return torch_ops.rotary_composition(a["x"], a["cos"], a["sin"], **_rotary_options(a))
+    return rotary_contract.rotary_composition(a["x"], a["cos"], a["sin"], **_rotary_options(a))
 
 
 def _rotary_uncheckable(a):

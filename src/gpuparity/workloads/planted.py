@@ -6,7 +6,7 @@ attn_mask and key_padding_mask (padded keys get attended to).
 """
 from __future__ import annotations
 
-from ..backends.sdpa import composition
+from ..contracts.attention import composition
 from ..dispatch import Backend, register
 
 PLANTED = ("planted_ignore_mask",)
