@@ -215,10 +215,10 @@ def test_bad_arguments_name_themselves(case):
 def test_cu_seqlens_values_are_read_once_per_tensor_and_version(monkeypatch):
     """One host sync per cu_seqlens tensor and version, not per call: a model's layers share
     them; an in-place change is checked again."""
-    from gpuparity.ops import library_varlen
+    from gpuparity.contracts import varlen as varlen_contract
     reads = []
-    real = library_varlen._cu_values
-    monkeypatch.setattr(library_varlen, "_cu_values", lambda cu: reads.append(cu) or real(cu))
+    real = varlen_contract._cu_values
+    monkeypatch.setattr(varlen_contract, "_cu_values", lambda cu: reads.append(cu) or real(cu))
     qkv, cu_q, cu_k = packed_inputs(q_lens=[3, 5], k_lens=[4, 6], dtype=torch.float32)
     for _ in range(3):   # three "layers"
         attention_varlen(*qkv, cu_q, cu_k, 5, 6, backend="composition")

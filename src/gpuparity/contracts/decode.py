@@ -4,7 +4,7 @@ large logits, paged caches (a block table into shuffled pages of 1 to 256 tokens
 against the float64 item-by-item reference."""
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import torch
 
@@ -12,7 +12,94 @@ from ..backends.masks import expand_kv
 from ..backends.registry import Backend, Problem
 from ..backends.triton_decode import decode_allowed, gather_pages
 from ..numerics import matmul_tf32
-from .base import Case, OpSpec, family, randn, tf32_precision, view_members
+from .base import INDEX_DTYPES, Case, OpSpec, capturing, check_softcap, family, randn, tf32_precision, view_members
+import numbers
+from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_same_dtype, expect_tensor
+
+
+# --------------------------------------------------------------------------- the call: arguments checked, and the Problem the dispatcher gets
+MAX_NEW_QUERIES = 16
+
+
+def check_cache(k_cache, v_cache, cache_seqlens, block_table=None) -> Tuple[int, int, int, int]:
+    """(B, Hkv, S_max, D) of a contiguous cache, or of a paged one (B = block_table's rows, S_max =
+    its pages x page_size); checks the table's form (its entries: check_pages)."""
+    layout = "(B, Hkv, S_max, D)" if block_table is None else "(num_blocks, Hkv, page_size, D) (a page pool)"
+    expect_tensor("k_cache", k_cache, ndim=(4,), dtypes=FLOAT_DTYPES)
+    expect_tensor("v_cache", v_cache, ndim=(4,), dtypes=FLOAT_DTYPES)
+    expect_same_dtype("k_cache", k_cache, v_cache=v_cache)
+    expect_same_device("k_cache", k_cache, v_cache=v_cache)
+    if tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise ValueError(f"v_cache: expected the shape of k_cache {tuple(k_cache.shape)} {layout}, "
+                         f"got {describe(v_cache)}")
+    batch, kv_heads, s_max, head_dim = k_cache.shape
+    if block_table is not None:
+        expect_tensor("block_table", block_table, ndim=(2,), dtypes=INDEX_DTYPES)
+        expect_same_device("k_cache", k_cache, block_table=block_table)
+        if s_max < 1:
+            raise ValueError(f"k_cache: expected a page pool {layout} with page_size >= 1, got {describe(k_cache)}")
+        batch, s_max = block_table.shape[0], block_table.shape[1] * s_max
+    expect_tensor("cache_seqlens", cache_seqlens, ndim=(1,), dtypes=INDEX_DTYPES)
+    if cache_seqlens.shape[0] != batch:
+        raise ValueError(f"cache_seqlens: expected one length per batch item, shape ({batch},), "
+                         f"got {describe(cache_seqlens)}")
+    expect_same_device("k_cache", k_cache, cache_seqlens=cache_seqlens)
+    return batch, kv_heads, s_max, head_dim
+
+
+def check_pages(block_table, pool, needed) -> None:
+    """Every page an item uses (its first ceil(needed[b] / page_size) table entries) must be a
+    page of the pool: raises ValueError naming block_table. Reads device values on the host."""
+    num_blocks, page = pool.shape[0], pool.shape[2]
+    used = torch.arange(block_table.shape[1], device=block_table.device).view(1, -1) * page < needed.view(-1, 1)
+    entries = block_table[used]
+    if entries.numel():
+        low, high = (int(x) for x in torch.stack([entries.min(), entries.max()]).tolist())
+        if low < 0 or high >= num_blocks:
+            raise ValueError(f"block_table: entries in use must be page indices in [0, {num_blocks}) (the pool "
+                             f"k_cache holds {num_blocks} pages), got min {low}, max {high}")
+
+
+def decode_problem(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, block_table=None) -> Problem:
+    """Validate the inputs of `attention_decode` and describe the call for the dispatcher.
+    Raises TypeError/ValueError naming the argument, what it got and what it needs."""
+    expect_tensor("q", q, ndim=(4,), dtypes=FLOAT_DTYPES)
+    batch, kv_heads, s_max, head_dim = check_cache(k_cache, v_cache, cache_seqlens, block_table)
+    expect_same_dtype("q", q, k_cache=k_cache, v_cache=v_cache)
+    expect_same_device("q", q, k_cache=k_cache, v_cache=v_cache)
+    if q.shape[0] != batch or q.shape[3] != head_dim:
+        against = "k_cache (B, Hkv, S_max, D)" if block_table is None else \
+            "block_table (B, max_blocks) and the page pool k_cache (num_blocks, Hkv, page_size, D)"
+        raise ValueError(f"q: expected shape (B={batch}, H, Sq, D={head_dim}) to match {against}, got {describe(q)}")
+    heads, q_len = q.shape[1], q.shape[2]
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(f"k_cache: expected a number of heads Hkv that divides q's H={heads} (GQA/MQA), "
+                         f"got Hkv={kv_heads} in {describe(k_cache)}")
+    if not 1 <= q_len <= MAX_NEW_QUERIES:
+        raise ValueError(f"q: expected 1 to {MAX_NEW_QUERIES} new queries (dim 2) for decode, got Sq={q_len} in "
+                         f"{describe(q)}; use gpuparity.attention for prefill")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)):
+        raise TypeError(f"scale: expected None or a real number, got {describe(scale)}")
+    softcap = check_softcap(softcap)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache)):
+        name = next(n for n, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)) if t.requires_grad)
+        raise ValueError(f"{name}: attention_decode is inference only (no backward), got a tensor that requires "
+                         f"grad; call it under torch.no_grad() / torch.inference_mode() or pass {name}.detach()")
+    # free to check on the CPU (no device sync); while traced, the library op checks it when it runs
+    if cache_seqlens.device.type == "cpu" and cache_seqlens.numel() and not capturing(q.device):
+        low, high = int(cache_seqlens.min()), int(cache_seqlens.max())
+        if low < 0 or high > s_max:
+            raise ValueError(f"cache_seqlens: expected lengths in [0, S_max={s_max}], got min {low}, max {high}"
+                             + ("" if block_table is None else " (S_max: block_table's pages x page_size)"))
+        if block_table is not None:   # on the CPU too (same device): the pages the lengths use
+            check_pages(block_table, k_cache, cache_seqlens.long().clamp(0, s_max))
+    features = (("head_dim", int(head_dim)), ("gqa", kv_heads != heads), ("q_len", int(q_len)))
+    if softcap is not None:
+        features += (("softcap", softcap),)
+    if block_table is not None:
+        features += (("page_size", int(k_cache.shape[2])),)
+    return Problem(op="attention_decode", device=q.device, dtype=q.dtype,
+                   kind=decode_kind(softcap is not None, block_table is not None), features=features)
 
 
 # --------------------------------------------------------------------------- the float64 reference

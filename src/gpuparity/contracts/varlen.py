@@ -10,8 +10,98 @@ import torch
 from ..backends.masks import attention_kind
 from ..backends.registry import Backend, Problem
 from ..numerics import matmul_tf32
-from .attention import attention as reference_attention, composition, attention_logit_peak
-from .base import Case, OpSpec, family, randn, tf32_precision, view_members
+from .attention import attention as reference_attention, attention_logit_peak, check_window, composition
+from .base import INDEX_DTYPES, Case, OpSpec, capturing, check_softcap, checked_once, family, randn, tf32_precision, view_members
+import numbers
+from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_same_dtype, expect_tensor
+
+
+# --------------------------------------------------------------------------- the call: arguments checked, and the Problem the dispatcher gets
+def _check_max(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise TypeError(f"{name}: expected an int >= 0 (the longest sequence), got {describe(value)}")
+    return int(value)
+
+
+def _cu_values(cu: torch.Tensor) -> Tuple[int, int, int, int]:
+    """(first, last, number of decreasing steps, longest sequence) of a cu_seqlens: one host sync."""
+    cu64 = cu.long()
+    lengths = cu64[1:] - cu64[:-1]
+    longest = lengths.max() if lengths.numel() else cu64.new_zeros(())
+    first, last, decreasing, longest = (int(x) for x in torch.stack([
+        cu64[0], cu64[-1], (lengths < 0).sum(), longest]).tolist())
+    return first, last, decreasing, longest
+
+
+def _check_cu_values(name: str, cu: torch.Tensor, total: int, total_name: str, max_name: str, max_seqlen: int):
+    """The values of one cu_seqlens: from 0, non-decreasing, ending at the total number of
+    tokens, no sequence longer than max_seqlen (one host sync, once per tensor and version: a
+    model's layers share their cu_seqlens, contracts.base.checked_once)."""
+    checked_once((cu,), ("varlen", total, max_seqlen),
+                 lambda: _check_cu(name, cu, total, total_name, max_name, max_seqlen))
+
+
+def _check_cu(name: str, cu: torch.Tensor, total: int, total_name: str, max_name: str, max_seqlen: int) -> None:
+    first, last, decreasing, longest = _cu_values(cu)
+    if first != 0:
+        raise ValueError(f"{name}: expected cumulative lengths starting at 0, got first value {first}")
+    if decreasing:
+        raise ValueError(f"{name}: expected a non-decreasing (sorted) sequence of cumulative lengths, got "
+                         f"{decreasing} decreasing step(s) in {cu.tolist() if cu.numel() <= 16 else describe(cu)}")
+    if last != total:
+        raise ValueError(f"{name}: expected the last value to be {total_name} = {total}, got {last}")
+    if max_seqlen < longest:
+        raise ValueError(f"{max_name}: expected >= the longest sequence ({longest}), got {max_seqlen}")
+
+
+def attention_varlen_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
+                             window=None, softcap=None, scale=None, check_values: bool = True) -> Problem:
+    """Validate the inputs of `attention_varlen` and describe the call for the dispatcher.
+    Raises TypeError/ValueError naming the argument, what it got and what it needs. The checks
+    of cu_seqlens' values (one host sync) are skipped while a graph is captured or traced (the
+    torch.library op runs them when it runs) and with check_values=False (its backward: the
+    forward checked the same tensors)."""
+    expect_tensor("q", q, ndim=(3,), dtypes=FLOAT_DTYPES)
+    expect_tensor("k", k, ndim=(3,), dtypes=FLOAT_DTYPES)
+    expect_tensor("v", v, ndim=(3,), dtypes=FLOAT_DTYPES)
+    expect_same_dtype("q", q, k=k, v=v)
+    expect_same_device("q", q, k=k, v=v)
+    _, heads, head_dim = q.shape
+    if k.shape[2] != head_dim:
+        raise ValueError(f"k: expected shape (total_k, Hkv, D={head_dim}) to match q (total_q, H, D), got {describe(k)}")
+    kv_heads = k.shape[1]
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"v: expected the shape of k {tuple(k.shape)}, got {describe(v)}")
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(f"k: expected a number of heads Hkv that divides q's H={heads} (GQA/MQA), "
+                         f"got Hkv={kv_heads} in {describe(k)}")
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        expect_tensor(name, cu, ndim=(1,), dtypes=INDEX_DTYPES)
+        if cu.numel() < 1:
+            raise ValueError(f"{name}: expected B + 1 >= 1 cumulative lengths, got {describe(cu)}")
+        expect_same_device("q", q, **{name: cu})
+    if cu_seqlens_k.numel() != cu_seqlens_q.numel():
+        raise ValueError(f"cu_seqlens_k: expected as many sequences as cu_seqlens_q (B + 1 = {cu_seqlens_q.numel()} "
+                         f"values), got {describe(cu_seqlens_k)}")
+    max_q = _check_max("max_seqlen_q", max_seqlen_q)
+    max_k = _check_max("max_seqlen_k", max_seqlen_k)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal: expected a bool, got {describe(causal)}")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)):
+        raise TypeError(f"scale: expected None or a real number, got {describe(scale)}")
+    window = check_window(window, max_q, max_k)
+    softcap = check_softcap(softcap)
+    if check_values and not capturing(q.device):
+        _check_cu_values("cu_seqlens_q", cu_seqlens_q, q.shape[0], "q.shape[0]", "max_seqlen_q", max_q)
+        _check_cu_values("cu_seqlens_k", cu_seqlens_k, k.shape[0], "k.shape[0]", "max_seqlen_k", max_k)
+    features = (("head_dim", int(head_dim)), ("gqa", kv_heads != heads), ("is_causal", causal),
+                ("q_len", max_q), ("k_len", max_k))
+    if window is not None:
+        features += (("window", window),)
+    if softcap is not None:
+        features += (("softcap", softcap),)
+    return Problem(op="attention_varlen", device=q.device, dtype=q.dtype, kind=attention_kind(None, None, causal, window, softcap),
+                   features=features)
 
 
 # --------------------------------------------------------------------------- the trusted composition (the op's "composition" backend)

@@ -7,12 +7,11 @@ from typing import Any, Dict
 import torch
 
 from . import library_varlen, select
-from .library_varlen import attention_varlen_problem
-from ..contracts.varlen import attention_varlen_reference, empty_rows
+from ..contracts.varlen import attention_varlen_problem, attention_varlen_reference, empty_rows
 from ..validation import describe
 
-# attention_varlen_reference and empty_rows live in the op's contract,
-# attention_varlen_problem with the torch.library op; re-exported here, their public path.
+# attention_varlen_problem, attention_varlen_reference and empty_rows live in the op's contract;
+# re-exported here, their public path.
 __all__ = ["attention_varlen", "attention_varlen_problem", "attention_varlen_reference", "empty_rows",
            "explain_attention_varlen"]
 
