@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Union
 
 import torch
 
+from ..contracts import get_spec
 from ..isolate import Stopped, child_env, describe_exit, forget, kill_tree, spawn, stopping, tail
 from .plan import Task, is_jit
 from .results import CheckResult, Comparison, Status
@@ -219,12 +220,19 @@ def _cores() -> int:
 _DTYPE_ORDER = {"float32": 0, "bfloat16": 1, "float16": 2}
 
 
+def _queue_first(op: str) -> bool:
+    try:
+        return get_spec(op).queue_first
+    except ValueError:   # an op without a contract (a planted task): no precedence
+        return False
+
+
 def queue_order(task: Task) -> tuple:
     """Longest first, so that no long check starts last: tasks of backends that compile on
     first use (Triton) lead, timing warm-ups first among them, their compiles overlapping
-    everything else; then attention (the largest references), then by dtype (fp32 kernels
-    compile slowest); plan order breaks ties."""
-    return (not is_jit(task), task.mode != "warm", task.op != "attention", _DTYPE_ORDER.get(task.dtype, 3),
+    everything else; then the ops whose contract says queue_first (attention: the largest
+    references), then by dtype (fp32 kernels compile slowest); plan order breaks ties."""
+    return (not is_jit(task), task.mode != "warm", not _queue_first(task.op), _DTYPE_ORDER.get(task.dtype, 3),
             task.id)
 
 

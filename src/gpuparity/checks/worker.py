@@ -47,11 +47,11 @@ def main() -> int:
     # arrives: a worker started ahead of its tasks (the doctor's timing worker) is ready then.
     import os
 
-    from .. import dispatch
+    from ..backends import load_all
     from ..isolate import TF32_ENV, apply_fp32_switches, die_with_parent
     die_with_parent()   # a worker does not outlive the run that started it
     apply_fp32_switches(os.environ.get(TF32_ENV))  # fp32 as the parent computes it
-    dispatch.backends("attention")
+    load_all()
     for line in sys.stdin:
         line = line.strip()
         if not line:

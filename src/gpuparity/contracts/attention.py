@@ -497,6 +497,7 @@ class AttentionSpec(OpSpec):
 
     op = "attention"
     signature = "fn(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None)"
+    queue_first = True   # the largest references: started first, so that none starts last
     grad_inputs = ("q", "k", "v")
     reference_fn = staticmethod(attention)
 

@@ -46,6 +46,7 @@ class OpSpec:
     grad_inputs: Tuple[str, ...] = ()     # inputs whose gradients are checked
     reference_fn: Callable = None
     baseline_backend: str = "composition"  # the trusted composition in the registry
+    queue_first: bool = False              # its checks start before other ops' (the largest float64 references)
 
     def cases(self) -> List[Case]:
         raise NotImplementedError
