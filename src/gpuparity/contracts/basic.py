@@ -1,4 +1,5 @@
-"""Battery cases for softmax, matmul, conv2d and cross-entropy: the ops whose vendor libraries
+"""The softmax, matmul, conv2d and cross_entropy contracts (battery-only ops: no public function):
+float64 references, plain compositions and the battery's cases, the ops whose vendor libraries
 (cuBLAS/hipBLASLt, cuDNN/MIOpen) most often disagree with the CPU."""
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Battery cases for attention_decode (new queries against a KV cache, inference only): cache
+"""The attention_decode contract (new queries against a KV cache, inference only): its argument
+checks and `Problem`, float64 reference, plain composition and the battery's cases: cache
 lengths of 0, 1 and full, fewer keys than new queries, 1 to 16 new queries, GQA/MQA, softcap on
 large logits, paged caches (a block table into shuffled pages of 1 to 256 tokens); the forward
 against the float64 item-by-item reference."""

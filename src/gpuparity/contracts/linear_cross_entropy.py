@@ -1,4 +1,6 @@
-"""Battery cases for linear_cross_entropy (an LM head's loss without the logits): ignored and
+"""The linear_cross_entropy contract (an LM head's loss without the logits): its argument checks
+and `Problem`, float64 reference and the battery's cases (its composition is the chunked driver
+of backends/ce_composition.py, which the Triton backend runs too, and is registered there): ignored and
 all-ignored targets, large logits, a vocabulary past one kernel block, a biting softcap, many
 chunks, every reduction; gradients of hidden, weight and bias against float64."""
 from __future__ import annotations

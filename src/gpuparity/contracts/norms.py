@@ -1,4 +1,5 @@
-"""Battery cases for rms_norm and layer_norm: odd widths, near-constant rows, huge means,
+"""The rms_norm and layer_norm contracts: their argument checks and `Problem`, float64 references,
+plain compositions and the battery's cases: odd widths, near-constant rows, huge means,
 multi-dim normalized shapes, strided rows; gradients of x, weight and bias."""
 from __future__ import annotations
 

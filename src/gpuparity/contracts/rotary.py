@@ -1,4 +1,5 @@
-"""Battery cases for rotary embeddings: both layouts, partial rotary_dim, int and per-batch
+"""The apply_rotary contract: its argument checks and `Problem`, float64 reference, plain
+composition and the battery's cases: both layouts, partial rotary_dim, int and per-batch
 offsets, packed varlen, and batches > 1 everywhere (where a real port's batch stride broke)."""
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Battery cases for swiglu (silu(gate) * up): odd widths, saturating gates (sigmoid at 0 and 1,
+"""The swiglu contract (silu(gate) * up): its argument checks and `Problem`, float64 reference,
+plain composition and the battery's cases: odd widths, saturating gates (sigmoid at 0 and 1,
 exp overflowing for very negative gates), the halves of a fused projection (strided rows), a
 transposed view, rows wider than one kernel block; gradients of gate and up."""
 from __future__ import annotations

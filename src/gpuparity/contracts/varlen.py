@@ -1,4 +1,5 @@
-"""Battery cases for attention_varlen (packed sequences, flash_attn_varlen_func's layout): empty
+"""The attention_varlen contract (packed sequences, flash_attn_varlen_func's layout): its argument
+checks and `Problem`, float64 reference, plain composition and the battery's cases: empty
 and length-1 sequences, Sq != Sk per sequence under bottom-right causal and window, GQA/MQA,
 softcap on large logits, forward and backward against the float64 per-sequence reference."""
 from __future__ import annotations
