@@ -25,10 +25,20 @@ def module_names():
     return names
 
 
+_SRC_GRAPH = []   # the graph of src/ as this test session found it: each rule reads it, built once
+
+
 def import_graph(names=None):
     """{module: set of gpuparity modules it imports}. The root package `gpuparity` is left out
     as a target: it is a lazy facade that imports nothing when imported."""
-    names = names or module_names()
+    if names is None:
+        if not _SRC_GRAPH:
+            _SRC_GRAPH.append(_build_graph(module_names()))
+        return {name: set(targets) for name, targets in _SRC_GRAPH[0].items()}
+    return _build_graph(names)
+
+
+def _build_graph(names):
     graph = {name: set() for name in names}
     for name, path in names.items():
         package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
