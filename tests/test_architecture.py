@@ -103,7 +103,7 @@ def test_the_cycle_finder_finds_a_planted_cycle():
 
 def test_no_import_cycle_among_src_modules():
     graph = import_graph()
-    assert "gpuparity.backends.registry" in graph["gpuparity.dispatch"]   # the graph sees real edges
+    assert "gpuparity.registry" in graph["gpuparity.dispatch"]   # the graph sees real edges
     found = cycles(graph)
     assert not found, "import cycles (each list imports itself round): " + "; ".join(" -> ".join(c) for c in found)
 
@@ -125,7 +125,7 @@ def test_no_import_cycle_among_src_modules():
     ("gpuparity.integrations", "gpuparity.nn"),
 ])
 def test_imports_point_down(lower, upper):
-    """dispatch imports nothing above backends; backends register through backends.registry."""
+    """dispatch imports nothing above backends; backends register through gpuparity.registry (the base)."""
     offending = upward_imports(import_graph(), lower, upper)
     assert not offending, f"{lower} must not import {upper}: " + ", ".join(offending)
 
@@ -137,7 +137,7 @@ def upward_imports(graph, lower, upper, allowed=()):
 
 # The base layer (docs/architecture.md): what every floor above may take, importing nothing above it.
 BASE = ("gpuparity.platform", "gpuparity.numerics", "gpuparity.validation", "gpuparity.cachedir",
-        "gpuparity.caches", "gpuparity.isolate", "gpuparity.tolerance", "gpuparity.targets", "gpuparity.reference")
+        "gpuparity.caches", "gpuparity.isolate", "gpuparity.tolerance", "gpuparity.targets", "gpuparity.registry")
 
 
 def base_violations(graph):
@@ -147,7 +147,7 @@ def base_violations(graph):
 
 def test_the_base_imports_only_the_base():
     graph = import_graph()
-    assert {"gpuparity.isolate", "gpuparity.tolerance", "gpuparity.targets"} <= set(graph)
+    assert {"gpuparity.isolate", "gpuparity.tolerance", "gpuparity.targets", "gpuparity.registry"} <= set(graph)
     assert base_violations({"gpuparity.tolerance": {"gpuparity.checks.results"}}) == [
         "gpuparity.tolerance -> gpuparity.checks.results"]   # the rule sees a planted edge
     found = base_violations(graph)
@@ -295,8 +295,8 @@ def test_the_check_engine_runs_contracts_from_the_registry():
 NOT_CACHES = {
     "gpuparity.caches": {"_CLEARERS": "the cache registry itself"},
     "gpuparity.isolate": {"_CHILDREN": "the live worker processes, ended with the parent"},
-    "gpuparity.backends.registry": {"_REGISTRY": "the backend registry, filled at import",
-                                    "_LISTENERS": "callbacks told when the registry changes"},
+    "gpuparity.registry": {"_REGISTRY": "the backend registry, filled at import",
+                           "_LISTENERS": "callbacks told when the registry changes"},
     "gpuparity.known.probes.base": {"PROBES": "the probe registry, filled at import"},
     "gpuparity.backends.triton_attention": {"_IMPORT_ERROR": "why the kernels did not import, set once",
                                             "_UNAVAILABLE": "the same, for the backend's reason"},

@@ -12,7 +12,7 @@ import torch
 
 import gpuparity
 from gpuparity import dispatch
-from gpuparity.backends.registry import Backend
+from gpuparity.registry import Backend
 from gpuparity.checks import priors, selection, verdicts
 from gpuparity.ops import select
 from gpuparity.contracts.norms import norm_problem

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from .backends.registry import (Backend, BackendUnavailable, Problem, on_change, register, registered,
+from .registry import (Backend, BackendUnavailable, Problem, on_change, register, registered,
                                 unregister)
 
 __all__ = ["Backend", "BackendUnavailable", "Problem", "VerdictSource", "backends", "explain", "forget", "get",

@@ -60,7 +60,7 @@ def test_an_impl_without_window_or_softcap_skips_those_cases_with_the_reason():
     is not wrong for lacking them: its signature passes and those cases are SKIP, with why."""
     import torch
 
-    from gpuparity.backends.registry import BackendUnavailable
+    from gpuparity.registry import BackendUnavailable
     from gpuparity.checks.signature import signature_mismatch
     from gpuparity.contracts import get_spec
 

@@ -45,7 +45,7 @@ def test_a_first_call_probes_only_the_backend_asked_about(monkeypatch, tmp_path)
     --full), a first call must not re-check every backend of the op, only the one asked about
     that has no verdict (checks/selection.py: a first call verifies its candidate alone)."""
     from gpuparity import dispatch
-    from gpuparity.backends.registry import Problem
+    from gpuparity.registry import Problem
     from gpuparity.checks import selection, verdicts
 
     monkeypatch.setenv("GPUPARITY_CACHE_DIR", str(tmp_path))

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from gpuparity.backends.registry import Problem
+from gpuparity.registry import Problem
 from gpuparity.checks.verdicts import VerdictKey, verdict_key
 
 

@@ -215,7 +215,7 @@ def test_other_backends_keep_the_composed_bias(monkeypatch):
 def test_auto_runs_alibi_in_the_kernels_only_where_they_passed_the_alibi_cases(alibi_verdict, monkeypatch):
     """Under auto, a call whose kind auto runs on triton takes the kernels' ALiBi only where triton
     also passed the battery's ALiBi cases here (asked as kind "<kind>+alibi"); else the composed bias."""
-    from gpuparity.backends.registry import BackendUnavailable
+    from gpuparity.registry import BackendUnavailable
     from gpuparity.dispatch import get as get_backend
     from gpuparity.flash_attn import flash_attn_interface as F
     asked = []

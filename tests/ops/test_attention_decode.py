@@ -12,7 +12,7 @@ import gpuparity  # noqa: E402
 from gpuparity import dispatch  # noqa: E402
 from gpuparity.backends import triton_decode as td  # noqa: E402
 from gpuparity.contracts.decode import decode_composition  # noqa: E402
-from gpuparity.backends.registry import BackendUnavailable  # noqa: E402
+from gpuparity.registry import BackendUnavailable  # noqa: E402
 from gpuparity.tolerance import judge  # noqa: E402
 from gpuparity.ops import decode  # noqa: E402
 from gpuparity.ops.decode import attention_decode, decode_reference, kv_cache_append  # noqa: E402
@@ -193,7 +193,7 @@ def test_auto_skips_a_candidate_that_fails_its_check(monkeypatch):
 
     def broken(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None):
         return torch.zeros_like(q) + 1.0
-    from gpuparity.backends.registry import Backend, register, unregister
+    from gpuparity.registry import Backend, register, unregister
     register(Backend("broken", "attention_decode", broken, "planted: wrong answers"))
     try:
         args = make()

@@ -12,7 +12,7 @@ from device_env import TEST_DEVICE  # sets TRITON_INTERPRET=1 on the CPU before 
 
 import gpuparity  # noqa: E402
 from gpuparity import dispatch, reference  # noqa: E402
-from gpuparity.backends.registry import Backend, BackendUnavailable, register, unregister  # noqa: E402
+from gpuparity.registry import Backend, BackendUnavailable, register, unregister  # noqa: E402
 from gpuparity.contracts.attention import composition  # noqa: E402
 from gpuparity.backends.triton_attention.launch import SEED_LIMIT, dropout_seed  # noqa: E402
 from gpuparity.checks import selection  # noqa: E402

@@ -12,7 +12,7 @@ pytest.importorskip("triton")
 
 import gpuparity  # noqa: E402
 from gpuparity.tolerance import judge  # noqa: E402
-from gpuparity.backends.registry import Backend, register, unregister  # noqa: E402
+from gpuparity.registry import Backend, register, unregister  # noqa: E402
 from gpuparity.ops.attention import attention  # noqa: E402
 from gpuparity.ops.varlen import (attention_varlen, attention_varlen_reference, empty_rows,  # noqa: E402
                                   explain_attention_varlen)
@@ -251,7 +251,7 @@ def test_cu_seqlens_on_another_device_is_named():
 def test_dispatcher_reasons_in_words():
     """A backend that cannot serve the call says why in explain_attention_varlen and when named;
     auto then falls back to the composition without probing anything."""
-    from gpuparity.backends.registry import BackendUnavailable
+    from gpuparity.registry import BackendUnavailable
     qkv, cu_q, cu_k = packed_inputs(q_lens=[3, 5], k_lens=[4, 6], dtype=torch.float64)
     table = explain_attention_varlen(*qkv, cu_q, cu_k, 5, 6, causal=True)
     rows = {row["name"]: row for row in table["candidates"]}

@@ -11,7 +11,7 @@ from device_env import TEST_DEVICE  # sets TRITON_INTERPRET=1 on the CPU before 
 import gpuparity  # noqa: E402
 from gpuparity import dispatch, reference  # noqa: E402
 from gpuparity.contracts import attention as attention_contract  # noqa: E402
-from gpuparity.backends.registry import BackendUnavailable  # noqa: E402
+from gpuparity.registry import BackendUnavailable  # noqa: E402
 from gpuparity.tolerance import judge  # noqa: E402
 from gpuparity.ops.attention import attention, attention_problem  # noqa: E402
 

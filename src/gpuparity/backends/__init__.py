@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 
-from .registry import register
+from ..registry import register
 
 # Each entry is imported once; a module whose optional dependency is missing registers
 # backends whose availability() says so, so it must import without that dependency.

@@ -22,7 +22,7 @@ from typing import Callable, NamedTuple, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from .registry import Backend, register
+from ..registry import Backend, register
 
 # The most bytes one chunk of fp32 logits may take.
 CHUNK_BYTES = 256 * 1024 * 1024

@@ -16,7 +16,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from .registry import Backend, Problem, register
+from ..registry import Backend, Problem, register
 from ..contracts.norms import layer_norm_composition, rms_norm_composition
 from .. import caches
 from ..numerics import rotate

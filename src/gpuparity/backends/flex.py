@@ -15,7 +15,7 @@ from typing import Any, List, Optional, Tuple
 
 import torch
 
-from .registry import Backend, Problem, register
+from ..registry import Backend, Problem, register
 from . import triton_common
 from .. import caches
 

@@ -13,7 +13,7 @@ from typing import List
 import torch
 import torch.nn.functional as F
 
-from .registry import Backend, BackendUnavailable, Problem, register
+from ..registry import Backend, BackendUnavailable, Problem, register
 from .masks import expand_kv, sdpa_arguments, zero_empty_rows
 
 SDPA_BACKENDS = {

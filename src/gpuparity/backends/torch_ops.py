@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .registry import Backend, register
+from ..registry import Backend, register
 
 
 # ---------------------------------------------------------------- norms

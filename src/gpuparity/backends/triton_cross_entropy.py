@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from . import ce_composition
-from .registry import Backend, register
+from ..registry import Backend, register
 from .triton_common import AotSpec, availability, launch, next_pow2, problem_reasons
 
 try:

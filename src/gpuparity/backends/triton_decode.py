@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from . import triton_common
-from .registry import Backend, Problem, register
+from ..registry import Backend, Problem, register
 from .sdpa import aligned
 from .. import caches
 

@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from ..numerics import default_rms_eps
-from .registry import Backend, register
+from ..registry import Backend, register
 from . import triton_common
 from .triton_common import (AotSpec, PlanCache, PreparedLaunch, allocation_template, availability, cdiv,
                             launch, next_pow2, problem_reasons)

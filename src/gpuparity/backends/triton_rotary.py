@@ -13,7 +13,7 @@ from typing import List, Optional, Union
 
 import torch
 
-from .registry import Backend, register
+from ..registry import Backend, register
 from . import triton_common
 from .triton_common import AotSpec, PlanCache, PreparedLaunch, availability, cdiv, next_pow2, problem_reasons
 from .. import caches

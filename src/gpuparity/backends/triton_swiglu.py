@@ -8,7 +8,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from .registry import Backend, register
+from ..registry import Backend, register
 from .triton_common import AotSpec, availability, cdiv, launch, next_pow2, problem_reasons
 
 try:

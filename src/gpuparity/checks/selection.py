@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from .. import caches, dispatch
-from ..backends.registry import Backend, Problem
+from ..registry import Backend, Problem
 from . import priors
 from . import verdicts as verdicts_store
 from .battery import Budget, Task, WorkerPool, normalize_device, plan, run_tasks, verdicts_from_results

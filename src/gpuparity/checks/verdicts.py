@@ -12,7 +12,7 @@ from typing import Any, Dict, NamedTuple, Optional
 import torch
 
 from .. import dispatch, platform
-from ..backends.registry import Backend, Problem
+from ..registry import Backend, Problem
 from ..cachedir import cache_dir, unwritable, warn_once
 from .. import caches
 

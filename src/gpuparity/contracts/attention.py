@@ -13,7 +13,7 @@ import torch
 
 from .. import caches
 from ..backends.masks import allowed_mask, attention_kind, expand_kv, window_allowed
-from ..backends.registry import Backend, BackendUnavailable, Problem, registered
+from ..registry import Backend, BackendUnavailable, Problem, registered
 from ..numerics import matmul_tf32
 from ..validation import FLOAT_DTYPES, describe, expect_broadcastable, expect_same_device, expect_same_dtype, expect_tensor
 from .base import Case, OpSpec, check_softcap, family, randn, tf32_precision, view_members

@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from .. import caches
-from ..backends.registry import Problem
+from ..registry import Problem
 from ..validation import describe
 
 

@@ -8,7 +8,7 @@ from typing import List
 import torch
 import torch.nn.functional as F
 
-from ..backends.registry import Backend
+from ..registry import Backend
 from ..numerics import cudnn_tf32, matmul_tf32
 from .base import Case, OpSpec, family, randn, tf32_precision, view_members
 

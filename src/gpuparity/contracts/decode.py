@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Tuple
 import torch
 
 from ..backends.masks import expand_kv
-from ..backends.registry import Backend, Problem
+from ..registry import Backend, Problem
 from ..backends.triton_decode import decode_allowed, gather_pages
 from ..numerics import matmul_tf32
 from .base import INDEX_DTYPES, Case, OpSpec, capturing, check_softcap, family, randn, tf32_precision, view_members

@@ -11,7 +11,7 @@ from typing import List
 import torch
 import torch.nn.functional as F
 
-from ..backends.registry import Problem
+from ..registry import Problem
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_same_dtype, expect_tensor
 from .base import INDEX_DTYPES, Case, OpSpec, check_softcap, family, randn, view_members
 

@@ -9,7 +9,7 @@ from typing import Union
 
 import torch
 
-from ..backends.registry import Backend, Problem
+from ..registry import Backend, Problem
 from ..numerics import rotate
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_tensor
 from .base import INDEX_DTYPES, Case, OpSpec, capturing, checked_once, family, randn, view_members

@@ -8,7 +8,7 @@ from typing import List
 
 import torch
 
-from ..backends.registry import Backend, Problem
+from ..registry import Backend, Problem
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_same_dtype, expect_tensor
 from .base import LARGE_NORM, Case, OpSpec, family, randn, view_members
 

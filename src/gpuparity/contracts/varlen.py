@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..backends.masks import attention_kind
-from ..backends.registry import Backend, Problem
+from ..registry import Backend, Problem
 from ..numerics import matmul_tf32
 from .attention import attention as reference_attention, attention_logit_peak, check_window, composition
 from .base import INDEX_DTYPES, Case, OpSpec, capturing, check_softcap, checked_once, family, randn, tf32_precision, view_members

@@ -17,7 +17,7 @@ from typing import Dict, Optional, Union
 
 import torch
 
-from ..backends.registry import BackendUnavailable
+from ..registry import BackendUnavailable
 from ..ops import dropout as _dropout
 from ..ops.attention import attention, attention_lse, attention_problem
 from ..ops.decode import MAX_NEW_QUERIES, attention_decode

@@ -9,7 +9,7 @@ from typing import Any, Dict, Optional
 import torch
 
 from .. import dispatch
-from ..backends.registry import Backend, Problem
+from ..registry import Backend, Problem
 from ..validation import describe
 from . import select
 from .. import caches

@@ -38,7 +38,7 @@ from torch import Tensor
 
 from .. import caches
 from ..backends import triton_common
-from ..backends.registry import Backend, Problem
+from ..registry import Backend, Problem
 from . import dropout, select
 from ..contracts.attention import attention_extras, attention_problem
 from ..contracts.norms import norm_problem

@@ -10,7 +10,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..backends.registry import Backend
+from ..registry import Backend
 from . import select
 from ..contracts.linear_cross_entropy import linear_cross_entropy_problem
 from .library import _recomputed_grads

@@ -13,7 +13,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..backends.registry import Problem
+from ..registry import Problem
 from ..backends.triton_attention.varlen import triton_attention_varlen, varlen_backward_from, varlen_forward_saving
 from ..contracts.varlen import attention_varlen_problem
 from .library import _like, _recomputed_grads, _serve, _served

@@ -7,7 +7,7 @@ import functools
 from typing import Any, Dict, List, Optional, Tuple
 
 from .. import dispatch
-from ..backends.registry import Backend, Problem
+from ..registry import Backend, Problem
 from ..checks import selection
 from ..known import avoid as known_avoid
 

@@ -7,7 +7,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from ..registry import Backend, Problem, register
+from ...registry import Backend, Problem, register
 from .. import triton_common
 from ..triton_common import clear_plans
 from .aot import aot_specs

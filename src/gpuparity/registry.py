@@ -1,6 +1,7 @@
 """The backend registry: what a call needs (`Problem`), what a backend declares it can serve
 (`Backend`, with its reasons in words when it cannot), and the table every backend module
-registers itself in. The bottom layer of dispatch: it imports nothing of gpuparity's."""
+registers itself in. A base piece: backends/, the op contracts, dispatch and checks/ take it
+from here, and it imports nothing of gpuparity's."""
 from __future__ import annotations
 
 import dataclasses
