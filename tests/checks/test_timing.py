@@ -53,7 +53,7 @@ def test_a_first_call_probes_only_the_backend_asked_about(monkeypatch, tmp_path)
     monkeypatch.delenv(selection.TRUST_UNPROBED, raising=False)
     verdicts.clear_cache()
     problem = Problem("rms_norm", torch.device("cpu"), torch.bfloat16, "default", (("large", False),))
-    names = selection.probed_backends("rms_norm")
+    names = selection.auto_candidates("rms_norm")
     assert len(names) >= 2
     have, missing = names[0], names[1:]
     verdicts.store_verdicts(problem.device, {verdicts.verdict_key(problem, dispatch.get("rms_norm", have)):

@@ -44,8 +44,8 @@ def _isolate(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def probed_backends(op: str) -> List[str]:
-    """The backends of `op` that auto chooses from and therefore probes."""
+def auto_candidates(op: str) -> List[str]:
+    """The backends of `op` that auto chooses from, and therefore verifies."""
     return [b.name for b in dispatch.backends(op) if b.probed and not b.fallback]
 
 
@@ -142,7 +142,7 @@ def _complete(verdicts: Dict[str, Dict[str, Any]], results, op: str, vname: str,
 def _veto_known(verdicts: Dict[str, Dict[str, Any]], op: str, dtype: torch.dtype, device: torch.device,
                 backends: Sequence[str]) -> None:
     # a confirmed known issue's remedy wins over a passing battery verdict; only the issues that
-    # name one of `backends` are probed (known/avoid.py)
+    # name one of `backends` are probed (known/avoid.py: the known-issue probes)
     from ..known import avoid
     avoid.apply(verdicts, avoid.confirmed_here(op, dtype, device, backends), device.type)
 
@@ -151,14 +151,14 @@ def _veto_known(verdicts: Dict[str, Dict[str, Any]], op: str, dtype: torch.dtype
 def check_op(op: str, dtype: torch.dtype, kind: str, device,
              backends: Optional[Sequence[str]] = None, *, workers: Optional[int] = None,
              pool: Optional[WorkerPool] = None, budget: Optional[Budget] = None) -> Dict[str, Dict[str, Any]]:
-    """Verdicts keyed as verdicts.verdict_key for every probed backend of `op` at `dtype` (or
+    """Verdicts keyed as verdicts.verdict_key for every auto candidate of `op` at `dtype` (or
     those of `backends` among them): the op's quick cases and the default-level cases of `kind`,
     then a timing of each backend that passed. The background refinement runs this with one
     kept worker (`pool`, `workers=1`) and a budget that ends at exit."""
     device = normalize_device(device)
     spec = get_spec(op)
-    probed = [name for name in probed_backends(op) if backends is None or name in backends]
-    if not probed:
+    candidates = [name for name in auto_candidates(op) if backends is None or name in backends]
+    if not candidates:
         return {}
 
     def wanted(_op, case):
@@ -166,13 +166,13 @@ def check_op(op: str, dtype: torch.dtype, kind: str, device,
 
     isolate = _isolate(device)
     run = dict(isolate=isolate, pool=pool, keep_pool=pool is not None, budget=budget)
-    # level "full" so that every backend is probed, including those the battery defers to --full
-    tasks, decided = plan([op], "full", device, [dtype_name(dtype)], probed, None, 0, wanted)
+    # level "full" so that every candidate is checked, including those the battery defers to --full
+    tasks, decided = plan([op], "full", device, [dtype_name(dtype)], candidates, None, 0, wanted)
     results = decided + run_tasks(tasks, workers=workers, **run)
     verdicts = verdicts_from_results(results)
     dname = dtype_name(dtype)
-    _complete(verdicts, results, op, verdicts_store.verdict_dtype(op, dtype, device), kind, probed)
-    _veto_known(verdicts, op, dtype, device, probed)
+    _complete(verdicts, results, op, verdicts_store.verdict_dtype(op, dtype, device), kind, candidates)
+    _veto_known(verdicts, op, dtype, device, candidates)
     timing = spec.timing_params()
     if timing is not None:
         passed = sorted({verdicts_store.VerdictKey.decode(k).backend for k, v in verdicts.items() if v.get("passed")})
