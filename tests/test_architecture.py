@@ -121,8 +121,12 @@ def test_no_import_cycle_among_src_modules():
     ("gpuparity.trace", "gpuparity.checks"),
     ("gpuparity.workloads", "gpuparity.checks"),
     ("gpuparity.compile", "gpuparity.checks"),
-    # nn/patch.py drives the integrations' adapters; they fill its summary without importing nn/
+    # patching.py (gpuparity.patch) drives both the drop-ins (nn/) and the adapters (integrations/);
+    # neither of those two reaches into the other or up into it
     ("gpuparity.integrations", "gpuparity.nn"),
+    ("gpuparity.nn", "gpuparity.integrations"),
+    ("gpuparity.nn", "gpuparity.patching"),
+    ("gpuparity.integrations", "gpuparity.patching"),
 ])
 def test_imports_point_down(lower, upper):
     """dispatch imports nothing above backends; backends register through gpuparity.registry (the base)."""

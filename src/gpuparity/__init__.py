@@ -26,7 +26,7 @@ _LAZY = {
     "swiglu": "gpuparity.ops.swiglu",
     "check": "gpuparity.api",
     "get_device": "gpuparity.device",
-    "patch": "gpuparity.nn.patch",
+    "patch": "gpuparity.patching",
     "safe_compile": "gpuparity.compile",
     "monitor": "gpuparity.shadow",
     "explain": "gpuparity.explain_run",

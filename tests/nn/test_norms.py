@@ -10,7 +10,7 @@ from device_env import TEST_DEVICE as DEVICE, require_device
 
 from gpuparity.tolerance import judge
 from gpuparity.nn.norms import LayerNorm, RMSNorm
-from gpuparity.nn.patch import patch
+from gpuparity.patching import patch
 
 require_device()
 

@@ -1,6 +1,6 @@
-"""What gpuparity.patch(model) did: each module it replaced or left, and why. nn/patch.py
-returns it and the integrations' adapters fill it; it lives here, below nn/, so that imports
-between the two go one way (nn/patch.py drives integrations/, which knows nothing of nn/)."""
+"""What gpuparity.patch(model) did: each module it replaced or left, and why. patching.py
+returns it and the integrations' adapters fill it (patching.py sits above integrations/ and nn/,
+which import neither each other nor it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -7,7 +7,7 @@ from typing import Any, Callable, Dict
 import torch
 import torch.nn as nn
 
-# (eagerly, under torch.compile): where a swapped module's gpuparity forward serves (nn.patch.Plan)
+# (eagerly, under torch.compile): where a swapped module's gpuparity forward serves (patching.Plan)
 EVERYWHERE = (True, True)
 
 

@@ -293,7 +293,7 @@ def patch_model(model: nn.Module, *, backend: str = "auto", include=None,
     config needs what gpuparity.attention lacks; the attention's apply_rotary_pos_emb goes to
     gpuparity.apply_rotary (transformers_rotary); silu gated MLPs go to gpuparity.swiglu
     (transformers_mlp); the causal-LM loss to gpuparity.linear_cross_entropy (transformers_loss).
-    plan: gpuparity.nn.patch.Plan, which kinds are swapped in which mode (None: all, everywhere)."""
+    plan: gpuparity.patching.Plan, which kinds are swapped in which mode (None: all, everywhere)."""
     transformers = _import()
     force = () if plan is None else plan.force
     summary = PatchSummary() if summary is None else summary

@@ -1,14 +1,15 @@
 """`gpuparity.patch(model)`: swap torch.nn modules for gpuparity's verified drop-ins in place,
-keeping their weights. Each drop-in class declares `from_torch(module)` and names the torch
-class it replaces in `REPLACES`; the table below is the one list of drop-ins. Hugging Face
-transformers models also go through gpuparity.integrations.transformers.
+keeping their weights. Each drop-in class (gpuparity.nn) declares `from_torch(module)` and names
+the torch class it replaces in `REPLACES`; the table below is the one list of drop-ins. Hugging
+Face transformers models also go through gpuparity.integrations.transformers. This module sits
+above both: nn/ (the drop-in modules) and integrations/ (the adapters) import neither each other
+nor it.
 
 A module is swapped only where the swap wins on this device family in the mode the model runs
 (`mode=`): `PRIORS` holds, per family and mode, the kinds of module left and why, from the
 measurements its comments cite. A user can still force a kind (`force=`)."""
 from __future__ import annotations
 
-import importlib
 import sys
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
@@ -16,14 +17,11 @@ from typing import Dict, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from ..integrations.summary import PatchEntry, PatchSummary  # noqa: F401 - re-exported
+from .integrations.summary import PatchEntry, PatchSummary  # noqa: F401 - re-exported
+from .nn import LayerNorm, MultiheadAttention, RMSNorm
 
-# (module path, class name) of every drop-in.
-DROP_INS: Tuple[Tuple[str, str], ...] = (
-    ("gpuparity.nn.attention", "MultiheadAttention"),
-    ("gpuparity.nn.norms", "RMSNorm"),
-    ("gpuparity.nn.norms", "LayerNorm"),
-)
+# every drop-in (gpuparity.nn), each naming the torch class it replaces in REPLACES
+DROP_INS = (MultiheadAttention, RMSNorm, LayerNorm)
 
 
 MODES = ("auto", "eager", "compiled")
@@ -119,19 +117,7 @@ def make_plan(model: nn.Module, mode: str, force) -> Plan:
 
 
 def _drop_in_table() -> Dict[type, type]:
-    table: Dict[type, type] = {}
-    for module_name, class_name in DROP_INS:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name == module_name:
-                continue
-            raise
-        cls = getattr(module, class_name, None)
-        replaces = getattr(cls, "REPLACES", None)
-        if cls is not None and replaces is not None:
-            table[replaces] = cls
-    return table
+    return {cls.REPLACES: cls for cls in DROP_INS}
 
 
 def _is_transformers_model(model: nn.Module) -> bool:
@@ -166,7 +152,7 @@ def patch(model: nn.Module, *, backend: str = "auto", include=None, mode: str = 
     include = None if include is None else tuple(include)
     summary = PatchSummary()
     if _is_transformers_model(model):
-        from ..integrations import transformers as hf
+        from .integrations import transformers as hf
         hf.patch_model(model, backend=backend, include=include, summary=summary, plan=plan)
     table = _drop_in_table()
     if include is not None:
