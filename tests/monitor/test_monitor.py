@@ -281,3 +281,30 @@ def test_the_baseline_is_computed_only_when_the_floor_is_not_enough(monkeypatch)
     assert torch.float32 in runs
     judged = [c for f in mon.report().failures for c in f["comparisons"] if c.get("err") is not None]
     assert judged and all(c["baseline_err"] is not None for c in judged)
+
+
+def test_a_long_bf16_reduction_gets_the_batterys_floor_not_the_flat_one():
+    """A correct kernel that sums 16384 query rows into bf16 grad_key / grad_value errs past the
+    flat bf16 floor (1e-2): the battery raises that output's floor by its reduction length
+    (tolerance.error_floor), and the monitor judges by the same rule. Planted: grad_value 1.6%
+    off the float64 reference (within the raised floor, 2.6%, not the flat one), grad_key 6% off
+    (past both)."""
+    from gpuparity import tolerance
+    from gpuparity.shadow import checker, ops
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, n, 8, generator=gen).to(torch.bfloat16) for n in (16384, 8, 8))
+    args = ops.SDPA.bind((q, k, v), {})
+    out = F.scaled_dot_product_attention(q, k, v)
+    grad_out = torch.randn(out.shape, generator=gen).to(torch.bfloat16)
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    gk, gv = torch.autograd.grad(F.scaled_dot_product_attention(q64, k64, v64), (k64, v64), grad_out.double())
+
+    def off(ref, rel):
+        noise = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
+        return (ref + noise * (rel * ref.norm() / noise.norm())).to(torch.bfloat16)
+
+    call = checker.SampledCall(ops.SDPA, "math", 0, 0, args, out, {}, grad_out=grad_out,
+                               grads={"grad_key": off(gk, 0.06), "grad_value": off(gv, 0.016)})
+    assert tolerance.floor_for(torch.bfloat16) < 0.016 < tolerance.error_floor(torch.bfloat16, reduction=16384)
+    verdicts = {c.name: c.passed for c in checker.check_call(call)}
+    assert verdicts == {"out": True, "grad_key": False, "grad_value": True}

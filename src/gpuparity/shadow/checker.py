@@ -131,26 +131,28 @@ def check_call(call: SampledCall, device: Optional[torch.device] = None) -> List
     valid = call.kind.valid(args) if call.kind.valid else {}
     zero = call.kind.must_be_zero(args) if call.kind.must_be_zero else {}
 
-    def judged(base_out, base_grads):
+    def judged(base_out, base_grads, terms):
         comparisons = [tolerance.judge("out", out, ref_out, base_out, dtype, valid.get("out"), zero.get("out"),
-                                       call.precision)]
+                                       call.precision, **terms.get("out", {}))]
         for name, got in grads.items():
             ref = ref_grads.get(name)
             if ref is not None:
                 comparisons.append(tolerance.judge(name, got, ref, base_grads.get(name), dtype,
-                                                   valid.get(name), zero.get(name), call.precision))
+                                                   valid.get(name), zero.get(name), call.precision,
+                                                   **terms.get(name, {})))
         return comparisons
-    # The bound is max(2 x the baseline's error, the dtype's floor): a call within the floor passes
-    # whatever the baseline, so the same-dtype baseline (as costly as the reference) is computed
-    # only when something is above the floor. Same verdicts, about half the work of a passing check.
-    comparisons = judged(None, {})
+    # The bound is max(2 x the baseline's error, the output's floor): a call within the dtype's flat
+    # floor passes whatever the baseline, so the same-dtype baseline (as costly as the reference)
+    # and the floor's terms (a pass over the logits) are computed only when something is above it.
+    # Same verdicts, about half the work of a passing check.
+    comparisons = judged(None, {}, {})
     if not all(c.passed for c in comparisons):
+        terms = call.kind.error_terms(args) if call.kind.error_terms else {}
         try:
             base_out, base_grads = _run(call.kind, args, dtype, grad_names, grad_out)
         except Exception:  # noqa: BLE001 - without a baseline the floor alone decides (as the battery)
             base_out, base_grads = None, {}
-        if base_out is not None:
-            comparisons = judged(base_out, base_grads)
+        comparisons = judged(base_out, base_grads or {}, terms)
     if where:
         for comparison in comparisons:
             if comparison.reason:

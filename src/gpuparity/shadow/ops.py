@@ -31,6 +31,9 @@ class OpKind:
     valid: Optional[Callable[[Dict[str, Any]], Dict[str, torch.Tensor]]] = None
     must_be_zero: Optional[Callable[[Dict[str, Any]], Dict[str, torch.Tensor]]] = None
     uncheckable: Optional[Callable[[Dict[str, Any]], Optional[str]]] = None
+    # output name -> what raises its floor (tolerance.error_floor's reduction / logit_peak), as
+    # the battery's OpSpec.error_terms: a correct long bf16 reduction errs past the flat floor
+    error_terms: Optional[Callable[[Dict[str, Any]], Dict[str, Dict[str, Any]]]] = None
 
     def bind(self, args: tuple, kwargs: Dict[str, Any]) -> Dict[str, Any]:
         """The call's arguments by name, defaults filled in (extra keywords kept as given)."""
@@ -63,6 +66,29 @@ def _sdpa_valid(a):
                                        attn_mask=a["attn_mask"], is_causal=a["is_causal"], device=q.device)
     rows = ~empty.expand(*q.shape[:-1], 1)
     return {"out": rows, "grad_query": rows}
+
+
+def _attention_terms(q, k, names, **masks) -> Dict[str, Dict[str, Any]]:
+    """The battery's floor terms for an attention call (contracts/attention.py's error_terms):
+    out and grad_q sum over the keys, grad_k and grad_v over the query rows of every head that
+    shares a KV head; all take exponentials of the logits, whose largest row max is measured."""
+    if q.dim() != 4 or k.dim() != 4 or q.shape[1] % k.shape[1]:
+        return {}
+    peak = attention_contract.attention_logit_peak(q, k, **masks)
+    keys = {"reduction": k.shape[-2], "logit_peak": peak}
+    rows = {"reduction": q.shape[-2] * (q.shape[1] // k.shape[1]), "logit_peak": peak}
+    out, grad_q, grad_k, grad_v = names
+    return {out: keys, grad_q: keys, grad_k: rows, grad_v: rows}
+
+
+def _sdpa_terms(a):
+    return _attention_terms(a["query"], a["key"], ("out", "grad_query", "grad_key", "grad_value"),
+                            attn_mask=a["attn_mask"], is_causal=bool(a["is_causal"]), scale=a["scale"])
+
+
+def _gp_attention_terms(a):
+    return _attention_terms(a["q"], a["k"], ("out", "grad_q", "grad_k", "grad_v"), scale=a.get("scale"),
+                            softcap=a.get("softcap"), **_attention_masks(a))
 
 
 def _sdpa_uncheckable(a):
@@ -178,7 +204,7 @@ SDPA = OpKind("F.scaled_dot_product_attention", "attention",
               (("query", _NO_DEFAULT), ("key", _NO_DEFAULT), ("value", _NO_DEFAULT), ("attn_mask", None),
                ("dropout_p", 0.0), ("is_causal", False), ("scale", None), ("enable_gqa", False)),
               ("query", "key", "value"), _sdpa_reference, _sdpa_baseline, valid=_sdpa_valid,
-              uncheckable=_sdpa_uncheckable)
+              uncheckable=_sdpa_uncheckable, error_terms=_sdpa_terms)
 LAYER_NORM = OpKind("F.layer_norm", "norm",
                     (("input", _NO_DEFAULT), ("normalized_shape", _NO_DEFAULT), ("weight", None), ("bias", None),
                      ("eps", 1e-5)), ("input", "weight", "bias"), _ln_reference, _ln_baseline)
@@ -202,7 +228,7 @@ GPUPARITY = {
     "attention": OpKind("gpuparity.attention", "attention",
                         (("q", _NO_DEFAULT), ("k", _NO_DEFAULT), ("v", _NO_DEFAULT)), ("q", "k", "v"),
                         _gp_attention_reference, _gp_attention_baseline, must_be_zero=_gp_attention_zero,
-                        uncheckable=_gp_attention_uncheckable),
+                        uncheckable=_gp_attention_uncheckable, error_terms=_gp_attention_terms),
     "rms_norm": OpKind("gpuparity.rms_norm", "norm",
                        (("x", _NO_DEFAULT), ("normalized_shape", _NO_DEFAULT), ("weight", None), ("eps", None)),
                        ("x", "weight"), lambda a: _rms_reference(a, "x"), lambda a: _rms_baseline(a, "x")),
