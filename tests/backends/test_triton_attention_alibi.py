@@ -233,3 +233,43 @@ def test_the_batterys_alibi_cases_pass_the_kernels_and_catch_wrong_biases():
         status, _, _ = run_case("attention", _planted(alignment), case.params, torch.float32, device, 0,
                                 baseline_fn=baseline)
         assert status == Status.FAIL, alignment
+
+
+def _varlen_planted(kind):
+    from gpuparity.backends.triton_attention import triton_attention_varlen
+
+    def planted(q, k, v, cu_q, cu_k, max_q, max_k, *, causal=False, window=None, softcap=None, scale=None,
+                alibi_slopes=None):
+        if kind == "ignored":
+            alibi_slopes = None
+        elif alibi_slopes is not None and alibi_slopes.dim() == 2:   # "first_row": sequence 0's slopes for all
+            alibi_slopes = alibi_slopes[0]
+        return triton_attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, window=window,
+                                       softcap=softcap, scale=scale, alibi_slopes=alibi_slopes)
+    return planted
+
+
+def test_the_varlen_batterys_alibi_cases_pass_the_kernels_and_catch_wrong_biases():
+    """`gpuparity check --op attention_varlen`'s ALiBi cases (each sequence's bias on its own
+    lengths, per-batch slopes): the varlen kernels pass against float64, a kernel that drops the
+    bias or gives every sequence the first one's slopes fails, the composition is SKIP (opt-in),
+    and the cases have verdicts of their own, which gpuparity.flash_attn's auto path asks for."""
+    from gpuparity.checks.execute import run_case
+    from gpuparity.checks.results import Status
+    from gpuparity.contracts import get_spec
+    from gpuparity.dispatch import get as get_backend
+    spec = get_spec("attention_varlen")
+    case = next(c for c in spec.cases() if c.name == "alibi_causal_gqa_per_batch")
+    assert spec.kind(case.params).endswith("+alibi")
+    device = torch.device(DEVICE)
+    problem = spec.problem(case.params, torch.float32, device)
+    assert get_backend("attention_varlen", "triton").reasons(problem) == []
+    assert "does not implement alibi" in " ".join(get_backend("attention_varlen", "composition").reasons(problem))
+    baseline = get_backend("attention_varlen", "composition").fn
+    status, _, reason = run_case("attention_varlen", get_backend("attention_varlen", "triton").fn, case.params,
+                                 torch.float32, device, 0, baseline_fn=baseline)
+    assert status == Status.PASS, reason
+    for kind in ("ignored", "first_row"):
+        status, _, _ = run_case("attention_varlen", _varlen_planted(kind), case.params, torch.float32, device, 0,
+                                baseline_fn=baseline)
+        assert status == Status.FAIL, kind

@@ -28,9 +28,9 @@ def failed_cases(battery):
 
 # ----------------------------------------------------------------------------- planted implementations
 def varlen_correct(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, window=None,
-                   softcap=None, scale=None):
+                   softcap=None, scale=None, alibi_slopes=None):
     return composition_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
-                              window=window, softcap=softcap, scale=scale)
+                              window=window, softcap=softcap, scale=scale, alibi_slopes=alibi_slopes)
 
 
 def varlen_top_left_causal(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,

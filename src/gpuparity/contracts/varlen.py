@@ -9,9 +9,10 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..backends.masks import attention_kind
-from ..registry import Backend, Problem
+from ..registry import Backend, BackendUnavailable, Problem
 from ..numerics import matmul_tf32
-from .attention import attention as reference_attention, attention_logit_peak, check_window, composition
+from .attention import _takes, alibi_bias, alibi_slopes, attention as reference_attention, attention_logit_peak
+from .attention import check_window, composition, with_alibi
 from .base import INDEX_DTYPES, Case, OpSpec, capturing, check_softcap, checked_once, family, randn, tf32_precision, view_members
 import numbers
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_same_dtype, expect_tensor
@@ -129,9 +130,11 @@ def bottom_right_allowed(q_len: int, k_len: int, causal: bool, window, device) -
     return keep
 
 
-def packed(dense, q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, scale, softcap):
+def packed(dense, q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, scale, softcap, alibi_slopes=None):
     """Run `dense` (q, k, v as (1, H, S, D), attn_mask=, scale=, softcap=) on each sequence and
-    pack the outputs back into (total_q, H, D); an empty sequence contributes nothing."""
+    pack the outputs back into (total_q, H, D); an empty sequence contributes nothing.
+    alibi_slopes (H,) or (B, H): FlashAttention's bias on each sequence's own lengths (bottom-right),
+    as a float mask (float64 beside float64 inputs, else fp32, as the dense composition adds masks)."""
     starts_q = cu_seqlens_q.tolist()
     starts_k = cu_seqlens_k.tolist()
     pieces = []
@@ -144,6 +147,10 @@ def packed(dense, q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, scale, so
             pieces.append(torch.zeros_like(q[qs:qe]))
             continue
         mask = bottom_right_allowed(qe - qs, ke - ks, causal, window, q.device)
+        if alibi_slopes is not None:
+            row = alibi_slopes[b] if alibi_slopes.dim() == 2 and alibi_slopes.shape[0] > 1 else alibi_slopes.reshape(-1)
+            bias_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+            mask = with_alibi(mask, alibi_bias(row.to(q.device), qe - qs, ke - ks, bias_dtype))
         kwargs = {"softcap": softcap} if softcap is not None else {}
         pieces.append(dense(q_i, k_i, v_i, attn_mask=mask, scale=scale, **kwargs)[0].transpose(0, 1))
     if not pieces:
@@ -152,9 +159,9 @@ def packed(dense, q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, scale, so
 
 
 def composition_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
-                       window=None, softcap=None, scale=None):
+                       window=None, softcap=None, scale=None, alibi_slopes=None):
     """Matmul-softmax-matmul per sequence in q's dtype (softmax in fp32); max_seqlen_* unused."""
-    return packed(composition, q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, scale, softcap)
+    return packed(composition, q, k, v, cu_seqlens_q, cu_seqlens_k, causal, window, scale, softcap, alibi_slopes)
 
 
 def empty_rows(cu_seqlens_q, cu_seqlens_k, *, causal=False, window=None) -> torch.Tensor:
@@ -178,21 +185,22 @@ COMPOSITIONS = (Backend("composition", "attention_varlen", composition_varlen,
 
 # --------------------------------------------------------------------------- the float64 reference
 def attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False,
-                               window: Optional[Tuple[int, int]] = None, softcap=None, scale=None):
+                               window: Optional[Tuple[int, int]] = None, softcap=None, scale=None,
+                               alibi_slopes=None):
     """The float64 referee: each sequence through the attention contract's reference (float64 on q's
     device, differentiable) with its bottom-right mask. Inputs are upcast; returns float64."""
     def dense(q_i, k_i, v_i, *, attn_mask=None, scale=None, softcap=None):
         return reference_attention(q_i, k_i, v_i, attn_mask=attn_mask, scale=scale, softcap=softcap)
 
     return packed(dense, q.double(), k.double(), v.double(), cu_seqlens_q, cu_seqlens_k, causal, window, scale,
-                  softcap)
+                  softcap, alibi_slopes)
 
 
 # --------------------------------------------------------------------------- the battery's cases
 def _case(name, level="default", **params) -> Case:
     # params travel to the workers as JSON: lists, not tuples
     defaults = dict(q_lens=[5, 9], k_lens=None, H=2, Hkv=None, D=16, causal=False, window=None, softcap=None,
-                    scale=None, logit_scale=1.0, cu_dtype="int32", layout="packed")
+                    scale=None, logit_scale=1.0, cu_dtype="int32", layout="packed", alibi=None)
     defaults.update(params)
     defaults["Hkv"] = defaults["Hkv"] or defaults["H"]
     defaults["k_lens"] = defaults["k_lens"] or list(defaults["q_lens"])
@@ -216,6 +224,12 @@ CASES: List[Case] = [
     _case("d128_mixed", q_lens=[65, 0, 31], k_lens=[65, 7, 40], H=2, D=128),
     _case("d256_window_softcap", q_lens=[33, 18], D=256, window=[8, 8], softcap=30.0, H=1),
     _case("many_short_sequences", q_lens=[1, 2, 3, 4, 5, 6, 7, 8, 0, 9], H=2, Hkv=1, causal=True),
+    # ALiBi (gpuparity.flash_attn's alibi_slopes; "head": (H,), "batch": (B, H)), on each sequence's own
+    # lengths: only implementations taking alibi_slopes run them (the kernels opt in to "alibi")
+    _case("alibi_causal_gqa_per_batch", q_lens=[7, 13, 1], k_lens=[19, 13, 6], H=4, Hkv=2, causal=True,
+          alibi="batch"),
+    _case("alibi_window_softcap_empty", q_lens=[9, 0, 20], k_lens=[20, 3, 9], window=[3, 2], softcap=20.0,
+          alibi="head"),
     # full: longer sequences
     _case("long_2049_causal", "full", q_lens=[2049, 700], k_lens=[2049, 1500], H=2, D=64, causal=True),
     _case("long_window_gqa", "full", q_lens=[1000, 513], H=4, Hkv=1, D=64, window=[128, 0], causal=True),
@@ -231,9 +245,9 @@ def _window(p):
 
 
 def _reference(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, window=None,
-               softcap=None, scale=None):
+               softcap=None, scale=None, alibi_slopes=None):
     return attention_varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=causal, window=window,
-                                      softcap=softcap, scale=scale)
+                                      softcap=softcap, scale=scale, alibi_slopes=alibi_slopes)
 
 
 class VarlenSpec(OpSpec):
@@ -278,7 +292,8 @@ class VarlenSpec(OpSpec):
         return {"out": keys, "grad_q": keys, "grad_k": rows, "grad_v": rows, "grad_qkv": both}
 
     def kind(self, p):
-        return attention_kind(None, None, p["causal"], p["window"], p["softcap"])
+        kind = attention_kind(None, None, p["causal"], p["window"], p["softcap"])
+        return kind + "+alibi" if p.get("alibi") else kind   # verdicts of their own, as gpuparity.flash_attn asks
 
     def problem(self, p, dtype, device):
         # the features ops.varlen.attention_varlen_problem gives the dispatcher
@@ -288,6 +303,8 @@ class VarlenSpec(OpSpec):
             features += (("window", _window(p)),)
         if p["softcap"] is not None:
             features += (("softcap", float(p["softcap"])),)
+        if p.get("alibi"):
+            features += (("alibi", True),)   # an OPT_IN feature: backends that do not opt in SKIP
         return Problem(self.op, device, dtype, self.kind(p), features)
 
     def make_inputs(self, p, gen) -> Dict[str, Any]:
@@ -310,8 +327,15 @@ class VarlenSpec(OpSpec):
             q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
         else:
             q, k, v = inputs["q"], inputs["k"], inputs["v"]
+        extras = {}
+        if p.get("alibi"):
+            if not _takes(fn, "alibi_slopes"):
+                raise BackendUnavailable(f"{getattr(fn, '__name__', 'the implementation')}: takes no alibi_slopes "
+                                         "argument, which this case needs")
+            extras["alibi_slopes"] = alibi_slopes({"H": p["H"], "B": len(p["q_lens"]), "alibi": p["alibi"]},
+                                                  q.device)
         return fn(q, k, v, inputs["cu_seqlens_q"], inputs["cu_seqlens_k"], max(p["q_lens"]), max(p["k_lens"]),
-                  causal=p["causal"], window=_window(p), softcap=p["softcap"], scale=p["scale"])
+                  causal=p["causal"], window=_window(p), softcap=p["softcap"], scale=p["scale"], **extras)
 
     def zero_masks(self, inputs, p):
         empty = empty_rows(inputs["cu_seqlens_q"], inputs["cu_seqlens_k"], causal=p["causal"], window=_window(p))

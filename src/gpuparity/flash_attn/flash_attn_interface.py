@@ -74,14 +74,14 @@ def _on_triton(op: str, problem) -> bool:
     its reasons), or auto's verified choice here. Such a call gets ALiBi inside the Triton kernels; any
     other backend the composed (B, H, Sq, Sk) fp32 bias. Under auto the dense kernels must also pass
     the battery's ALiBi cases here (kind "<kind>+alibi", which only backends that opt in to "alibi"
-    serve); the varlen contract has no ALiBi cases, so its kernels are trusted on the call's kind.
+    serve), the dense kernels the attention contract's, the varlen kernels the varlen contract's.
     Never while torch.compile traces: the ops are torch.library ops there, without ALiBi."""
     if torch.compiler.is_compiling():
         return False
     name = _BACKENDS[op]
     if _dropout.resolve(problem, name).name != "triton":
         return False
-    if name != "auto" or op != "attention":
+    if name != "auto":
         return True
     alibi = dataclasses.replace(problem, kind=problem.kind + "+alibi", features=problem.features + (("alibi", True),))
     try:

@@ -109,4 +109,4 @@ def _varlen_supports(problem: Problem) -> List[str]:
 register(Backend("triton", "attention_varlen", triton_attention_varlen,
                  "gpuparity's fused Triton kernels over packed sequences (no padding computed)",
                  device_types=("cuda", "cpu"), dtypes=(torch.float16, torch.bfloat16, torch.float32),
-                 availability=_availability, supports=_varlen_supports, jit=True))
+                 availability=_availability, supports=_varlen_supports, jit=True, opt_in=("alibi",)))
