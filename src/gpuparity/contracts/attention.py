@@ -5,7 +5,6 @@ battery's cases: every mask kind and their combinations, GQA, Sq != Sk, custom s
 values and layouts (docs/design.md)."""
 from __future__ import annotations
 
-import inspect
 import numbers
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -16,7 +15,7 @@ from ..backends.masks import allowed_mask, attention_kind, expand_kv, window_all
 from ..registry import Backend, BackendUnavailable, Problem, registered
 from ..numerics import matmul_tf32
 from ..validation import FLOAT_DTYPES, describe, expect_broadcastable, expect_same_device, expect_same_dtype, expect_tensor
-from .base import Case, OpSpec, check_softcap, family, randn, tf32_precision, view_members
+from .base import Case, OpSpec, check_softcap, takes, family, randn, tf32_precision, view_members
 
 
 # --------------------------------------------------------------------------- the call: arguments checked, and the Problem the dispatcher gets
@@ -631,14 +630,14 @@ class AttentionSpec(OpSpec):
         # window/softcap only when set: backends that know neither keep their old signature, and
         # a user's --impl without them gets those cases as SKIP with the reason, not as errors
         extras = {name: p[name] for name in self.optional_keywords if p.get(name) is not None}
-        missing = [name for name in extras if not _takes(fn, name)]
+        missing = [name for name in extras if not takes(fn, name)]
         if missing:
             raise BackendUnavailable(f"{getattr(fn, '__name__', 'the implementation')}: takes no "
                                      f"{' or '.join(missing)} argument, which this case needs")
         attn_mask = inputs.get("attn_mask")
         if p.get("alibi"):
             slopes = alibi_slopes(p, q.device)
-            if _takes(fn, "alibi_slopes"):
+            if takes(fn, "alibi_slopes"):
                 extras["alibi_slopes"] = slopes
             elif fn is self.reference_fn or fn is getattr(registered("attention").get("composition"), "fn", None):
                 # the referee and the baseline: the bias as a float mask, float64 for the referee, fp32
@@ -840,15 +839,3 @@ def _families():
 
 FAMILIES = _families()
 
-
-def _takes(fn, name: str) -> bool:
-    """Whether fn accepts keyword `name` (or **kwargs); True when Python cannot tell."""
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return True
-    try:
-        signature.bind_partial(**{name: None})
-    except TypeError:
-        return False
-    return True

@@ -5,6 +5,7 @@ generates cases for; the engine that draws them is checks/families.py)."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import numbers
 import random
 import weakref
@@ -234,3 +235,17 @@ def capturing(device: torch.device) -> bool:
     """True while a CUDA graph is captured or torch.compile/export traces: the checks that read
     device values are skipped then (the torch.library op runs them when it runs)."""
     return torch.compiler.is_compiling() or (device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+
+
+def takes(fn, name: str) -> bool:
+    """Whether fn accepts keyword `name` (or **kwargs); True when Python cannot tell. A contract
+    passes an optional argument (window, softcap, alibi_slopes) only to implementations that take it."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return True
+    try:
+        signature.bind_partial(**{name: None})
+    except TypeError:
+        return False
+    return True

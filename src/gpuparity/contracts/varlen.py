@@ -11,9 +11,9 @@ import torch
 from ..backends.masks import attention_kind
 from ..registry import Backend, BackendUnavailable, Problem
 from ..numerics import matmul_tf32
-from .attention import _takes, alibi_bias, alibi_slopes, attention as reference_attention, attention_logit_peak
+from .attention import alibi_bias, alibi_slopes, attention as reference_attention, attention_logit_peak
 from .attention import check_window, composition, with_alibi
-from .base import INDEX_DTYPES, Case, OpSpec, capturing, check_softcap, checked_once, family, randn, tf32_precision, view_members
+from .base import INDEX_DTYPES, Case, OpSpec, capturing, takes, check_softcap, checked_once, family, randn, tf32_precision, view_members
 import numbers
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_same_dtype, expect_tensor
 
@@ -329,7 +329,7 @@ class VarlenSpec(OpSpec):
             q, k, v = inputs["q"], inputs["k"], inputs["v"]
         extras = {}
         if p.get("alibi"):
-            if not _takes(fn, "alibi_slopes"):
+            if not takes(fn, "alibi_slopes"):
                 raise BackendUnavailable(f"{getattr(fn, '__name__', 'the implementation')}: takes no alibi_slopes "
                                          "argument, which this case needs")
             extras["alibi_slopes"] = alibi_slopes({"H": p["H"], "B": len(p["q_lens"]), "alibi": p["alibi"]},
