@@ -22,6 +22,11 @@
 #   trace-workload   traces GPU vs CPU, the planted mask bug, replay, aam/cnn workloads, compile-check
 #   fleet            fleet check with NCCL on every local GPU, then aam memory / kernel profiles
 #                    (kind nvidia-h200-x2; NVLink multicast stays off)
+#   readme           README command 1 exactly as written, in a copy of this tree without .venv/.git
+#   monitor          the monitor's overhead at every=100 (benchmarks/bench_monitor.py, ROUNDS x STEPS)
+#   attention-ab     gpuparity bench attention --suite dense,varlen, triton only, prev/new alternated [A/B]
+#   model            benchmarks/bench_model.py (MODEL_ARGS, default eager 2048 sdpa/attn-impl/gpuparity/liger)
+#   patch-compiled   benchmarks/patch_compiled.py (PC_ARGS)
 # [A/B]: with the previous code in .ab_prev/src, alternating rounds of it ("prev") and this tree
 # ("new"); without it, this tree only. Each step runs under a time limit (LIMIT_<STEP>, seconds).
 set -uo pipefail
@@ -70,7 +75,7 @@ for STEP in "$@"; do
     XDIST=""; $PY -c "import xdist" 2> /dev/null && XDIST="-n ${TEST_WORKERS:-8}" \
       || echo "== tests: pytest-xdist missing (carry its wheels in .wheels/); one worker" | tee -a "$OUT/steps.txt"
     run tests "${LIMIT:-400}" env GPUPARITY_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider $XDIST \
-        ${TESTS:-tests/backends tests/ops tests/nn}
+        ${PYTEST_ARGS:-} ${TESTS:-tests/backends tests/ops tests/nn}
     tail -3 "$D/tests.log" ;;
   doctor)
     for pass in cold warm; do
@@ -194,6 +199,32 @@ for STEP in "$@"; do
     run fleet_battery 100 $PY -m torch.distributed.run --standalone --nproc-per-node "$NGPU" -m gpuparity fleet \
         --level quick --battery-timeout 60 --timeout 20 --sizes 8,1M,256M --json "$D/fleet_battery.json"
     $PY "$HERE/gpu_run_summary.py" fleet "$D" | tee "$D/summary.txt" ;;
+  readme)
+    FRESH=$(mktemp -d)/gpuparity; mkdir -p "$FRESH"
+    tar --exclude=./.venv --exclude=./.git --exclude=./.ab_prev --exclude=./.wheels --exclude=./out -cf - . | tar -xf - -C "$FRESH"
+    ( cd "$FRESH" && unset PYTHONPATH GPUPARITY_CACHE_DIR && export PIP_NO_INDEX=1 PIP_FIND_LINKS= \
+      && timeout -k 10 "${LIMIT:-300}" bash -c 'bash scripts/setup.sh && .venv/bin/gpuparity doctor' ) > "$D/readme.txt" 2>&1
+    echo "== readme: exit $? (bash scripts/setup.sh && .venv/bin/gpuparity doctor, fresh copy $FRESH)" | tee -a "$D/readme.txt" "$OUT/steps.txt"
+    tail -5 "$D/readme.txt" ;;
+  monitor)
+    run monitor "${LIMIT:-200}" $PY benchmarks/bench_monitor.py --rounds "${ROUNDS:-6}" --steps "${STEPS:-15}" --out "$D"
+    grep -v USDT "$D/monitor.log" | tail -4 ;;
+  attention-ab)
+    for round in $(seq "${ROUNDS:-2}"); do
+      for side in $(sides); do
+        run "att_${side}_$round" 200 env PYTHONPATH="$(src_of $side)" $PY -m gpuparity bench attention --suite dense,varlen \
+            --backends triton --no-error --json "$D/att_${side}_$round.json" --md "$D/att_${side}_$round.md"
+      done
+    done ;;
+  model)
+    $PY -c "import liger_kernel" 2> /dev/null || pip install -q --no-deps .wheels/*.whl > /dev/null 2>&1
+    # shellcheck disable=SC2086  # MODEL_ARGS is a list of arguments
+    run model "${LIMIT:-400}" $PY benchmarks/bench_model.py ${MODEL_ARGS:---seqs 2048 --modes eager --variants sdpa,attn-impl,gpuparity,liger --rounds 3 --first-steps} --out "$D"
+    tail -30 "$D/model.log" ;;
+  patch-compiled)
+    # shellcheck disable=SC2086  # PC_ARGS is a list of arguments
+    run pc "${LIMIT:-400}" $PY benchmarks/patch_compiled.py ${PC_ARGS:---layers 8 --rounds 3 --steps 5} --out "$D/pc.json"
+    grep -v USDT "$D/pc.log" | tail -25 ;;
   *)
     echo "unknown step '$STEP': pick from the list at the top of $0" >&2; exit 2 ;;
   esac
