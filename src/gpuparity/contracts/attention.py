@@ -342,6 +342,18 @@ def attention_logit_peak(q, k, *, attn_mask=None, key_padding_mask=None, is_caus
     return peak
 
 
+def attention_floor_terms(q, k, **masks) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(keys, rows): what raises the tolerance floor (tolerance.error_floor) of an attention's
+    outputs, q (B, H, Sq, D) against k (B, Hkv, Sk, D). keys: out and grad_q sum over the Sk keys;
+    rows: grad_k and grad_v over the Sq query rows of every head that shares a KV head; all take
+    exponentials of the logits, whose largest row max under `masks` (attention_logit_peak's
+    keywords) is measured on these inputs. The battery's specs and the monitor share it."""
+    peak = attention_logit_peak(q, k, **masks)
+    keys = {"reduction": int(k.shape[-2]), "logit_peak": peak}
+    rows = {"reduction": int(q.shape[-2]) * (q.shape[1] // k.shape[1]), "logit_peak": peak}
+    return keys, rows
+
+
 def attention_dropout(q, k, v, keep, dropout_p: float, **masks):
     """`attention` with dropout on the probabilities: those where `keep` (bool, broadcastable
     to (B, H, Sq, Sk), True = kept) is False are zeroed, the rest scaled by 1 / (1 - dropout_p).
@@ -538,15 +550,11 @@ class AttentionSpec(OpSpec):
         return 48 * (min(scores, REFERENCE_BLOCK_SCORES) + vectors) + 16 * mask
 
     def error_terms(self, inputs, p):
-        """Each output's floor terms (tolerance.error_floor): out and grad_q sum over the keys,
-        grad_k and grad_v over the query rows of every head that shares the KV head; all take
-        exponentials of the logits, whose largest row max is measured on these inputs."""
+        """Each output's floor terms: attention_floor_terms of the case's views and masks."""
         q, k, _ = self._views(inputs, p)
-        peak = attention_logit_peak(q, k, attn_mask=inputs.get("attn_mask"),
-                                    key_padding_mask=inputs.get("key_padding_mask"), is_causal=p["causal"],
-                                    scale=p["scale"], window=p.get("window"), softcap=p.get("softcap"))
-        keys = {"reduction": p["Sk"], "logit_peak": peak}
-        rows = {"reduction": p["Sq"] * (p["H"] // p["Hkv"]), "logit_peak": peak}
+        keys, rows = attention_floor_terms(q, k, attn_mask=inputs.get("attn_mask"),
+                                           key_padding_mask=inputs.get("key_padding_mask"), is_causal=p["causal"],
+                                           scale=p["scale"], window=p.get("window"), softcap=p.get("softcap"))
         return {"out": keys, "grad_q": keys, "grad_k": rows, "grad_v": rows}
 
     def kind(self, params):

@@ -10,10 +10,11 @@ from typing import Any, Dict, List, Tuple
 import torch
 
 from ..backends.masks import expand_kv
-from ..registry import Backend, Problem
+from ..registry import Backend, BackendUnavailable, Problem
 from ..backends.triton_decode import decode_allowed, gather_pages
 from ..numerics import matmul_tf32
-from .base import INDEX_DTYPES, Case, OpSpec, capturing, check_softcap, family, randn, tf32_precision, view_members
+from .attention import alibi_bias, alibi_slopes, attention_floor_terms
+from .base import INDEX_DTYPES, Case, OpSpec, capturing, check_softcap, family, randn, takes, tf32_precision, view_members
 import numbers
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_same_dtype, expect_tensor
 
@@ -104,11 +105,15 @@ def decode_problem(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=No
 
 
 # --------------------------------------------------------------------------- the float64 reference
-def decode_reference(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None) -> torch.Tensor:
+def decode_reference(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None,
+                     alibi_slopes=None) -> torch.Tensor:
     """The float64 referee (the battery's and the tests'), written item by item and query by
     query, independent of the backends' mask construction: out[b, h, i] = softmax over keys
-    j < L_b - Sq + 1 + i, on the CPU."""
+    j < L_b - Sq + 1 + i, on the CPU. alibi_slopes (H,) or (B, H): FlashAttention's ALiBi,
+    -slope * |L_b - Sq + i - j| added to the (softcapped) scores (query i at key position L_b - Sq + i)."""
     q, k_cache, v_cache = (t.detach().to("cpu", torch.float64) for t in (q, k_cache, v_cache))
+    slopes = None if alibi_slopes is None else \
+        alibi_slopes.detach().to("cpu", torch.float64).reshape(-1, q.shape[1]).expand(q.shape[0], q.shape[1])
     batch, heads, q_len, head_dim = q.shape
     group = heads // k_cache.shape[1]
     scale = head_dim ** -0.5 if scale is None else float(scale)
@@ -126,13 +131,15 @@ def decode_reference(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=
                 scores = keys @ q[b, h, i] * scale
                 if softcap is not None:
                     scores = softcap * torch.tanh(scores / softcap)
+                if slopes is not None:   # keys 0..visible-1, the query at position visible - 1
+                    scores = scores - slopes[b, h] * (visible - 1 - torch.arange(visible, dtype=torch.float64)).abs()
                 weights = torch.softmax(scores, dim=0)
                 out[b, h, i] = weights @ v_cache[b, h // group, :visible]
     return out
 
 
 def paged_decode_reference(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None,
-                           block_table=None) -> torch.Tensor:
+                           block_table=None, alibi_slopes=None) -> torch.Tensor:
     """decode_reference, on a paged cache too: with block_table (B, max_blocks), k_cache and v_cache
     are page pools (num_blocks, Hkv, page_size, D) and item b's key j is page block_table[b, j //
     page_size], slot j % page_size, read here by index arithmetic (not the backends' gather).
@@ -143,7 +150,8 @@ def paged_decode_reference(q, k_cache, v_cache, cache_seqlens, *, scale=None, so
         pages = torch.as_tensor(block_table).detach().cpu().long().clamp(0, k_cache.shape[0] - 1)[:, keys // page]
         # pool[pages (B, S), :, slots (S,)] is (B, S, Hkv, D): the cache (B, Hkv, S, D) transposed
         k_cache, v_cache = (pool.detach().cpu()[pages, :, keys % page].transpose(1, 2) for pool in (k_cache, v_cache))
-    return decode_reference(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap)
+    return decode_reference(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap,
+                            alibi_slopes=alibi_slopes)
 
 
 def decode_kind(softcap: bool, paged: bool) -> str:
@@ -154,9 +162,12 @@ def decode_kind(softcap: bool, paged: bool) -> str:
 
 
 # --------------------------------------------------------------------------- the trusted composition (the op's "composition" backend)
-def decode_composition(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, block_table=None):
+def decode_composition(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, block_table=None,
+                       alibi_slopes=None):
     """repeat_kv, scores over the whole cache, masked softmax in fp32: the trusted baseline (a
-    paged cache gathered into a contiguous one first)."""
+    paged cache gathered into a contiguous one first). alibi_slopes: the ALiBi bias in fp32, as
+    decode_reference's (the battery's baseline for the kernel's ALiBi cases; ALiBi is opt-in, so
+    auto never sends such a call here)."""
     if block_table is not None:
         k_cache, v_cache = gather_pages(k_cache, block_table), gather_pages(v_cache, block_table)
     k, v = expand_kv(q, k_cache, v_cache)
@@ -164,6 +175,11 @@ def decode_composition(q, k_cache, v_cache, cache_seqlens, *, scale=None, softca
     scores = torch.matmul(q, k.transpose(-2, -1)).float() * scale
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
+    if alibi_slopes is not None:   # query i of item b at key position L_b - Sq + i
+        position = cache_seqlens.long().view(-1, 1, 1, 1) - q.shape[2] + \
+            torch.arange(q.shape[2], device=q.device).view(1, 1, -1, 1)
+        distance = (position - torch.arange(k.shape[2], device=q.device).view(1, 1, 1, -1)).abs().float()
+        scores = scores - alibi_slopes.float().reshape(-1, q.shape[1], 1, 1) * distance
     allowed = decode_allowed(cache_seqlens, q.shape[2], k.shape[2])
     empty = ~allowed.any(-1, keepdim=True)
     scores = scores.masked_fill(~allowed, float("-inf")).masked_fill(empty, 0.0)
@@ -180,9 +196,10 @@ COMPOSITIONS = (Backend("composition", "attention_decode", decode_composition,
 # --------------------------------------------------------------------------- the battery's cases
 def _case(name, level="default", **params) -> Case:
     # page: None (a contiguous cache) or the page size of a paged pool, its pages shuffled among
-    # spare ones (make_inputs)
+    # spare ones (make_inputs); alibi: None, "head" (slopes (H,)) or "batch" ((B, H))
     defaults = dict(B=3, H=4, Hkv=2, Sq=1, S_max=40, D=32, lengths=None, softcap=None, scale=None,
-                    logit_scale=1.0, seqlens_dtype="int32", layout="bhsd", forward_only=True, page=None)
+                    logit_scale=1.0, seqlens_dtype="int32", layout="bhsd", forward_only=True, page=None,
+                    alibi=None)
     defaults.update(params)
     if defaults["lengths"] is None:
         defaults["lengths"] = [0, 1, defaults["S_max"]][:defaults["B"]]
@@ -211,6 +228,17 @@ CASES: List[Case] = [
     _case("paged_p16_fa_layout_d128", B=2, H=8, Hkv=2, D=128, S_max=200, Sq=2, page=16, layout="bshd",
           lengths=[200, 33]),
     _case("paged_p64_sq8", B=3, H=4, Hkv=4, D=64, S_max=192, Sq=8, page=64, lengths=[63, 64, 129]),
+    # ALiBi (gpuparity.flash_attn's alibi_slopes in its decode case), query i at key position
+    # L_b - Sq + i: one case per kind a decode call with ALiBi can have (contiguous, softcap, paged,
+    # paged + softcap), per-head and per-batch slopes, GQA/MQA, shuffled pages that hold whole tiles
+    # and pages that split them, FlashAttention's pool layout. Default level, as the attention
+    # contract's: only implementations taking alibi_slopes run them (the kernel opts in to "alibi")
+    _case("alibi_gqa_per_batch_sq4", H=8, Hkv=2, Sq=4, lengths=[3, 40, 17], alibi="batch"),
+    _case("alibi_softcap_mqa", Sq=2, H=4, Hkv=1, logit_scale=30.0, softcap=20.0, lengths=[40, 0, 9], alibi="head"),
+    _case("paged_alibi_p16_gqa_fa_layout", H=8, Hkv=2, Sq=2, S_max=48, page=16, layout="bshd", lengths=[0, 17, 48],
+          alibi="batch"),
+    _case("paged_alibi_softcap_p5_sq3", Sq=3, H=4, Hkv=1, page=5, logit_scale=30.0, softcap=20.0,
+          lengths=[4, 36, 40], alibi="head"),
     # full: a long cache
     _case("long_4096", "full", B=2, H=8, Hkv=1, D=128, S_max=4096, Sq=1, lengths=[4096, 2500]),
 ]
@@ -221,6 +249,8 @@ class DecodeSpec(OpSpec):
     signature = "fn(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, block_table=None)"
     grad_inputs = ()            # inference only: the op refuses tensors that require grad
     reference_fn = staticmethod(paged_decode_reference)
+    # passed only to implementations that take it (an --impl without it gets the ALiBi cases as SKIP)
+    optional_keywords = ("alibi_slopes",)
 
     def cases(self):
         return CASES
@@ -243,7 +273,8 @@ class DecodeSpec(OpSpec):
         return p["B"] * p["H"] * p["Sq"] * p["S_max"]
 
     def kind(self, p):
-        return decode_kind(p["softcap"] is not None, p.get("page") is not None)
+        kind = decode_kind(p["softcap"] is not None, p.get("page") is not None)
+        return kind + "+alibi" if p.get("alibi") else kind   # verdicts of their own, as gpuparity.flash_attn asks
 
     def problem(self, p, dtype, device):
         # the features ops.decode.decode_problem gives the dispatcher
@@ -252,6 +283,8 @@ class DecodeSpec(OpSpec):
             features += (("softcap", float(p["softcap"])),)
         if p.get("page") is not None:
             features += (("page_size", p["page"]),)
+        if p.get("alibi"):
+            features += (("alibi", True),)   # an OPT_IN feature: backends that do not opt in SKIP
         return Problem(self.op, device, dtype, self.kind(p), features)
 
     def make_inputs(self, p, gen) -> Dict[str, Any]:
@@ -275,15 +308,40 @@ class DecodeSpec(OpSpec):
         if p["layout"] == "bshd":   # a (B, S_max, Hkv, D) cache (or pool of pages) viewed as (B, Hkv, S_max, D)
             k_cache, v_cache = k_cache.transpose(1, 2), v_cache.transpose(1, 2)
         # only a paged call passes block_table (the signature every decode backend had before)
-        paged = {} if p.get("page") is None else {"block_table": inputs["block_table"]}
+        extras = {} if p.get("page") is None else {"block_table": inputs["block_table"]}
+        if p.get("alibi"):   # the referee and the baseline take the slopes too
+            if not takes(fn, "alibi_slopes"):
+                raise BackendUnavailable(f"{getattr(fn, '__name__', 'the implementation')}: takes no alibi_slopes "
+                                         "argument, which this case needs")
+            extras["alibi_slopes"] = alibi_slopes(p, inputs["q"].device)
         return fn(inputs["q"], k_cache, v_cache, inputs["cache_seqlens"], scale=p["scale"], softcap=p["softcap"],
-                  **paged)
+                  **extras)
 
     def zero_masks(self, inputs, p):
         lengths = inputs["cache_seqlens"].long().clamp(0, p["S_max"]).view(-1, 1, 1, 1)
         visible = lengths - p["Sq"] + 1 + torch.arange(p["Sq"]).view(1, 1, -1, 1)
         empty = visible <= 0   # (B, 1, Sq, 1): queries that see no key return zeros
         return {"out": empty} if bool(empty.any()) else {}
+
+    def error_terms(self, inputs, p):
+        """out's floor terms: attention's (attention_floor_terms), item by item on the keys the
+        reference reads (pages gathered, up to the item's length, under the decode mask and any
+        ALiBi bias), the largest over the items: out sums over up to the longest cache's keys (a
+        correct long bf16 reduction errs past the flat floor) and exponentiates the logits."""
+        k_cache = inputs["k_cache"].transpose(1, 2) if p["layout"] == "bshd" else inputs["k_cache"]
+        if p.get("page") is not None:
+            k_cache = gather_pages(k_cache, inputs["block_table"])
+        lengths = inputs["cache_seqlens"].long().clamp(0, k_cache.shape[2])
+        slopes = alibi_slopes(p, "cpu").expand(p["B"], p["H"]) if p.get("alibi") else None
+        terms = {"reduction": 0, "logit_peak": 0.0}
+        for b, length in enumerate(lengths.tolist()):
+            mask = decode_allowed(lengths[b:b + 1], p["Sq"], length)
+            if slopes is not None:
+                mask = alibi_bias(slopes[b], p["Sq"], length).masked_fill(~mask, float("-inf"))
+            keys, _ = attention_floor_terms(inputs["q"][b:b + 1], k_cache[b:b + 1, :, :length], attn_mask=mask,
+                                            scale=p["scale"], softcap=p["softcap"])
+            terms = {name: max(value, keys[name]) for name, value in terms.items()}
+        return {"out": terms}
 
     def precision(self, dtype, device):
         return tf32_precision(dtype, device, matmul_tf32())

@@ -69,14 +69,11 @@ def _sdpa_valid(a):
 
 
 def _attention_terms(q, k, names, **masks) -> Dict[str, Dict[str, Any]]:
-    """The battery's floor terms for an attention call (contracts/attention.py's error_terms):
-    out and grad_q sum over the keys, grad_k and grad_v over the query rows of every head that
-    shares a KV head; all take exponentials of the logits, whose largest row max is measured."""
+    """The battery's floor terms for an attention call (contracts/attention.py's
+    attention_floor_terms), under this kind's output names."""
     if q.dim() != 4 or k.dim() != 4 or q.shape[1] % k.shape[1]:
         return {}
-    peak = attention_contract.attention_logit_peak(q, k, **masks)
-    keys = {"reduction": k.shape[-2], "logit_peak": peak}
-    rows = {"reduction": q.shape[-2] * (q.shape[1] // k.shape[1]), "logit_peak": peak}
+    keys, rows = attention_contract.attention_floor_terms(q, k, **masks)
     out, grad_q, grad_k, grad_v = names
     return {out: keys, grad_q: keys, grad_k: rows, grad_v: rows}
 
