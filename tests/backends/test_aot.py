@@ -275,3 +275,31 @@ def test_ir_only_compiles_stop_after_llvm_ir_and_leave_triton_as_it_was(tmp_path
         assert result["hook_restored"], target
         ir_binary, full_binary = result["binary_bytes"]
         assert ir_binary == 0 and full_binary > 0, (target, result["binary_bytes"])
+
+
+def test_alibi_and_paged_variants_are_listed_for_every_target():
+    """Without compiling (the test above does): for every AOT target, the ALiBi variant of each
+    attention kernel - dense forward, dq, dk/dv and the one-launch backward, the varlen forward,
+    dq and dk/dv, the forward as the KV-cache path launches it (each item's keys bounded by its
+    length, no padding mask: where the kernels read each item's ALiBi diagonal), with and without
+    a mask - and the split-KV decode kernel on pages, with ALiBi on a contiguous cache and on pages."""
+    pytest.importorskip("triton")
+    from gpuparity.backends import triton_decode
+    from gpuparity.backends.triton_attention import aot_specs
+    specs = aot_specs() + triton_decode.aot_specs()
+
+    def has(prefix, **constexprs):
+        return {target for s in specs if s.name.startswith(prefix)
+                and all(s.constexprs.get(k) == v for k, v in constexprs.items()) for target in s.targets}
+
+    everywhere = set(AOT_TARGETS)
+    for prefix in ("attention.fwd.", "attention.dq.", "attention.dkdv.", "attention.bwd.", "attention_varlen.fwd.",
+                   "attention_varlen.dq.", "attention_varlen.dkdv."):
+        assert has(prefix, HAS_ALIBI=True) == everywhere, prefix
+    for mask_kind in (0, 1):   # none, bool (launch.MASK_NONE, MASK_BOOL)
+        assert has("attention.fwd.", HAS_ALIBI=True, HAS_BOUNDS=True, HAS_KPM=False, MASK_KIND=mask_kind) == everywhere
+    assert {t for s in specs if s.name.startswith("attention_decode.split.") and s.constexprs["PAGE_SIZE"] > 0
+            for t in s.targets} == everywhere
+    assert has("attention_decode.split.", HAS_ALIBI=True, PAGE_SIZE=0) == everywhere
+    assert {t for s in specs if s.name.startswith("attention_decode.split.") and s.constexprs["HAS_ALIBI"]
+            and s.constexprs["PAGE_SIZE"] > 0 for t in s.targets} == everywhere

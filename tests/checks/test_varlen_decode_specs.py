@@ -62,8 +62,10 @@ def varlen_nan_on_empty(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
     return torch.where((lengths_k == 0).view(-1, 1, 1), torch.full_like(out, float("nan")), out)
 
 
-def decode_correct(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, block_table=None):
-    return decode_composition(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap, block_table=block_table)
+def decode_correct(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, block_table=None,
+                   alibi_slopes=None):
+    return decode_composition(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap, block_table=block_table,
+                              alibi_slopes=alibi_slopes)
 
 
 def decode_one_key_too_many(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, block_table=None):

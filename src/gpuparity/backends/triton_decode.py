@@ -22,6 +22,7 @@ float64 reference (the battery's)."""
 # (benchmarks/records/h200/paged-decode-2026-11-27.md).
 from __future__ import annotations
 
+import inspect
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -110,13 +111,14 @@ def _build() -> Dict[str, Any]:
     import triton
     import triton.language as tl
 
-    @triton.jit(do_not_specialize=("num_kv_heads", "q_len", "s_max", "num_splits", "num_blocks"))
-    def decode_split(Q, K, V, SEQLENS, BT, O, LSE,
-                     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, so_row, so_split, sbt,
+    @triton.jit(do_not_specialize=("sab", "num_kv_heads", "q_len", "s_max", "num_splits", "num_blocks"))
+    def decode_split(Q, K, V, SEQLENS, BT, ALIBI, O, LSE,
+                     sqb, sqh, sqs, skb, skh, sks, svb, svh, svs, so_row, so_split, sbt, sab,
                      num_kv_heads, q_len, s_max, num_splits, num_blocks, qk_scale, cap_in, cap_out,
                      GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SOFTCAP: tl.constexpr,
-                     DOT_PRECISION: tl.constexpr, FINAL: tl.constexpr, PAGE_SIZE: tl.constexpr):
+                     DOT_PRECISION: tl.constexpr, FINAL: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                     HAS_ALIBI: tl.constexpr):
         pid_bh = tl.program_id(0)
         split = tl.program_id(1)
         b = pid_bh // num_kv_heads
@@ -135,6 +137,12 @@ def _build() -> Dict[str, Any]:
                   + dims[None, :])
         q = tl.load(q_ptrs, mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
         limit = seqlen - q_len + 1 + qi          # bottom-right causal: row sees keys < limit
+        if HAS_ALIBI:
+            # FlashAttention's ALiBi, -slope * |pos - j|, with query i at key position pos =
+            # seqlen - Sq + i (bottom-right on the item's length, as the dense kernels' shift):
+            # slopes fp32 (B or 1, H), sab 0 when shared; in the base-2 units of the scores
+            slope = tl.load(ALIBI + b.to(tl.int64) * sab + head, mask=row_ok, other=0.0) * 1.4426950408889634
+            position = (limit - 1).to(tl.float32)
         # this item's keys split evenly (whole tiles) over the splits: a short item still
         # spreads over every program of its row, and splits past its length do nothing
         per_split = tl.cdiv(tl.cdiv(seqlen, num_splits), BLOCK_N) * BLOCK_N
@@ -180,6 +188,8 @@ def _build() -> Dict[str, Any]:
                 qk = (1.0 - 2.0 / (tl.math.exp2(qk * cap_in * 2.8853900817779268) + 1.0)) * cap_out
             else:
                 qk = qk * qk_scale                  # base-2 scores: scale * log2(e) folded in
+            if HAS_ALIBI:   # after the softcap, as FlashAttention and the dense kernels add it
+                qk -= slope[:, None] * tl.abs(position[:, None] - cols[None, :].to(tl.float32))
             keep = col_ok[None, :] & (cols[None, :] < limit[:, None])
             qk = tl.where(keep, qk, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -280,14 +290,18 @@ def fit_tiles(block_n: int, num_stages: int, head_dim: int, element_size: int, b
 
 
 def triton_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, block_table=None,
-                  num_splits=None, block_n=None, num_stages=None):
+                  alibi_slopes=None, num_splits=None, block_n=None, num_stages=None):
     """Split-KV decode attention (see the module comment). With block_table (B, max_blocks)
     int32/int64, k_cache and v_cache are page pools (num_blocks, Hkv, page_size, D) and each split
     reads its keys through the table (item b's key j: page block_table[b, j // page_size], slot
-    j % page_size), with no copy of the pages. num_splits / block_n / num_stages: chosen here
-    unless given (tests and tuning)."""
-    from .triton_attention.launch import dot_precision   # torch's TF32 switch, as the attention kernels read it
+    j % page_size), with no copy of the pages. alibi_slopes fp32 (H,) or (B, H): FlashAttention's
+    ALiBi, -slope * |cache_seqlens[b] - Sq + i - j| added to the (softcapped) scores of query i.
+    num_splits / block_n / num_stages: chosen here unless given (tests and tuning)."""
+    # torch's TF32 switch, and the slopes' checks and layout, as the attention kernels read them
+    from .triton_attention.launch import alibi_table, check_alibi_slopes, dot_precision
     batch, heads, q_len, head_dim = q.shape
+    if alibi_slopes is not None:
+        check_alibi_slopes(alibi_slopes, batch, heads, q.device)
     kv_heads = k_cache.shape[1]
     page_size = 0 if block_table is None else k_cache.shape[2]
     # the keys an item can have: its cache row, or its table's pages
@@ -314,6 +328,7 @@ def triton_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=Non
     else:
         table = block_table if block_table.stride(-1) == 1 else block_table.contiguous()
         table_stride = table.stride(0)
+    slopes, slope_stride = (seqlens, 0) if alibi_slopes is None else alibi_table(alibi_slopes, heads)   # unread without
     block_d = max(16, triton_common.next_pow2(head_dim))
     block_m = max(16, triton_common.next_pow2(group * q_len))
     final = splits == 1
@@ -331,13 +346,14 @@ def triton_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=Non
     kernels = kernel_table()
     triton_common.launch(
         kernels["split"], (batch * kv_heads, splits),
-        (q, k_cache, v_cache, seqlens, table, partial, lse,
+        (q, k_cache, v_cache, seqlens, table, slopes, partial, lse,
          q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), so_row, so_split, table_stride,
+         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), so_row, so_split, table_stride, slope_stride,
          kv_heads, q_len, s_max, splits, k_cache.shape[0], qk_scale, cap_in, cap_out),
         num_warps=config["num_warps"], num_stages=config["num_stages"],
         GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=head_dim, BLOCK_D=block_d,
-        SOFTCAP=softcap is not None, DOT_PRECISION=dot_precision(q.dtype), FINAL=final, PAGE_SIZE=page_size)
+        SOFTCAP=softcap is not None, DOT_PRECISION=dot_precision(q.dtype), FINAL=final, PAGE_SIZE=page_size,
+        HAS_ALIBI=alibi_slopes is not None)
     if not final:
         triton_common.launch(
             kernels["combine"], (batch * heads * q_len,), (partial, lse, out, so_row, so_split, splits),
@@ -347,14 +363,18 @@ def triton_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=Non
 
 
 # ----------------------------------------------------------------------------- ahead of time
-# (head_dim, GROUP = H / Hkv, new queries, dtype, softcap, final, page size): Llama-style GQA
+# (head_dim, GROUP = H / Hkv, new queries, dtype, softcap, final, page size, ALiBi): Llama-style GQA
 # decode at the common head dims, the largest query block (8 heads x 16 new queries) and the widest
 # head dim the kernel takes, fp32 (the tf32x3 dot on NVIDIA); BLOCK_M and BLOCK_D as triton_decode
 # sizes them. Paged (page size > 0): vLLM's 16-token pages (a table entry per key: a tile spans
-# several pages) and 256-token pages (one entry per tile), GQA 32:8.
-AOT_CASES = ((128, 8, 1, "bf16", False, False, 0), (128, 8, 16, "bf16", True, False, 0),
-             (256, 4, 16, "bf16", False, False, 0), (256, 1, 1, "bf16", True, True, 0), (64, 1, 1, "fp32", False, False, 0),
-             (128, 4, 1, "bf16", False, False, 16), (128, 4, 1, "bf16", False, False, 256))
+# several pages) and 256-token pages (one entry per tile), GQA 32:8. ALiBi (gpuparity.flash_attn's
+# alibi_slopes): the MHA decode of ALiBi models (BLOOM, MPT) on a contiguous cache, and the largest
+# query block with softcap on 16-token pages (every per-row term at once: the most registers).
+AOT_CASES = ((128, 8, 1, "bf16", False, False, 0, False), (128, 8, 16, "bf16", True, False, 0, False),
+             (256, 4, 16, "bf16", False, False, 0, False), (256, 1, 1, "bf16", True, True, 0, False),
+             (64, 1, 1, "fp32", False, False, 0, False),
+             (128, 4, 1, "bf16", False, False, 16, False), (128, 4, 1, "bf16", False, False, 256, False),
+             (128, 1, 1, "bf16", False, False, 0, True), (128, 8, 16, "bf16", True, False, 16, True))
 
 
 # Built as launches on caches with the head dim innermost build them (AotSpec.aligned_params): at
@@ -374,24 +394,23 @@ def aot_specs() -> List[Any]:
     for target in AOT_TARGETS:
         vendor = "amd" if target.startswith("hip") else "nvidia"
         cfg = VENDOR_CONFIGS[vendor]
-        for head_dim, group, q_len, dtype, softcap, final, page in AOT_CASES:
+        for head_dim, group, q_len, dtype, softcap, final, page, alibi in AOT_CASES:
             # the tile triton_decode launches: the vendor's, fitted to its shared-memory budget
             block_n, stages = fit_tiles(cfg["block_n"], cfg["num_stages"], head_dim, 4 if dtype == "fp32" else 2,
                                         TILE_BYTES[vendor])
             precision = "tf32x3" if dtype == "fp32" and vendor == "nvidia" else "ieee"
-            signature = {name: f"*{dtype}" for name in ("Q", "K", "V")}
-            signature.update(SEQLENS="*i32", BT="*i32", O=f"*{dtype}" if final else "*fp32", LSE="*fp32")
-            signature.update({name: "i32" for name in ("sqb", "sqh", "sqs", "skb", "skh", "sks", "svb", "svh", "svs",
-                                                        "so_row", "so_split", "sbt", "num_kv_heads", "q_len", "s_max",
-                                                        "num_splits", "num_blocks")})
-            signature.update(qk_scale="fp32", cap_in="fp32", cap_out="fp32")
             constexprs = dict(GROUP=group, BLOCK_M=max(16, triton_common.next_pow2(group * q_len)),
                               BLOCK_N=block_n, HEAD_DIM=head_dim, BLOCK_D=max(16, triton_common.next_pow2(head_dim)),
-                              SOFTCAP=softcap, DOT_PRECISION=precision, FINAL=final, PAGE_SIZE=page)
-            signature.update({name: "constexpr" for name in constexprs})
+                              SOFTCAP=softcap, DOT_PRECISION=precision, FINAL=final, PAGE_SIZE=page,
+                              HAS_ALIBI=alibi)
+            types = dict(Q=f"*{dtype}", K=f"*{dtype}", V=f"*{dtype}", SEQLENS="*i32", BT="*i32", ALIBI="*fp32",
+                         O=f"*{dtype}" if final else "*fp32", LSE="*fp32", qk_scale="fp32", cap_in="fp32",
+                         cap_out="fp32", **{name: "constexpr" for name in constexprs})
+            # in the kernel's parameter order (compile attributes go by position); the rest are i32
+            signature = {name: types.get(name, "i32") for name in _parameters(kernels["split"])}
             specs.append(AotSpec(f"attention_decode.split.{target}.d{head_dim}.{dtype}.g{group}q{q_len}"
                                  + (".softcap" if softcap else "") + (".final" if final else "")
-                                 + (f".page{page}" if page else ""),
+                                 + (f".page{page}" if page else "") + (".alibi" if alibi else ""),
                                  kernels["split"], signature, constexprs, num_warps=cfg["num_warps"],
                                  num_stages=stages, targets=(target,), aligned_params=_ALIGNED_STRIDES))
         constexprs = dict(HEAD_DIM=MAX_HEAD_DIM, BLOCK_D=MAX_HEAD_DIM, BLOCK_S=MAX_SPLITS)
@@ -401,6 +420,10 @@ def aot_specs() -> List[Any]:
                              signature, constexprs, num_warps=4, num_stages=1, targets=(target,),
                              aligned_params=("so_row", "so_split")))
     return specs
+
+
+def _parameters(kernel) -> List[str]:
+    return list(inspect.signature(getattr(kernel, "fn", kernel)).parameters)   # JIT or interpreted: .fn
 
 
 # ----------------------------------------------------------------------------- registration
@@ -431,16 +454,18 @@ def _triton_availability() -> Optional[str]:
     return None
 
 
-def _backend_triton(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, block_table=None):
-    return triton_decode(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap, block_table=block_table)
+def _backend_triton(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, block_table=None,
+                    alibi_slopes=None):
+    return triton_decode(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap, block_table=block_table,
+                         alibi_slopes=alibi_slopes)
 
 
 register(Backend("triton", "attention_decode", _backend_triton,
                  "split-KV (flash-decoding) Triton kernel: K/V read once per KV head, tiles past "
                  "cache_seqlens never loaded, splits combined by log-sum-exp; paged caches read in place "
-                 "through the block table",
+                 "through the block table; ALiBi slopes in the kernel",
                  device_types=("cuda", "cpu"), dtypes=(torch.float16, torch.bfloat16, torch.float32),
-                 availability=_triton_availability, supports=_triton_supports, jit=True))
+                 availability=_triton_availability, supports=_triton_supports, jit=True, opt_in=("alibi",)))
 register(Backend("sdpa", "attention_decode", decode_sdpa,
                  "torch SDPA over the whole cache with a bool mask (GQA through enable_gqa); paged caches "
                  "gathered into a contiguous copy first",

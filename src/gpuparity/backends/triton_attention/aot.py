@@ -7,7 +7,7 @@ import inspect
 from typing import Dict, List, Tuple
 
 from ..triton_common import AotSpec
-from .launch import MASK_ADDITIVE, MASK_NONE, kernel_table
+from .launch import MASK_ADDITIVE, MASK_BOOL, MASK_NONE, kernel_table
 from .tiles import CONFIGS, FAMILY_TARGETS, SCAN_BLOCK, SHORT_CONFIGS, TileConfig, split_kpm_dq_default
 
 _POINTER_TYPES = {
@@ -100,7 +100,7 @@ def aot_specs() -> List[AotSpec]:
                                    dropout=True))
             specs.append(_aot_spec(fam, targets, kernel_name, 64, 2, CONFIGS[fam][kernel_name][(64, 2)],
                                    window_softcap=True))
-    return specs + fused_backward_aot_specs() + varlen_aot_specs() + descriptor_aot_specs()
+    return specs + fused_backward_aot_specs() + varlen_aot_specs() + descriptor_aot_specs() + kvcache_alibi_aot_specs()
 
 
 def _fused_spec(fam, targets, head_dim, elem, dq_cfg: TileConfig, kv_cfg: TileConfig) -> AotSpec:
@@ -170,6 +170,31 @@ def varlen_aot_specs() -> List[AotSpec]:
                 largest[(elem, cfg)] = max(bucket, largest.get((elem, cfg), 0))
             specs.extend(_varlen_spec(fam, targets, kernel_name, head_dim, elem, cfg)
                          for (elem, cfg), head_dim in largest.items())
+    return specs
+
+
+def kvcache_alibi_aot_specs() -> List[AotSpec]:
+    """The forward as gpuparity.flash_attn's KV-cache path launches it with ALiBi (its calls
+    outside the split-KV decode kernel): each item's keys bounded by its length (HAS_BOUNDS
+    without a padding mask, where the kernels move each item's ALiBi diagonal to its own length),
+    at D 128 bf16, with a bool mask (left padding, a window, causal Sq > 1: the masked stages) and
+    without (its full pipeline depth)."""
+    specs: List[AotSpec] = []
+    for fam, targets in FAMILY_TARGETS.items():
+        dtype, precision = _dtype_and_precision(fam, 2)
+        cfg = CONFIGS[fam]["fwd"][(128, 2)]
+        kernel = kernel_table()["fwd"]
+        for masked in (True, False):
+            constexprs = dict(HEAD_DIM=128, D_PAD=128, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, IS_CAUSAL=False,
+                              MASK_KIND=MASK_BOOL if masked else MASK_NONE, HAS_KPM=False, HAS_BOUNDS=True,
+                              DROPOUT=False, DOT_PRECISION=precision, HAS_WINDOW=False, SOFTCAP=False, HAS_ALIBI=True,
+                              SCAN=SCAN_BLOCK)
+            signature = _signature(kernel, dtype, "*u8")
+            specs.append(AotSpec(
+                name=f"attention.fwd.{fam}.d128.{dtype}.m{cfg.block_m}n{cfg.block_n}w{cfg.num_warps}"
+                     f"s{cfg.stages(masked)}.kvcache_alibi" + ("" if masked else ".nomask"),
+                kernel=kernel, signature=signature, constexprs=constexprs, num_warps=cfg.num_warps,
+                num_stages=cfg.stages(masked), targets=targets, unit_params=_unit_strides(signature)))
     return specs
 
 
