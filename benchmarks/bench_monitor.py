@@ -39,6 +39,8 @@ def parse_args(argv=None):
     p.add_argument("--every", type=int, default=100)
     p.add_argument("--check-device", default="auto", choices=("auto", "device", "cpu"),
                    help="where the monitor's float64 checks run (gpuparity.monitor's check_device)")
+    p.add_argument("--max-overhead", default="0.01",
+                   help="gpuparity.monitor's max_overhead (the checks' share of the monitored time), or 'none'")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--steps", type=int, default=20, help="timed steps per round")
     p.add_argument("--warmup", type=int, default=3)
@@ -95,7 +97,8 @@ def main(argv=None):
         model, step = build(args, variant)
         for _ in range(args.warmup):
             step()
-        mon = gpuparity.monitor(model, every=args.every, check_device=args.check_device)
+        share = None if args.max_overhead.lower() == "none" else float(args.max_overhead)
+        mon = gpuparity.monitor(model, every=args.every, check_device=args.check_device, max_overhead=share)
         plain, watched = [], []
 
         def monitored():
@@ -109,7 +112,8 @@ def main(argv=None):
         row = {"variant": variant, "every": args.every, "plain_ms": plain, "monitor_ms": watched,
                "plain_median_ms": statistics.median(plain), "monitor_median_ms": statistics.median(watched),
                "sampled": report.sampled, "checked": report.checked, "calls": report.calls,
-               "dropped": report.dropped, "failures": len(report.failures), "skipped": report.skipped,
+               "dropped": report.dropped, "over_budget": report.over_budget, "max_overhead": share,
+               "failures": len(report.failures), "skipped": report.skipped,
                "errors": report.errors[:3], "checker_busy_s": mon._checker.busy_s,
                "check_device": args.check_device, "checked_on": report.checked_on, "moved_to_cpu": report.moved_to_cpu}
         row["overhead"] = row["monitor_median_ms"] / row["plain_median_ms"] - 1

@@ -88,7 +88,8 @@ def main(argv=None):
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
     log = {"lse_min": lse, "steps": []}
     started = time.perf_counter()
-    with gpuparity.monitor(model, every=args.every, repro_dir=os.path.join(args.out, "repro"), max_pending=8) as mon:
+    with gpuparity.monitor(model, every=args.every, repro_dir=os.path.join(args.out, "repro"), max_pending=8,
+                           max_overhead=None) as mon:
         for step in range(args.steps):
             mon.step(step)
             loss = model(**inputs).loss

@@ -32,7 +32,7 @@ def _run(monitored, every=1, planted=None):
     x = torch.randn(2, 12, 16)
     mask = torch.ones(12, 12, dtype=torch.bool).tril()
     losses = []
-    mon = gpuparity.monitor(model, every=every, max_pending=64) if monitored else None
+    mon = gpuparity.monitor(model, every=every, max_pending=64, max_overhead=None) if monitored else None
     if mon:
         mon.__enter__()
     try:
@@ -93,7 +93,7 @@ def test_planted_nan_grad_query_and_repro(monkeypatch, tmp_path):
     monkeypatch.setattr(F, "scaled_dot_product_attention", wrong)
     torch.manual_seed(0)
     model, x = Tiny(), torch.randn(2, 12, 16)
-    with gpuparity.monitor(model, every=1, repro_dir=str(tmp_path)) as mon:
+    with gpuparity.monitor(model, every=1, repro_dir=str(tmp_path), max_overhead=None) as mon:
         model(x, torch.ones(12, 12, dtype=torch.bool).tril()).backward()
     failure = mon.report().failures[0]
     assert failure["op"] == "F.scaled_dot_product_attention" and "grad_query" in failure["reason"]
@@ -128,7 +128,7 @@ def test_trainer_callback_drives_a_monitor():
     from gpuparity.integrations.monitor_callback import MonitorCallback
     torch.manual_seed(0)
     model, x = Tiny(), torch.randn(2, 12, 16)
-    callback = MonitorCallback(every=1, max_pending=64)
+    callback = MonitorCallback(every=1, max_pending=64, max_overhead=None)
     callback.on_train_begin(None, SimpleNamespace(global_step=0), None, model=model)
     for step in range(2):
         callback.on_step_begin(None, SimpleNamespace(global_step=step + 10), None)
@@ -141,10 +141,10 @@ def test_trainer_callback_drives_a_monitor():
 
 def test_nested_monitors_and_exceptions_restore_functionals():
     before = (F.scaled_dot_product_attention, F.layer_norm, F.softmax)
-    outer = gpuparity.monitor(None, every=1)
+    outer = gpuparity.monitor(None, every=1, max_overhead=None)
     with pytest.raises(RuntimeError, match="boom"):
         with outer:
-            with gpuparity.monitor(None, every=1) as inner:
+            with gpuparity.monitor(None, every=1, max_overhead=None) as inner:
                 F.softmax(torch.randn(3, 4, requires_grad=True), dim=-1).sum().backward()
             assert hasattr(F.softmax, "__gpuparity_watched__")       # the outer one still watches
             raise RuntimeError("boom")
@@ -156,7 +156,7 @@ def test_compiled_model_is_said_once(caplog):
     model = Tiny()
     model.compile()
     with caplog.at_level("WARNING", logger="gpuparity"):
-        with gpuparity.monitor(model, every=1) as mon:
+        with gpuparity.monitor(model, every=1, max_overhead=None) as mon:
             pass
     assert "torch.compile" in (mon.report().unseen or "")
     assert sum("torch.compile" in r.message for r in caplog.records) == 1
@@ -202,7 +202,7 @@ def test_gpuparity_ops_and_transformers_rmsnorm_bitwise():
         torch.manual_seed(0)
         model = transformers.Qwen2ForCausalLM(config)
         weight = torch.ones(32, requires_grad=True)
-        with (gpuparity.monitor(model, every=1, max_pending=64) if monitored else torch.enable_grad()) as mon:
+        with (gpuparity.monitor(model, every=1, max_pending=64, max_overhead=None) if monitored else torch.enable_grad()) as mon:
             hidden = model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[-1]
             loss = gpuparity.rms_norm(hidden, (32,), weight, backend="torch").pow(2).mean()
             loss.backward()
@@ -220,7 +220,7 @@ def test_gpuparity_ops_and_transformers_rmsnorm_bitwise():
 def test_calls_whose_backward_never_comes_are_checked_forward_only():
     from gpuparity import shadow
     x = torch.randn(4, 8, requires_grad=True)
-    with gpuparity.monitor(None, every=1, max_pending=64) as mon:
+    with gpuparity.monitor(None, every=1, max_pending=64, max_overhead=None) as mon:
         for _ in range(shadow.MAX_WAITING + 4):
             F.layer_norm(x, (8,))                  # grad mode on, no backward
         assert len(mon._pending) <= shadow.MAX_WAITING
@@ -240,7 +240,7 @@ def test_where_the_float64_check_runs(monkeypatch):
     assert checker.where_to_check(gpu, "cpu") == torch.device("cpu")
     assert checker.where_to_check(torch.device("cpu"), "device") == torch.device("cpu")
     with pytest.raises(ValueError, match="check_device"):
-        gpuparity.monitor(every=1, check_device="gpu")
+        gpuparity.monitor(every=1, check_device="gpu", max_overhead=None)
     _, _, mon = _run(True)
     report = mon.report()
     assert report.checked_on == {"cpu": sum(report.checked.values())} and report.moved_to_cpu == 0
@@ -308,3 +308,27 @@ def test_a_long_bf16_reduction_gets_the_batterys_floor_not_the_flat_one():
     assert tolerance.floor_for(torch.bfloat16) < 0.016 < tolerance.error_floor(torch.bfloat16, reduction=16384)
     verdicts = {c.name: c.passed for c in checker.check_call(call)}
     assert verdicts == {"out": True, "grad_key": False, "grad_value": True}
+
+
+def test_max_overhead_bounds_the_checks_share_of_the_monitored_time():
+    """With max_overhead, a due sample is not taken while the checker's busy time (the running
+    check included) is above that share of the monitored time; the first is always taken, the
+    report counts the rest, and max_overhead=None takes every due sample. Bad values fail early."""
+    x = torch.randn(64, 32, requires_grad=True)
+    with gpuparity.monitor(None, every=1, max_pending=64, max_overhead=1e-6) as mon:
+        for _ in range(20):
+            F.layer_norm(x, (32,)).sum().backward()
+        mon.wait(60)
+        for _ in range(5):
+            F.layer_norm(x, (32,)).sum().backward()
+    report = mon.report()
+    assert report.sampled["F.layer_norm"] >= 1 and report.checked["F.layer_norm"] == report.sampled["F.layer_norm"]
+    assert report.sampled["F.layer_norm"] + report.over_budget == 25 and report.over_budget >= 5
+    assert "max_overhead=0%" in report.summary() and report.passed
+    with gpuparity.monitor(None, every=1, max_pending=64, max_overhead=None) as mon:
+        for _ in range(5):
+            F.layer_norm(x, (32,)).sum().backward()
+    assert mon.report().over_budget == 0 and mon.report().sampled["F.layer_norm"] == 5
+    for bad in (0, 1.5, -0.1, True, "1%"):
+        with pytest.raises(ValueError, match="max_overhead"):
+            gpuparity.monitor(None, every=1, max_overhead=bad)

@@ -21,6 +21,7 @@ import collections
 import dataclasses
 import logging
 import threading
+import time
 from typing import Any, Callable, Dict, List, Optional
 
 import torch
@@ -46,6 +47,8 @@ class MonitorReport:
     skipped: Dict[str, int]
     dropped: int
     unseen: Optional[str] = None
+    over_budget: int = 0       # samples not taken to keep the checks within max_overhead
+    max_overhead: Optional[float] = None
     checked_on: Dict[str, int] = dataclasses.field(default_factory=dict)   # "cuda:0" / "cpu" -> checks
     moved_to_cpu: int = 0      # GPU checks run on the CPU because they did not fit the free GPU memory
 
@@ -59,6 +62,9 @@ class MonitorReport:
     def summary(self) -> str:
         lines = [f"gpuparity monitor: {sum(self.checked.values())} sampled calls checked, "
                  f"{len(self.failures)} failed, {self.dropped} samples dropped (checker busy)"]
+        if self.over_budget:
+            lines.append(f"  {self.over_budget} samples not taken to keep the checks within max_overhead="
+                         f"{self.max_overhead:.0%} of the monitored time")
         if self.checked_on:
             lines.append("  float64 checks ran on " + ", ".join(f"{where} ({n})" for where, n in sorted(self.checked_on.items()))
                          + (f"; {self.moved_to_cpu} moved to the CPU (GPU memory)" if self.moved_to_cpu else ""))
@@ -154,14 +160,22 @@ class Monitor:
                  repro_dir: Optional[str] = None, max_pending: int = 2, max_reference_elements: int = 2 ** 28,
                  drain_timeout: Optional[float] = 600.0, on_failure: Optional[Callable[[Dict[str, Any]], None]] = None,
                  check_threads: Optional[int] = None, slice_attention_above: Optional[int] = 2 ** 22,
-                 check_device: str = "auto"):
+                 check_device: str = "auto", max_overhead: Optional[float] = 0.01):
         if model is not None and not isinstance(model, torch.nn.Module):
             raise TypeError(f"model: expected a torch.nn.Module or None, got {type(model).__name__}")
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"every: expected a positive int (check every N-th call of each op), got {every!r}")
         if not isinstance(max_pending, int) or max_pending < 1:
             raise ValueError(f"max_pending: expected a positive int, got {max_pending!r}")
+        if max_overhead is not None and (isinstance(max_overhead, bool) or not isinstance(max_overhead, (int, float))
+                                         or not 0 < max_overhead <= 1):
+            raise ValueError(f"max_overhead: expected a fraction in (0, 1] of the monitored time the checks may "
+                             f"take, or None for no limit, got {max_overhead!r}")
         self.model, self.every, self.repro_dir = model, every, repro_dir
+        self.max_overhead = max_overhead
+        self._active_s = 0.0                  # monitored time of earlier with-blocks
+        self._entered: Optional[float] = None
+        self._over_budget = 0
         self.ops_filter = None if ops_filter is None else set(ops_filter)
         self.max_reference_elements = max_reference_elements
         self.slice_attention_above = slice_attention_above
@@ -188,6 +202,7 @@ class Monitor:
         if self._active:
             raise RuntimeError("gpuparity monitor: this monitor is already active (use a new one to nest)")
         self._active = True
+        self._entered = time.perf_counter()
         self._unseen = capture.compiled_note(self.model)
         if self._unseen:
             LOG.warning("gpuparity monitor: %s", self._unseen)
@@ -206,6 +221,9 @@ class Monitor:
         if not self._active:
             return
         capture.uninstall(self)
+        if self._entered is not None:
+            self._active_s += time.perf_counter() - self._entered
+            self._entered = None
         for handle in self._handles:
             handle.remove()
         capture.unwatch_modules(self._modules)
@@ -246,11 +264,24 @@ class Monitor:
             return original(*args, **kwargs)
         index = self._calls[kind.name]
         self._calls[kind.name] = index + 1
-        if index % self.every or not self._checker.room():
-            if not index % self.every:
-                self._checker.dropped += 1
+        if index % self.every:
+            return original(*args, **kwargs)
+        if not self._checker.room():
+            self._checker.dropped += 1
+            return original(*args, **kwargs)
+        if self._over_budget_now():
+            self._over_budget += 1
             return original(*args, **kwargs)
         return self._sample(kind, original, args, kwargs, backend, index)
+
+    def _over_budget_now(self) -> bool:
+        """Whether the checks so far (the one running included) took more than max_overhead of the
+        time this monitor has been active: the checks share the host (Python's GIL, the CPU) and
+        the GPU with the run, and on an H100 the step slowed by about the checker's busy time."""
+        if self.max_overhead is None:
+            return False
+        active = self._active_s + (time.perf_counter() - self._entered if self._entered is not None else 0.0)
+        return self._checker.busy_now() > self.max_overhead * active
 
     def _skip(self, reason: str, original, args, kwargs):
         self._skipped[reason] += 1
@@ -352,6 +383,7 @@ class Monitor:
         return MonitorReport(sampled=dict(self._sampled), checked=dict(self._checked_counts), calls=dict(self._calls),
                              failures=list(self.failures), errors=list(self.errors), notes=list(self.notes), skipped=dict(self._skipped),
                              dropped=self._checker.dropped, unseen=self._unseen,
+                             over_budget=self._over_budget, max_overhead=self.max_overhead,
                              checked_on=dict(self._checker.checked_on), moved_to_cpu=self._checker.moved_to_cpu)
 
 
@@ -395,5 +427,8 @@ def monitor(model: Optional[torch.nn.Module] = None, every: int = 100, **options
     slice_attention_above (attention calls whose B x H x Sq x Sk exceeds it are checked against
     float64 on one batch item and KV head group, rotating with the call, and scanned whole for
     NaN/Inf; None: always whole), check_device (where a GPU call's float64 check runs: "auto" its
-    own GPU on a side stream when that GPU's float64 is full rate, else the CPU; "device"; "cpu")."""
+    own GPU on a side stream when that GPU's float64 is full rate, else the CPU; "device"; "cpu"),
+    max_overhead (the fraction of the monitored time the checks may take, default 0.01: a sample
+    due while the checker's busy time is above it is not taken, and counted in the report's
+    over_budget; None: every due sample is taken, as far as max_pending allows)."""
     return Monitor(model, every, **options)

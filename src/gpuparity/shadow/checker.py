@@ -232,6 +232,7 @@ class Checker:
         self._lock = threading.Lock()
         self.dropped = 0
         self.busy_s = 0.0
+        self._running_since: Optional[float] = None   # perf_counter() when the check now running began
         self.threads = threads if threads is not None else max(1, (os.cpu_count() or 4) // 4)
         self.check_device = check_device
         self.checked_on: Dict[str, int] = {}      # "cuda:0" / "cpu" -> checks run there
@@ -254,6 +255,11 @@ class Checker:
 
     def room(self) -> bool:
         return not self._queue.full()
+
+    def busy_now(self) -> float:
+        """Seconds spent checking so far, the check now running included."""
+        since = self._running_since
+        return self.busy_s + (time.perf_counter() - since if since is not None else 0.0)
 
     def _check(self, call: SampledCall) -> List[Comparison]:
         device = where_to_check(call.out.device, self.check_device)
@@ -298,7 +304,7 @@ class Checker:
                     # whose numbers must not depend on anything the monitor does)
                     torch.set_num_threads(self.threads)
                     capped = True
-                started = time.perf_counter()
+                started = self._running_since = time.perf_counter()
                 try:
                     comparisons, error = self._check(call), None
                 except NotJudged as exc:
@@ -308,6 +314,7 @@ class Checker:
                     where = f" at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
                     comparisons, error = None, f"{type(exc).__name__}: {str(exc)[:300]}{where}"
                 self.busy_s += time.perf_counter() - started
+                self._running_since = None
                 self._handle(call, comparisons, error)
             finally:
                 self._queue.task_done()
