@@ -2,7 +2,8 @@
 FlashAttention's test_flash_attn_kvcache: in-place append of new keys/values (rotated by
 rotary_cos/sin, interleaved or not), GQA, causal / window / ALiBi bottom-right on each item's
 length, cache_leftpad, cache_batch_idx, paged caches on shuffled pages, the lse output, the
-inference-only refusal and the argument errors."""
+inference-only refusal and the argument errors; the decode case (ALiBi included) on the split-KV
+decode kernel."""
 from __future__ import annotations
 
 import pytest
@@ -277,3 +278,83 @@ def test_paged_decode_reads_the_pages_in_place(page, monkeypatch):
     width = table.shape[1] * page
     reread = k_pool[table.long()].reshape(BATCH, width, KV_HEADS, HEAD_DIM)[:, :SEQ_CACHE]
     torch.testing.assert_close(reread, caches[0])
+
+
+def _decode_alibi_inputs(alibi, seed):
+    t = {name: x.to(DEVICE) for name, x in case_inputs(q_len=2, new_len=2, seed=seed).items()}
+    slopes = torch.rand((HEADS,) if alibi == "head" else (BATCH, HEADS), generator=torch.Generator().manual_seed(3))
+    common = dict(k=t["k"], v=t["v"], rotary_cos=t["cos"], rotary_sin=t["sin"], causal=True,
+                  cache_seqlens=torch.tensor([5, 0, 9], dtype=torch.int32, device=DEVICE),
+                  alibi_slopes=(slopes * 0.4 + 0.05).to(DEVICE))
+    return t, common
+
+
+@pytest.mark.parametrize("page, alibi", [(None, "head"), (None, "batch"), (5, "batch"), (16, "head")])
+def test_decode_case_with_alibi_runs_the_split_kv_kernel_and_equals_the_masked_path(page, alibi, monkeypatch):
+    """The decode case (causal, Sq <= 16, no leftpad/lse) with alibi_slopes on the Triton decode
+    backend: the slopes go into the split-KV kernel (no bias or mask is composed, no page gathered),
+    and the output equals the masked path's (decode backend "composition": the bias composed over
+    the cache) with the append and rotary; a paged pool (shuffled pages of 5: every tile split, 16:
+    a whole interpreter tile) holds the contiguous cache's rows afterwards."""
+    from gpuparity.backends import triton_decode
+    from gpuparity.flash_attn import _compose
+    t, common = _decode_alibi_inputs(alibi, seed=50 + (page or 0))
+    caches = [t["k_cache"].clone(), t["v_cache"].clone()]
+    with flash_attn.backends(attention_decode="composition", **BACKENDS):
+        want = flash_attn.flash_attn_with_kvcache(t["q"], *caches, **common)
+    if page is None:
+        k_cache, v_cache, table = t["k_cache"].clone(), t["v_cache"].clone(), None
+    else:
+        k_cache, v_cache, table = paged_copy(t["k_cache"], t["v_cache"], page, seed=page)
+    calls = []
+    real = triton_decode.triton_decode
+    monkeypatch.setattr(triton_decode, "triton_decode",
+                        lambda *a, **kw: calls.append(kw["alibi_slopes"]) or real(*a, **kw))
+    for name in ("alibi_bias", "item_allowed", "gather_pages"):
+        monkeypatch.setattr(_compose, name, _no_bias)
+    monkeypatch.setattr(triton_decode, "gather_pages", _no_bias)
+    with flash_attn.backends(attention_decode="triton", **BACKENDS):
+        got = flash_attn.flash_attn_with_kvcache(t["q"], k_cache, v_cache, block_table=table, **common)
+    monkeypatch.undo()
+    assert len(calls) == 1 and torch.equal(calls[0].reshape(-1, HEADS).expand(BATCH, HEADS),
+                                           common["alibi_slopes"].reshape(-1, HEADS).expand(BATCH, HEADS))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    rows = k_cache if table is None else k_cache[table.long()].reshape(BATCH, -1, KV_HEADS, HEAD_DIM)
+    torch.testing.assert_close(rows[:, :SEQ_CACHE], caches[0])
+
+
+@pytest.mark.parametrize("alibi_verdict", ["triton", "none"])
+def test_auto_decode_alibi_in_the_kernel_only_where_it_passed_the_alibi_cases(alibi_verdict, monkeypatch):
+    """Under auto, the decode case with ALiBi runs in the split-KV kernel only where the kernel also
+    passed the attention_decode contract's ALiBi cases here (asked as kind "<kind>+alibi"); else
+    the masked path composes the bias. Both equal the masked path on the composition."""
+    from gpuparity.backends import triton_decode
+    from gpuparity.dispatch import get as get_backend
+    from gpuparity.flash_attn import _compose
+    from gpuparity.flash_attn import flash_attn_interface as F
+    from gpuparity.registry import BackendUnavailable
+    t, common = _decode_alibi_inputs("batch", seed=60)
+    with flash_attn.backends(attention_decode="composition", **BACKENDS):
+        want = flash_attn.flash_attn_with_kvcache(t["q"], t["k_cache"].clone(), t["v_cache"].clone(), **common)
+    asked = []
+    real_resolve = F._dropout.resolve
+
+    def resolve(problem, backend):
+        if problem.op != "attention_decode":
+            return real_resolve(problem, backend)
+        asked.append(problem.kind)
+        if problem.kind.endswith("+alibi") and alibi_verdict == "none":
+            raise BackendUnavailable("no backend can serve this attention_decode call")
+        return get_backend("attention_decode", "triton")
+    monkeypatch.setattr(F._dropout, "resolve", resolve)
+    used = {"kernel": 0, "bias": 0}
+    real_kernel, real_bias = triton_decode.triton_decode, _compose.alibi_bias
+    monkeypatch.setattr(triton_decode, "triton_decode",
+                        lambda *a, **kw: used.update(kernel=used["kernel"] + 1) or real_kernel(*a, **kw))
+    monkeypatch.setattr(_compose, "alibi_bias",
+                        lambda *a, **kw: used.update(bias=used["bias"] + 1) or real_bias(*a, **kw))
+    with flash_attn.backends(attention_decode="auto", **BACKENDS):
+        got = flash_attn.flash_attn_with_kvcache(t["q"], t["k_cache"].clone(), t["v_cache"].clone(), **common)
+    assert asked == ["default", "default+alibi"]
+    assert used == ({"kernel": 1, "bias": 0} if alibi_verdict == "triton" else {"kernel": 0, "bias": 1})
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -20,7 +20,7 @@ import torch
 from ..registry import BackendUnavailable
 from ..ops import dropout as _dropout
 from ..ops.attention import attention, attention_lse, attention_problem
-from ..ops.decode import MAX_NEW_QUERIES, attention_decode
+from ..ops.decode import MAX_NEW_QUERIES, attention_decode, decode_problem
 from ..ops.rotary import apply_rotary
 from ..ops.varlen import attention_varlen, attention_varlen_problem
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_same_dtype, expect_tensor
@@ -74,7 +74,8 @@ def _on_triton(op: str, problem) -> bool:
     its reasons), or auto's verified choice here. Such a call gets ALiBi inside the Triton kernels; any
     other backend the composed (B, H, Sq, Sk) fp32 bias. Under auto the dense kernels must also pass
     the battery's ALiBi cases here (kind "<kind>+alibi", which only backends that opt in to "alibi"
-    serve), the dense kernels the attention contract's, the varlen kernels the varlen contract's.
+    serve), the dense kernels the attention contract's, the varlen kernels the varlen contract's, the
+    split-KV decode kernel the attention_decode contract's.
     Never while torch.compile traces: the ops are torch.library ops there, without ALiBi."""
     if torch.compiler.is_compiling():
         return False
@@ -418,8 +419,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         v_cache.index_put_(where, v)
     # read keys only up to the longest item (the checks above already read the lengths on the host)
     span = width if C.capturing(device) or not batch else max(1, min(width, int(ends.max())))
-    if alibi_slopes is None and leftpad is None and left < 0 and (right == 0 or q_len == 1) and \
-            q_len <= MAX_NEW_QUERIES and not return_softmax_lse:
+    if leftpad is None and left < 0 and (right == 0 or q_len == 1) and q_len <= MAX_NEW_QUERIES and \
+            not return_softmax_lse:
         # FlashAttention's decode case (causal; one query needs no mask): the split-KV decode kernel
         # reads the cache through strides, its lengths bottom-right aligned as FlashAttention's; a
         # paged pool as its (num_blocks, nheads_k, page_block_size, headdim) view with the table's
@@ -431,11 +432,21 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             # without cache_batch_idx the cache's first rows, as views (no copy)
             keys, values, pages = ((k_cache[:batch, :span], v_cache[:batch, :span]) if batch_idx is None else
                                    (k_cache[batch_idx, :span], v_cache[batch_idx, :span])) + ({},)
-        out = attention_decode(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), ends,
-                               scale=softmax_scale, softcap=C.softcap_value(softcap),
-                               backend=_BACKENDS["attention_decode"], **pages)
-        return out.transpose(1, 2).contiguous()
-    if paged:   # the masked dense path (ALiBi, window, leftpad, lse): pages gathered into a copy
+        args = (q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), ends)
+        options = dict(scale=softmax_scale, softcap=C.softcap_value(softcap), **pages)
+        out = None
+        if alibi_slopes is None:
+            out = attention_decode(*args, backend=_BACKENDS["attention_decode"], **options)
+        else:
+            # ALiBi in the split-KV kernel where it serves this call (named, or auto's choice verified
+            # on the decode contract's ALiBi cases); elsewhere the masked path below composes the bias
+            slopes = C.check_slopes(alibi_slopes, batch, heads, device)
+            if _on_triton("attention_decode", decode_problem(*args, **options)):
+                from ..backends.triton_decode import triton_decode
+                out = triton_decode(*args, alibi_slopes=slopes, **options)
+        if out is not None:
+            return out.transpose(1, 2).contiguous()
+    if paged:   # the masked dense path (window, leftpad, lse, ALiBi off the decode kernel): pages gathered
         keys, values = C.gather_pages(k_cache, block_table, span), C.gather_pages(v_cache, block_table, span)
     else:
         keys, values = ((k_cache[:batch, :span], v_cache[:batch, :span]) if batch_idx is None else
