@@ -14,7 +14,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from . import families as fam
 from .plan import plan
 from .pool import Budget, run_tasks
-from .results import CheckResult, Status
+from .results import NOT_RUN_HERE, CheckResult, Status
 from ..contracts import OPS, get_spec
 
 log = logging.getLogger(__name__)
@@ -48,9 +48,14 @@ def explore(seconds: float, ops: Optional[Sequence[str]], device, dtypes=None, b
     weight: Dict[Tuple[str, str], float] = {}
     seen: Dict[str, set] = {op: set() for op in ops}
     draws: Dict[Tuple[str, str], int] = {}
+    said: set = set()   # (check, reason) of the SKIPs already reported: not reported twice
     families = {(op, f.name): f for op in ops for f in get_spec(op).families()}
 
     def learn(result: CheckResult) -> None:
+        if result.status == Status.SKIP and result.reason.startswith(NOT_RUN_HERE):
+            # too large at the run's level: explore tries it again under --level full's budget
+            said.add((result.key, result.reason))
+            return
         seen.setdefault(result.op, set()).add(result.case)
         name = fam.family_of(result.case)
         ratio = closeness(result)
@@ -77,6 +82,9 @@ def explore(seconds: float, ops: Optional[Sequence[str]], device, dtypes=None, b
             break
         tasks, decided = plan(list(picks), level, device, dtypes, backends, impl, seed, cases=picks, sized_level="full")
         for result in decided:
+            if (result.key, result.reason) in said:
+                continue   # still not runnable, for the reason the level's report already gives
+            learn(result)
             found.append(result)
             if on_result:
                 on_result(result)

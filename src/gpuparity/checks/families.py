@@ -45,16 +45,20 @@ def select(spec, level: str, seed: int, deep: bool = True,
     and a seeded sample (one at the default level, four at full); every sized member that
     `fits`. Not deep (the doctor, a check of every backend): at the default level one seeded
     member per family (an anchor where it has some) and one of the cheapest sized members that
-    fit, so the run stays near the listed cases' time; --level full as deep."""
+    fit, so the run stays near the listed cases' time; --level full as deep. The members of a
+    sized family of a higher level come back as not runnable, with that reason."""
     if level == "quick":
         return [], []
     wide = level == "default" and not deep
     chosen: List["Case"] = []
     skipped: List[Tuple["Case", str]] = []
     for fam in spec.families():
-        if LEVELS.index(fam.level) > LEVELS.index(level):
-            continue
         members = [fam.case(spec.make_case, label, params) for label, params in fam.members]
+        if LEVELS.index(fam.level) > LEVELS.index(level):
+            if fam.sized:   # its members are said not to run, with why, rather than left out
+                skipped += [(case, f"its family ({fam.name}) runs at --level {fam.level} or under --explore, "
+                                   f"where memory and that level's budget allow") for case in members]
+            continue
         rng = _rng(seed, spec.op, fam.name, level)
         if fam.sized:
             reasons = {case.name: fits(case) if fits else None for case in members}

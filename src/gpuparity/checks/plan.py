@@ -10,7 +10,7 @@ import torch
 from .. import dispatch
 from . import families
 from .execute import dtype_from_name, dtype_name, task_seed
-from .results import CheckResult, Status
+from .results import NOT_RUN_HERE, CheckResult, Status
 from ..contracts import LEVELS, OPS, Case, get_spec
 
 # Rough cost of one check, for the up-front estimate of --full.
@@ -94,7 +94,7 @@ def plan(ops: Optional[Sequence[str]] = None, level: str = "default", device="cp
             if backends:
                 available = [b for b in available if b.name in backends]
             candidates = [(b.name, b) for b in available]
-        one_dtype = {}
+        one_dtype, ruled_out = {}, {}
         if cases is not None and op in cases:
             op_cases = list(cases[op])
         else:
@@ -105,6 +105,9 @@ def plan(ops: Optional[Sequence[str]] = None, level: str = "default", device="cp
                 lambda case: _sized_reason(spec, case, level, device,
                                            _serving(spec, case, candidates, op_dtypes, device, level)))
             op_cases += members + [case for case, _ in too_big_members]
+            # a member that select() ruled out keeps its reason (a family of a higher level
+            # would fit this level's budget, but this level does not run it)
+            ruled_out = {case.name: why for case, why in too_big_members}
             if not deep and level == "default":
                 # the doctor's sample: each family member in one dtype (seeded), not in all of them
                 for case in members:
@@ -114,8 +117,8 @@ def plan(ops: Optional[Sequence[str]] = None, level: str = "default", device="cp
         for case in op_cases:
             if case_filter and not case_filter(op, case):
                 continue
-            too_big = _sized_reason(spec, case, sized_level or level, device,
-                                    _serving(spec, case, candidates, op_dtypes, device, level))
+            too_big = ruled_out.get(case.name) or _sized_reason(
+                spec, case, sized_level or level, device, _serving(spec, case, candidates, op_dtypes, device, level))
             for dtype in op_dtypes:
                 if not _runs_in(case, dtype, op_dtypes, level) or one_dtype.get(case.name, dtype) != dtype:
                     continue
@@ -129,7 +132,7 @@ def plan(ops: Optional[Sequence[str]] = None, level: str = "default", device="cp
                                                                 f"checks it at --{backend.battery_level} (probed on first use)"))
                         continue
                     if too_big:
-                        decided.append(task.result(Status.SKIP, f"not run here: {too_big}"))
+                        decided.append(task.result(Status.SKIP, f"{NOT_RUN_HERE}{too_big}"))
                         continue
                     if backend is not None:
                         reasons = backend.reasons(spec.problem(case.params, dtype, device))

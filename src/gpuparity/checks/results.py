@@ -129,6 +129,25 @@ def read_stream(path: str) -> Iterator[CheckResult]:
                     continue  # a line cut short by a kill
 
 
+# The reason of a SKIP whose case is too large for this machine or the level's budget (a sized
+# family's member: long sequences, > 2^31 elements); explore tries such a member again under
+# --level full's budget, and reports list each one by name.
+NOT_RUN_HERE = "not run here: "
+
+
+def not_run_here(results: Iterable[CheckResult]) -> List[Dict[str, Any]]:
+    """The cases skipped as too large here, one entry per (op, case, reason) in the order first
+    seen: {"op", "case", "reason" (without the prefix), "checks" (how many checks it skipped)}."""
+    found: Dict[tuple, Dict[str, Any]] = {}
+    for result in results:
+        if result.status == Status.SKIP and result.reason.startswith(NOT_RUN_HERE):
+            reason = result.reason[len(NOT_RUN_HERE):]
+            entry = found.setdefault((result.op, result.case, reason),
+                                     {"op": result.op, "case": result.case, "reason": reason, "checks": 0})
+            entry["checks"] += 1
+    return list(found.values())
+
+
 def tally(results: Iterable[CheckResult]) -> Dict[str, int]:
     counts = {s.value: 0 for s in Status}
     for result in results:

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..checks.results import SEVERITY, CheckResult, Status, worst
+from ..checks.results import SEVERITY, CheckResult, Status, not_run_here, worst
 from ..platform import is_unknown
 
 STYLE = {"PASS": "green", "FAIL": "bold red", "ERROR": "red", "CRASH": "bold magenta", "TIMEOUT": "magenta",
@@ -132,6 +132,14 @@ def render_results(console: Console, results: List[CheckResult], title: str = "C
     cut = next((r.reason for r in results if r.status == Status.NOT_RUN), None)
     if cut:
         console.print(f"[{STYLE['NOT_RUN']}]{sum(r.status == Status.NOT_RUN for r in results)} checks {cut}[/]")
+    # the table counts these among the skips under one reason; each such case is named here
+    too_big = not_run_here(results)
+    if too_big:
+        console.print(f"Not run here: {len(too_big)} case{'s' * (len(too_big) != 1)} too large for this machine or "
+                      f"the level's budget")
+        for entry in too_big:
+            console.print(f"  [{STYLE['SKIP']}]{entry['op']} {escape(entry['case'])}[/] ({entry['checks']} "
+                          f"check{'s' * (entry['checks'] != 1)}): {escape(entry['reason'])}", soft_wrap=True)
 
 
 def tally_text(counts: Dict[str, int]) -> str:
