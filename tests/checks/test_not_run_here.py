@@ -16,6 +16,7 @@ from gpuparity.checks import battery, families
 from gpuparity.checks.explore import explore
 from gpuparity.checks.results import NOT_RUN_HERE, CheckResult, Status, not_run_here
 from gpuparity.contracts import get_spec
+from gpuparity.report.html import render_doctor_html
 from gpuparity.report.terminal import render_doctor, render_results
 
 IMPLS = os.path.join(os.path.dirname(__file__), "planted_impls.py")
@@ -94,7 +95,9 @@ def test_doctor_reports_each_too_large_case_by_name(small_host, monkeypatch):
         assert {("attention", ATTENTION_HUGE), ("rms_norm", "huge.over_2pow31")} <= entries, level
         out = io.StringIO()
         render_doctor(Console(file=out, width=120), report)
-        assert ATTENTION_HUGE in out.getvalue() and "huge.over_2pow31" in out.getvalue()
+        page = render_doctor_html(report)
+        for text in (out.getvalue(), page):
+            assert ATTENTION_HUGE in text and "huge.over_2pow31" in text
 
 
 def test_explore_tries_a_too_large_case_again_under_full_budget_and_says_why(small_host, monkeypatch):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import html
 from typing import Any, Dict, List
 
-from ..checks.results import CheckResult
+from ..checks.results import CheckResult, not_run_here
 from .terminal import summarize, why_text
 
 CSS = """
@@ -65,6 +65,11 @@ def render_doctor_html(report: Dict[str, Any]) -> str:
         [esc(r["op"]), esc(r["backend"]), f"<span class='{r['status']}'>{r['status']}</span>", str(r["counts"]["PASS"]),
          str(r["counts"]["FAIL"] + r["counts"]["ERROR"]), str(r["counts"]["CRASH"] + r["counts"]["TIMEOUT"]),
          str(r["counts"]["SKIP"]), esc(why_text(r)[:300])] for r in summarize(results)]))
+    too_big = not_run_here(results)
+    if too_big:   # each by name: the table counts them among the skips under one reason
+        parts.append(f"<h2>Not run here: too large for this machine or the level's budget ({len(too_big)})</h2>")
+        parts.append(html_table(["op", "case", "checks", "why"], [
+            [esc(e["op"]), esc(e["case"]), str(e["checks"]), esc(e["reason"])] for e in too_big]))
     bad = [r for r in results if r.status.bad]
     parts.append(f"<h2>Failed checks ({len(bad)})</h2>")
     parts.append(html_table(["status", "check", "seed", "error / allowed", "reason", "stderr"], [
