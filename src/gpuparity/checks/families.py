@@ -172,7 +172,7 @@ def not_runnable(work: int, level: str, device: torch.device, checks: int, items
     if free is not None and need > free // 2:
         return (f"needs ~{need / 2 ** 30:.1f} GiB of host memory (the float64 referee "
                 f"{referee / 2 ** 30:.1f} GiB; {work:,} elements per intermediate); "
-                f"{free / 2 ** 30:.1f} GiB is available here")
+                f"{free / 2 ** 30:.1f} GiB is available here, of which a case may take half")
     total = device_total_bytes(device)
     if total is not None and work * itemsize * 6 > total * 0.8:
         return (f"needs ~{work * itemsize * 6 / 2 ** 30:.1f} GiB on {device}, which has {total / 2 ** 30:.1f} GiB")
