@@ -137,3 +137,21 @@ def test_the_batterys_decode_alibi_cases_pass_the_kernel_and_catch_wrong_biases(
     assert caught["ignored"] == {c.name for c in cases}
     assert caught["top_left"] == {c.name for c in cases}
     assert caught["first_row"] == {c.name for c in cases if c.params["alibi"] == "batch"}
+
+
+def test_an_implementation_without_alibi_slopes_keeps_its_signature():
+    """`gpuparity check --op attention_decode --impl` with the documented signature (no
+    alibi_slopes) is not refused as bad input: the ALiBi cases pass the slopes only to
+    implementations that take them, the others get those cases as SKIP."""
+    from gpuparity.checks.signature import signature_mismatch
+
+    def decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, block_table=None):
+        return decode_composition(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap,
+                                  block_table=block_table)
+    assert signature_mismatch(decode, "attention_decode") is None
+    from gpuparity.checks.execute import run_case
+    from gpuparity.checks.results import Status
+    from gpuparity.contracts import get_spec
+    case = next(c for c in get_spec("attention_decode").cases() if c.params.get("alibi"))
+    status, _, reason = run_case("attention_decode", decode, case.params, torch.float32, torch.device("cpu"), 0)
+    assert status == Status.SKIP and "takes no alibi_slopes" in reason
