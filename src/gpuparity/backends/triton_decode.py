@@ -20,6 +20,10 @@ float64 reference (the battery's)."""
 # K/V loads one buffer deep behind the table load (two for a contiguous cache): on an H200, pages
 # of 256 run within 10% of the contiguous kernel, pages of 16 up to 24% slower on short rows
 # (benchmarks/records/h200/paged-decode-2026-11-27.md).
+#
+# ALiBi (constexpr HAS_ALIBI, gpuparity.flash_attn's alibi_slopes in its decode case): each row of
+# the query block loads its head's slope once; a tile subtracts slope * |pos - j| after the softcap,
+# pos = the row's own key position L_b - Sq + i. Without it no code is emitted.
 from __future__ import annotations
 
 import inspect
