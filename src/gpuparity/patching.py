@@ -7,19 +7,29 @@ nor it.
 
 A module is swapped only where the swap wins on this device family in the mode the model runs
 (`mode=`): `PRIORS` holds, per family and mode, the kinds of module left and why, from the
-measurements its comments cite. A user can still force a kind (`force=`)."""
+measurements its comments cite. A user can still force a kind (`force=`).
+
+With backend="auto", patch() also hands the calls the swapped modules will make (`first_calls`:
+each op at the model's dtype and device, shapes from its modules) to ops/select.py `prepare`,
+which verifies their candidates in the kept worker in the background, so that the model's first
+forward finds the verdicts stored or waits only for the rest (where checks run in a worker: a
+GPU, or GPUPARITY_PROBE=subprocess)."""
 from __future__ import annotations
 
+import dataclasses
+import logging
 import sys
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
 
 from .integrations.summary import PatchEntry, PatchSummary  # noqa: F401 - re-exported
 from .nn import LayerNorm, MultiheadAttention, RMSNorm
+from .registry import Problem
 
+LOG = logging.getLogger("gpuparity")
 # every drop-in (gpuparity.nn), each naming the torch class it replaces in REPLACES
 DROP_INS = (MultiheadAttention, RMSNorm, LayerNorm)
 
@@ -175,4 +185,85 @@ def patch(model: nn.Module, *, backend: str = "auto", include=None, mode: str = 
             setattr(parent, child_name, replacement_cls.from_torch(child, backend=backend))
             summary.replaced.append(PatchEntry(path, cls_name,
                                                f"-> {replacement_cls.__module__}.{replacement_cls.__name__}"))
+    if backend == "auto" and summary.replaced:
+        try:
+            from .ops import select
+            select.prepare(first_calls(model))
+        except Exception as exc:  # noqa: BLE001 - a guess that fails costs only the head start: first calls verify
+            LOG.debug("gpuparity: patch() did not queue its first calls' checks: %s: %s", type(exc).__name__, exc)
     return summary
+
+
+# Token counts of the calls first_calls describes: a training batch (the issue's 2 x 2048 tokens,
+# where the norms and swiglu are "large" and ranked by the training-size timing) and a short one.
+_TRAINING_TOKENS, _SHORT_TOKENS = 4096, 128
+
+
+def first_calls(model: nn.Module) -> List[Problem]:
+    """The backend="auto" calls a model patched here will make in its first steps, as the
+    Problems its first calls will resolve (op, kind and the features the candidates' declarations
+    read), at its parameters' dtype and device, shapes from its modules (built on meta tensors:
+    nothing is allocated). In the order a decoder's forward meets them (norm, rotary, attention,
+    MLP, loss), at a training batch's size, then at a short length where the device family's
+    priors rank short and training-size calls apart (the norms and swiglu on a GPU). Attention as
+    transformers calls it with an attention_mask (a tokenizer's batches carry one: causal + key
+    padding); a call without one is another kind, verified at its first call. [] when the
+    parameters are not where the model will run (on the CPU while a GPU is visible: moved later)."""
+    from .contracts.attention import attention_problem
+    from .contracts.linear_cross_entropy import linear_cross_entropy_problem
+    from .contracts.norms import norm_problem
+    from .contracts.rotary import rotary_problem
+    from .contracts.swiglu import swiglu_problem
+
+    param = next(iter(model.parameters()), None)
+    if param is None or param.device.type == "meta" or (param.device.type == "cpu" and torch.cuda.is_available()):
+        return []
+    device, dtype = param.device, param.dtype
+    grad = any(p.requires_grad for p in model.parameters())
+    config = getattr(model, "config", None)
+    heads = getattr(config, "num_attention_heads", None)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or (heads and getattr(config, "hidden_size", 0) // heads)
+
+    def meta(*shape, kind=None):
+        return torch.empty(shape, device="meta", dtype=kind or dtype)
+
+    def calls(tokens: int) -> List[Problem]:
+        found = []
+        seq = min(tokens, 2048)
+        batch = max(1, tokens // seq)
+        for module in model.modules():
+            if isinstance(module, (RMSNorm, LayerNorm)) or (type(module).__name__.endswith("RMSNorm")
+                                                            and hasattr(type(module), "gpuparity_original")):
+                weight = module.weight
+                if weight is None or getattr(module, "gpuparity_backend", getattr(module, "backend", "auto")) != "auto":
+                    continue
+                op = "layer_norm" if isinstance(module, LayerNorm) else "rms_norm"
+                bias = getattr(module, "bias", None) if op == "layer_norm" else None
+                found.append(norm_problem(op, meta(tokens, *weight.shape), tuple(weight.shape), meta(*weight.shape),
+                                          None if bias is None else meta(*bias.shape)))
+        if head_dim and getattr(config, "_attn_implementation", None) == "gpuparity":
+            if any(hasattr(m, "gpuparity_rotary_backend") for m in model.modules()):
+                found.append(rotary_problem(meta(batch, seq, heads, head_dim), meta(seq, head_dim // 2), False, 0, None))
+            q, k = meta(batch, heads, seq, head_dim), meta(batch, kv_heads, seq, head_dim)
+            found.append(attention_problem(q, k, k, key_padding_mask=meta(batch, seq, kind=torch.bool), is_causal=True,
+                                           requires_grad=grad))
+        for module in model.modules():
+            if hasattr(module, "gpuparity_backend") and hasattr(type(module), "gpuparity_original") \
+                    and hasattr(module, "gate_proj"):
+                width = module.gate_proj.out_features
+                found.append(swiglu_problem(meta(tokens, width), meta(tokens, width)))
+        head = getattr(model, "lm_head", None)
+        if hasattr(model, "gpuparity_loss_backend") and isinstance(head, nn.Linear):
+            bias = None if head.bias is None else meta(head.out_features)
+            found.append(linear_cross_entropy_problem(
+                meta(tokens, head.in_features), meta(head.out_features, head.in_features), meta(tokens, kind=torch.long),
+                bias, -100, "mean", getattr(config, "final_logit_softcapping", None)))
+        # the problems name the device the calls will run on (meta tensors stood in for theirs)
+        return [dataclasses.replace(p, device=device) for p in found]
+
+    ordered: List[Problem] = []
+    for problem in calls(_TRAINING_TOKENS) + calls(_SHORT_TOKENS):
+        if problem not in ordered:
+            ordered.append(problem)
+    return ordered

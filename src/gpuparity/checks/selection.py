@@ -7,7 +7,12 @@ probes that bear on it, against float64. On a GPU the checks run in a worker pro
 alive across calls (a backend that crashes the GPU cannot take the caller down with it; the
 worker's start is paid once). The ranks come from timings stored here (`gpuparity doctor`, or
 the background refinement a first call starts on a GPU: `check_op` over every backend, timed)
-and, until those exist, from the priors shipped per device family (checks/priors.py)."""
+and, until those exist, from the priors shipped per device family (checks/priors.py).
+
+`prepare` lets a caller that knows which calls are coming (`gpuparity.patch`: the model's ops,
+dtype and device) have their candidates verified in the kept worker in the background, ahead of
+the first forward; a first call whose verification is already under way waits for that one
+instead of checking again, and a first call always goes before what the background has queued."""
 from __future__ import annotations
 
 import atexit
@@ -16,7 +21,7 @@ import os
 import queue
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -65,6 +70,9 @@ class _Workers(dict):
 _POOLS: Dict[str, Tuple[str, WorkerPool]] = caches.register("checks.selection.workers", _Workers())
 _POOLS_LOCK = threading.Lock()
 _FOREGROUND = threading.Lock()   # one first-call verification at a time uses the foreground worker
+_TURN = threading.Condition()    # callers of a first call waiting for that worker go before `prepare`'s queue
+_CALLERS_WAITING = [0]
+PREPARE_THREAD = "gpuparity-prepare"
 _STOP = threading.Event()        # set at exit: the background stops between checks
 
 
@@ -213,7 +221,7 @@ def verify(op: str, dtype: torch.dtype, kind: str, device, backend: str) -> Dict
     tasks, decided = plan([op], "full", device, [dtype_name(dtype)], [backend], None, 0,
                           lambda _op, case: case.name in names)
     if _isolate(device):
-        with _FOREGROUND:
+        with _worker_turn():
             results = decided + run_tasks(tasks, isolate=True, workers=1, pool=_pool("verify"), keep_pool=True)
     else:
         results = decided + run_tasks(tasks, isolate=False)
@@ -221,6 +229,30 @@ def verify(op: str, dtype: torch.dtype, kind: str, device, backend: str) -> Dict
     _complete(verdicts, results, op, verdicts_store.verdict_dtype(op, dtype, device), kind, [backend])
     _veto_known(verdicts, op, dtype, device, [backend])
     return verdicts
+
+
+class _worker_turn:
+    """Hold the kept worker for one verification. A caller's first call goes first: the
+    background `prepare` thread takes the worker only while no caller waits for it (at most
+    the one verification it already started is waited for)."""
+
+    def __enter__(self) -> None:
+        background = threading.current_thread().name == PREPARE_THREAD
+        with _TURN:
+            if background:
+                _TURN.wait_for(lambda: _CALLERS_WAITING[0] == 0)
+            else:
+                _CALLERS_WAITING[0] += 1
+        try:
+            _FOREGROUND.acquire()
+        finally:
+            if not background:
+                with _TURN:
+                    _CALLERS_WAITING[0] -= 1
+                    _TURN.notify_all()
+
+    def __exit__(self, *_exc) -> None:
+        _FOREGROUND.release()
 
 
 # ----------------------------------------------------------------------------- the order to try
@@ -305,20 +337,133 @@ def _refine_loop() -> None:
             LOG.debug("gpuparity: background timing of %s (%s) stopped: %s: %s", op, kind, type(exc).__name__, exc)
 
 
+# ----------------------------------------------------------------------------- ahead of the first calls
+# verdict key -> an event set once its verification ended (stored or not); emptying it
+# (caches.clear_all) only lets a later caller check again: each verifier holds its own event
+_IN_FLIGHT: Dict[str, threading.Event] = caches.register("checks.selection.in_flight", {})
+_PREPARE_QUEUE: "queue.Queue[tuple]" = queue.Queue()
+_PREPARE_ASKED = caches.register("checks.selection.prepare_asked", set())   # (problem, store) already queued
+_PREPARE_THREAD: Optional[threading.Thread] = None
+# verdict keys `prepare` verified whose first call has not come yet: a guessed call (a kind the
+# model may never use) must not start the background timing of every backend; its first call does
+_PREPARED = caches.register("checks.selection.prepared", set())
+
+
+def _verify_once(problem: Problem, backend: Backend, key: str, path: str) -> Dict[str, Any]:
+    """The store after `backend` was verified for this call's kind: by this thread, or by the one
+    already verifying it (the `prepare` thread ahead of a first call), whose verdict is waited
+    for rather than checked twice."""
+    while True:
+        with _POOLS_LOCK:
+            running = _IN_FLIGHT.get(key)
+            if running is None:
+                mine = _IN_FLIGHT[key] = threading.Event()
+        if running is None:
+            break
+        running.wait()
+        stored = verdicts_store.load(path)
+        if key in stored:
+            return stored
+        # that verification stored nothing (it raised): check here
+    try:
+        found = verify(problem.op, problem.dtype, problem.kind, problem.device, backend.name)
+        _LAST_VERIFY[0] = time.monotonic()
+        if _in_prepare():
+            if _STOP.is_set():   # the exit killed the worker under it: a crash of ours, not a verdict
+                return verdicts_store.load(path)
+            _PREPARED.add(key)   # its first call starts the background timing, not the guess
+        verdicts_store.store_verdicts(problem.device, found)
+    finally:
+        with _POOLS_LOCK:
+            if _IN_FLIGHT.get(key) is mine:
+                del _IN_FLIGHT[key]
+        mine.set()
+    return verdicts_store.load(path)
+
+
+def _in_prepare() -> bool:
+    return threading.current_thread().name == PREPARE_THREAD
+
+
+def prepare(problems: Sequence[Problem], resolve: Callable[[Problem], Any]) -> int:
+    """Queue, for a background thread, the first-call verifications of `problems` (calls the
+    caller expects soon: gpuparity.patch's model's ops at its dtype and device), so that the kept
+    worker checks them while the caller sets up, and the first forward finds the verdicts stored
+    or waits only for the rest. `resolve(problem)` is the caller's own backend="auto"
+    resolution (ops/select.py), run as a first call runs it: candidates in rank order, the
+    first that passes its checks wins, a confirmed known issue vetoes; so nothing but what a
+    first call would verify is verified, and the contract is the first call's. Only where
+    checks run in the kept worker (a GPU, or GPUPARITY_PROBE=subprocess): in-process checks
+    would compete with the caller for its cores. Returns how many problems were queued; a
+    problem queued before is not queued again."""
+    global _PREPARE_THREAD
+    if os.environ.get(TRUST_UNPROBED) == "1":
+        return 0
+    wanted = [p for p in problems if _isolate(normalize_device(p.device))]
+    queued = 0
+    with _POOLS_LOCK:
+        if _STOP.is_set():
+            return 0
+        for problem in wanted:
+            asked = (problem, verdicts_store.cache_path(problem.device))
+            if asked in _PREPARE_ASKED:
+                continue
+            _PREPARE_ASKED.add(asked)
+            _PREPARE_QUEUE.put((problem, resolve))
+            queued += 1
+        if queued and (_PREPARE_THREAD is None or not _PREPARE_THREAD.is_alive()):
+            _PREPARE_THREAD = threading.Thread(target=_prepare_loop, name=PREPARE_THREAD, daemon=True)
+            _PREPARE_THREAD.start()
+    if queued:
+        prestart()
+    return queued
+
+
+def wait_prepared(timeout: Optional[float] = None) -> bool:
+    """Block until what `prepare` queued was resolved (True), or `timeout` seconds passed (False)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with _PREPARE_QUEUE.all_tasks_done:
+        while _PREPARE_QUEUE.unfinished_tasks:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            _PREPARE_QUEUE.all_tasks_done.wait(left)
+    return True
+
+
+def _prepare_loop() -> None:
+    while not _STOP.is_set():
+        problem, resolve = _PREPARE_QUEUE.get()
+        try:
+            if not _STOP.is_set():
+                resolve(problem)
+                # the guessed problem's choice is not kept: the first call of each kind resolves
+                # its own (and so starts that kind's background timing: verdict_for)
+                dispatch.forget()
+        except Exception as exc:  # noqa: BLE001 - the first call itself verifies then, and says why it fails
+            LOG.debug("gpuparity: verifying %s (%s) ahead of its first call stopped: %s: %s",
+                      problem.op, problem.kind, type(exc).__name__, exc)
+        finally:
+            _PREPARE_QUEUE.task_done()
+
+
 # ----------------------------------------------------------------------------- the verdict source
 def verdict_for(problem: Problem, backend: Backend) -> Dict[str, Any]:
-    """The stored verdict for (problem kind, backend), verifying this backend now if there is none."""
+    """The stored verdict for (problem kind, backend), verifying this backend now if there is none
+    (or waiting for the verification already under way: `prepare`)."""
     if os.environ.get(TRUST_UNPROBED) == "1":
         return {"passed": True, "reason": f"probe skipped ({TRUST_UNPROBED}=1)", "time_ms": None}
     path = verdicts_store.cache_path(problem.device)
     key = verdicts_store.verdict_key(problem, backend)
     stored = verdicts_store.load(path)
-    if key not in stored:
-        found = verify(problem.op, problem.dtype, problem.kind, problem.device, backend.name)
-        _LAST_VERIFY[0] = time.monotonic()
-        verdicts_store.store_verdicts(problem.device, found)
-        stored = verdicts_store.load(path)
-        if _refine_enabled(problem.device):
+    first = key not in stored
+    if first:
+        stored = _verify_once(problem, backend, key, path)
+    if not _in_prepare():
+        if key in _PREPARED:   # verified ahead by `prepare`: this is its first call
+            _PREPARED.discard(key)
+            first = True
+        if first and _refine_enabled(problem.device):
             _refine_later(problem)
     found = stored.get(key, {"passed": False, "reason": "no probe verdict recorded"})
     time_ms = _time_of(found, get_spec(problem.op).is_large(problem))

@@ -4,7 +4,7 @@ place the ops layer meets verification; `backend="auto"` in every op goes throug
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import dispatch
 from ..registry import Backend, Problem
@@ -37,6 +37,14 @@ resolve = functools.partial(dispatch.resolve, verdict=verdict, rank=rank)
 
 def explain(problem: Problem) -> Dict[str, Any]:
     return dispatch.explain(problem, verdict=verdict, rank=rank)
+
+
+def prepare(problems: Sequence[Problem]) -> int:
+    """Verify, in the background, the candidates the first auto calls of `problems` would choose
+    (gpuparity.patch passes its model's calls), each resolved exactly as its first call would
+    be (`resolve`); returns how many were queued (0 where checks run in-process: a CPU unless
+    GPUPARITY_PROBE=subprocess). checks/selection.py prepare."""
+    return selection.prepare(problems, resolve)
 
 
 # On a GPU, the first auto call verifies its candidate in a worker process: start it now, so
