@@ -173,3 +173,26 @@ def test_a_guessed_call_starts_no_background_timing_until_its_first_call(empty_c
     assert order == ["rms_norm"] and timed == []    # verified ahead; no timing of every backend for a guess
     select.resolve(rms)
     assert timed == [rms]                            # its first call starts it, as a first call does
+
+
+def test_prepare_workers_of_their_own_check_side_by_side(empty_cache, monkeypatch):
+    monkeypatch.setenv(selection.PREPARE_WORKERS, "2")
+    pools, both = [], threading.Barrier(2, timeout=30)
+    real = selection.run_tasks
+
+    def in_process(tasks, **kwargs):
+        tasks = list(tasks)
+        pools.append((tasks[0].op, kwargs["pool"]))
+        if len(pools) <= 2:
+            both.wait()        # the first two checks run at the same time, or this times out
+        return real(tasks, isolate=False)
+
+    monkeypatch.setattr(selection, "run_tasks", in_process)
+    assert select.prepare(list(_problems())) == 3
+    assert selection.wait_prepared(60)
+    assert {op for op, _ in pools} == {"rms_norm", "layer_norm", "swiglu"}
+    assert len({id(pool) for _, pool in pools[:2]}) == 2                  # a worker each
+    assert all(not name.startswith("prepare-") for name in selection._POOLS)   # ended with their threads
+    monkeypatch.setenv(selection.PREPARE_WORKERS, "many")
+    with pytest.raises(ValueError, match=selection.PREPARE_WORKERS):
+        select.prepare(list(_problems()))

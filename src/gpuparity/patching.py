@@ -186,11 +186,13 @@ def patch(model: nn.Module, *, backend: str = "auto", include=None, mode: str = 
             summary.replaced.append(PatchEntry(path, cls_name,
                                                f"-> {replacement_cls.__module__}.{replacement_cls.__name__}"))
     if backend == "auto" and summary.replaced:
+        from .ops import select
         try:
-            from .ops import select
-            select.prepare(first_calls(model))
+            calls = first_calls(model)
         except Exception as exc:  # noqa: BLE001 - a guess that fails costs only the head start: first calls verify
-            LOG.debug("gpuparity: patch() did not queue its first calls' checks: %s: %s", type(exc).__name__, exc)
+            LOG.debug("gpuparity: patch() did not guess its first calls: %s: %s", type(exc).__name__, exc)
+            calls = []
+        select.prepare(calls)
     return summary
 
 

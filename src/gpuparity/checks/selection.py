@@ -16,6 +16,7 @@ instead of checking again, and a first call always goes before what the backgrou
 from __future__ import annotations
 
 import atexit
+import itertools
 import logging
 import os
 import queue
@@ -220,7 +221,10 @@ def verify(op: str, dtype: torch.dtype, kind: str, device, backend: str) -> Dict
     names = set(first_call_cases(op, kind))
     tasks, decided = plan([op], "full", device, [dtype_name(dtype)], [backend], None, 0,
                           lambda _op, case: case.name in names)
-    if _isolate(device):
+    own = getattr(_OWN_WORKER, "purpose", None)
+    if _isolate(device) and own is not None:   # a `prepare` thread with a worker of its own: no turn to wait for
+        results = decided + run_tasks(tasks, isolate=True, workers=1, pool=_pool(own), keep_pool=True)
+    elif _isolate(device):
         with _worker_turn():
             results = decided + run_tasks(tasks, isolate=True, workers=1, pool=_pool("verify"), keep_pool=True)
     else:
@@ -343,7 +347,16 @@ def _refine_loop() -> None:
 _IN_FLIGHT: Dict[str, threading.Event] = caches.register("checks.selection.in_flight", {})
 _PREPARE_QUEUE: "queue.Queue[tuple]" = queue.Queue()
 _PREPARE_ASKED = caches.register("checks.selection.prepare_asked", set())   # (problem, store) already queued
-_PREPARE_THREAD: Optional[threading.Thread] = None
+_PREPARE_RUNNING = [0]             # prepare threads alive (each ends when the queue is empty)
+_PREPARE_SERIAL = itertools.count()   # names each own worker apart from those still running
+_OWN_WORKER = threading.local()    # .purpose: the kept worker of this prepare thread's own, if it has one
+# Workers of their own for `prepare` (GPUPARITY_PREPARE_WORKERS=N: N threads, each with its own
+# worker, checking N of the queued calls at once, each worker ended when the queue is empty).
+# Default 0: one thread that shares the first-call worker, taking turns with the caller. More
+# workers check the calls side by side (a GPU's Triton compiles are CPU-bound, one core each)
+# but each starts its own torch and holds its own CUDA context (some hundred MiB) meanwhile;
+# not the default until a measurement on a GPU says it pays (benchmarks/first_steps_breakdown.py).
+PREPARE_WORKERS = "GPUPARITY_PREPARE_WORKERS"
 # verdict keys `prepare` verified whose first call has not come yet: a guessed call (a kind the
 # model may never use) must not start the background timing of every backend; its first call does
 _PREPARED = caches.register("checks.selection.prepared", set())
@@ -396,9 +409,9 @@ def prepare(problems: Sequence[Problem], resolve: Callable[[Problem], Any]) -> i
     checks run in the kept worker (a GPU, or GPUPARITY_PROBE=subprocess): in-process checks
     would compete with the caller for its cores. Returns how many problems were queued; a
     problem queued before is not queued again."""
-    global _PREPARE_THREAD
     if os.environ.get(TRUST_UNPROBED) == "1":
         return 0
+    own = _prepare_workers()
     wanted = [p for p in problems if _isolate(normalize_device(p.device))]
     queued = 0
     with _POOLS_LOCK:
@@ -411,12 +424,23 @@ def prepare(problems: Sequence[Problem], resolve: Callable[[Problem], Any]) -> i
             _PREPARE_ASKED.add(asked)
             _PREPARE_QUEUE.put((problem, resolve))
             queued += 1
-        if queued and (_PREPARE_THREAD is None or not _PREPARE_THREAD.is_alive()):
-            _PREPARE_THREAD = threading.Thread(target=_prepare_loop, name=PREPARE_THREAD, daemon=True)
-            _PREPARE_THREAD.start()
-    if queued:
+        for _ in range(_PREPARE_RUNNING[0], max(1, own) if queued else 0):
+            _PREPARE_RUNNING[0] += 1
+            purpose = f"prepare-{next(_PREPARE_SERIAL)}" if own else None
+            threading.Thread(target=_prepare_loop, args=(purpose,), name=PREPARE_THREAD, daemon=True).start()
+    if queued and not own:
         prestart()
     return queued
+
+
+def _prepare_workers() -> int:
+    configured = os.environ.get(PREPARE_WORKERS, "").strip()
+    if not configured:
+        return 0
+    if not configured.isdigit():
+        raise ValueError(f"{PREPARE_WORKERS}: expected a number of workers (0: share the first-call worker), "
+                         f"got {configured!r}")
+    return int(configured)
 
 
 def wait_prepared(timeout: Optional[float] = None) -> bool:
@@ -431,20 +455,33 @@ def wait_prepared(timeout: Optional[float] = None) -> bool:
     return True
 
 
-def _prepare_loop() -> None:
-    while not _STOP.is_set():
-        problem, resolve = _PREPARE_QUEUE.get()
-        try:
-            if not _STOP.is_set():
-                resolve(problem)
-                # the guessed problem's choice is not kept: the first call of each kind resolves
-                # its own (and so starts that kind's background timing: verdict_for)
-                dispatch.forget()
-        except Exception as exc:  # noqa: BLE001 - the first call itself verifies then, and says why it fails
-            LOG.debug("gpuparity: verifying %s (%s) ahead of its first call stopped: %s: %s",
-                      problem.op, problem.kind, type(exc).__name__, exc)
-        finally:
-            _PREPARE_QUEUE.task_done()
+def _prepare_loop(purpose: Optional[str]) -> None:
+    _OWN_WORKER.purpose = purpose
+    try:
+        while True:
+            with _POOLS_LOCK:   # prepare() queues under this lock: a call queued now finds this thread alive
+                try:
+                    problem, resolve = _PREPARE_QUEUE.get_nowait()
+                except queue.Empty:
+                    _PREPARE_RUNNING[0] -= 1
+                    return
+            try:
+                if not _STOP.is_set():
+                    resolve(problem)
+                    # the guessed problem's choice is not kept: the first call of each kind resolves
+                    # its own (and so starts that kind's background timing: verdict_for)
+                    dispatch.forget()
+            except Exception as exc:  # noqa: BLE001 - the first call itself verifies then, and says why it fails
+                LOG.debug("gpuparity: verifying %s (%s) ahead of its first call stopped: %s: %s",
+                          problem.op, problem.kind, type(exc).__name__, exc)
+            finally:
+                _PREPARE_QUEUE.task_done()
+    finally:
+        if purpose is not None:   # its own worker ends with it (its CUDA context with it)
+            with _POOLS_LOCK:
+                kept = _POOLS.pop(purpose, None)
+            if kept is not None:
+                kept[1].close()
 
 
 # ----------------------------------------------------------------------------- the verdict source
