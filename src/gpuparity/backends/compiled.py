@@ -18,7 +18,7 @@ import torch
 
 from ..registry import Backend, Problem, register
 from ..contracts.norms import layer_norm_composition, rms_norm_composition
-from .. import caches
+from .. import caches, isolate
 from ..numerics import rotate
 
 _VERDICTS: Dict[str, Optional[str]] = caches.register("backends.compiled.verdicts", {})
@@ -57,12 +57,31 @@ def _probe_function(t):
     return t * 2 + 1
 
 
+class _NotProbed(Exception):
+    """The probe could not run (its process did not answer): no verdict to keep."""
+
+
+def probe_in_child(device_type: str) -> Optional[str]:
+    """The probe, run in a process of its own (gpuparity.isolate.call_isolated's target)."""
+    return _probe(device_type)
+
+
 def _probe(device_type: str) -> Optional[str]:
     if device_type == "cuda":
         if not torch.cuda.is_available():
             return "compile: no CUDA or ROCm GPU visible"
         if os.environ.get("TRITON_INTERPRET") == "1":
             return "compile: TRITON_INTERPRET=1 is set, inductor's GPU kernels would not compile"
+    if threading.current_thread() is not threading.main_thread():
+        # torch.compile's tracing (torch.fx) patches torch.nn.Module.__call__ for the whole process
+        # while it runs: compiled from a background thread (the background timing, the monitor's
+        # checker), it made the caller's own model calls fail mid-step ("module is not installed
+        # as a submodule", seen on an H100). Off the main thread the probe runs in a process of its own.
+        outcome = isolate.call_isolated("gpuparity.backends.compiled:probe_in_child", {"device_type": device_type},
+                                        timeout=300.0)
+        if outcome.ok:
+            return outcome.value
+        raise _NotProbed(f"compile: the probe's own process ended: {outcome.status}: {outcome.error}")
     try:
         compiled = torch.compile(_probe_function, fullgraph=True, dynamic=False)
         sample = torch.arange(8, dtype=torch.float32, device=device_type)
@@ -91,7 +110,10 @@ def compile_unavailable_reason(device_type: str) -> Optional[str]:
                 return _VERDICTS[device_type]
             except (OSError, ValueError, KeyError):
                 pass
-        reason = _probe(device_type)
+        try:
+            reason = _probe(device_type)
+        except _NotProbed as exc:   # not a verdict on torch.compile: asked again next time, nothing stored
+            return str(exc)
         _VERDICTS[device_type] = reason
         if path:
             try:
