@@ -137,7 +137,7 @@ for i in range(args["steps"]):
     optimizer.zero_grad(set_to_none=True)
     sync(); note("backward+optimizer", t2, step=i)
     note("step", t, step=i)
-    losses.append(float(loss))
+    losses.append(float(loss.detach()))
 out = {"events": events, "losses": losses, "import_and_model_s": imported,
        "torch": torch.__version__, "transformers": transformers.__version__}
 if patched:
