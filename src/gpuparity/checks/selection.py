@@ -413,6 +413,11 @@ def prepare(problems: Sequence[Problem], resolve: Callable[[Problem], Any]) -> i
         return 0
     own = _prepare_workers()
     wanted = [p for p in problems if _isolate(normalize_device(p.device))]
+    if wanted:
+        # the backends' registration, here in the caller's thread: load_all marks itself done
+        # before its imports end, so a first call racing the background thread could see half
+        # the registry
+        dispatch.backends(wanted[0].op)
     queued = 0
     with _POOLS_LOCK:
         if _STOP.is_set():
