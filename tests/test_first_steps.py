@@ -12,10 +12,11 @@ import pytest
 import torch
 
 import gpuparity
-from gpuparity.checks import selection, verdicts
+from gpuparity.checks import priors, selection, verdicts
 from gpuparity.contracts.norms import norm_problem
 from gpuparity.contracts.swiglu import swiglu_problem
 from gpuparity.ops import select
+from device_env import TEST_DEVICE
 
 transformers = pytest.importorskip("transformers")
 
@@ -28,7 +29,7 @@ def empty_cache(tmp_path, monkeypatch):
     monkeypatch.delenv(selection.TRUST_UNPROBED, raising=False)
     verdicts.clear_cache()
     yield tmp_path
-    assert selection.wait_prepared(60)
+    assert selection.wait_prepared(600)
     verdicts.clear_cache()
 
 
@@ -42,24 +43,28 @@ def verified(monkeypatch):
 
 
 def _tiny_llama():
+    """On the test device: patch() guesses nothing for a CPU model while a GPU is visible."""
     config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                                       num_attention_heads=2, num_key_value_heads=1, vocab_size=128,
                                       max_position_embeddings=64)
     torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config)
+    return transformers.LlamaForCausalLM(config).to(TEST_DEVICE)
 
 
 def test_patch_verifies_the_models_first_calls_before_the_first_forward(empty_cache, verified):
     model = _tiny_llama()
     try:
         gpuparity.patch(model)
-        assert selection.wait_prepared(120)
+        assert selection.wait_prepared(600)
         before = list(verified)
-        # what a patched Llama calls on a CPU and auto verifies there (rotary and the loss are
-        # the compositions, trusted without a check: checks/priors.py)
-        assert {op for op, _ in before} == {"rms_norm", "attention", "swiglu"}
+        # every op the patched Llama calls whose prior does not start at its trusted composition
+        # (on a CPU rotary's and the loss's do: checks/priors.py)
+        device = torch.device(TEST_DEVICE)
+        checked = {op for op in ("rms_norm", "rotary", "attention", "swiglu", "linear_cross_entropy")
+                   if priors.order(op, device)[0] != "composition"}
+        assert {op for op, _ in before} == checked and "attention" in checked
         assert {thread for _, thread in before} == {selection.PREPARE_THREAD}
-        ids = torch.randint(0, 128, (2, 16))
+        ids = torch.randint(0, 128, (2, 16), device=device)
         mask = torch.ones_like(ids)
         mask[1, 8:] = 0
         loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
@@ -76,7 +81,7 @@ def test_first_calls_are_the_swapped_modules_ops_in_forward_order():
     assert len(gpuparity.patch(model))
     calls = first_calls(model)
     assert [p.op for p in calls][:5] == ["rms_norm", "rotary", "attention", "swiglu", "linear_cross_entropy"]
-    assert {p.dtype for p in calls} == {torch.float32} and {p.device.type for p in calls} == {"cpu"}
+    assert {p.dtype for p in calls} == {torch.float32} and {p.device.type for p in calls} == {TEST_DEVICE}
     attention = [p for p in calls if p.op == "attention"]
     assert {p.kind for p in attention} == {"key_padding+causal"}      # transformers' call with an attention_mask
     assert first_calls(_tiny_llama()) == []                           # nothing swapped, nothing expected
