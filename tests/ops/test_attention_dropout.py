@@ -237,3 +237,13 @@ def test_opcheck_with_dropout(backend):
     torch.library.opcheck(torch.ops.gpuparity.attention,
                           (q, k, v, None, padding(2, 7, [5, 7]), False, None, False, backend, None, None, P,
                            torch.tensor(77)))
+
+
+def test_the_dropout_self_check_survives_clearing_every_cache():
+    """caches.clear_all empties what is registered there; the self-check case's sizes are a
+    constant, so a dropout self-check after it still runs (it failed with KeyError: 'heads')."""
+    from gpuparity import caches
+    caches.clear_all()
+    problem = attention_problem(*qkv()[:3], dropout_p=0.3)
+    found = dropout_ops.verdict(problem, dispatch.get("attention", "composition"))
+    assert "passed" in found

@@ -6,6 +6,7 @@ earlier call imported first."""
 from __future__ import annotations
 
 import importlib
+import threading
 
 from ..registry import register
 
@@ -33,13 +34,27 @@ MODULES = (
 )
 
 _LOADED = False
+_LOADING = False
+_LOAD_LOCK = threading.RLock()   # re-entrant: a backend module's import may call load_all
 
 
 def load_all() -> None:
     global _LOADED
     if _LOADED:
         return
-    _LOADED = True
+    global _LOADING
+    with _LOAD_LOCK:   # a background resolution and the caller's first call may both arrive here
+        if _LOADED or _LOADING:   # _LOADING: this thread's own imports called back
+            return
+        _LOADING = True
+        try:
+            _load_modules()
+            _LOADED = True
+        finally:
+            _LOADING = False
+
+
+def _load_modules() -> None:
     for name in MODULES:
         try:
             module = importlib.import_module(name)
