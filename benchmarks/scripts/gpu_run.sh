@@ -25,6 +25,7 @@
 #   readme           README command 1 exactly as written, in a copy of this tree without .venv/.git
 #   monitor          the monitor's overhead at every=100 (benchmarks/bench_monitor.py, ROUNDS x STEPS)
 #   attention-ab     gpuparity bench attention --suite dense,varlen, triton only, prev/new alternated [A/B]
+#                    (AB_GRAPH=1 adds the CUDA-graph column: the kernels without the launch rate)
 #   model            benchmarks/bench_model.py (MODEL_ARGS, default eager 2048 sdpa/attn-impl/gpuparity/liger)
 #   patch-compiled   benchmarks/patch_compiled.py (PC_ARGS)
 # [A/B]: with the previous code in .ab_prev/src, alternating rounds of it ("prev") and this tree
@@ -213,7 +214,7 @@ for STEP in "$@"; do
     for round in $(seq "${ROUNDS:-2}"); do
       for side in $(sides); do
         run "att_${side}_$round" 200 env PYTHONPATH="$(src_of $side)" $PY -m gpuparity bench attention --suite dense,varlen \
-            --backends triton --no-error --json "$D/att_${side}_$round.json" --md "$D/att_${side}_$round.md"
+            --backends triton --no-error ${AB_GRAPH:+--graph} --json "$D/att_${side}_$round.json" --md "$D/att_${side}_$round.md"
       done
     done ;;
   model)
