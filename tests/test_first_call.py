@@ -181,3 +181,18 @@ def test_the_verification_worker_stays_alive_across_calls(empty_cache, monkeypat
         assert selection._pool("verify").proc.pid == pid and selection._pool("verify").proc.poll() is None
     finally:
         selection.close_workers()
+
+
+def test_a_kind_without_cases_is_verified_on_every_feature_it_uses():
+    """A call kind no contract case has (attention with key padding, a window and ALiBi) is
+    verified on the quick cases and, for each of its features, a case that has it: the ALiBi
+    the call asks for is exercised before the candidate serves it."""
+    from gpuparity.contracts import get_spec
+    spec = get_spec("attention")
+    kinds = {c.name: spec.kind(c.params) for c in spec.cases()}
+    kind = "key_padding+window+alibi"
+    assert kind not in kinds.values()
+    chosen = selection.first_call_cases("attention", kind)
+    for feature in ("key_padding", "window", "alibi"):
+        assert any(feature in kinds[name].split("+") for name in chosen), (feature, chosen)
+    assert set(selection.first_call_cases("attention", "causal")) <= {n for n, k in kinds.items() if k == "causal"}

@@ -140,3 +140,21 @@ def test_sdpa_decode_softcap_cases_skip_with_the_reason():
     battery = run_battery(["attention_decode"], "quick", "cpu", backends=["sdpa"], isolate=False, dtypes=["float32"])
     skipped = [r for r in battery.results if r.case == "softcap_x30_logits"]
     assert skipped and skipped[0].status == Status.SKIP and "no logit softcap" in skipped[0].reason
+
+
+def test_a_varlen_impl_with_the_documented_signature_is_checked_and_skips_alibi():
+    """`check --op attention_varlen --impl` with the documented signature (no alibi_slopes) was
+    refused as bad input ("unexpected keyword argument 'alibi_slopes'"): the ALiBi cases pass
+    the slopes only to implementations that take them; the others get those cases as SKIP."""
+    from gpuparity.checks.execute import run_case
+    from gpuparity.checks.signature import signature_mismatch
+    from gpuparity.contracts import get_spec
+
+    def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, window=None,
+               softcap=None, scale=None):
+        return composition_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
+                                  window=window, softcap=softcap, scale=scale)
+    assert signature_mismatch(varlen, "attention_varlen") is None
+    case = next(c for c in get_spec("attention_varlen").cases() if c.params.get("alibi"))
+    status, _, reason = run_case("attention_varlen", varlen, case.params, torch.float32, torch.device("cpu"), 0)
+    assert status == Status.SKIP and "takes no alibi_slopes" in reason

@@ -204,14 +204,28 @@ FIRST_CALL_CASES = 3   # at least this many cases of the call's kind, where the 
 
 def first_call_cases(op: str, kind: str) -> List[str]:
     """The cases a first call verifies its candidate on: the op's quick (hostile, small) cases of
-    exactly this kind, topped up to FIRST_CALL_CASES with its default cases of the kind; an op
-    with no case of the kind gets its quick cases (the old probe's rule for such a kind)."""
+    exactly this kind, topped up to FIRST_CALL_CASES with its default cases of the kind. For a
+    kind no case has (a combination of features, e.g. key_padding+window+alibi), the op's quick
+    cases and, for each feature of the kind, the first quick or default case that has it: every
+    feature the call uses is exercised before the candidate serves it (the quick cases alone hold
+    no ALiBi, so an ALiBi call was approved untested)."""
     spec = get_spec(op)
-    cases = spec.cases()
-    quick = [c.name for c in cases if c.level == "quick" and spec.kind(c.params) == kind]
-    more = [c.name for c in cases if c.level == "default" and spec.kind(c.params) == kind]
+    cases = [c for c in spec.cases() if c.level in ("quick", "default")]
+    kinds = {c.name: spec.kind(c.params) for c in cases}
+    quick = [c.name for c in cases if c.level == "quick" and kinds[c.name] == kind]
+    more = [c.name for c in cases if c.level == "default" and kinds[c.name] == kind]
     chosen = quick + more[:max(0, FIRST_CALL_CASES - len(quick))]
-    return chosen or [c.name for c in cases if c.level == "quick"]
+    if chosen:
+        return chosen
+    chosen = [c.name for c in cases if c.level == "quick"]
+    by_level = sorted(cases, key=lambda c: c.level != "quick")   # quick ones first, then default
+    for feature in kind.split("+"):
+        if any(feature in kinds[name].split("+") for name in chosen):
+            continue
+        found = next((c.name for c in by_level if feature in kinds[c.name].split("+")), None)
+        if found is not None:
+            chosen.append(found)
+    return chosen
 
 
 def verify(op: str, dtype: torch.dtype, kind: str, device, backend: str) -> Dict[str, Dict[str, Any]]:

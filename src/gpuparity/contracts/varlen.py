@@ -255,6 +255,7 @@ class VarlenSpec(OpSpec):
     signature = ("fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, "
                  "window=None, softcap=None, scale=None)")
     grad_inputs = ("q", "k", "v", "qkv")   # qkv: the one buffer of the strided-view case
+    optional_keywords = ("alibi_slopes",)  # an implementation without it gets the ALiBi cases as SKIP
     reference_fn = staticmethod(_reference)
 
     def cases(self):
