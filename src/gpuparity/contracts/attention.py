@@ -485,6 +485,12 @@ CASES: List[Case] = [
     _case("long_1000", B=1, H=2, Sq=1000, D=64, mask="key_padding", lengths=[613]),
     _case("decode_sq1", B=2, H=4, Hkv=1, Sq=1, Sk=77, D=64, mask="key_padding", lengths=[77, 30]),
     _case("mqa_causal", B=2, H=6, Hkv=1, Sq=40, D=64, causal=True),
+    # causal + key padding, what a padded LLM batch passes: a first call of that kind verifies on
+    # these beside the quick one (GQA, head dim 128, a tile's size + 1, lengths at and past a tile)
+    _case("causal_padding_gqa_d128", B=3, H=4, Hkv=2, Sq=65, D=128, mask="key_padding+causal", causal=True,
+          lengths=[65, 64, 1]),
+    _case("causal_padding_d64_129", B=2, H=2, Sq=129, D=64, mask="key_padding+causal", causal=True,
+          lengths=[129, 63]),
     _case("d80_bool_full_shape", D=80, Sq=21, Sk=35, mask="bool", mask_shape="bhqk", empty_rows=1),
     _case("d96_float_b1qk", D=96, Sq=17, mask="float", mask_shape="b1qk"),
     _case("d160_key_padding", D=160, Sq=33, mask="key_padding", lengths=[33, 2]),
