@@ -28,6 +28,7 @@
 #                    (AB_GRAPH=1 adds the CUDA-graph column: the kernels without the launch rate)
 #   model            benchmarks/bench_model.py (MODEL_ARGS, default eager 2048 sdpa/attn-impl/gpuparity/liger)
 #   patch-compiled   benchmarks/patch_compiled.py (PC_ARGS)
+# PACK=1 packs $OUT into $OUT.tar.gz after every step; PACK=only leaves $OUT/run.tar.gz alone at the end.
 # [A/B]: with the previous code in .ab_prev/src, alternating rounds of it ("prev") and this tree
 # ("new"); without it, this tree only. Each step runs under a time limit (LIMIT_<STEP>, seconds).
 set -uo pipefail
@@ -232,3 +233,8 @@ for STEP in "$@"; do
   # The lent machines return a limited number of files: the whole run, packed after every step.
   [ "${PACK:-0}" = 1 ] && tar -czf "$OUT.tar.gz" -C "$(dirname "$OUT")" "$(basename "$OUT")"
 done
+# PACK=only: one tarball, $OUT/run.tar.gz, in place of the folders (the lent machine returns a few
+# files, none deeper than three folders: a run's logs were lost to those limits)
+if [ "${PACK:-0}" = only ]; then
+  tar -czf "/tmp/gpu_run_$$.tar.gz" -C "$OUT" . && rm -rf "${OUT:?}"/* && mv "/tmp/gpu_run_$$.tar.gz" "$OUT/run.tar.gz"
+fi
