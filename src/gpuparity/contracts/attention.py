@@ -518,15 +518,6 @@ class AttentionSpec(OpSpec):
     grad_inputs = ("q", "k", "v")
     reference_fn = staticmethod(attention)
 
-    def cases(self):
-        return CASES
-
-    def families(self):
-        return FAMILIES
-
-    def make_case(self, name, level="default", **overrides):
-        return _case(name, level, **overrides)
-
     def normalize(self, params):
         params = dict(params)
         if params["H"] % params["Hkv"]:

@@ -252,15 +252,6 @@ class DecodeSpec(OpSpec):
     # passed only to implementations that take it (an --impl without it gets the ALiBi cases as SKIP)
     optional_keywords = ("alibi_slopes",)
 
-    def cases(self):
-        return CASES
-
-    def families(self):
-        return FAMILIES
-
-    def make_case(self, name, level="default", **overrides):
-        return _case(name, level, **overrides)
-
     def normalize(self, params):
         params = dict(params)
         if params.get("lengths") is not None:

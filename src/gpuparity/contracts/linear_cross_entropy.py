@@ -102,15 +102,6 @@ class LinearCrossEntropySpec(OpSpec):
     # candidate like the kernel, measured against it.
     baseline_backend = "torch"
 
-    def cases(self):
-        return CASES
-
-    def families(self):
-        return FAMILIES
-
-    def make_case(self, name, level="default", **overrides):
-        return _case(name, level, **overrides)
-
     def kind(self, params):
         return "softcap" if params.get("softcap") else "default"
 

@@ -201,12 +201,6 @@ class _NormSpec(OpSpec):
     def cases(self):
         return [c for c in CASES if c.params.get("only") in (None, self.op)]
 
-    def families(self):
-        return FAMILIES
-
-    def make_case(self, name, level="default", **overrides):
-        return _case(name, level, **overrides)
-
     def work(self, p):
         count = 1
         for size in p["shape"]:

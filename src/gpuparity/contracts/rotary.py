@@ -217,15 +217,6 @@ class RotarySpec(OpSpec):
     grad_inputs = ("x",)
     reference_fn = staticmethod(apply_rotary)
 
-    def cases(self):
-        return CASES
-
-    def families(self):
-        return FAMILIES
-
-    def make_case(self, name, level="default", **overrides):
-        return _case(name, level, **overrides)
-
     def normalize(self, params):
         params = dict(params)
         if params.get("rotary_dim", 0) > params.get("D", 0) or params.get("D", 0) % 2 or params.get("rotary_dim", 0) % 2:

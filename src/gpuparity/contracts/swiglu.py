@@ -69,15 +69,6 @@ class SwiGLUSpec(OpSpec):
     grad_inputs = ("gate", "up")
     reference_fn = staticmethod(reference_swiglu)
 
-    def cases(self):
-        return CASES
-
-    def families(self):
-        return FAMILIES
-
-    def make_case(self, name, level="default", **overrides):
-        return _case(name, level, **overrides)
-
     def timing_params(self):
         return _case("timing", shape=(1024, 2048)).params
 

@@ -258,15 +258,6 @@ class VarlenSpec(OpSpec):
     optional_keywords = ("alibi_slopes",)  # an implementation without it gets the ALiBi cases as SKIP
     reference_fn = staticmethod(_reference)
 
-    def cases(self):
-        return CASES
-
-    def families(self):
-        return FAMILIES
-
-    def make_case(self, name, level="default", **overrides):
-        return _case(name, level, **overrides)
-
     def work(self, p):
         return p["H"] * sum(q * k for q, k in zip(p["q_lens"], p["k_lens"]))
 
