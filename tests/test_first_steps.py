@@ -201,3 +201,19 @@ def test_prepare_workers_of_their_own_check_side_by_side(empty_cache, monkeypatc
     monkeypatch.setenv(selection.PREPARE_WORKERS, "many")
     with pytest.raises(ValueError, match=selection.PREPARE_WORKERS):
         select.prepare(list(_problems()))
+
+
+def test_prepare_workers_default_to_one_per_four_cores_on_a_gpu_only(monkeypatch):
+    """Unset, GPUPARITY_PREPARE_WORKERS is 0 for CPU calls (the caller's cores) and, for GPU calls,
+    one worker per 4 host cores, at most MAX_DEFAULT_PREPARE_WORKERS (the first-call checks are
+    mostly Triton compiles, one core each); a set value wins."""
+    import dataclasses
+    monkeypatch.delenv(selection.PREPARE_WORKERS, raising=False)
+    on_cpu = list(_problems())
+    on_gpu = [dataclasses.replace(p, device=torch.device("cuda")) for p in on_cpu]
+    for cores, expected in ((2, 0), (8, 2), (16, 4), (128, selection.MAX_DEFAULT_PREPARE_WORKERS)):
+        monkeypatch.setattr(selection.os, "cpu_count", lambda cores=cores: cores)
+        assert selection._prepare_workers(on_cpu) == 0
+        assert selection._prepare_workers(on_gpu) == expected
+    monkeypatch.setenv(selection.PREPARE_WORKERS, "0")
+    assert selection._prepare_workers(on_gpu) == 0

@@ -114,11 +114,32 @@ def close_workers() -> None:
         _POOLS.clear()
 
 
+# Background threads of this module (the refinement, `prepare`'s), joined at exit. They are
+# daemon threads: one still inside torch when the interpreter finalizes is stopped where it
+# stands, and a stop inside C++ (pybind11 re-taking the GIL) aborts the whole process with
+# "terminate called without an active exception" (exit -6). So the exit stops them first.
+_THREADS: List[threading.Thread] = []
+EXIT_JOIN_S = 5.0   # what the exit waits, in all, for them to end (each ends between its checks)
+
+
+def _start_thread(target: Callable[..., None], name: str, *args: Any) -> threading.Thread:
+    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+    _THREADS[:] = [t for t in _THREADS if t.is_alive()] + [thread]
+    thread.start()
+    return thread
+
+
 @atexit.register
 def shutdown() -> None:
-    """Stop the background refinement and end the kept workers (registered at exit)."""
+    """Stop the background refinement and `prepare`, end the kept workers (which ends the checks
+    under way there), and wait up to EXIT_JOIN_S for the threads to end (registered at exit)."""
     _STOP.set()
+    _REFINE_QUEUE.put(None)   # wakes a refinement waiting for work
     close_workers()
+    deadline = time.monotonic() + EXIT_JOIN_S
+    for thread in list(_THREADS):
+        if thread is not threading.current_thread():
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class _UntilExit(Budget):
@@ -335,14 +356,16 @@ def _refine_later(problem: Problem) -> None:
             return
         _REFINE_ASKED.add(job)
         if _REFINE_THREAD is None:
-            _REFINE_THREAD = threading.Thread(target=_refine_loop, name="gpuparity-refine", daemon=True)
-            _REFINE_THREAD.start()
+            _REFINE_THREAD = _start_thread(_refine_loop, "gpuparity-refine")
     _REFINE_QUEUE.put(job)
 
 
 def _refine_loop() -> None:
     while not _STOP.is_set():
-        op, dtype, kind, device = _REFINE_QUEUE.get()
+        job = _REFINE_QUEUE.get()
+        if job is None:   # the exit's wake-up
+            return
+        op, dtype, kind, device = job
         while not _STOP.is_set() and time.monotonic() - _LAST_VERIFY[0] < REFINE_QUIET_S:
             _STOP.wait(min(1.0, REFINE_QUIET_S))
         try:
@@ -366,11 +389,14 @@ _PREPARE_SERIAL = itertools.count()   # names each own worker apart from those s
 _OWN_WORKER = threading.local()    # .purpose: the kept worker of this prepare thread's own, if it has one
 # Workers of their own for `prepare` (GPUPARITY_PREPARE_WORKERS=N: N threads, each with its own
 # worker, checking N of the queued calls at once, each worker ended when the queue is empty).
-# Default 0: one thread that shares the first-call worker, taking turns with the caller. More
-# workers check the calls side by side (a GPU's Triton compiles are CPU-bound, one core each)
-# but each starts its own torch and holds its own CUDA context (some hundred MiB) meanwhile;
-# not the default until a measurement on a GPU says it pays (benchmarks/first_steps_breakdown.py).
+# Default on a GPU: one worker per 4 host cores, at most 4 (a fresh H100 spent 44 s of a patched
+# Llama's first forward on five ops checked one after another, most of it Triton compiles, which
+# are CPU-bound, one core each: benchmarks/records/h100/first-steps-2026-11-27.md); each own
+# worker starts its own torch and holds its own CUDA context (some hundred MiB) until the queue
+# is empty. On a CPU 0: one thread that shares the first-call worker, taking turns with the caller
+# (own workers would compete with the caller for its cores).
 PREPARE_WORKERS = "GPUPARITY_PREPARE_WORKERS"
+MAX_DEFAULT_PREPARE_WORKERS = 4
 # verdict keys `prepare` verified whose first call has not come yet: a guessed call (a kind the
 # model may never use) must not start the background timing of every backend; its first call does
 _PREPARED = caches.register("checks.selection.prepared", set())
@@ -425,8 +451,8 @@ def prepare(problems: Sequence[Problem], resolve: Callable[[Problem], Any]) -> i
     problem queued before is not queued again."""
     if os.environ.get(TRUST_UNPROBED) == "1":
         return 0
-    own = _prepare_workers()
     wanted = [p for p in problems if _isolate(normalize_device(p.device))]
+    own = _prepare_workers(wanted)
     if wanted:
         # the backends' registration, here in the caller's thread: load_all marks itself done
         # before its imports end, so a first call racing the background thread could see half
@@ -446,16 +472,18 @@ def prepare(problems: Sequence[Problem], resolve: Callable[[Problem], Any]) -> i
         for _ in range(_PREPARE_RUNNING[0], max(1, own) if queued else 0):
             _PREPARE_RUNNING[0] += 1
             purpose = f"prepare-{next(_PREPARE_SERIAL)}" if own else None
-            threading.Thread(target=_prepare_loop, args=(purpose,), name=PREPARE_THREAD, daemon=True).start()
+            _start_thread(_prepare_loop, PREPARE_THREAD, purpose)
     if queued and not own:
         prestart()
     return queued
 
 
-def _prepare_workers() -> int:
+def _prepare_workers(problems: Sequence[Problem] = ()) -> int:
     configured = os.environ.get(PREPARE_WORKERS, "").strip()
     if not configured:
-        return 0
+        if not any(normalize_device(p.device).type == "cuda" for p in problems):
+            return 0
+        return max(0, min(MAX_DEFAULT_PREPARE_WORKERS, (os.cpu_count() or 1) // 4))
     if not configured.isdigit():
         raise ValueError(f"{PREPARE_WORKERS}: expected a number of workers (0: share the first-call worker), "
                          f"got {configured!r}")
