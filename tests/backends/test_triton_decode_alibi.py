@@ -91,7 +91,8 @@ def _planted(kind):
                 k_cache, v_cache = td.gather_pages(k_cache, block_table), td.gather_pages(v_cache, block_table)
             q_len, s_max = q.shape[2], k_cache.shape[2]
             bias = -alibi_slopes.reshape(-1, q.shape[1], 1, 1) * (
-                torch.arange(q_len).view(1, 1, -1, 1) - torch.arange(s_max).view(1, 1, 1, -1)).abs()
+                torch.arange(q_len, device=q.device).view(1, 1, -1, 1)
+                - torch.arange(s_max, device=q.device).view(1, 1, 1, -1)).abs()
             allowed = td.decode_allowed(cache_seqlens, q_len, s_max)
             scores = (q @ td._repeat_kv(q, k_cache, v_cache)[0].transpose(-1, -2)) * (scale or q.shape[-1] ** -0.5)
             if softcap is not None:
@@ -130,8 +131,9 @@ def test_the_batterys_decode_alibi_cases_pass_the_kernel_and_catch_wrong_biases(
                                      torch.float32, device, 0, baseline_fn=baseline)
         assert status == Status.PASS, (case.name, reason)
         for kind in caught:
-            status, _, _ = run_case("attention_decode", _planted(kind), case.params, torch.float32, device, 0,
-                                    baseline_fn=baseline)
+            status, _, reason = run_case("attention_decode", _planted(kind), case.params, torch.float32, device, 0,
+                                         baseline_fn=baseline)
+            assert status in (Status.PASS, Status.FAIL), (kind, case.name, reason)   # a planted bug fails; it never errors
             if status == Status.FAIL:
                 caught[kind].add(case.name)
     assert caught["ignored"] == {c.name for c in cases}
