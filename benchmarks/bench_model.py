@@ -303,7 +303,10 @@ def markdown(result):
 def _child(args, child_argv, variant, mode, seq, env, timeout):
     cmd = [sys.executable, os.path.abspath(__file__), *child_argv, "--one", f"{variant}:{mode}:{seq}"]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+        # faulthandler: a child that aborts (SIGABRT, e.g. std::terminate at exit) prints every
+        # thread's Python stack, kept in the row's stderr_tail
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**env, "PYTHONFAULTHANDLER": "1"},
+                              timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"variant": variant, "mode": mode, "seq": seq, "error": f"timed out after {timeout:g} s"}
     if proc.returncode == 0:
@@ -311,7 +314,7 @@ def _child(args, child_argv, variant, mode, seq, env, timeout):
     lines = [l for l in proc.stderr.strip().splitlines() if l.strip()]
     cause = next((l for l in reversed(lines) if "Error" in l or "error" in l), lines[-1] if lines else "")
     return {"variant": variant, "mode": mode, "seq": seq,
-            "error": f"crashed (exit {proc.returncode}): {cause.strip()[:300]}"}
+            "error": f"crashed (exit {proc.returncode}): {cause.strip()[:300]}", "stderr_tail": lines[-80:]}
 
 
 def _strip(argv, *names):

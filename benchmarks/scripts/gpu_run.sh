@@ -73,7 +73,7 @@ for STEP in "$@"; do
   LIMIT_VAR="LIMIT_${STEP//-/_}"; LIMIT=${!LIMIT_VAR:-}
   case $STEP in
   tests)
-    $PY -c "import xdist" 2> /dev/null || pip install -q --no-deps .wheels/*.whl > /dev/null 2>&1
+    $PY -c "import xdist" 2> /dev/null || $PY -m pip install -q --no-deps .wheels/*.whl > /dev/null 2>&1
     XDIST=""; $PY -c "import xdist" 2> /dev/null && XDIST="-n ${TEST_WORKERS:-8}" \
       || echo "== tests: pytest-xdist missing (carry its wheels in .wheels/); one worker" | tee -a "$OUT/steps.txt"
     run tests "${LIMIT:-400}" env GPUPARITY_TEST_DEVICE=cuda $PY -m pytest -q -p no:cacheprovider $XDIST \
@@ -219,7 +219,7 @@ for STEP in "$@"; do
       done
     done ;;
   model)
-    $PY -c "import liger_kernel" 2> /dev/null || pip install -q --no-deps .wheels/*.whl > /dev/null 2>&1
+    $PY -c "import liger_kernel" 2> /dev/null || $PY -m pip install -q --no-deps .wheels/*.whl > /dev/null 2>&1
     # shellcheck disable=SC2086  # MODEL_ARGS is a list of arguments
     run model "${LIMIT:-400}" $PY benchmarks/bench_model.py ${MODEL_ARGS:---seqs 2048 --modes eager --variants sdpa,attn-impl,gpuparity,liger --rounds 3 --first-steps} --out "$D"
     tail -30 "$D/model.log" ;;
