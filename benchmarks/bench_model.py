@@ -94,6 +94,8 @@ def run_one(args, variant, mode, seq):
 
     import torch
     import transformers
+    if variant != "sdpa" and not variant.startswith("liger"):
+        import gpuparity  # noqa: F401 - at the top, as a script has it (on a GPU it starts the first-call worker)
     # gpuparity's INFO lines (a first call that verified a backend says which and how long) go
     # into the row, not to the terminal
     said = []

@@ -56,10 +56,10 @@ def note(what, start, **fields):
 args = json.loads(sys.argv[1])
 import torch
 import transformers
-if args["variant"] == "patched" and args["early_worker"]:
-    # what starting the verification worker at `import gpuparity` would give: its start
-    # overlapping the model's construction (here: importing ops/select.py starts it)
-    import gpuparity.ops.select
+if args["variant"] == "patched" and not args["late_import"]:
+    # `import gpuparity` where a script has it, at the top, beside torch: on a GPU machine it
+    # starts the first-call worker, whose start then overlaps the model's construction
+    import gpuparity
 torch.manual_seed(0)
 dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args["dtype"]]
 device = torch.device(args["device"])
@@ -170,9 +170,9 @@ def parse_args(argv=None):
                    help="GPUPARITY_PROBE_REFINE (off: the background timing does not compete with the steps)")
     p.add_argument("--user-setup-s", type=float, default=0.0,
                    help="seconds of the user's own setup after patch() and before the first step (a sleep)")
-    p.add_argument("--early-worker", action="store_true",
-                   help="start the verification worker before the model is built (importing gpuparity.ops.select), "
-                        "as if `import gpuparity` started it")
+    p.add_argument("--late-import", action="store_true",
+                   help="import gpuparity only after the model is built (by default a patched run imports it at "
+                        "the top, beside torch, as a script does: on a GPU machine that starts the first-call worker)")
     p.add_argument("--repeats", type=int, default=2, help="runs of each variant, alternated")
     p.add_argument("--variants", default="unpatched,patched")
     p.add_argument("--src", default=SRC, help="PYTHONPATH for the child (another checkout's src to compare)")
@@ -183,7 +183,7 @@ def parse_args(argv=None):
 
 def one(args, variant):
     spec = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "kv_heads", "vocab", "seq", "batch", "steps",
-                                           "device", "dtype", "user_setup_s", "early_worker")}
+                                           "device", "dtype", "user_setup_s", "late_import")}
     spec["intermediate"] = args.intermediate or int(args.hidden * 2.75)
     spec["variant"] = variant
     with tempfile.TemporaryDirectory(prefix="gpuparity-first-steps-") as cache:

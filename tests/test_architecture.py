@@ -299,6 +299,7 @@ def test_the_check_engine_runs_contracts_from_the_registry():
 NOT_CACHES = {
     "gpuparity.caches": {"_CLEARERS": "the cache registry itself"},
     "gpuparity.isolate": {"_CHILDREN": "the live worker processes, ended with the parent"},
+    "gpuparity.checks.selection": {"_THREADS": "the live background threads, joined at exit"},
     "gpuparity.registry": {"_REGISTRY": "the backend registry, filled at import",
                            "_LISTENERS": "callbacks told when the registry changes"},
     "gpuparity.known.probes.base": {"PROBES": "the probe registry, filled at import"},

@@ -20,7 +20,7 @@ from ..contracts import get_spec
 from ..isolate import Stopped, child_env, describe_exit, forget, kill_tree, spawn, stopping, tail
 from .plan import Task, is_jit
 from .results import CheckResult, Comparison, Status
-from .worker import MARKER
+from .worker import MARKER, READY
 
 DEFAULT_TIMEOUT_S = {"cpu": 60.0, "cuda": 180.0}  # the first Triton call compiles its kernels
 # A kernel that hangs costs the whole per-check timeout on every check, and one that segfaults
@@ -94,6 +94,7 @@ class WorkerPool:
         self.proc: Optional[subprocess.Popen] = None
         self.lines: "queue.Queue[Optional[str]]" = queue.Queue()
         self.stderr_file = None
+        self.ready = threading.Event()   # set when the worker said READY, or ended
 
     def start(self) -> "WorkerPool":
         """Start the worker now (it imports torch while the caller does other work)."""
@@ -105,17 +106,28 @@ class WorkerPool:
     def _start(self) -> None:
         self.stderr_file = tempfile.TemporaryFile(mode="w+")
         self.lines = queue.Queue()
+        self.ready = threading.Event()
         self.proc = spawn([sys.executable, "-m", "gpuparity.checks.worker"], stdin=subprocess.PIPE,
                           stdout=subprocess.PIPE, stderr=self.stderr_file, text=True,
                           env=child_env(self.env), bufsize=1)
-        reader = threading.Thread(target=self._read, args=(self.proc, self.lines), daemon=True)
+        reader = threading.Thread(target=self._read, args=(self.proc, self.lines, self.ready), daemon=True)
         reader.start()
 
     @staticmethod
-    def _read(proc: subprocess.Popen, lines: "queue.Queue[Optional[str]]") -> None:
+    def _read(proc: subprocess.Popen, lines: "queue.Queue[Optional[str]]", ready: threading.Event) -> None:
         for line in proc.stdout:
+            if line.startswith(READY):
+                ready.set()
+                continue
             lines.put(line)
+        ready.set()
         lines.put(None)  # EOF: the worker died or exited
+
+    def wait_ready(self, timeout: Optional[float] = None) -> bool:
+        """Start the worker if it is not running and wait until its imports are done (True), it
+        ended (True: the next task restarts it), or `timeout` passed (False)."""
+        self.start()
+        return self.ready.wait(timeout)
 
     def _stderr_tail(self) -> str:
         if self.stderr_file is None:

@@ -60,7 +60,7 @@ REFINE = "GPUPARITY_PROBE_REFINE"   # "background" or "off"; default: background
 
 
 class _Workers(dict):
-    """purpose -> (the fp32 switches it started with, worker); clearing it ends the workers."""
+    """purpose -> (what it read at its start: _START_ENV, worker); clearing it ends the workers."""
 
     def clear(self) -> None:
         for _, pool in list(self.values()):
@@ -77,11 +77,17 @@ PREPARE_THREAD = "gpuparity-prepare"
 _STOP = threading.Event()        # set at exit: the background stops between checks
 
 
+# what a worker reads once, at its start: it is started again when the caller changed one since
+_START_ENV = (TF32_ENV, "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+
+
 def _pool(purpose: str) -> WorkerPool:
     """The worker kept for `purpose` ("verify": first calls, "refine": the background), started
     again when this process changed its fp32 switches (the worker checks fp32 as the caller
-    computes it, read at its start)."""
-    switches = child_env().get(TF32_ENV, "")
+    computes it, read at its start) or the devices it makes visible (a worker started at import,
+    before a script set CUDA_VISIBLE_DEVICES, would check another GPU)."""
+    env = child_env()
+    switches = "|".join(env.get(name, "") for name in _START_ENV)
     with _POOLS_LOCK:
         kept = _POOLS.get(purpose)
         if kept is not None and kept[0] != switches:
@@ -92,16 +98,18 @@ def _pool(purpose: str) -> WorkerPool:
         return kept[1]
 
 
-def prestart() -> None:
+def prestart(gpu_visible: Optional[bool] = None) -> None:
     """Start the first-call worker now where checks run in workers (a visible GPU, or
     GPUPARITY_PROBE=subprocess), so that its imports (torch, Triton, the backends: seconds)
     overlap the caller's own setup instead of the first call. It takes no GPU memory until a
-    check arrives. ops/select.py calls this when it is imported."""
+    check arrives. `import gpuparity` calls this beside a torch program on a GPU machine
+    (gpu_visible=True: decided from the device files, without initializing CUDA here), and
+    ops/select.py when it is imported."""
     mode = os.environ.get("GPUPARITY_PROBE", "auto")
     if mode == "inprocess" or os.environ.get(TRUST_UNPROBED) == "1":
         return
     try:
-        wanted = mode == "subprocess" or torch.cuda.is_available()
+        wanted = mode == "subprocess" or (gpu_visible if gpu_visible is not None else torch.cuda.is_available())
         if wanted:
             _pool("verify").start()
     except Exception as exc:  # noqa: BLE001 - the first call starts it then
@@ -385,6 +393,8 @@ _IN_FLIGHT: Dict[str, threading.Event] = caches.register("checks.selection.in_fl
 _PREPARE_QUEUE: "queue.Queue[tuple]" = queue.Queue()
 _PREPARE_ASKED = caches.register("checks.selection.prepare_asked", set())   # (problem, store) already queued
 _PREPARE_RUNNING = [0]             # prepare threads alive (each ends when the queue is empty)
+_PREPARE_SHARED = [0]              # 1 while the prepare thread on the shared first-call worker is alive
+READY_POLL_S = 0.2                 # how often an own worker's thread, waiting for its start, looks at the queue
 _PREPARE_SERIAL = itertools.count()   # names each own worker apart from those still running
 _OWN_WORKER = threading.local()    # .purpose: the kept worker of this prepare thread's own, if it has one
 # Workers of their own for `prepare` (GPUPARITY_PREPARE_WORKERS=N: N threads, each with its own
@@ -469,11 +479,19 @@ def prepare(problems: Sequence[Problem], resolve: Callable[[Problem], Any]) -> i
             _PREPARE_ASKED.add(asked)
             _PREPARE_QUEUE.put((problem, resolve))
             queued += 1
-        for _ in range(_PREPARE_RUNNING[0], max(1, own) if queued else 0):
-            _PREPARE_RUNNING[0] += 1
-            purpose = f"prepare-{next(_PREPARE_SERIAL)}" if own else None
-            _start_thread(_prepare_loop, PREPARE_THREAD, purpose)
-    if queued and not own:
+        if queued:
+            # one thread on the shared first-call worker (started at import or at the first
+            # patch(), so often ready by now), and `own` threads that each start a worker of their
+            # own and take from the queue once it is ready: a check never waits for a start that
+            # an idle, ready worker could have spared it
+            if not _PREPARE_SHARED[0]:
+                _PREPARE_SHARED[0] = 1
+                _PREPARE_RUNNING[0] += 1
+                _start_thread(_prepare_loop, PREPARE_THREAD, None)
+            for _ in range(_PREPARE_RUNNING[0] - _PREPARE_SHARED[0], own):
+                _PREPARE_RUNNING[0] += 1
+                _start_thread(_prepare_loop, PREPARE_THREAD, f"prepare-{next(_PREPARE_SERIAL)}")
+    if queued:
         prestart()
     return queued
 
@@ -505,12 +523,22 @@ def wait_prepared(timeout: Optional[float] = None) -> bool:
 def _prepare_loop(purpose: Optional[str]) -> None:
     _OWN_WORKER.purpose = purpose
     try:
+        if purpose is not None:   # an own worker: take work only once it can start on it at once
+            try:
+                pool = _pool(purpose)
+                while not pool.wait_ready(READY_POLL_S):
+                    if _STOP.is_set() or _PREPARE_QUEUE.empty():
+                        break
+            except Exception as exc:  # noqa: BLE001 - the check itself reports a worker that cannot start
+                LOG.debug("gpuparity: a prepare worker did not start: %s: %s", type(exc).__name__, exc)
         while True:
             with _POOLS_LOCK:   # prepare() queues under this lock: a call queued now finds this thread alive
                 try:
                     problem, resolve = _PREPARE_QUEUE.get_nowait()
                 except queue.Empty:
                     _PREPARE_RUNNING[0] -= 1
+                    if purpose is None:
+                        _PREPARE_SHARED[0] = 0
                     return
             try:
                 if not _STOP.is_set():

@@ -9,6 +9,7 @@ import traceback
 from typing import Any, Dict
 
 MARKER = "GPUPARITY-TASK "
+READY = "GPUPARITY-READY"   # one line once the imports are done: the worker takes tasks now
 
 
 def handle(task: Dict[str, Any]) -> Dict[str, Any]:
@@ -52,6 +53,8 @@ def main() -> int:
     die_with_parent()   # a worker does not outlive the run that started it
     apply_fp32_switches(os.environ.get(TF32_ENV))  # fp32 as the parent computes it
     load_all()
+    sys.stdout.write(READY + "\n")
+    sys.stdout.flush()
     for line in sys.stdin:
         line = line.strip()
         if not line:
