@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 
 import pytest
@@ -70,3 +71,14 @@ def _fresh_resolutions():
     dispatch.forget()
     triton_common.clear_plans()  # prepared launches too (tests patch tile tables and families)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _no_prepare_left_running():
+    """A test that patched a model leaves `prepare`'s background threads to finish before the next
+    test queues its own calls (a thread left waiting for its worker took the next test's queue)."""
+    yield
+    selection = sys.modules.get("gpuparity.checks.selection")
+    if selection is not None and selection._PREPARE_RUNNING[0]:
+        selection.wait_prepared(120)
+        selection.prepare_idle(60)

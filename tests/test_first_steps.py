@@ -30,6 +30,7 @@ def empty_cache(tmp_path, monkeypatch):
     verdicts.clear_cache()
     yield tmp_path
     assert selection.wait_prepared(600)
+    assert selection.prepare_idle(60)
     verdicts.clear_cache()
 
 
@@ -194,7 +195,7 @@ def test_prepare_workers_of_their_own_check_side_by_side(empty_cache, monkeypatc
 
     monkeypatch.setattr(selection, "run_tasks", in_process)
     assert select.prepare(list(_problems())) == 3
-    assert selection.wait_prepared(60)
+    assert selection.wait_prepared(60) and selection.prepare_idle(60)
     assert {op for op, _ in pools} == {"rms_norm", "layer_norm", "swiglu"}
     assert len({id(pool) for _, pool in pools[:2]}) == 2                  # a worker each
     assert all(not name.startswith("prepare-") for name in selection._POOLS)   # ended with their threads
