@@ -395,11 +395,6 @@ _PREPARE_ASKED = caches.register("checks.selection.prepare_asked", set())   # (p
 _PREPARE_RUNNING = [0]             # prepare threads alive (each ends when the queue is empty)
 _PREPARE_SHARED = [0]              # 1 while the prepare thread on the shared first-call worker is alive
 READY_POLL_S = 0.2                 # how often an own worker's thread, waiting for its start, looks at the queue
-# An own worker starts only when the queue still holds work this long after it was filled: with
-# Triton's cache warm the shared worker checks a model's ops in a few seconds, before an own
-# worker (torch's import, then its CUDA context: 4-8 s on an H100 host) could take one; with the
-# cache cold (a compile per kernel, seconds each) the own workers take the rest side by side.
-OWN_WORKER_DELAY_S = 2.0
 _PREPARE_SERIAL = itertools.count()   # names each own worker apart from those still running
 _OWN_WORKER = threading.local()    # .purpose: the kept worker of this prepare thread's own, if it has one
 # Workers of their own for `prepare` (GPUPARITY_PREPARE_WORKERS=N: N threads, each with its own
@@ -544,7 +539,6 @@ def _prepare_loop(purpose: Optional[str]) -> None:
     _OWN_WORKER.purpose = purpose
     try:
         if purpose is not None:   # an own worker: take work only once it can start on it at once
-            _STOP.wait(OWN_WORKER_DELAY_S)
             try:
                 if _STOP.is_set() or _PREPARE_QUEUE.empty():
                     raise _NothingLeft
