@@ -547,9 +547,13 @@ class AttentionSpec(OpSpec):
         return 48 * (min(scores, REFERENCE_BLOCK_SCORES) + vectors) + 16 * mask
 
     def error_terms(self, inputs, p):
-        """Each output's floor terms: attention_floor_terms of the case's views and masks."""
+        """Each output's floor terms: attention_floor_terms of the case's views and masks, ALiBi's
+        bias included (the logits the kernels exponentiate are the biased ones, as the referee's)."""
         q, k, _ = self._views(inputs, p)
-        keys, rows = attention_floor_terms(q, k, attn_mask=inputs.get("attn_mask"),
+        attn_mask = inputs.get("attn_mask")
+        if p.get("alibi"):
+            attn_mask = with_alibi(attn_mask, alibi_bias(alibi_slopes(p, q.device), p["Sq"], p["Sk"]))
+        keys, rows = attention_floor_terms(q, k, attn_mask=attn_mask,
                                            key_padding_mask=inputs.get("key_padding_mask"), is_causal=p["causal"],
                                            scale=p["scale"], window=p.get("window"), softcap=p.get("softcap"))
         return {"out": keys, "grad_q": keys, "grad_k": rows, "grad_v": rows}

@@ -270,11 +270,17 @@ class VarlenSpec(OpSpec):
         else:
             q, k = inputs["q"], inputs["k"]
         bounds_q, bounds_k = inputs["cu_seqlens_q"].tolist(), inputs["cu_seqlens_k"].tolist()
+        slopes = None
+        if p.get("alibi"):   # each sequence's ALiBi bias on its own lengths, as the referee adds it
+            slopes = alibi_slopes({"H": p["H"], "B": len(p["q_lens"]), "alibi": p["alibi"]}, "cpu")
+            slopes = slopes.to(q.device).expand(len(p["q_lens"]), p["H"])
         peak = 0.0
         for b in range(len(bounds_q) - 1):
             (qs, qe), (ks, ke) = bounds_q[b:b + 2], bounds_k[b:b + 2]
             if qe > qs and ke > ks:
                 mask = bottom_right_allowed(qe - qs, ke - ks, p["causal"], _window(p), q.device)
+                if slopes is not None:
+                    mask = with_alibi(mask, alibi_bias(slopes[b], qe - qs, ke - ks))
                 q_i, k_i = (t.transpose(0, 1).unsqueeze(0) for t in (q[qs:qe], k[ks:ke]))
                 peak = max(peak, attention_logit_peak(q_i, k_i, attn_mask=mask, scale=p["scale"],
                                                       softcap=p["softcap"]))
