@@ -39,3 +39,24 @@ def test_shutdown_stops_and_joins_the_background_threads():
 def selection_join_s() -> float:
     from gpuparity.checks import selection
     return selection.EXIT_JOIN_S
+
+
+FORK_SCRIPT = textwrap.dedent("""
+    import os, sys, time
+    from gpuparity.checks import selection
+    pool = selection._pool("verify")   # a kept worker: the exit's shutdown() ends those
+    assert pool.wait_ready(120)
+    pid = os.fork()
+    if pid == 0:       # a user's fork that exits through atexit (gpuparity's exit handlers run)
+        sys.exit(0)
+    os.waitpid(pid, 0)
+    time.sleep(0.5)
+    print("worker alive after the fork's exit:", pool.proc.poll() is None)
+    pool.close()
+""")
+
+
+def test_a_forked_child_exiting_leaves_the_parents_workers_alone():
+    proc = subprocess.run([sys.executable, "-c", FORK_SCRIPT], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "worker alive after the fork's exit: True", proc.stdout

@@ -116,6 +116,7 @@ def spawn(argv, **popen_args) -> subprocess.Popen:
         if _STOPPING.is_set():
             raise Stopped("interrupted: no new child process")
         proc = subprocess.Popen(argv, start_new_session=True, **popen_args)
+        proc.gpuparity_owner = os.getpid()   # see kill_tree
         _CHILDREN.add(proc)
     return proc
 
@@ -220,6 +221,11 @@ def call_isolated(target: str, kwargs: Optional[Dict[str, Any]] = None, timeout:
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
+    """Kill proc's process group, if this process started it: a fork of the starting process
+    (e.g. a user's os.fork() child that exits through atexit) inherits the Popen objects and must
+    not kill its parent's workers (the parent's next check would read that as a crash)."""
+    if getattr(proc, "gpuparity_owner", os.getpid()) != os.getpid():
+        return
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError, OSError):
