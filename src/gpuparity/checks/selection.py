@@ -1,3 +1,4 @@
+# long file: the first-call path of backend="auto" (verifying the candidate, the kept workers, prepare ahead of first calls, the background refinement) shares one lock, one set of workers and one exit; apart, each would reach into the others' state
 """Verified selection: the checks behind a first `backend="auto"` call, and its order.
 
 A first `backend="auto"` call (dispatch walks the candidates in `rank` order and asks
