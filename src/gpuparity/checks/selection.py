@@ -88,14 +88,14 @@ def _pool(purpose: str) -> WorkerPool:
     computes it, read at its start) or the devices it makes visible (a worker started at import,
     before a script set CUDA_VISIBLE_DEVICES, would check another GPU)."""
     env = child_env()
-    switches = "|".join(env.get(name, "") for name in _START_ENV)
+    started_with = "|".join(env.get(name, "") for name in _START_ENV)
     with _POOLS_LOCK:
         kept = _POOLS.get(purpose)
-        if kept is not None and kept[0] != switches:
+        if kept is not None and kept[0] != started_with:
             kept[1].close()
             kept = None
         if kept is None:
-            kept = _POOLS[purpose] = (switches, WorkerPool())
+            kept = _POOLS[purpose] = (started_with, WorkerPool())
         return kept[1]
 
 
@@ -521,10 +521,6 @@ def wait_prepared(timeout: Optional[float] = None) -> bool:
     return True
 
 
-class _NothingLeft(Exception):
-    """The queue emptied before an own worker was needed."""
-
-
 def prepare_idle(timeout: Optional[float] = None) -> bool:
     """Block until no `prepare` thread is alive (True) or `timeout` passed (False): what a test
     waits for before the next one queues its own calls."""
@@ -541,14 +537,10 @@ def _prepare_loop(purpose: Optional[str]) -> None:
     try:
         if purpose is not None:   # an own worker: take work only once it can start on it at once
             try:
-                if _STOP.is_set() or _PREPARE_QUEUE.empty():
-                    raise _NothingLeft
-                pool = _pool(purpose)
-                while not pool.wait_ready(READY_POLL_S):
+                pool = None if _STOP.is_set() or _PREPARE_QUEUE.empty() else _pool(purpose)
+                while pool is not None and not pool.wait_ready(READY_POLL_S):
                     if _STOP.is_set() or _PREPARE_QUEUE.empty():
                         break
-            except _NothingLeft:
-                pass
             except Exception as exc:  # noqa: BLE001 - the check itself reports a worker that cannot start
                 LOG.debug("gpuparity: a prepare worker did not start: %s: %s", type(exc).__name__, exc)
         while True:

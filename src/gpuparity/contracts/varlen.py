@@ -250,6 +250,11 @@ def _reference(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
                                       softcap=softcap, scale=scale, alibi_slopes=alibi_slopes)
 
 
+def _case_slopes(p: Dict[str, Any], device) -> torch.Tensor:
+    """An ALiBi case's slopes, (H,) or per sequence (B, H), B being the number of sequences."""
+    return alibi_slopes({"H": p["H"], "B": len(p["q_lens"]), "alibi": p["alibi"]}, device)
+
+
 class VarlenSpec(OpSpec):
     op = "attention_varlen"
     signature = ("fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, "
@@ -272,8 +277,7 @@ class VarlenSpec(OpSpec):
         bounds_q, bounds_k = inputs["cu_seqlens_q"].tolist(), inputs["cu_seqlens_k"].tolist()
         slopes = None
         if p.get("alibi"):   # each sequence's ALiBi bias on its own lengths, as the referee adds it
-            slopes = alibi_slopes({"H": p["H"], "B": len(p["q_lens"]), "alibi": p["alibi"]}, "cpu")
-            slopes = slopes.to(q.device).expand(len(p["q_lens"]), p["H"])
+            slopes = _case_slopes(p, q.device).expand(len(p["q_lens"]), p["H"])
         peak = 0.0
         for b in range(len(bounds_q) - 1):
             (qs, qe), (ks, ke) = bounds_q[b:b + 2], bounds_k[b:b + 2]
@@ -330,8 +334,7 @@ class VarlenSpec(OpSpec):
             if not takes(fn, "alibi_slopes"):
                 raise BackendUnavailable(f"{getattr(fn, '__name__', 'the implementation')}: takes no alibi_slopes "
                                          "argument, which this case needs")
-            extras["alibi_slopes"] = alibi_slopes({"H": p["H"], "B": len(p["q_lens"]), "alibi": p["alibi"]},
-                                                  q.device)
+            extras["alibi_slopes"] = _case_slopes(p, q.device)
         return fn(q, k, v, inputs["cu_seqlens_q"], inputs["cu_seqlens_k"], max(p["q_lens"]), max(p["k_lens"]),
                   causal=p["causal"], window=_window(p), softcap=p["softcap"], scale=p["scale"], **extras)
 
