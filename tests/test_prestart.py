@@ -33,6 +33,7 @@ def test_the_import_starts_a_worker_only_beside_torch_on_a_gpu_machine():
     assert not wants({}, {"torch": cpu}, gpu_files)                               # a CPU build
     assert not wants({}, {}, gpu_files)                                           # no torch program yet (the CLI)
     assert not wants({gpuparity.PRESTART: "0"}, {"torch": cuda}, gpu_files)       # turned off
+    assert not wants({gpuparity.PRESTART: "off"}, {"torch": cuda}, gpu_files)
     assert not wants({"GPUPARITY_PARENT_PID": "1"}, {"torch": cuda}, gpu_files)   # gpuparity's own child
 
 

@@ -63,7 +63,7 @@ _GPU_DEVICE_FILES = {"cuda": "/dev/nvidiactl", "hip": "/dev/kfd"}
 
 
 def _wants_prestart(environ, modules, exists) -> bool:
-    if environ.get(PRESTART, "1") == "0" or environ.get("GPUPARITY_PARENT_PID"):
+    if environ.get(PRESTART, "1").strip().lower() in ("0", "false", "off", "no") or environ.get("GPUPARITY_PARENT_PID"):
         return False   # turned off, or this is one of gpuparity's own child processes
     torch = modules.get("torch")
     version = getattr(torch, "version", None)
