@@ -44,7 +44,8 @@ def parse(argv=None):
 def paged_pools(torch, k, v, page, gen):
     """k, v (B, S, Hkv, D) moved onto the same shuffled pages of two (num_blocks, page, Hkv, D)
     pools (B * ceil(S / page) pages plus a few spare ones); returns (k_pool, v_pool, block_table
-    int32 (B, ceil(S / page)))."""
+    int32 (B, ceil(S / page))). Filled one batch item at a time, so the only memory beyond the
+    pools is one item's padded copy (B 64 x 128k keeps both caches, 64 GiB, on an 80 GB card)."""
     batch, seq = k.shape[:2]
     blocks = -(-seq // page)
     num_blocks = batch * blocks + 3
@@ -52,9 +53,10 @@ def paged_pools(torch, k, v, page, gen):
     pools = []
     for cache in (k, v):
         pool = torch.zeros((num_blocks, page) + tuple(k.shape[2:]), dtype=k.dtype, device=k.device)
-        padded = torch.zeros((batch, blocks * page) + tuple(k.shape[2:]), dtype=k.dtype, device=k.device)
-        padded[:, :seq] = cache
-        pool[order.view(-1)] = padded.view((batch * blocks, page) + tuple(k.shape[2:]))
+        for item in range(batch):
+            padded = torch.zeros((blocks * page,) + tuple(k.shape[2:]), dtype=k.dtype, device=k.device)
+            padded[:seq] = cache[item]
+            pool[order[item]] = padded.view((blocks, page) + tuple(k.shape[2:]))
         pools.append(pool)
         del padded
     return pools[0], pools[1], order.to(torch.int32)

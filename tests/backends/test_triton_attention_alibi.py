@@ -191,6 +191,19 @@ def test_key_lengths_put_each_items_diagonal_at_its_length(alibi):
         assert result.passed, result.reason
 
 
+def test_far_positions_keep_the_distance_exact_near_the_diagonal():
+    """A few queries at the end of a long key sequence with steep slopes: only the keys near the
+    diagonal (j close to i + Sk - Sq, tens of thousands of positions from key 0) carry weight. The
+    kernels build the bias from positions taken relative to each tile, so fp32 keeps the small
+    distances there exact; a bias made from absolute positions (slope * 8000 and up, fp32 steps
+    of about 1e-3 and more) would miss the fp32 tolerance, forward and backward. (Not with top-left is_causal:
+    there these queries see only the first keys, all about Sk from the diagonal, and their weights
+    hang on differences of huge biases, which no fp32 form keeps.)"""
+    q, k, v, dout = inputs(1, 2, 1, 5, size(8000, 120000), 16, torch.float32, seed=6)
+    slopes = torch.tensor([1.0, 0.7], device=DEVICE)
+    check_dense(q, k, v, dout, slopes)
+
+
 def _planted(alignment):
     """An implementation that takes alibi_slopes and gets it wrong: "ignored" (no bias) or "top_left"
     (distance |i - j|, not FlashAttention's |i + Sk - Sq - j|)."""

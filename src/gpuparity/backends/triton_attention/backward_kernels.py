@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .kernels import (_NO_SPECIALIZE, _alibi_distance, _key_range, _mma, _scan_padding, _tanh, alibi_shift_of,
+from .kernels import (_NO_SPECIALIZE, _alibi_bias, _key_range, _mma, _scan_padding, _tanh, alibi_shift_of,
                       alibi_slope_of, dropout_keep)
 
 
@@ -64,7 +64,7 @@ def _bwd_dkdv_inner(dk, dv, k, v, key_kept, q_base, do_base, lse_base, delta_bas
         else:
             qk_t = _mma(k, q_t, None, DOT_PRECISION) * qk_scale
         if HAS_ALIBI:   # the forward's bias, recomputed (no gradient flows to it)
-            qk_t -= alibi_slope * _alibi_distance(rows[None, :], cols[:, None], alibi_shift)
+            qk_t += _alibi_bias(rows[None, :], cols[:, None], start_m + alibi_shift, alibi_slope, alibi_shift)
         if MASK_KIND == 2:
             bias_t = tl.load(mask_base + rows[None, :] * stride_mm + cols[:, None] * stride_mn,
                              mask=row_ok[None, :] & (cols[:, None] < k_len), other=0.0)
@@ -358,7 +358,7 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base, ho
         else:
             qk = _mma(q, k_t, None, DOT_PRECISION) * qk_scale
         if HAS_ALIBI:
-            qk -= alibi_slope * _alibi_distance(rows[:, None], cols[None, :], alibi_shift)
+            qk += _alibi_bias(rows[:, None], cols[None, :], start_n, alibi_slope, alibi_shift)
         if MASK_KIND == 2:
             bias = tl.load(mask_base + rows[:, None] * stride_mm + cols[None, :] * stride_mn,
                            mask=(rows[:, None] < q_len) & (cols[None, :] < k_len), other=0.0)

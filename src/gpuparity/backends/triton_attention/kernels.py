@@ -72,13 +72,20 @@ def _tanh(x):
 
 
 @triton.jit
-def _alibi_distance(rows, cols, alibi_shift):
-    """|i + shift - j| in fp32, FlashAttention's ALiBi distance: shift = Sk - Sq puts query i at key
-    position i + Sk - Sq (bottom-right). The varlen kernels pass rows (or columns) already moved to
-    that diagonal and shift 0. rows and cols come as (M, 1) and (1, N) (or transposed): each is
-    converted before they broadcast, so the tile costs a float subtract and an abs per score, no
-    integer-to-float conversion (a quarter-rate instruction). Exact up to 2**24 positions."""
-    return tl.abs((rows + alibi_shift).to(tl.float32) - cols.to(tl.float32))
+def _alibi_bias(rows, cols, anchor, alibi_slope, alibi_shift):
+    """ALiBi's bias -slope * |i + shift - j| in fp32 (base-2 units when the slope is), FlashAttention's
+    distance: shift = Sk - Sq puts query i at key position i + Sk - Sq (bottom-right). The varlen
+    kernels pass rows (or columns) already moved to that diagonal and shift 0. rows and cols come as
+    (M, 1) and (1, N) (or transposed). Built as -|a_i - b_j| with a = slope * (i + shift - anchor)
+    and b = slope * (j - anchor) made per row and per column: a score then costs one subtract, and
+    the absolute value with the add goes into the fused multiply-add of the scores' scale (no
+    integer-to-float conversion, no multiply per score). anchor, an integer position of this tile
+    (its first key or query), keeps a and b small near the diagonal, where the scores that count
+    are, so fp32 holds the distance there as exactly as |i + shift - j| did; far from it both are
+    large and the bias's rounding is of the order of the old form's. Exact up to 2**24 positions."""
+    a = alibi_slope * (rows + (alibi_shift - anchor)).to(tl.float32)
+    b = alibi_slope * (cols - anchor).to(tl.float32)
+    return -tl.abs(a - b)
 
 
 @triton.jit
@@ -165,7 +172,7 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, mask_base, kpm_base, holes,
         else:
             qk = _mma(q, k, None, DOT_PRECISION) * qk_scale
         if HAS_ALIBI:
-            qk -= alibi_slope * _alibi_distance(rows[:, None], cols[None, :], alibi_shift)
+            qk += _alibi_bias(rows[:, None], cols[None, :], start_n, alibi_slope, alibi_shift)
         if MASK_KIND == 2:
             bias = tl.load(mask_base + rows[:, None] * stride_mm + cols[None, :] * stride_mn,
                            mask=(rows[:, None] < q_len) & (cols[None, :] < k_len), other=0.0)
