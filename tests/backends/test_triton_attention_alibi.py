@@ -76,6 +76,9 @@ SHAPES = {
     "sq_lt_sk_gqa": (2, 4, 2, size(7, 77), size(19, 300), 16),
     "sq_gt_sk": (2, 4, 4, size(19, 300), size(7, 77), 32),
     "remainders_d40": (1, 2, 1, size(37, 517), size(45, 645), 40),
+    # several tiles on both sides of every row block's diagonal: the kernels' linear bias on tiles
+    # wholly before or after it, the |distance| form on tiles across it
+    "tiles_both_sides": (1, 2, 1, size(100, 700), size(130, 900), 16),
 }
 
 
