@@ -43,6 +43,18 @@ def handle(task: Dict[str, Any]) -> Dict[str, Any]:
     return answer
 
 
+def _preimport_autograd_helpers() -> None:
+    """What the first backward of a check would import: torch's autograd reaches
+    torch.fx.experimental.symbolic_shapes, and with it sympy, on its first call. On the lent H100
+    machine that import took 3.8 s of the first check's 5.0 s (profiled; sympy there has no
+    bytecode cached, so every process compiles it): imported here, it is part of the worker's
+    start, which overlaps the caller's own setup, not of the first call's wait."""
+    try:
+        import torch.fx.experimental.symbolic_shapes  # noqa: F401
+    except Exception:  # noqa: BLE001 - an older torch: the first backward imports what it needs
+        pass
+
+
 def main() -> int:
     # Import torch and every backend module (Triton's among them) before the first task
     # arrives: a worker started ahead of its tasks (the doctor's timing worker) is ready then.
@@ -53,6 +65,7 @@ def main() -> int:
     die_with_parent()   # a worker does not outlive the run that started it
     apply_fp32_switches(os.environ.get(TF32_ENV))  # fp32 as the parent computes it
     load_all()
+    _preimport_autograd_helpers()
     sys.stdout.write(READY + "\n")
     sys.stdout.flush()
     for line in sys.stdin:
