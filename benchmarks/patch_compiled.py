@@ -167,6 +167,12 @@ def main(argv=None):
         for variant in variants:
             rows[variant]["vs_sdpa"] = round(rows[variant]["tokens_per_s"] / base, 3)
     result.update(rows=rows, summaries=summaries)
+    try:        # torch's IR analyses of our kernels: memo hits / misses (a tree before the memo has none)
+        from gpuparity.ops import kernel_analysis
+        result["kernel_analysis"] = {**kernel_analysis.stats(), "signatures": kernel_analysis.signatures()}
+        print("kernel analysis", json.dumps(result["kernel_analysis"]), flush=True)
+    except ImportError:
+        pass
     print(json.dumps({v: r.get("vs_sdpa") for v, r in rows.items()}), flush=True)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as handle:

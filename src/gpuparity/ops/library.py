@@ -39,7 +39,7 @@ from torch import Tensor
 from .. import caches
 from ..backends import triton_common
 from ..registry import Backend, Problem
-from . import dropout, select
+from . import dropout, kernel_analysis, select
 from ..contracts.attention import attention_extras, attention_problem
 from ..contracts.norms import norm_problem
 from ..contracts.rotary import check_rotary_inputs, rotary_problem
@@ -178,6 +178,7 @@ def _twin(name: str, fn: Callable):
 
     @functools.wraps(fn)
     def body(*args, **kwargs):
+        kernel_analysis.install()       # torch's per-call-site IR analysis of each kernel, once
         with triton_common.traced_launches():
             return fn(*args, **kwargs)
 
