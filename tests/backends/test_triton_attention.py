@@ -691,6 +691,32 @@ def test_short_key_configs_apply_only_to_short_keys(monkeypatch):
         triton_attention.CONFIGS["nvidia_sm90"]["fwd"][(64, 4)]   # no short fp32 entry: the general one
 
 
+def test_alibi_configs_apply_only_to_calls_with_alibi(monkeypatch):
+    monkeypatch.setattr(tiles, "family", lambda device: "nvidia_sm90")
+    cpu = torch.device("cpu")
+    alibi = triton_attention.ALIBI_CONFIGS["nvidia_sm90"]["dkdv"][(64, 2)]
+    general = triton_attention.CONFIGS["nvidia_sm90"]["dkdv"][(64, 2)]
+    assert alibi != general
+    assert triton_attention.tile_config("dkdv", cpu, 64, torch.bfloat16, 512, alibi=True) == alibi
+    assert triton_attention.tile_config("dkdv", cpu, 64, torch.bfloat16, 512) == general
+    assert triton_attention.tile_config("dq", cpu, 64, torch.bfloat16, 512, alibi=True) == \
+        triton_attention.CONFIGS["nvidia_sm90"]["dq"][(64, 2)]     # no ALiBi entry: the general one
+    assert triton_attention.tile_config("dkdv", cpu, 64, torch.float32, 512, alibi=True) == \
+        triton_attention.CONFIGS["nvidia_sm90"]["dkdv"][(64, 4)]
+
+
+def test_aot_specs_compile_the_alibi_tiles_with_alibi_on():
+    specs = triton_attention.aot_specs()
+    for fam, kernels in triton_attention.ALIBI_CONFIGS.items():
+        for kernel, table in kernels.items():
+            for (bucket, elem), cfg in table.items():
+                tile = f"m{cfg.block_m}n{cfg.block_n}w{cfg.num_warps}s{cfg.num_stages}"
+                for prefix in (f"attention.{kernel}.{fam}.", f"attention_varlen.{kernel}.{fam}."):
+                    found = [s for s in specs if s.name.startswith(prefix) and tile in s.name
+                             and s.constexprs.get("HAS_ALIBI")]
+                    assert found, (prefix, tile)
+
+
 def test_aot_specs_name_every_shipped_config():
     specs = triton_attention.aot_specs()
     names = {s.name for s in specs}

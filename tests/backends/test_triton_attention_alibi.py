@@ -114,17 +114,34 @@ def test_both_backward_forms_and_bf16(form, monkeypatch):
     clear_plans()
 
 
-def test_varlen_alibi_per_sequence():
+@pytest.mark.parametrize("masks", ["causal", "key_padding"])
+def test_head_dim_64_bf16_with_alibis_own_dkdv_tile(masks):
+    """D 64 in bf16 with the two-launch backward: the dk/dv tile ALiBi calls get on Hopper
+    (tiles.ALIBI_CONFIGS; elsewhere the general table's), at sizes that leave partial tiles of it."""
+    batch, heads, q_len, k_len = 2, 4, size(33, 517), size(47, 645)
+    q, k, v, dout = inputs(batch, heads, 2, q_len, k_len, 64, torch.bfloat16, seed=11)
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625], device=DEVICE)
+    if masks == "causal":
+        check_dense(q, k, v, dout, slopes, is_causal=True)
+    else:
+        kpm = torch.arange(k_len).view(1, k_len) >= torch.tensor([k_len, k_len - size(9, 101)]).view(2, 1)
+        check_dense(q, k, v, dout, slopes, key_padding_mask=kpm.to(DEVICE))
+
+
+@pytest.mark.parametrize("head_dim,dtype", [(16, torch.float32), (64, torch.bfloat16)])
+def test_varlen_alibi_per_sequence(head_dim, dtype):
     """Each sequence's own Sq, Sk decide its bias (bottom-right on its lengths): the kernels against
-    the dense referee run sequence by sequence, with an empty query sequence and Sq > Sk."""
+    the dense referee run sequence by sequence, with an empty query sequence and Sq > Sk; D 64 in
+    bf16 is where Hopper gives ALiBi its own dk/dv tile (tiles.ALIBI_CONFIGS)."""
     q_lens, k_lens = [size(5, 100), size(17, 300), 0, size(9, 64)], [size(9, 150), size(6, 200), 4, size(40, 64)]
-    heads, kv_heads, head_dim = 4, 2, 16
+    heads, kv_heads = 4, 2
     gen = torch.Generator().manual_seed(5)
     cu_q = torch.tensor([0] + q_lens).cumsum(0).to(DEVICE, torch.int32)
     cu_k = torch.tensor([0] + k_lens).cumsum(0).to(DEVICE, torch.int32)
-    q = torch.randn(sum(q_lens), heads, head_dim, generator=gen).to(DEVICE).requires_grad_()
-    k, v = (torch.randn(sum(k_lens), kv_heads, head_dim, generator=gen).to(DEVICE).requires_grad_() for _ in range(2))
-    dout = torch.randn(q.shape, generator=gen).to(DEVICE)
+    q = torch.randn(sum(q_lens), heads, head_dim, generator=gen).to(DEVICE, dtype).requires_grad_()
+    k, v = (torch.randn(sum(k_lens), kv_heads, head_dim, generator=gen).to(DEVICE, dtype).requires_grad_()
+            for _ in range(2))
+    dout = torch.randn(q.shape, generator=gen).to(DEVICE, dtype)
     slopes = (torch.rand(len(q_lens), heads, generator=gen) * 0.5 + 0.05).to(DEVICE)
     out = triton_attention_varlen(q, k, v, cu_q, cu_k, max(q_lens), max(k_lens), causal=True, alibi_slopes=slopes)
     grads = torch.autograd.grad(out, (q, k, v), dout)
@@ -140,8 +157,8 @@ def test_varlen_alibi_per_sequence():
     ref_out = torch.cat(pieces)
     ref_grads = torch.autograd.grad(ref_out, ref_inputs, dout.cpu().double())
     for name, mine, want in zip(("out", "grad_q", "grad_k", "grad_v"), (out, *grads), (ref_out, *ref_grads)):
-        # fp32 against float64: the policy's fp32 floor, as the composition's own error would be
-        result = judge(name, mine, want, want.to(mine.dtype), torch.float32)
+        # against float64: the policy's floor for the dtype, as the composition's own error would be
+        result = judge(name, mine, want, want.to(mine.dtype), dtype)
         assert result.passed, result.reason
 
 

@@ -8,7 +8,7 @@ from typing import Dict, List, Tuple
 
 from ..triton_common import AotSpec
 from .launch import MASK_ADDITIVE, MASK_BOOL, MASK_NONE, kernel_table
-from .tiles import CONFIGS, FAMILY_TARGETS, SCAN_BLOCK, SHORT_CONFIGS, TileConfig, split_kpm_dq_default
+from .tiles import ALIBI_CONFIGS, CONFIGS, FAMILY_TARGETS, SCAN_BLOCK, SHORT_CONFIGS, TileConfig, split_kpm_dq_default
 
 _POINTER_TYPES = {
     "LSE": "*fp32", "Delta": "*fp32", "Bounds": "*i32", "KPM": "*u8", "CuQ": "*i32", "CuK": "*i32",
@@ -100,6 +100,9 @@ def aot_specs() -> List[AotSpec]:
                                    dropout=True))
             specs.append(_aot_spec(fam, targets, kernel_name, 64, 2, CONFIGS[fam][kernel_name][(64, 2)],
                                    window_softcap=True))
+            for (bucket, elem), cfg in ALIBI_CONFIGS.get(fam, {}).get(kernel_name, {}).items():
+                if not (bucket == 64 and elem == 2 and cfg == CONFIGS[fam][kernel_name][(64, 2)]):
+                    specs.append(_aot_spec(fam, targets, kernel_name, bucket, elem, cfg, window_softcap=True))
     return specs + fused_backward_aot_specs() + varlen_aot_specs() + descriptor_aot_specs() + kvcache_alibi_aot_specs()
 
 
@@ -120,15 +123,17 @@ def _fused_spec(fam, targets, head_dim, elem, dq_cfg: TileConfig, kv_cfg: TileCo
 
 def fused_backward_aot_specs() -> List[AotSpec]:
     """The one-launch backward (tiles.fused_backward) at every pair of dq and dk/dv tiles it can
-    be given: per head-dim bucket and element size, the general tables' pair and the short-key
-    one, where their warp counts agree, with every mask flag on (the most shared memory)."""
+    be given: per head-dim bucket and element size, the general tables' pair, the short-key one
+    and the one with ALiBi's dk/dv tile, where their warp counts agree, with every mask flag on
+    (the most shared memory)."""
     specs: List[AotSpec] = []
     seen = set()
     for fam, targets in FAMILY_TARGETS.items():
         short = SHORT_CONFIGS.get(fam, {})
         for key, dq_cfg in CONFIGS[fam]["dq"].items():
             kv_cfg = CONFIGS[fam]["dkdv"][key]
-            pairs = [(dq_cfg, kv_cfg), (short.get("dq", {}).get(key, dq_cfg), short.get("dkdv", {}).get(key, kv_cfg))]
+            pairs = [(dq_cfg, kv_cfg), (short.get("dq", {}).get(key, dq_cfg), short.get("dkdv", {}).get(key, kv_cfg)),
+                     (dq_cfg, ALIBI_CONFIGS.get(fam, {}).get("dkdv", {}).get(key, kv_cfg))]
             for pair in pairs:
                 if pair[0].num_warps != pair[1].num_warps or (fam, key, pair) in seen:
                     continue
@@ -159,13 +164,15 @@ def _varlen_spec(fam, targets, kernel_name, head_dim, elem, cfg) -> AotSpec:
 
 def varlen_aot_specs() -> List[AotSpec]:
     """The varlen forward, dq and dk/dv kernels at every tile configuration they can be given
-    (the dense tables, short-key entries included), each at the largest head dim that uses it."""
+    (the dense tables, short-key and ALiBi entries included), each at the largest head dim that
+    uses it."""
     specs: List[AotSpec] = []
     for fam, targets in FAMILY_TARGETS.items():
         for kernel_name in _VARLEN_KERNELS:
             largest: Dict[Tuple[int, TileConfig], int] = {}
             entries = list(CONFIGS[fam][kernel_name].items())
             entries += list(SHORT_CONFIGS.get(fam, {}).get(kernel_name, {}).items())
+            entries += list(ALIBI_CONFIGS.get(fam, {}).get(kernel_name, {}).items())
             for (bucket, elem), cfg in entries:
                 largest[(elem, cfg)] = max(bucket, largest.get((elem, cfg), 0))
             specs.extend(_varlen_spec(fam, targets, kernel_name, head_dim, elem, cfg)
@@ -205,6 +212,7 @@ def descriptor_aot_specs() -> List[AotSpec]:
     fam = "nvidia_sm90"
     kernel = kernel_table()["dkdv_tma"]
     entries = list(CONFIGS[fam]["dkdv"].items()) + list(SHORT_CONFIGS.get(fam, {}).get("dkdv", {}).items())
+    entries += [entry for entry in ALIBI_CONFIGS.get(fam, {}).get("dkdv", {}).items() if entry not in entries]
     for (bucket, elem), cfg in entries:
         if elem != 2:
             continue

@@ -298,7 +298,7 @@ def _backward_launches(q, k, v, out, dout, dq, dk, dv, masks: MaskArgs, is_causa
     extra = _window_softcap_scalars(q_len, k_len, scale, window, softcap)
     dense_mask = masks.kind != MASK_NONE
     dq_cfg = tile_config("dq", q.device, head_dim, q.dtype, k_len)
-    kv_cfg = tile_config("dkdv", q.device, head_dim, q.dtype, k_len)
+    kv_cfg = tile_config("dkdv", q.device, head_dim, q.dtype, k_len, alibi=masks.alibi is not None)
     scalars = (scale * LOG2E, scale, float(dropout_p), int(seed), *extra, k_len - q_len)
     if fused_backward(q_len, head_dim, dq_cfg, kv_cfg):
         q_blocks = cdiv(q_len, dq_cfg.block_m)

@@ -112,6 +112,17 @@ SHORT_CONFIGS: Dict[str, Dict[str, Dict[Tuple[int, int], TileConfig]]] = {
                     # 0.168 for aam-asv's 64x64 on aam-nuc, H200)
                     "dq": {(32, 2): TileConfig(64, 32, 4, 3)}},
 }
+# Kernels compiled with ALiBi (HAS_ALIBI: a bias per score, more registers) where another tile
+# wins for them. dk/dv at D 64, bf16, Hopper: 64x64 with 4 warps, 3 stages, from an alternated
+# A/B on an H100 (2026-11-27, record benchmarks/records/h100/paged-alibi-2026-11-27.md):
+# f+b with ALiBi at bert (32, 12, 512, 64) 0.395 ms against 0.415 with the shipped 32x64,
+# s1k-d64 0.213 against 0.218, llm-4k unchanged (1.76 ms). The same tile without a bias lost at
+# bert with a key padding mask (whole backward 0.307 ms against 0.286), so calls without ALiBi
+# keep the general table. Entries override CONFIGS' and SHORT_CONFIGS' for their (bucket,
+# element size) when the call has ALiBi.
+ALIBI_CONFIGS: Dict[str, Dict[str, Dict[Tuple[int, int], TileConfig]]] = {
+    "nvidia_sm90": {"dkdv": {(64, 2): TileConfig(64, 64, 4, 3)}},
+}
 # The backward in one launch (backward_kernels._attn_bwd_kernel: dq and dk/dv programs side by
 # side, dk/dv computing delta itself) while query rows x padded head dim stay within this;
 # larger calls take two launches (dq, which stores delta, then dk/dv). One launch saves a
@@ -286,15 +297,20 @@ _OVERRIDES_LOADED = []
 
 
 def tile_config(kernel: str, device: torch.device, head_dim: int, dtype: torch.dtype,
-                k_len: Optional[int] = None) -> TileConfig:
+                k_len: Optional[int] = None, alibi: bool = False) -> TileConfig:
     """The tile config for `kernel` here; k_len (the key length) picks SHORT_CONFIGS' entry
-    for short key sequences where there is one."""
+    for short key sequences where there is one, alibi (the kernel is compiled with ALiBi)
+    ALIBI_CONFIGS' where there is one."""
     if not _OVERRIDES_LOADED:
         _OVERRIDES_LOADED.append(True)
         if os.environ.get("GPUPARITY_ATTENTION_CONFIGS"):
             load_overrides(os.environ["GPUPARITY_ATTENTION_CONFIGS"])
     elem = 4 if dtype == torch.float32 else 2
     fam = family(device)
+    if alibi:
+        chosen = ALIBI_CONFIGS.get(fam, {}).get(kernel, {}).get((_bucket(head_dim), elem))
+        if chosen is not None:
+            return chosen
     if k_len is not None and k_len <= SHORT_KEYS:
         short = SHORT_CONFIGS.get(fam, {}).get(kernel, {}).get((_bucket(head_dim), elem))
         if short is not None:

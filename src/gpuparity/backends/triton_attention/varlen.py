@@ -96,7 +96,7 @@ def _backward_launches(q, k, v, out, dout, dq, dk, dv, batch, max_q, max_k, caus
         heads, heads // kv_heads, total_q),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.stages(False),
         **constexprs)
-    cfg = tile_config("dkdv", q.device, head_dim, q.dtype, max_k)
+    cfg = tile_config("dkdv", q.device, head_dim, q.dtype, max_k, alibi=alibi_stride is not None)
     dkdv_launch = PreparedLaunch(varlen_kernel_table()["varlen_dkdv"], (cdiv(max_k, cfg.block_n), batch * kv_heads), (
         scale * LOG2E, scale, *extra,
         *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(), alibi_stride or 0,
