@@ -7,6 +7,8 @@ too (every key kept), as `gpuparity bench attention` does.
 
     PYTHONPATH=src python benchmarks/attention_tile_ab.py --kernel dq --tiles 64x64x4x2,128x64x8x2
     PYTHONPATH=src python benchmarks/attention_tile_ab.py --kernel dq --env GPUPARITY_ATTENTION_DQ_SPLIT=0,auto --mask
+    PYTHONPATH=src python benchmarks/attention_tile_ab.py --kernel dkdv --dims 2,16,2048,128 --kv-heads 4 --causal \
+        --tiles 64x32x4x3 --pads 0.25
 
 Prints each round and the median per (pad, tile); --json writes every timing. GPU only.
 """
@@ -22,6 +24,10 @@ def parse(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernel", choices=("fwd", "dq", "dkdv"), default="dq")
     parser.add_argument("--shape", default="llm-8k", help="a `gpuparity bench attention` suite shape")
+    parser.add_argument("--dims", default=None,
+                        help="B,H,S,D instead of --shape (e.g. a model's own attention: 2,16,2048,128)")
+    parser.add_argument("--kv-heads", type=int, default=None, help="GQA: k and v with this many heads")
+    parser.add_argument("--causal", action="store_true", help="causal attention (a decoder's)")
     parser.add_argument("--tiles", default="", help="block_m x block_n x warps x stages, comma-separated")
     parser.add_argument("--env", default=None, help="NAME=v1,v2,...: alternate this variable's values")
     parser.add_argument("--mask", action="store_true",
@@ -47,6 +53,14 @@ def parse(argv=None):
         parser.error(f"--pads: expected comma-separated fractions, got {args.pads!r}")
     if args.rounds < 1:
         parser.error(f"--rounds: expected at least 1, got {args.rounds}")
+    if args.dims is not None:
+        fields = args.dims.split(",")
+        if len(fields) != 4 or not all(f.isdigit() and int(f) > 0 for f in fields):
+            parser.error(f"--dims: expected B,H,S,D (four positive integers), got {args.dims!r}")
+        args.dims = tuple(int(f) for f in fields)
+        heads = args.dims[1]
+        if args.kv_heads is not None and (args.kv_heads < 1 or heads % args.kv_heads):
+            parser.error(f"--kv-heads: expected a divisor of H={heads}, got {args.kv_heads}")
     return args, tiles, pads
 
 
@@ -60,10 +74,11 @@ def main(argv=None) -> int:
 
     from gpuparity.backends import triton_attention as ta
     from gpuparity.bench.attention import SHAPES, make_case
-    if args.shape not in SHAPES:
+    if args.dims is None and args.shape not in SHAPES:
         print(f"--shape: expected one of {', '.join(SHAPES)}, got {args.shape!r}", file=sys.stderr)
         return 2
-    dims = SHAPES[args.shape]
+    dims = args.dims or SHAPES[args.shape]
+    label = "x".join(map(str, dims)) if args.dims else args.shape
     key = (ta.padded_head_dim(dims[3]), 2)
     table = ta.CONFIGS[args.family][args.kernel]
     shipped = table[key]
@@ -76,16 +91,18 @@ def main(argv=None) -> int:
     times = {}
     try:
         for pad in pads:
-            case = make_case(args.shape, dims, pad, torch.bfloat16, "cuda", 0)
-            masks = ta.prepare_masks(case.q, case.k,
-                                     key_padding_mask=case.key_padding_mask if pad or args.mask else None)
+            case = make_case(label, dims, pad, torch.bfloat16, "cuda", 0)
+            q, k, v = case.q, case.k, case.v
+            if args.kv_heads:
+                k, v = k[:, :args.kv_heads].contiguous(), v[:, :args.kv_heads].contiguous()
+            masks = ta.prepare_masks(q, k, key_padding_mask=case.key_padding_mask if pad or args.mask else None)
             scale = dims[3] ** -0.5
-            out, lse = ta.attention_forward(case.q, case.k, case.v, masks, False, scale)
+            out, lse = ta.attention_forward(q, k, v, masks, args.causal, scale)
 
             def step():
                 if args.kernel == "fwd":
-                    return ta.attention_forward(case.q, case.k, case.v, masks, False, scale)
-                return ta.attention_backward(case.dout, case.q, case.k, case.v, out, lse, masks, False, scale)
+                    return ta.attention_forward(q, k, v, masks, args.causal, scale)
+                return ta.attention_backward(case.dout, q, k, v, out, lse, masks, args.causal, scale)
             for rnd in range(args.rounds):
                 for name, (cfg, value) in configs.items():
                     table[key] = cfg
@@ -109,7 +126,8 @@ def main(argv=None) -> int:
         print(f"MEDIAN {name}: {ordered[len(ordered) // 2]:.3f} ms {[round(v, 3) for v in values]}")
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({"kernel": args.kernel, "shape": args.shape, "times_ms": times}, handle, indent=1)
+            json.dump({"kernel": args.kernel, "shape": label, "kv_heads": args.kv_heads, "causal": args.causal,
+                       "times_ms": times}, handle, indent=1)
     return 0
 
 
