@@ -10,7 +10,8 @@ too (every key kept), as `gpuparity bench attention` does.
     PYTHONPATH=src python benchmarks/attention_tile_ab.py --kernel dkdv --dims 2,16,2048,128 --kv-heads 4 --causal \
         --tiles 64x32x4x3 --pads 0.25
 
-Prints each round and the median per (pad, tile); --json writes every timing. GPU only.
+Prints each round and the median per (pad, tile); a candidate that fails to compile or launch (e.g. out
+of shared memory) is dropped and named; --json writes every timing. GPU only.
 """
 from __future__ import annotations
 
@@ -88,7 +89,7 @@ def main(argv=None) -> int:
         env_name, values = args.env.split("=", 1)
         configs = {f"{env_name}={value}": (shipped, value) for value in values.split(",")}
     saved_env = os.environ.get(env_name) if env_name else None
-    times = {}
+    times, failed = {}, {}
     try:
         for pad in pads:
             case = make_case(label, dims, pad, torch.bfloat16, "cuda", 0)
@@ -105,11 +106,18 @@ def main(argv=None) -> int:
                 return ta.attention_backward(case.dout, q, k, v, out, lse, masks, args.causal, scale)
             for rnd in range(args.rounds):
                 for name, (cfg, value) in configs.items():
+                    if name in failed:
+                        continue
                     table[key] = cfg
                     if value is not None:
                         os.environ[env_name] = value
                     ta.clear_plans()
-                    step()
+                    try:
+                        step()
+                    except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory: drop the candidate
+                        failed[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                        print(f"{args.kernel} {name}: dropped ({failed[name]})", flush=True)
+                        continue
                     ms = triton.testing.do_bench(step, warmup=25, rep=200, return_mode="median")
                     times.setdefault(f"pad{pad}:{name}", []).append(ms)
                     print(f"pad {pad} round {rnd} {args.kernel} {name}: {ms:.3f} ms", flush=True)
@@ -127,7 +135,7 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"kernel": args.kernel, "shape": label, "kv_heads": args.kv_heads, "causal": args.causal,
-                       "times_ms": times}, handle, indent=1)
+                       "times_ms": times, "dropped": failed}, handle, indent=1)
     return 0
 
 
