@@ -38,8 +38,8 @@ __all__ = ["install", "stats", "signatures"]
 _ANALYSES = ("identify_accessed_tensors", "identify_mutated_tensors")
 _MODULE = "torch._higher_order_ops.triton_kernel_wrap"
 
-# (kernel, argument key) -> torch's answer for it. Bounded by the distinct kernel signatures a
-# process compiles (tens).
+# ((kernel type, kernel function), argument key) -> torch's answer for it. Bounded by the distinct
+# kernel signatures a process compiles (tens).
 _MEMO: Dict[tuple, Any] = caches.register("ops.kernel_analysis.memo", {})
 # "hits" / "misses" / "passed": how the wrapped analysis was answered, and "seconds" spent in
 # torch's analysis (misses and passed calls); tests and records read it.
@@ -101,6 +101,8 @@ def _argument_key(value):
 def key_of(kernel, kwargs: Dict[str, Any], extra: tuple) -> Optional[tuple]:
     """The memo key of one analysis call, or None when it must go to torch unmemoized."""
     if not _is_ours(kernel) or not isinstance(kwargs, dict):
+        return None
+    if hasattr(kernel, "configs"):      # an Autotuner: torch analyses it with its first config's values
         return None
     if any(part for part in extra):     # TMA descriptor metadata: not something ours pass
         return None
