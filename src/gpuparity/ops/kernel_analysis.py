@@ -106,10 +106,12 @@ def key_of(kernel, kwargs: Dict[str, Any], extra: tuple) -> Optional[tuple]:
         return None
     if any(part for part in extra):     # TMA descriptor metadata: not something ours pass
         return None
-    try:        # the function, not the kernel object: torch analyses a copy of it per call site
-        return ((type(kernel), _function_of(kernel)), tuple(sorted((str(name), _argument_key(value)) for name, value in kwargs.items())))
+    try:
+        arguments = tuple(sorted((str(name), _argument_key(value)) for name, value in kwargs.items()))
     except _NoKey:
         return None
+    # the function, not the kernel object: torch analyses a copy of the object per call site
+    return (type(kernel), _function_of(kernel)), arguments
 
 
 def _count(what: str, seconds: float = 0.0) -> None:

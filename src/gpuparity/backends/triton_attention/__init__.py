@@ -15,8 +15,8 @@ from .launch import (LOG2E, MASK_ADDITIVE, MASK_BOOL, MASK_NONE, MaskArgs, Trito
                      attention_forward, dot_precision, dropout_mask, dropout_seed, kernel_table,
                      prepare_masks, strict_fp32_dot, triton_attention)
 from .varlen import TritonAttentionVarlen, triton_attention_varlen, varlen_backward, varlen_forward
-from .tiles import (ALIBI_CONFIGS, BUCKETS, CONFIGS, FAMILY_TARGETS, MAX_HEAD_DIM, SCAN_BLOCK, SHORT_CONFIGS, SHORT_KEYS, TileConfig,
-                    _bucket, family, load_overrides, padded_head_dim, tile_config, triton_next_pow2)
+from .tiles import (ALIBI_CONFIGS, BUCKETS, CONFIGS, FAMILY_TARGETS, MAX_HEAD_DIM, SCAN_BLOCK, SHORT_CONFIGS,
+                    SHORT_KEYS, TileConfig, _bucket, family, load_overrides, padded_head_dim, tile_config, triton_next_pow2)
 
 __all__ = [
     "ALIBI_CONFIGS", "BUCKETS", "CONFIGS", "FAMILY_TARGETS", "LOG2E", "MASK_ADDITIVE", "MASK_BOOL", "MASK_NONE", "MAX_HEAD_DIM",
