@@ -101,21 +101,28 @@ def cudagraph_check(args):
     return {"reduce_overhead_losses": losses}
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser()
+def model_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The model's and the patch's options (build, batch), shared with profile_compiled_step.py."""
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--mlp", type=int, default=5632)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq", type=int, default=2048)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--backend", default="triton")
     parser.add_argument("--mode", default="compiled")
+    return parser
+
+
+def main(argv=None):
+    parser = model_arguments(argparse.ArgumentParser())
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--variants", default="sdpa,attention-only,patch,patch-all",
                         help="comma-separated; patch+KIND[+KIND] forces kinds (rms_norm, rotary, swiglu, loss)")
     parser.add_argument("--eager", action="store_true", help="eager steps instead of compiled")
     parser.add_argument("--checks", action="store_true", help="inductor-code and reduce-overhead checks first")
+    parser.add_argument("--compile-times", action="store_true",
+                        help="record torch._dynamo's time per compile phase (tracing, AOT, inductor) at the end")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "args": vars(args)}
@@ -173,6 +180,9 @@ def main(argv=None):
         print("kernel analysis", json.dumps(result["kernel_analysis"]), flush=True)
     except ImportError:
         pass
+    if args.compile_times:
+        result["compile_times"] = torch._dynamo.utils.compile_times(repr="str")
+        print(result["compile_times"], flush=True)
     print(json.dumps({v: r.get("vs_sdpa") for v, r in rows.items()}), flush=True)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as handle:

@@ -16,6 +16,8 @@ gpuparity's own kernels the answer is kept under the key (kernel, per argument: 
 traced tensor, "symbolic" if symbolic, else its type and value) and a copy is returned on a hit.
 The kernel is keyed by its Python function: torch hands the analysis a copy of the kernel object
 per call site (the graph is copied with it), and every copy compiles the same source.
+An Autotuner (which torch makes of every launch that passes num_warps or num_stages) is keyed as
+torch analyses it: its function, with its first config's values merged into the arguments.
 Anything the key cannot describe (a concrete tensor, whose address alignment can matter; a TMA
 descriptor; an unhashable value) and every kernel that is not gpuparity's go straight to torch.
 `install()` wraps the function once per process; ops/library.py calls it when it traces a
@@ -102,10 +104,13 @@ def key_of(kernel, kwargs: Dict[str, Any], extra: tuple) -> Optional[tuple]:
     """The memo key of one analysis call, or None when it must go to torch unmemoized."""
     if not _is_ours(kernel) or not isinstance(kwargs, dict):
         return None
-    if hasattr(kernel, "configs"):      # an Autotuner: torch analyses it with its first config's values
-        return None
     if any(part for part in extra):     # TMA descriptor metadata: not something ours pass
         return None
+    configs = getattr(kernel, "configs", None)
+    if configs:
+        # an Autotuner: torch analyses its function with the first config's values merged in (and
+        # torch itself wraps a launch that passes num_warps / num_stages in a one-config Autotuner)
+        kwargs = {**kwargs, **getattr(configs[0], "kwargs", {})}
     try:
         arguments = tuple(sorted((str(name), _argument_key(value)) for name, value in kwargs.items()))
     except _NoKey:
