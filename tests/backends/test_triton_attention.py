@@ -367,6 +367,63 @@ def _assert_descriptors_change_no_bit(monkeypatch, q, k, v, dout, **kwargs):
         assert torch.equal(with_tma, without)
 
 
+@pytest.mark.parametrize("q_len,k_len", [("odd", "odd"), ("even", "odd"), ("short", "odd")])
+@pytest.mark.parametrize("tma", ["0", "1"])
+def test_causal_program_orders_change_no_bit(q_len, k_len, tma, monkeypatch):
+    """Interleaved rows and the folded dk/dv grid (tiles.causal_order) run the same programs in
+    another order: the forward and every gradient equal launch order's bit for bit, with an odd
+    number of key blocks (one folded program takes the middle block alone), Sq != Sk (top-left
+    causal), GQA, key padding with a hole, on both dk/dv forms; the default passes the float64
+    referee."""
+    from gpuparity.backends.triton_common import clear_plans
+    block_n = tiles.tile_config("dkdv", torch.device(DEVICE), 64, torch.bfloat16, 96).block_n
+    block_m = tiles.tile_config("fwd", torch.device(DEVICE), 64, torch.bfloat16, 96).block_m
+    sizes = {"odd": 3 * block_n - 5, "even": 4 * block_m, "short": block_m + 3}
+    q_len, k_len = sizes[q_len], sizes[k_len]
+    q, k, v = make_inputs(2, 4, 2, q_len, k_len, 64, torch.bfloat16, seed=11)
+    kpm = padding_mask(2, k_len, [k_len, k_len - block_n + 2])
+    kpm[1, 2] = True   # a hole
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(12)).to(DEVICE, q.dtype)
+    monkeypatch.setenv("GPUPARITY_ATTENTION_BACKWARD", "split")
+    monkeypatch.setenv("GPUPARITY_ATTENTION_TMA", tma)
+    results = {}
+    try:
+        for order in ("launch", "interleave", "fold"):
+            monkeypatch.setenv("GPUPARITY_ATTENTION_ORDER", order)
+            clear_plans()
+            out = triton_attention.triton_attention(q, k, v, key_padding_mask=kpm, is_causal=True)
+            results[order] = (out, *torch.autograd.grad(out, (q, k, v), dout))
+        for order in ("interleave", "fold"):
+            for got, want in zip(results[order], results["launch"]):
+                assert torch.isfinite(got).all()
+                assert torch.equal(got, want), order
+        monkeypatch.delenv("GPUPARITY_ATTENTION_ORDER")
+        clear_plans()
+        check(q, k, v, key_padding_mask=kpm, is_causal=True)
+    finally:
+        clear_plans()
+
+
+def test_causal_order_choices(monkeypatch):
+    cpu, few = torch.device("cpu"), 256
+    assert tiles.causal_order("dkdv", True, False, few, cpu) == tiles.ORDER_FOLD
+    assert tiles.causal_order("dq", True, False, few, cpu) == tiles.ORDER_LAST_FIRST
+    assert tiles.causal_order("fwd", False, False, few, cpu) == tiles.ORDER_LAUNCH     # no causality: as launched
+    assert tiles.causal_order("dkdv", True, True, few, cpu) == tiles.ORDER_LAUNCH      # a window: as launched
+    monkeypatch.setattr(tiles.triton_common, "sm_count", lambda device: 132)
+    many = tiles.SMALL_GRID_PER_SM * 132 + 1
+    assert tiles.causal_order("fwd", True, False, many, cpu) == tiles.ORDER_LAUNCH     # a large grid: as launched
+    assert tiles.causal_order("fwd", True, False, many - 1, cpu) == tiles.ORDER_LAST_FIRST
+    monkeypatch.setenv("GPUPARITY_ATTENTION_ORDER", "interleave")
+    assert tiles.causal_order("dkdv", True, False, many, cpu) == tiles.ORDER_FIRST_FIRST
+    assert tiles.causal_order("fwd", True, False, many, cpu) == tiles.ORDER_LAST_FIRST
+    monkeypatch.setenv("GPUPARITY_ATTENTION_ORDER", "launch")
+    assert tiles.causal_order("fwd", True, False, few, cpu) == tiles.ORDER_LAUNCH
+    monkeypatch.setenv("GPUPARITY_ATTENTION_ORDER", "sideways")
+    with pytest.raises(ValueError, match="GPUPARITY_ATTENTION_ORDER: expected one of"):
+        tiles.causal_order("fwd", True, False, few, cpu)
+
+
 @pytest.mark.parametrize("layout,heads,kv_heads", [("bhsd", 4, 2), ("bshd", 2, 2), ("bshd", 4, 1)])
 def test_tensor_descriptor_dkdv_equals_the_pointer_kernel(layout, heads, kv_heads, monkeypatch):
     """The dk/dv kernel reading q and dout through tensor descriptors (Hopper's TMA; forced here with

@@ -274,6 +274,19 @@ def cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b
 
 
+@caches.lru_cache("backends.triton_common.sm_count")
+def _sm_count_of(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> Optional[int]:
+    """The streaming multiprocessors (compute units) of a CUDA / ROCm device; None elsewhere (the
+    interpreter runs on the CPU)."""
+    if device.type != "cuda":
+        return None
+    return _sm_count_of(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def allocation_template(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A one-element tensor expanded to `shape` (an int or a tuple): `torch.empty_like(template)`
     then allocates a contiguous tensor of that shape, dtype and device. Prepared launches keep one per

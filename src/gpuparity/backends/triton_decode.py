@@ -242,11 +242,6 @@ def _build() -> Dict[str, Any]:
 kernel_table = triton_common.lazy_kernel(_build)
 
 
-@caches.lru_cache("backends.triton_decode.sm_count")
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def choose_splits(batch: int, kv_heads: int, s_max: int, block_n: int, device: torch.device) -> int:
     """Splits per (item, KV head): B * Hkv * splits fills about twice the GPU's SMs; a few
     (item, KV head) rows with a long cache split further (each split keeping >= 512 keys, up to
@@ -256,7 +251,7 @@ def choose_splits(batch: int, kv_heads: int, s_max: int, block_n: int, device: t
     interpreter counts 2 "SMs", so the CPU tests split too."""
     rows = max(1, batch * kv_heads)
     if device.type == "cuda" and not triton_common.interpreting():
-        sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+        sms = triton_common.sm_count(device)
         splits = triton_common.cdiv(2 * sms, rows)
         if 2 * rows < sms:
             splits = max(splits, min(triton_common.cdiv(s_max, 512), triton_common.cdiv(8 * sms, rows)))

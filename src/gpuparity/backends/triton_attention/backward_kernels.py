@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from .kernels import (_NO_SPECIALIZE, _alibi_bias, _key_range, _mma, _scan_padding, _tanh, alibi_shift_of,
-                      alibi_slope_of, dropout_keep)
+                      alibi_slope_of, dropout_keep, program_block)
 
 
 @triton.jit
@@ -256,9 +256,10 @@ def _attn_bwd_dkdv_kernel(
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, HAS_BOUNDS: tl.constexpr,
     DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-    HAS_ALIBI: tl.constexpr, SCAN: tl.constexpr,
+    HAS_ALIBI: tl.constexpr, SCAN: tl.constexpr, ORDER: tl.constexpr = 0,
 ):
-    """The dk/dv half of the two-launch backward: delta comes from the dq kernel, run first."""
+    """The dk/dv half of the two-launch backward: delta comes from the dq kernel, run first.
+    ORDER: tiles.causal_order; 3 folds the grid (a program takes key blocks p and last - p)."""
     # torch.compile's generated code may pass a Python float as fp64 (inductor types
     # them so by default); in fp64 they would promote the fp32 math below.
     qk_scale = tl.cast(qk_scale, tl.float32)
@@ -266,17 +267,35 @@ def _attn_bwd_dkdv_kernel(
     dropout_p = tl.cast(dropout_p, tl.float32)
     cap_in = tl.cast(cap_in, tl.float32)
     cap_out = tl.cast(cap_out, tl.float32)
-    batch_kv_head = tl.program_id(1)
-    _dkdv_program(tl.program_id(0), batch_kv_head // num_kv_heads, batch_kv_head % num_kv_heads,
-                  Q, K, V, DO, DO, LSE, Delta, DK, DV, Mask, KPM, Bounds, Alibi,   # Out unused: delta is stored
-                  qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out, alibi_shift,
-                  stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
-                  stride_vb, stride_vh, stride_vn, stride_vd, 0, 0, 0, 0,
-                  stride_db, stride_dh, stride_dm, stride_dd, stride_dkb, stride_dkh, stride_dkn, stride_dkd,
-                  stride_dvb, stride_dvh, stride_dvn, stride_dvd, stride_mb, stride_mh, stride_mm, stride_mn,
-                  stride_pb, stride_pn, stride_ab, num_heads, group_size, q_len, k_len,
-                  HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, HAS_BOUNDS, DROPOUT,
-                  DOT_PRECISION, HAS_WINDOW, SOFTCAP, HAS_ALIBI, SCAN, False)
+    # the call written out per branch (constexpr: one is compiled): the other orders keep the
+    # exact code they were measured with, no loop around it
+    if ORDER == 3:   # folded: key blocks p and last - p (equal work per program under a causal mask)
+        first_n, batch_kv_head = program_block(0)
+        last_n = tl.cdiv(k_len, BLOCK_N) - 1
+        for visit in range(0, 1 + (last_n - first_n != first_n).to(tl.int32)):
+            start_n = tl.where(visit == 0, first_n, last_n - first_n)
+            _dkdv_program(start_n, batch_kv_head // num_kv_heads, batch_kv_head % num_kv_heads,
+                          Q, K, V, DO, DO, LSE, Delta, DK, DV, Mask, KPM, Bounds, Alibi,   # Out unused: delta is stored
+                          qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out, alibi_shift,
+                          stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
+                          stride_vb, stride_vh, stride_vn, stride_vd, 0, 0, 0, 0,
+                          stride_db, stride_dh, stride_dm, stride_dd, stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+                          stride_dvb, stride_dvh, stride_dvn, stride_dvd, stride_mb, stride_mh, stride_mm, stride_mn,
+                          stride_pb, stride_pn, stride_ab, num_heads, group_size, q_len, k_len,
+                          HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, HAS_BOUNDS, DROPOUT,
+                          DOT_PRECISION, HAS_WINDOW, SOFTCAP, HAS_ALIBI, SCAN, False)
+    else:
+        start_n, batch_kv_head = program_block(ORDER)
+        _dkdv_program(start_n, batch_kv_head // num_kv_heads, batch_kv_head % num_kv_heads,
+                      Q, K, V, DO, DO, LSE, Delta, DK, DV, Mask, KPM, Bounds, Alibi,   # Out unused: delta is stored
+                      qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out, alibi_shift,
+                      stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
+                      stride_vb, stride_vh, stride_vn, stride_vd, 0, 0, 0, 0,
+                      stride_db, stride_dh, stride_dm, stride_dd, stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+                      stride_dvb, stride_dvh, stride_dvn, stride_dvd, stride_mb, stride_mh, stride_mm, stride_mn,
+                      stride_pb, stride_pn, stride_ab, num_heads, group_size, q_len, k_len,
+                      HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, HAS_BOUNDS, DROPOUT,
+                      DOT_PRECISION, HAS_WINDOW, SOFTCAP, HAS_ALIBI, SCAN, False)
 
 
 # The descriptors' row origins (batch * rb + head * rh) are lengths: specializing on them would
@@ -301,7 +320,7 @@ def _attn_bwd_dkdv_tma_kernel(
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, HAS_BOUNDS: tl.constexpr,
     DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-    HAS_ALIBI: tl.constexpr, SCAN: tl.constexpr,
+    HAS_ALIBI: tl.constexpr, SCAN: tl.constexpr, ORDER: tl.constexpr = 0,
 ):
     """_attn_bwd_dkdv_kernel with q, dout, k and v tiles read through tensor descriptors
     (Hopper's TMA, host-side descriptors over 2-D views, _dkdv_program): the same arithmetic in
@@ -315,19 +334,39 @@ def _attn_bwd_dkdv_tma_kernel(
     dropout_p = tl.cast(dropout_p, tl.float32)
     cap_in = tl.cast(cap_in, tl.float32)
     cap_out = tl.cast(cap_out, tl.float32)
-    batch_kv_head = tl.program_id(1)
-    _dkdv_program(tl.program_id(0), batch_kv_head // num_kv_heads, batch_kv_head % num_kv_heads,
-                  Q, K, V, DO, DO, LSE, Delta, DK, DV, Mask, KPM, Bounds, Alibi,
-                  qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out, alibi_shift,
-                  stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
-                  stride_vb, stride_vh, stride_vn, stride_vd, 0, 0, 0, 0,
-                  stride_db, stride_dh, stride_dm, stride_dd, stride_dkb, stride_dkh, stride_dkn, stride_dkd,
-                  stride_dvb, stride_dvh, stride_dvn, stride_dvd, stride_mb, stride_mh, stride_mm, stride_mn,
-                  stride_pb, stride_pn, stride_ab, num_heads, group_size, q_len, k_len,
-                  HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, HAS_BOUNDS, DROPOUT,
-                  DOT_PRECISION, HAS_WINDOW, SOFTCAP, HAS_ALIBI, SCAN, False,
-                  QDesc, DODesc, q_rb, q_rh, q_ch, do_rb, do_rh, do_ch, True,
-                  KDesc, VDesc, k_rb, k_rh, k_ch, v_rb, v_rh, v_ch)
+    # the call written out per branch (constexpr: one is compiled): the other orders keep the
+    # exact code they were measured with, no loop around it
+    if ORDER == 3:   # folded: key blocks p and last - p (equal work per program under a causal mask)
+        first_n, batch_kv_head = program_block(0)
+        last_n = tl.cdiv(k_len, BLOCK_N) - 1
+        for visit in range(0, 1 + (last_n - first_n != first_n).to(tl.int32)):
+            start_n = tl.where(visit == 0, first_n, last_n - first_n)
+            _dkdv_program(start_n, batch_kv_head // num_kv_heads, batch_kv_head % num_kv_heads,
+                          Q, K, V, DO, DO, LSE, Delta, DK, DV, Mask, KPM, Bounds, Alibi,
+                          qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out, alibi_shift,
+                          stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
+                          stride_vb, stride_vh, stride_vn, stride_vd, 0, 0, 0, 0,
+                          stride_db, stride_dh, stride_dm, stride_dd, stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+                          stride_dvb, stride_dvh, stride_dvn, stride_dvd, stride_mb, stride_mh, stride_mm, stride_mn,
+                          stride_pb, stride_pn, stride_ab, num_heads, group_size, q_len, k_len,
+                          HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, HAS_BOUNDS, DROPOUT,
+                          DOT_PRECISION, HAS_WINDOW, SOFTCAP, HAS_ALIBI, SCAN, False,
+                          QDesc, DODesc, q_rb, q_rh, q_ch, do_rb, do_rh, do_ch, True,
+                          KDesc, VDesc, k_rb, k_rh, k_ch, v_rb, v_rh, v_ch)
+    else:
+        start_n, batch_kv_head = program_block(ORDER)
+        _dkdv_program(start_n, batch_kv_head // num_kv_heads, batch_kv_head % num_kv_heads,
+                      Q, K, V, DO, DO, LSE, Delta, DK, DV, Mask, KPM, Bounds, Alibi,
+                      qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out, alibi_shift,
+                      stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
+                      stride_vb, stride_vh, stride_vn, stride_vd, 0, 0, 0, 0,
+                      stride_db, stride_dh, stride_dm, stride_dd, stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+                      stride_dvb, stride_dvh, stride_dvn, stride_dvd, stride_mb, stride_mh, stride_mm, stride_mn,
+                      stride_pb, stride_pn, stride_ab, num_heads, group_size, q_len, k_len,
+                      HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, HAS_BOUNDS, DROPOUT,
+                      DOT_PRECISION, HAS_WINDOW, SOFTCAP, HAS_ALIBI, SCAN, False,
+                      QDesc, DODesc, q_rb, q_rh, q_ch, do_rb, do_rh, do_ch, True,
+                      KDesc, VDesc, k_rb, k_rh, k_ch, v_rb, v_rh, v_ch)
 
 
 @triton.jit
@@ -519,10 +558,10 @@ def _attn_bwd_dq_kernel(
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, HAS_BOUNDS: tl.constexpr,
     DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-    HAS_ALIBI: tl.constexpr, SCAN: tl.constexpr, SPLIT_KPM: tl.constexpr = False,
+    HAS_ALIBI: tl.constexpr, SCAN: tl.constexpr, SPLIT_KPM: tl.constexpr = False, ORDER: tl.constexpr = 0,
 ):
     """The dq half of the two-launch backward; it stores delta for the dk/dv kernel. SPLIT_KPM:
-    tiles.split_kpm_dq."""
+    tiles.split_kpm_dq. ORDER: tiles.causal_order (kernels.program_block)."""
     # torch.compile's generated code may pass a Python float as fp64 (inductor types
     # them so by default); in fp64 they would promote the fp32 math below.
     qk_scale = tl.cast(qk_scale, tl.float32)
@@ -530,8 +569,8 @@ def _attn_bwd_dq_kernel(
     dropout_p = tl.cast(dropout_p, tl.float32)
     cap_in = tl.cast(cap_in, tl.float32)
     cap_out = tl.cast(cap_out, tl.float32)
-    batch_head = tl.program_id(1)
-    _dq_program(tl.program_id(0), batch_head // num_heads, batch_head % num_heads,
+    start_m, batch_head = program_block(ORDER)
+    _dq_program(start_m, batch_head // num_heads, batch_head % num_heads,
                 Q, K, V, Out, DO, LSE, Delta, DQ, Mask, KPM, Bounds, Alibi,
                 qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out, alibi_shift,
                 stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,

@@ -20,6 +20,26 @@ _NO_SPECIALIZE = ("seed", "num_heads", "num_kv_heads", "q_len", "k_len", "window
 
 
 @triton.jit
+def program_block(ORDER: tl.constexpr):
+    """(block, row) of this program in a grid (blocks, rows), which the hardware starts in launch
+    order (axis 0 fastest). ORDER (tiles.causal_order) 0: as launched (block = program_id(0), row =
+    program_id(1)); 1 and 2: rows interleaved, heaviest first: every row's heaviest block under a
+    causal mask (1: the last, a query block's; 2: the first, a key block's) starts before any row's
+    next one. The same programs run; only their order moves."""
+    block = tl.program_id(0)
+    row = tl.program_id(1)
+    if ORDER == 1 or ORDER == 2:
+        blocks = tl.num_programs(0)
+        rows = tl.num_programs(1)
+        linear = row * blocks + block
+        block = linear // rows
+        row = linear % rows
+        if ORDER == 1:
+            block = blocks - 1 - block
+    return block, row
+
+
+@triton.jit
 def dropout_keep(seed_bh, rows, cols, k_len, dropout_p):
     """The dropout keep mask of one (batch, head) tile: Philox at counter row * k_len + col,
     seeded with seed + batch * H + head. The one formula: the forward, both backward kernels and
@@ -254,7 +274,7 @@ def _attn_fwd_kernel(
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, HAS_KPM: tl.constexpr, HAS_BOUNDS: tl.constexpr,
     DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr, SCAN: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, ORDER: tl.constexpr = 0,
 ):
     # torch.compile's generated code may pass a Python float as fp64 (inductor types
     # them so by default); in fp64 they would promote the fp32 math below.
@@ -262,8 +282,7 @@ def _attn_fwd_kernel(
     dropout_p = tl.cast(dropout_p, tl.float32)
     cap_in = tl.cast(cap_in, tl.float32)
     cap_out = tl.cast(cap_out, tl.float32)
-    start_m = tl.program_id(0)
-    batch_head = tl.program_id(1)
+    start_m, batch_head = program_block(ORDER)   # ORDER: tiles.causal_order
     batch = batch_head // num_heads
     head = batch_head % num_heads
     kv_head = head // group_size  # GQA: a group of query heads reads one k/v head

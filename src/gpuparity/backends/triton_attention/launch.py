@@ -11,7 +11,8 @@ import torch
 from ...numerics import matmul_tf32
 from .. import triton_common
 from ..triton_common import TRACED, PlanCache, PreparedLaunch, cdiv, lazy_kernel
-from .tiles import SCAN_BLOCK, fused_backward, padded_head_dim, split_kpm_dq, tile_config, tma_backward
+from .tiles import (ORDER_FOLD, SCAN_BLOCK, causal_order, fused_backward, padded_head_dim, split_kpm_dq, tile_config,
+                    tma_backward)
 from ... import caches
 
 LOG2E = 1.4426950408889634
@@ -235,7 +236,9 @@ def _forward_launch(q, k, v, out, masks: MaskArgs, is_causal, scale, dropout_p, 
     batch, heads, q_len, head_dim = q.shape
     kv_heads, k_len = k.shape[1], k.shape[2]
     cfg = tile_config("fwd", q.device, head_dim, q.dtype, k_len)
-    return (PreparedLaunch(kernel_table()["fwd"], (cdiv(q_len, cfg.block_m), batch * heads), (
+    grid = (cdiv(q_len, cfg.block_m), batch * heads)
+    order = causal_order("fwd", is_causal, window is not None, grid[0] * grid[1], q.device)
+    return (PreparedLaunch(kernel_table()["fwd"], grid, (
         scale * LOG2E, float(dropout_p), int(seed), *_window_softcap_scalars(q_len, k_len, scale, window, softcap),
         k_len - q_len,   # ALiBi's shift: query i sits at key position i + Sk - Sq (FlashAttention)
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
@@ -243,6 +246,7 @@ def _forward_launch(q, k, v, out, masks: MaskArgs, is_causal, scale, dropout_p, 
         heads, heads // kv_heads, q_len, k_len),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps,
         num_stages=cfg.stages(masks.kind != MASK_NONE), SCAN=SCAN_BLOCK,
+        ORDER=order,
         **_common_constexprs(head_dim, masks, is_causal, dropout_p, q.dtype, window, softcap)),)
 
 
@@ -309,19 +313,23 @@ def _backward_launches(q, k, v, out, dout, dq, dk, dv, masks: MaskArgs, is_causa
             heads, kv_heads, heads // kv_heads, q_len, k_len, q_blocks),
             BLOCK_M=dq_cfg.block_m, BLOCK_N=dq_cfg.block_n, KV_BLOCK_M=kv_cfg.block_m, KV_BLOCK_N=kv_cfg.block_n,
             num_warps=kv_cfg.num_warps, num_stages=kv_cfg.stages(dense_mask), SCAN=SCAN_BLOCK, **constexprs),)
-    dq_launch = PreparedLaunch(kernel_table()["dq"], (cdiv(q_len, dq_cfg.block_m), batch * heads), (
+    dq_grid = (cdiv(q_len, dq_cfg.block_m), batch * heads)
+    dq_launch = PreparedLaunch(kernel_table()["dq"], dq_grid, (
         *scalars, *q.stride(), *k.stride(), *v.stride(), *out.stride(), *dout.stride(), *dq.stride(),
         *masks.mask_strides, *masks.kpm_strides, masks.alibi_stride,
         heads, heads // kv_heads, q_len, k_len),
         BLOCK_M=dq_cfg.block_m, BLOCK_N=dq_cfg.block_n, num_warps=dq_cfg.num_warps,
         num_stages=dq_cfg.stages(dense_mask), SCAN=SCAN_BLOCK,
-        SPLIT_KPM=masks.kpm is not None and split_kpm_dq(q.device, head_dim), **constexprs)
+        SPLIT_KPM=masks.kpm is not None and split_kpm_dq(q.device, head_dim),
+        ORDER=causal_order("dq", is_causal, window is not None, dq_grid[0] * dq_grid[1], q.device), **constexprs)
     dkdv_args = (*scalars, *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(),
                  *masks.mask_strides, *masks.kpm_strides, masks.alibi_stride, heads, kv_heads, heads // kv_heads,
                  q_len, k_len)
-    dkdv_grid = (cdiv(k_len, kv_cfg.block_n), batch * kv_heads)
+    key_blocks = cdiv(k_len, kv_cfg.block_n)
+    order = causal_order("dkdv", is_causal, window is not None, key_blocks * batch * kv_heads, q.device)
+    dkdv_grid = (cdiv(key_blocks, 2) if order == ORDER_FOLD else key_blocks, batch * kv_heads)
     dkdv_options = dict(BLOCK_M=kv_cfg.block_m, BLOCK_N=kv_cfg.block_n, num_warps=kv_cfg.num_warps,
-                        num_stages=kv_cfg.stages(dense_mask), SCAN=SCAN_BLOCK, **constexprs)
+                        num_stages=kv_cfg.stages(dense_mask), SCAN=SCAN_BLOCK, ORDER=order, **constexprs)
     dkdv_launch = PreparedLaunch(kernel_table()["dkdv"], dkdv_grid, dkdv_args, **dkdv_options)
     if tma_backward(q.device, q.dtype, q_len, k_len, head_dim, kv_cfg):
         views = tuple(_rows_view(t) for t in (q, dout, k, v))
