@@ -43,23 +43,32 @@ _FUSED = ("inductor fuses the plain {what} with its neighbours under torch.compi
 # A prior, shipped per family: eager, every kind swapped (a Llama training step on an H200,
 # benchmarks/records/h200/patch-model-2026-11-27.md: the whole patch 1.18x sdpa, attention alone
 # 1.17x; each op's `auto` still picks, per call, the fastest backend verified here, the torch
-# composition where nothing beats it). Compiled: attention swapped, everything else left to
-# inductor (benchmarks/records/h200/patch-compiled-2026-11-27.md, 8 layers, 2 x 2048 tokens:
-# attention alone 1.10x compiled sdpa, attention + the fused loss 1.05x, so the loss is left; the
-# elementwise and norm modules are left because inductor fuses their plain forms into their
-# neighbours, where a kernel of ours is a fusion barrier). Under compile a swapped op's backend is
-# still auto's choice at trace time.
+# composition where nothing beats it). Compiled: attention and the rotation swapped, everything
+# else left to inductor (benchmarks/records/h200/patch-compiled-2026-11-27.md, 8 layers, 2 x 2048
+# tokens: attention alone 1.10x compiled sdpa, attention + the fused loss 1.05x, so the loss is
+# left; the norm and SwiGLU modules are left because inductor fuses their plain forms into their
+# neighbours at the memory bandwidth, where a kernel of ours is a fusion barrier). The rotation:
+# inductor recomputes cos and sin for every element of q and k in its own pointwise kernels (3x
+# the bandwidth time), where the rotary kernel reads the table the model built once: on an H100
+# the patched compiled step went from 26.42 to 25.70 ms with it (kernels: 774 -> 263 us a step;
+# benchmarks/records/h100/model-training-2026-11-27.md, "The rotation under torch.compile").
+# Under compile a swapped op's backend is still auto's choice at trace time.
+_COMPILED_LEFT = {
+    "rms_norm": _FUSED.format(what="RMSNorm"),
+    "layer_norm": _FUSED.format(what="LayerNorm"),
+    "swiglu": _FUSED.format(what="silu(gate) * up"),
+    "loss": ("inductor's LM head matmul + cross-entropy is faster compiled here than the fused chunked "
+             "linear_cross_entropy (which saves the logits' memory; force=('loss',) to trade speed for it)")}
 PRIORS: Dict[str, Dict[str, Dict[str, str]]] = {
-    "nvidia": {"eager": {}, "compiled": {
-        "rms_norm": _FUSED.format(what="RMSNorm"),
-        "layer_norm": _FUSED.format(what="LayerNorm"),
-        "rotary": _FUSED.format(what="rotary (into the q/k projections' epilogue)"),
-        "swiglu": _FUSED.format(what="silu(gate) * up"),
-        "loss": ("inductor's LM head matmul + cross-entropy is faster compiled here than the fused chunked "
-                 "linear_cross_entropy (which saves the logits' memory; force=('loss',) to trade speed for it)")}},
+    "nvidia": {"eager": {}, "compiled": dict(_COMPILED_LEFT)},
+    # no kernels of ours on a CPU: the torch compositions either way, traced inline by inductor
+    "cpu": {"eager": {}, "compiled": {**_COMPILED_LEFT, "rotary": (
+        "no rotary kernel on this device: transformers' own rotation, which inductor compiles")}},
+    # the NVIDIA table, for the same reasons, but the rotation not measured compiled on ROCm
+    "amd": {"eager": {}, "compiled": {**_COMPILED_LEFT, "rotary": (
+        "not measured under torch.compile on ROCm (on an H100 the rotary kernel beat inductor's "
+        "rotation); transformers' own rotation, which inductor compiles")}},
 }
-PRIORS["cpu"] = PRIORS["nvidia"]   # no kernels of ours on a CPU: the torch compositions either way
-PRIORS["amd"] = PRIORS["nvidia"]   # not measured on ROCm: the NVIDIA table, for the same reasons
 
 
 def device_family(model: nn.Module) -> str:

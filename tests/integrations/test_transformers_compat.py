@@ -119,13 +119,28 @@ def test_compiled_compositions_do_not_recompile_across_grad_modes(monkeypatch):
     assert len(compiled._COMPILED) == 8      # 2 compositions x 4 autograd states
 
 
+def test_the_compiled_prior_swaps_the_rotation_where_it_was_measured_to_win():
+    """On an H100 the rotary kernel beat inductor's rotation under torch.compile (the patching
+    module's comment cites the record); ROCm was not measured, a CPU has no kernel."""
+    from gpuparity import patching
+    assert patching.Plan("nvidia", "compiled").serves("rotary") == (True, True)
+    assert patching.Plan("nvidia", "compiled").serves("rms_norm") == (False, False)
+    for family in ("cpu", "amd"):
+        assert patching.Plan(family, "compiled").serves("rotary") == (False, False)
+        assert "force=('rotary',)" in patching.Plan(family, "compiled").left("rotary")
+
+
 def test_mode_compiled_leaves_fused_modules_with_reasons_and_force_swaps_them():
+    from gpuparity import patching
     model = build("llama")
     summary = gpuparity.patch(model, mode="compiled")
     left = {e.path: e.reason for e in summary.left}
     assert "inductor fuses" in left["model.norm"] and "mode='compiled'" in left["model.norm"]
     assert "inductor fuses" in left["model.layers.0.mlp"]
-    assert "inductor fuses" in left["model.layers.0.self_attn"]                          # its rotary
+    if patching.device_family(model) == "nvidia":       # measured to win there: swapped
+        assert any(e.path == "model.layers.0.self_attn" and e.reason.startswith("rotary:") for e in summary.replaced)
+    else:
+        assert "rotary" in left["model.layers.0.self_attn"] and "force=('rotary',)" in left["model.layers.0.self_attn"]
     assert any(e.reason.startswith("attention:") for e in summary.replaced)
     assert "cross-entropy is faster compiled" in left["lm_head"]      # measured: the fused loss loses compiled
     assert "lm_head" in gpuparity.patch(build("llama"), mode="compiled", force=("loss",))
