@@ -9,6 +9,8 @@ too (every key kept), as `gpuparity bench attention` does.
     PYTHONPATH=src python benchmarks/attention_tile_ab.py --kernel dq --env GPUPARITY_ATTENTION_DQ_SPLIT=0,auto --mask
     PYTHONPATH=src python benchmarks/attention_tile_ab.py --kernel dkdv --dims 2,16,2048,128 --kv-heads 4 --causal \
         --tiles 64x32x4x3 --pads 0.25
+    PYTHONPATH=src python benchmarks/attention_tile_ab.py --kernel dq --dims 2,16,2048,128 --kv-heads 4 --causal \
+        --layout bshd --env GPUPARITY_ATTENTION_ORDER=launch,auto
 
 Prints each round and the median per (pad, tile); a candidate that fails to compile or launch (e.g. out
 of shared memory) is dropped and named; --json writes every timing. GPU only.
@@ -29,6 +31,9 @@ def parse(argv=None):
                         help="B,H,S,D instead of --shape (e.g. a model's own attention: 2,16,2048,128)")
     parser.add_argument("--kv-heads", type=int, default=None, help="GQA: k and v with this many heads")
     parser.add_argument("--causal", action="store_true", help="causal attention (a decoder's)")
+    parser.add_argument("--layout", choices=("bhsd", "bshd"), default="bhsd",
+                        help="bshd: q, k, v and dout as (B, H, S, D) views of (B, S, H, D) tensors, as a "
+                             "transformers model's projections hand them over")
     parser.add_argument("--tiles", default="", help="block_m x block_n x warps x stages, comma-separated")
     parser.add_argument("--env", default=None, help="NAME=v1,v2,...: alternate this variable's values")
     parser.add_argument("--mask", action="store_true",
@@ -93,9 +98,11 @@ def main(argv=None) -> int:
     try:
         for pad in pads:
             case = make_case(label, dims, pad, torch.bfloat16, "cuda", 0)
-            q, k, v = case.q, case.k, case.v
+            q, k, v, dout = case.q, case.k, case.v, case.dout
             if args.kv_heads:
                 k, v = k[:, :args.kv_heads].contiguous(), v[:, :args.kv_heads].contiguous()
+            if args.layout == "bshd":
+                q, k, v, dout = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v, dout))
             masks = ta.prepare_masks(q, k, key_padding_mask=case.key_padding_mask if pad or args.mask else None)
             scale = dims[3] ** -0.5
             out, lse = ta.attention_forward(q, k, v, masks, args.causal, scale)
@@ -103,7 +110,7 @@ def main(argv=None) -> int:
             def step():
                 if args.kernel == "fwd":
                     return ta.attention_forward(q, k, v, masks, args.causal, scale)
-                return ta.attention_backward(case.dout, q, k, v, out, lse, masks, args.causal, scale)
+                return ta.attention_backward(dout, q, k, v, out, lse, masks, args.causal, scale)
             for rnd in range(args.rounds):
                 for name, (cfg, value) in configs.items():
                     if name in failed:
@@ -135,6 +142,7 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"kernel": args.kernel, "shape": label, "kv_heads": args.kv_heads, "causal": args.causal,
+                       "layout": args.layout,
                        "times_ms": times, "dropped": failed}, handle, indent=1)
     return 0
 
