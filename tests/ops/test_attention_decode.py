@@ -89,7 +89,7 @@ def test_split_rule_on_a_132_sm_gpu_is_the_measured_best(monkeypatch):
     # benchmarks/records/h100/decode-2026-11-24.md, CUDA-graph timings (Hkv 8, BLOCK_N 64): few rows
     # with long caches split to 128, many rows still split in 2-3 (1 split lost 7-11% at B=64)
     from gpuparity.backends import triton_common
-    monkeypatch.setattr(td, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(triton_common, "sm_count", lambda device: 132)
     monkeypatch.setattr(triton_common, "interpreting", lambda: False)
     gpu = torch.device("cuda", 0)
     grid = {batch: [td.choose_splits(batch, 8, seq, 64, gpu) for seq in (4096, 16384, 65536, 131072)]

@@ -3,12 +3,14 @@ shipped tile configuration, with the flags that cost the most shared memory, as
 triton_common.AotSpec for tests/backends/test_aot.py."""
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Dict, List, Tuple
 
 from ..triton_common import AotSpec
 from .launch import MASK_ADDITIVE, MASK_BOOL, MASK_NONE, kernel_table
-from .tiles import ALIBI_CONFIGS, CONFIGS, FAMILY_TARGETS, SCAN_BLOCK, SHORT_CONFIGS, TileConfig, split_kpm_dq_default
+from .tiles import (ALIBI_CONFIGS, CONFIGS, FAMILY_TARGETS, ORDER_FOLD, SCAN_BLOCK, SHORT_CONFIGS, TileConfig,
+                    split_kpm_dq_default)
 
 _POINTER_TYPES = {
     "LSE": "*fp32", "Delta": "*fp32", "Bounds": "*i32", "KPM": "*u8", "CuQ": "*i32", "CuK": "*i32",
@@ -56,7 +58,7 @@ def _dtype_and_precision(fam: str, elem: int) -> Tuple[str, str]:
 
 
 def _aot_spec(fam, targets, kernel_name, head_dim, elem, cfg, dropout=False, dense_mask=True,
-              window_softcap=False) -> AotSpec:
+              window_softcap=False, fold=False) -> AotSpec:
     dtype, precision = _dtype_and_precision(fam, elem)
     kernel = kernel_table()[kernel_name]
     constexprs = dict(HEAD_DIM=head_dim, D_PAD=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
@@ -66,11 +68,13 @@ def _aot_spec(fam, targets, kernel_name, head_dim, elem, cfg, dropout=False, den
     constexprs["SCAN"] = SCAN_BLOCK   # every kernel scans the key padding mask
     if kernel_name == "dq" and split_kpm_dq_default(fam, head_dim):
         constexprs["SPLIT_KPM"] = True   # its second set of loops: more shared memory
+    if fold:
+        constexprs["ORDER"] = ORDER_FOLD     # the program inside a loop over its two key blocks
     return AotSpec(
         name=f"attention.{kernel_name}.{fam}.d{head_dim}.{dtype}.m{cfg.block_m}n{cfg.block_n}"
              f"w{cfg.num_warps}s{cfg.stages(dense_mask)}" + (".dropout" if dropout else "")
              + (".window_softcap_alibi" if window_softcap else "")
-             + ("" if dense_mask else ".nomask"),
+             + ("" if dense_mask else ".nomask") + (".fold" if fold else ""),
         kernel=kernel, signature=_signature(kernel, dtype, "*fp32"), constexprs=constexprs,
         num_warps=cfg.num_warps, num_stages=cfg.stages(dense_mask), targets=targets,
         unit_params=_unit_strides(_signature(kernel, dtype, "*fp32")))
@@ -103,6 +107,9 @@ def aot_specs() -> List[AotSpec]:
             for (bucket, elem), cfg in ALIBI_CONFIGS.get(fam, {}).get(kernel_name, {}).items():
                 if cfg != CONFIGS[fam][kernel_name].get((bucket, elem)):   # else compiled just above
                     specs.append(_aot_spec(fam, targets, kernel_name, bucket, elem, cfg, window_softcap=True))
+            if kernel_name == "dkdv":   # the folded grid (tiles.causal_order) at the largest 16-bit tile
+                bucket = max(b for b, e in CONFIGS[fam]["dkdv"] if e == 2)
+                specs.append(_aot_spec(fam, targets, "dkdv", bucket, 2, CONFIGS[fam]["dkdv"][(bucket, 2)], fold=True))
     return specs + fused_backward_aot_specs() + varlen_aot_specs() + descriptor_aot_specs() + kvcache_alibi_aot_specs()
 
 
@@ -228,4 +235,8 @@ def descriptor_aot_specs() -> List[AotSpec]:
                  f"w{cfg.num_warps}s{cfg.stages(True)}",
             kernel=kernel, signature=signature, constexprs=constexprs, num_warps=cfg.num_warps,
             num_stages=cfg.stages(True), targets=FAMILY_TARGETS[fam], unit_params=_unit_strides(signature)))
+    largest = max((spec for spec in specs), key=lambda spec: spec.constexprs["HEAD_DIM"], default=None)
+    if largest is not None:   # the folded grid (tiles.causal_order) at the largest tile
+        specs.append(dataclasses.replace(largest, name=largest.name + ".fold",
+                                         constexprs={**largest.constexprs, "ORDER": ORDER_FOLD}))
     return specs
