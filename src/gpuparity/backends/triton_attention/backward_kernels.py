@@ -267,25 +267,18 @@ def _attn_bwd_dkdv_kernel(
     dropout_p = tl.cast(dropout_p, tl.float32)
     cap_in = tl.cast(cap_in, tl.float32)
     cap_out = tl.cast(cap_out, tl.float32)
-    # the call written out per branch (constexpr: one is compiled): the other orders keep the
-    # exact code they were measured with, no loop around it
-    if ORDER == 3:   # folded: key blocks p and last - p (equal work per program under a causal mask)
-        first_n, batch_kv_head = program_block(0)
+    # ORDER 3 (folded): key blocks p and last - p, the same work per program under a causal mask;
+    # any other order one block (a loop of one trip with constant bounds, which leaves no loop in
+    # the IR: the same code as a plain call)
+    start_n, batch_kv_head = program_block(0 if ORDER == 3 else ORDER)
+    first_n = start_n
+    visits = 1
+    if ORDER == 3:
         last_n = tl.cdiv(k_len, BLOCK_N) - 1
-        for visit in range(0, 1 + (last_n - first_n != first_n).to(tl.int32)):
+        visits = 1 + (last_n - first_n != first_n).to(tl.int32)
+    for visit in range(0, visits):
+        if ORDER == 3:
             start_n = tl.where(visit == 0, first_n, last_n - first_n)
-            _dkdv_program(start_n, batch_kv_head // num_kv_heads, batch_kv_head % num_kv_heads,
-                          Q, K, V, DO, DO, LSE, Delta, DK, DV, Mask, KPM, Bounds, Alibi,   # Out unused: delta is stored
-                          qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out, alibi_shift,
-                          stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
-                          stride_vb, stride_vh, stride_vn, stride_vd, 0, 0, 0, 0,
-                          stride_db, stride_dh, stride_dm, stride_dd, stride_dkb, stride_dkh, stride_dkn, stride_dkd,
-                          stride_dvb, stride_dvh, stride_dvn, stride_dvd, stride_mb, stride_mh, stride_mm, stride_mn,
-                          stride_pb, stride_pn, stride_ab, num_heads, group_size, q_len, k_len,
-                          HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, HAS_BOUNDS, DROPOUT,
-                          DOT_PRECISION, HAS_WINDOW, SOFTCAP, HAS_ALIBI, SCAN, False)
-    else:
-        start_n, batch_kv_head = program_block(ORDER)
         _dkdv_program(start_n, batch_kv_head // num_kv_heads, batch_kv_head % num_kv_heads,
                       Q, K, V, DO, DO, LSE, Delta, DK, DV, Mask, KPM, Bounds, Alibi,   # Out unused: delta is stored
                       qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out, alibi_shift,
@@ -334,27 +327,18 @@ def _attn_bwd_dkdv_tma_kernel(
     dropout_p = tl.cast(dropout_p, tl.float32)
     cap_in = tl.cast(cap_in, tl.float32)
     cap_out = tl.cast(cap_out, tl.float32)
-    # the call written out per branch (constexpr: one is compiled): the other orders keep the
-    # exact code they were measured with, no loop around it
-    if ORDER == 3:   # folded: key blocks p and last - p (equal work per program under a causal mask)
-        first_n, batch_kv_head = program_block(0)
+    # ORDER 3 (folded): key blocks p and last - p, the same work per program under a causal mask;
+    # any other order one block (a loop of one trip with constant bounds, which leaves no loop in
+    # the IR: the same code as a plain call)
+    start_n, batch_kv_head = program_block(0 if ORDER == 3 else ORDER)
+    first_n = start_n
+    visits = 1
+    if ORDER == 3:
         last_n = tl.cdiv(k_len, BLOCK_N) - 1
-        for visit in range(0, 1 + (last_n - first_n != first_n).to(tl.int32)):
+        visits = 1 + (last_n - first_n != first_n).to(tl.int32)
+    for visit in range(0, visits):
+        if ORDER == 3:
             start_n = tl.where(visit == 0, first_n, last_n - first_n)
-            _dkdv_program(start_n, batch_kv_head // num_kv_heads, batch_kv_head % num_kv_heads,
-                          Q, K, V, DO, DO, LSE, Delta, DK, DV, Mask, KPM, Bounds, Alibi,
-                          qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out, alibi_shift,
-                          stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
-                          stride_vb, stride_vh, stride_vn, stride_vd, 0, 0, 0, 0,
-                          stride_db, stride_dh, stride_dm, stride_dd, stride_dkb, stride_dkh, stride_dkn, stride_dkd,
-                          stride_dvb, stride_dvh, stride_dvn, stride_dvd, stride_mb, stride_mh, stride_mm, stride_mn,
-                          stride_pb, stride_pn, stride_ab, num_heads, group_size, q_len, k_len,
-                          HEAD_DIM, D_PAD, BLOCK_M, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, HAS_BOUNDS, DROPOUT,
-                          DOT_PRECISION, HAS_WINDOW, SOFTCAP, HAS_ALIBI, SCAN, False,
-                          QDesc, DODesc, q_rb, q_rh, q_ch, do_rb, do_rh, do_ch, True,
-                          KDesc, VDesc, k_rb, k_rh, k_ch, v_rb, v_rh, v_ch)
-    else:
-        start_n, batch_kv_head = program_block(ORDER)
         _dkdv_program(start_n, batch_kv_head // num_kv_heads, batch_kv_head % num_kv_heads,
                       Q, K, V, DO, DO, LSE, Delta, DK, DV, Mask, KPM, Bounds, Alibi,
                       qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out, alibi_shift,
@@ -367,6 +351,7 @@ def _attn_bwd_dkdv_tma_kernel(
                       DOT_PRECISION, HAS_WINDOW, SOFTCAP, HAS_ALIBI, SCAN, False,
                       QDesc, DODesc, q_rb, q_rh, q_ch, do_rb, do_rh, do_ch, True,
                       KDesc, VDesc, k_rb, k_rh, k_ch, v_rb, v_rh, v_ch)
+
 
 
 @triton.jit
