@@ -235,7 +235,7 @@ def descriptor_aot_specs() -> List[AotSpec]:
                  f"w{cfg.num_warps}s{cfg.stages(True)}",
             kernel=kernel, signature=signature, constexprs=constexprs, num_warps=cfg.num_warps,
             num_stages=cfg.stages(True), targets=FAMILY_TARGETS[fam], unit_params=_unit_strides(signature)))
-    largest = max((spec for spec in specs), key=lambda spec: spec.constexprs["HEAD_DIM"], default=None)
+    largest = max(specs, key=lambda spec: spec.constexprs["HEAD_DIM"], default=None)
     if largest is not None:   # the folded grid (tiles.causal_order) at the largest tile
         specs.append(dataclasses.replace(largest, name=largest.name + ".fold",
                                          constexprs={**largest.constexprs, "ORDER": ORDER_FOLD}))
