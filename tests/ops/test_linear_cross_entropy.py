@@ -198,3 +198,113 @@ def test_compiled_fullgraph_matches_eager(reduction):
         torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)
     torch._dynamo.reset()
     assert torch._dynamo.explain(step)(hidden, weight, bias).graph_break_count == 0
+
+
+# ----------------------------------------------------------------------------- traced one pass
+def _graph_ops(fn, *args):
+    """(targets of the forward graph, of the backward graph) as aot_eager traces `fn`."""
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_module_simplified
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append({str(node.target) for node in gm.graph.nodes if node.op == "call_function"})
+        return make_boxed_func(gm.forward)
+
+    def backend(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=record, bw_compiler=record)
+
+    torch._dynamo.reset()
+    out = torch.compile(fn, fullgraph=True, backend=backend)(*args)
+    out.backward()
+    torch._dynamo.reset()
+    return graphs
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("softcap", [None, 6.0])
+def test_traced_triton_one_pass_matches_float64(reduction, softcap):
+    """Under compile the Triton backend's loss is the LM head's GEMM, one row op and the
+    backward's GEMMs in the graph (no chunked op); loss and all three gradients, with ignored
+    rows, a softcap and grad_output != 1, agree with float64 autograd."""
+    hidden, weight, target, bias = _inputs()
+
+    def step(h, w, b):
+        return 2.5 * gpuparity.linear_cross_entropy(h, w, target, bias=b, reduction=reduction, softcap=softcap,
+                                                    backend="triton")
+
+    forward, backward = _graph_ops(step, hidden, weight, bias)
+    # the opaque op under the interpreter; on a GPU the triton_op, which AOT traces into its launch
+    assert forward & {"gpuparity.cross_entropy_rows.default", "gpuparity.cross_entropy_rows_kernels.default",
+                      "triton_kernel_wrapper_functional"}, forward
+    assert "gpuparity.linear_cross_entropy.default" not in forward
+    assert "aten.mm.default" in backward
+    torch._dynamo.reset()
+    out = torch.compile(step, fullgraph=True, backend="aot_eager")(hidden, weight, bias)
+    grads = torch.autograd.grad(out, (hidden, weight, bias))
+    h64, w64, b64 = (t.detach().double().requires_grad_() for t in (hidden, weight, bias))
+    logits = torch.nn.functional.linear(h64, w64, b64)
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    ref = 2.5 * torch.nn.functional.cross_entropy(logits.reshape(-1, 30), target.reshape(-1), reduction=reduction)
+    ref_grads = torch.autograd.grad(ref, (h64, w64, b64))
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-6)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-6)
+    torch._dynamo.reset()
+
+
+def test_traced_one_pass_only_within_its_bytes(monkeypatch):
+    """Logits above ONE_PASS_BYTES (or reduction "none") keep the chunked op."""
+    from gpuparity.ops import library_ce
+    hidden, weight, target, bias = _inputs()
+    monkeypatch.setattr(library_ce, "ONE_PASS_BYTES", 10 * 30 * 4 - 1)
+
+    def step(h, w, b):
+        return gpuparity.linear_cross_entropy(h, w, target, bias=b, backend="triton")
+
+    forward, _ = _graph_ops(step, hidden, weight, bias)
+    assert "gpuparity.linear_cross_entropy.default" in forward and "gpuparity.cross_entropy_rows.default" not in forward
+
+
+def test_cross_entropy_rows_opcheck():
+    logits = torch.randn(6, 30, device=DEVICE)
+    target = torch.randint(0, 30, (6,), device=DEVICE)
+    target[1] = -100
+    torch.library.opcheck(torch.ops.gpuparity.cross_entropy_rows, (logits, target, torch.tensor(0.2, device=DEVICE), -100, None),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.parametrize("form", ["whole_row", "looping"])
+@pytest.mark.parametrize("softcap", [None, 5.0])
+@pytest.mark.parametrize("into", ["in_place", "new_buffer"])
+def test_triton_row_kernel_forms_match_float64(monkeypatch, form, softcap, into):
+    """The row kernel's two forms (the row held in registers; blocks swept twice, here 3 blocks
+    with a ragged last one) and both gradient destinations: loss, logsumexp and the scaled
+    gradient of each row against float64, ignored rows zero, extreme logits included."""
+    from gpuparity.backends import triton_cross_entropy as tce
+    if form == "looping":
+        monkeypatch.setattr(tce, "WHOLE_ROW_MAX", 8)
+        monkeypatch.setattr(tce, "MAX_BLOCK_V", 16)
+    rows, vocab = 7, 37
+    logits = torch.randn(rows, vocab, device=DEVICE) * 4
+    logits[2, 5] = 80.0                      # one dominant logit: exp of the rest underflows
+    logits[3] = -60.0
+    target = torch.randint(0, vocab, (rows,), device=DEVICE)
+    target[4] = -100
+    target[2] = 36                           # the last column, in the ragged block
+    scale = torch.linspace(0.5, 2.0, rows, device=DEVICE)
+    loss, lse = torch.empty(rows, device=DEVICE), torch.empty(rows, device=DEVICE)
+    work = logits.clone()
+    grad = work if into == "in_place" else torch.empty_like(work)
+    tce.triton_rows(work, target, loss, lse, scale, -100, softcap, True, grad_out=None if into == "in_place" else grad)
+    z = logits.double().requires_grad_()
+    capped = z if softcap is None else softcap * torch.tanh(z / softcap)
+    per_row = torch.nn.functional.cross_entropy(capped, target, ignore_index=-100, reduction="none")
+    (want_grad,) = torch.autograd.grad((per_row * scale.double()).sum(), z)
+    valid = target != -100
+    torch.testing.assert_close(loss.double(), per_row.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse.double()[valid], torch.logsumexp(capped, -1).detach()[valid], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad.double(), want_grad, rtol=1e-4, atol=1e-6)
+    if into == "new_buffer":
+        torch.testing.assert_close(work, logits)         # the logits themselves untouched

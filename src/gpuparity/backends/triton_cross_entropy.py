@@ -9,7 +9,7 @@ import torch
 
 from . import ce_composition
 from ..registry import Backend, register
-from .triton_common import AotSpec, availability, launch, next_pow2, problem_reasons
+from .triton_common import AOT_TARGETS, AotSpec, availability, launch, next_pow2, problem_reasons
 
 try:
     import triton
@@ -20,6 +20,17 @@ except Exception:  # noqa: BLE001 - no triton: the backend says so through avail
 
 # Columns per block of the vocabulary loop: 16 per thread over 8 warps on a GPU.
 MAX_BLOCK_V = 4096
+# The widest row read once and kept in registers (32 fp32 per thread over 32 warps): a 32k
+# vocabulary (Llama-2, Mistral) in one read instead of two sweeps. Wider rows loop. On an H100,
+# (4096, 32000) bf16 logits to loss and gradient: 274 us looping, 259 us whole over 16 warps,
+# 229 us over 32 (a copy of the same bytes: 177 us; benchmarks/records/h100/model-training-2026-11-27.md).
+WHOLE_ROW_MAX = 32768
+
+
+def whole_row_warps(block: int, hip: bool) -> int:
+    """Warps for a whole row of `block` columns: 32 columns a thread, at most 1024 threads (16
+    warps of 64 lanes on ROCm's CDNA, 32 of 32 on NVIDIA)."""
+    return max(1, min(16 if hip else 32, block // 1024))
 
 if triton is not None:
 
@@ -42,44 +53,61 @@ if triton is not None:
         return grad * scale
 
     @triton.jit
-    def _ce_rows_kernel(LOGITS, TARGET, LOSS, LSE, SCALE, stride_row, scale_stride, n_cols, ignore_index, softcap,
-                        HAS_SOFTCAP: tl.constexpr, WRITE_GRAD: tl.constexpr, BLOCK_V: tl.constexpr):
-        """One row per program. Pass 1: running max and sum of exp over blocks (the online
-        logsumexp); pass 2 (WRITE_GRAD): the gradient into the same row. Ignored rows: loss 0
-        and, when writing, a zero row, without reading the logits."""
+    def _ce_rows_kernel(LOGITS, GRAD, TARGET, LOSS, LSE, SCALE, stride_row, stride_grad, scale_stride, n_cols,
+                        ignore_index, softcap, HAS_SOFTCAP: tl.constexpr, WRITE_GRAD: tl.constexpr,
+                        WHOLE_ROW: tl.constexpr, BLOCK_V: tl.constexpr):
+        """One row per program, the gradient into GRAD's row (LOGITS itself for the chunks, which
+        own their logits). WHOLE_ROW (n_cols <= BLOCK_V): the row is read once and stays in
+        registers for the gradient. Else pass 1: running max and sum of exp over blocks (the
+        online logsumexp); pass 2 (WRITE_GRAD) reads the row again. Ignored rows: loss 0 and, when
+        writing, a zero row, without reading the logits."""
         row = tl.program_id(0).to(tl.int64)
         base = LOGITS + row * stride_row
+        grad_base = GRAD + row * stride_grad
         target = tl.load(TARGET + row).to(tl.int64)
         cols = tl.arange(0, BLOCK_V)
         if target != ignore_index:
-            run_max = tl.max(tl.full([BLOCK_V], float("-inf"), tl.float32), axis=0)
-            run_sum = tl.sum(tl.zeros([BLOCK_V], dtype=tl.float32), axis=0)
-            for start in range(0, n_cols, BLOCK_V):
-                offs = start + cols
-                ok = offs < n_cols
-                z = _capped(tl.load(base + offs, mask=ok, other=0.0).to(tl.float32), softcap, HAS_SOFTCAP)
-                z = tl.where(ok, z, float("-inf"))
-                new_max = tl.maximum(run_max, tl.max(z, axis=0))
-                run_sum = run_sum * tl.exp(run_max - new_max) + tl.sum(tl.exp(z - new_max), axis=0)
-                run_max = new_max
-            lse = run_max + tl.log(run_sum)
+            if WHOLE_ROW:
+                whole_ok = cols < n_cols
+                whole = _capped(tl.load(base + cols, mask=whole_ok, other=0.0).to(tl.float32), softcap, HAS_SOFTCAP)
+                whole = tl.where(whole_ok, whole, float("-inf"))
+                row_max = tl.max(whole, axis=0)
+                lse = row_max + tl.log(tl.sum(tl.exp(whole - row_max), axis=0))
+            else:
+                run_max = tl.max(tl.full([BLOCK_V], float("-inf"), tl.float32), axis=0)
+                run_sum = tl.sum(tl.zeros([BLOCK_V], dtype=tl.float32), axis=0)
+                for start in range(0, n_cols, BLOCK_V):
+                    offs = start + cols
+                    ok = offs < n_cols
+                    z = _capped(tl.load(base + offs, mask=ok, other=0.0).to(tl.float32), softcap, HAS_SOFTCAP)
+                    z = tl.where(ok, z, float("-inf"))
+                    new_max = tl.maximum(run_max, tl.max(z, axis=0))
+                    run_sum = run_sum * tl.exp(run_max - new_max) + tl.sum(tl.exp(z - new_max), axis=0)
+                    run_max = new_max
+                lse = run_max + tl.log(run_sum)
             picked = _capped(tl.load(base + target).to(tl.float32), softcap, HAS_SOFTCAP)
             tl.store(LOSS + row, lse - picked)
             tl.store(LSE + row, lse)
             if WRITE_GRAD:
                 scale = tl.load(SCALE + row * scale_stride).to(tl.float32)
-                for start in range(0, n_cols, BLOCK_V):
-                    offs = start + cols
-                    ok = offs < n_cols
-                    z = _capped(tl.load(base + offs, mask=ok, other=0.0).to(tl.float32), softcap, HAS_SOFTCAP)
-                    tl.store(base + offs, _ce_grad(z, lse, offs == target, scale, softcap, HAS_SOFTCAP), mask=ok)
+                if WHOLE_ROW:
+                    whole = tl.where(whole_ok, whole, 0.0)      # no inf * 0 in the lanes not stored
+                    tl.store(grad_base + cols, _ce_grad(whole, lse, cols == target, scale, softcap, HAS_SOFTCAP),
+                             mask=whole_ok)
+                else:
+                    for start in range(0, n_cols, BLOCK_V):
+                        offs = start + cols
+                        ok = offs < n_cols
+                        z = _capped(tl.load(base + offs, mask=ok, other=0.0).to(tl.float32), softcap, HAS_SOFTCAP)
+                        tl.store(grad_base + offs, _ce_grad(z, lse, offs == target, scale, softcap, HAS_SOFTCAP),
+                                 mask=ok)
         else:
             tl.store(LOSS + row, 0.0)
             tl.store(LSE + row, 0.0)
             if WRITE_GRAD:
                 for start in range(0, n_cols, BLOCK_V):
                     offs = start + cols
-                    tl.store(base + offs, tl.zeros([BLOCK_V], dtype=tl.float32), mask=offs < n_cols)
+                    tl.store(grad_base + offs, tl.zeros([BLOCK_V], dtype=tl.float32), mask=offs < n_cols)
 
 
     @triton.jit
@@ -104,21 +132,30 @@ if triton is not None:
 COLS_BLOCK = 1024
 
 
-def triton_rows(logits, target, loss_out, lse_out, scale, ignore_index, softcap, write_grad) -> None:
+def triton_rows(logits, target, loss_out, lse_out, scale, ignore_index, softcap, write_grad, grad_out=None) -> None:
     """ce_composition's row step on the Triton kernel (logits in fp32/bf16/fp16, math in fp32;
-    float64 goes to torch_rows)."""
+    float64 goes to torch_rows). grad_out: where the gradient goes (logits' shape and dtype, rows
+    contiguous), the logits themselves when None."""
     if logits.dtype == torch.float64:
+        if grad_out is not None:
+            grad_out.copy_(logits)
+            logits = grad_out
         ce_composition.torch_rows(logits, target, loss_out, lse_out, scale, ignore_index, softcap, write_grad)
         return
+    grad_out = logits if grad_out is None else grad_out
     rows, vocab = logits.shape
     if rows == 0:
         return
-    block = min(MAX_BLOCK_V, next_pow2(vocab))
+    whole = next_pow2(vocab) <= WHOLE_ROW_MAX
+    block = next_pow2(vocab) if whole else MAX_BLOCK_V
+    warps = (whole_row_warps(block, torch.version.hip is not None and logits.is_cuda) if whole
+             else max(1, min(8, block // 512)))
     scale = scale.to(torch.float32)
     launch(_ce_rows_kernel, (rows,), (
-        logits, target, loss_out, lse_out, scale, logits.stride(0), 0 if scale.dim() == 0 else 1, vocab,
+        logits, grad_out, target, loss_out, lse_out, scale, logits.stride(0), grad_out.stride(0),
+        0 if scale.dim() == 0 else 1, vocab,
         int(ignore_index), float(softcap) if softcap is not None else 1.0),
-        num_warps=max(1, min(8, block // 512)), HAS_SOFTCAP=softcap is not None, WRITE_GRAD=bool(write_grad),
+        num_warps=warps, HAS_SOFTCAP=softcap is not None, WRITE_GRAD=bool(write_grad), WHOLE_ROW=whole,
         BLOCK_V=block)
 
 
@@ -143,14 +180,16 @@ STEPS = ce_composition.Steps(triton_rows, triton_cols, native=True)
 
 def aot_specs():
     """Both kernels on bf16 chunks (the native steps' dtype in training), softcap on and off,
-    at their largest blocks, for every AOT target."""
+    at their largest blocks (the row kernel's looping and whole-row forms), for every AOT target."""
     if triton is None:
         return []
     specs = []
     for softcap in (False, True):
-        rows_const = {"HAS_SOFTCAP": softcap, "WRITE_GRAD": True, "BLOCK_V": MAX_BLOCK_V}
-        rows_sig = {"LOGITS": "*bf16", "TARGET": "*i64", "LOSS": "*fp32", "LSE": "*fp32", "SCALE": "*fp32",
-                    "stride_row": "i64", "scale_stride": "i32", "n_cols": "i32", "ignore_index": "i32",
+        rows_const = {"HAS_SOFTCAP": softcap, "WRITE_GRAD": True, "WHOLE_ROW": False, "BLOCK_V": MAX_BLOCK_V}
+        whole_const = {**rows_const, "WHOLE_ROW": True, "BLOCK_V": WHOLE_ROW_MAX}
+        rows_sig = {"LOGITS": "*bf16", "GRAD": "*bf16", "TARGET": "*i64", "LOSS": "*fp32", "LSE": "*fp32",
+                    "SCALE": "*fp32", "stride_row": "i64", "stride_grad": "i64", "scale_stride": "i32",
+                    "n_cols": "i32", "ignore_index": "i32",
                     "softcap": "fp32", **{k: "constexpr" for k in rows_const}}
         cols_const = {"HAS_SOFTCAP": softcap, "BLOCK": COLS_BLOCK}
         cols_sig = {"LOGITS": "*bf16", "TARGET": "*i64", "LSE": "*fp32", "SCALE": "*fp32", "stride_row": "i64",
@@ -159,6 +198,10 @@ def aot_specs():
         tag = "softcap" if softcap else "plain"
         specs.append(AotSpec(f"linear_cross_entropy.rows.{tag}", _ce_rows_kernel, rows_sig, rows_const,
                              num_warps=max(1, min(8, MAX_BLOCK_V // 512))))
+        for vendor, hip in (("cuda", False), ("hip", True)):
+            specs.append(AotSpec(f"linear_cross_entropy.rows.whole.{vendor}.{tag}", _ce_rows_kernel, rows_sig,
+                                 whole_const, num_warps=whole_row_warps(WHOLE_ROW_MAX, hip),
+                                 targets=tuple(t for t in AOT_TARGETS if t.startswith(vendor))))
         specs.append(AotSpec(f"linear_cross_entropy.cols.{tag}", _ce_cols_kernel, cols_sig, cols_const, num_warps=4))
     return specs
 
