@@ -45,29 +45,35 @@ _FUSED = ("inductor fuses the plain {what} with its neighbours under torch.compi
 # 1.17x; each op's `auto` still picks, per call, the fastest backend verified here, the torch
 # composition where nothing beats it). Compiled: attention and the rotation swapped, everything
 # else left to inductor (benchmarks/records/h200/patch-compiled-2026-11-27.md, 8 layers, 2 x 2048
-# tokens: attention alone 1.10x compiled sdpa, attention + the fused loss 1.05x, so the loss is
-# left; the norm and SwiGLU modules are left because inductor fuses their plain forms into their
-# neighbours at the memory bandwidth, where a kernel of ours is a fusion barrier). The rotation:
-# inductor recomputes cos and sin for every element of q and k in its own pointwise kernels (3x
-# the bandwidth time), where the rotary kernel reads the table the model built once: on an H100
-# the patched compiled step went from 26.42 to 25.70 ms with it (kernels: 774 -> 263 us a step;
-# benchmarks/records/h100/model-training-2026-11-27.md, "The rotation under torch.compile").
-# Under compile a swapped op's backend is still auto's choice at trace time.
+# tokens: attention alone 1.10x compiled sdpa, attention + the chunked fused loss 1.05x; the norm
+# and SwiGLU modules are left because inductor fuses their plain forms into their neighbours at
+# the memory bandwidth, where a kernel of ours is a fusion barrier). The rotation: inductor
+# recomputes cos and sin for every element of q and k in its own pointwise kernels (3x the
+# bandwidth time), where the rotary kernel reads the table the model built once: on an H100 the
+# patched compiled step went from 26.42 to 25.70 ms with it (kernels: 774 -> 263 us a step;
+# benchmarks/records/h100/model-training-2026-11-27.md, "The rotation under torch.compile"). The
+# loss: traced, the Triton backend is one pass (ops/library_ce.py) where the logits fit: the LM
+# head's GEMMs as inductor's, one row kernel for loss and gradient instead of inductor's two
+# fp32 sweeps (kernels 493 -> 229 us a step, the step 26.11 -> 25.43 ms on an H100; same record,
+# "The loss under torch.compile"). Under compile a swapped op's backend is still auto's choice at
+# trace time.
 _COMPILED_LEFT = {
     "rms_norm": _FUSED.format(what="RMSNorm"),
     "layer_norm": _FUSED.format(what="LayerNorm"),
-    "swiglu": _FUSED.format(what="silu(gate) * up"),
-    "loss": ("inductor's LM head matmul + cross-entropy is faster compiled here than the fused chunked "
-             "linear_cross_entropy (which saves the logits' memory; force=('loss',) to trade speed for it)")}
+    "swiglu": _FUSED.format(what="silu(gate) * up")}
 PRIORS: Dict[str, Dict[str, Dict[str, str]]] = {
     "nvidia": {"eager": {}, "compiled": dict(_COMPILED_LEFT)},
     # no kernels of ours on a CPU: the torch compositions either way, traced inline by inductor
     "cpu": {"eager": {}, "compiled": {**_COMPILED_LEFT, "rotary": (
-        "no rotary kernel on this device: transformers' own rotation, which inductor compiles")}},
-    # the NVIDIA table, for the same reasons, but the rotation not measured compiled on ROCm
+        "no rotary kernel on this device: transformers' own rotation, which inductor compiles"), "loss": (
+        "no cross-entropy kernel on this device: transformers' loss, which inductor compiles (the "
+        "chunked linear_cross_entropy saves the logits' memory; force=('loss',) to trade speed for it)")}},
+    # the NVIDIA table, for the same reasons, but the rotation and the loss not measured compiled on ROCm
     "amd": {"eager": {}, "compiled": {**_COMPILED_LEFT, "rotary": (
         "not measured under torch.compile on ROCm (on an H100 the rotary kernel beat inductor's "
-        "rotation); transformers' own rotation, which inductor compiles")}},
+        "rotation); transformers' own rotation, which inductor compiles"), "loss": (
+        "not measured under torch.compile on ROCm (on an H100 the one-pass cross-entropy beat "
+        "inductor's); transformers' loss, which inductor compiles")}},
 }
 
 
