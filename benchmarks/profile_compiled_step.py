@@ -52,12 +52,36 @@ def busy_us(intervals) -> float:
     return total
 
 
+def idle_before(kernels, steps: int, top: int):
+    """The GPU's idle time per step, each gap between one kernel's end and the next start (after
+    the union of all earlier kernels) credited to the kernel that ended the wait: where the GPU
+    waited for the host. kernels: (start, end, name)."""
+    gaps, end = collections.Counter(), None
+    for start, stop, name in sorted(kernels):
+        if end is not None and start > end:
+            gaps[name] += start - end
+        end = stop if end is None else max(end, stop)
+    return {"idle_ms_per_step": round(sum(gaps.values()) / steps / 1e3, 3),
+            "idle_before_us_per_step": {name[:120]: round(us / steps, 1) for name, us in gaps.most_common(top)}}
+
+
 def profile_variant(args, variant, inputs):
+    from torch._dynamo.utils import counters
+    counters.clear()
     model, _ = patch_compiled.build(args, variant)
     step = patch_compiled.make_step(model, None if args.eager else "default")
     for _ in range(args.warmup):
         step(inputs)
     torch.cuda.synchronize()
+    # host time per step, no profiler: a step's host work that outlasts its GPU work idles the GPU
+    started = time.perf_counter()
+    for _ in range(args.steps):
+        step(inputs)
+    host = (time.perf_counter() - started) / args.steps
+    torch.cuda.synchronize()
+    unprofiled = (time.perf_counter() - started) / args.steps
+    graphs = {"unique_graphs": int(counters["stats"]["unique_graphs"]),
+              "graph_breaks": int(sum(counters["graph_break"].values()))}
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
         started = time.perf_counter()
@@ -66,7 +90,7 @@ def profile_variant(args, variant, inputs):
         torch.cuda.synchronize()
         wall = (time.perf_counter() - started) / args.steps
     per_name = collections.defaultdict(lambda: [0.0, 0])
-    intervals = []
+    intervals, kernels = [], []
     for event in prof.events():
         if event.device_type != torch.autograd.DeviceType.CUDA:
             continue
@@ -77,11 +101,14 @@ def profile_variant(args, variant, inputs):
         per_name[event.name][1] += 1
         start = event.time_range.start
         intervals.append((start, start + duration))
+        kernels.append((start, start + duration, event.name))
     kinds = collections.Counter()
     for name, (total, _) in per_name.items():
         kinds[kind_of(name)] += total / args.steps
     top = sorted(per_name.items(), key=lambda item: -item[1][0])[:args.top]
     row = {"wall_ms_per_step": round(wall * 1e3, 3),
+           "unprofiled_ms_per_step": round(unprofiled * 1e3, 3), "host_ms_per_step": round(host * 1e3, 3),
+           **graphs, **idle_before(kernels, args.steps, 12),
            "gpu_busy_ms_per_step": round(busy_us(intervals) / args.steps / 1e3, 3),
            "kernel_ms_per_step": round(sum(t for t, _ in per_name.values()) / args.steps / 1e3, 3),
            "kinds_ms_per_step": {k: round(v / 1e3, 3) for k, v in kinds.most_common()},
