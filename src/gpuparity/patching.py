@@ -54,8 +54,8 @@ _FUSED = ("inductor fuses the plain {what} with its neighbours under torch.compi
 # benchmarks/records/h100/model-training-2026-11-27.md, "The rotation under torch.compile"). The
 # loss: traced, the Triton backend is one pass (ops/library_ce.py) where the logits fit: the LM
 # head's GEMMs as inductor's, one row kernel for loss and gradient instead of inductor's two
-# fp32 sweeps (kernels 493 -> 229 us a step, the step 26.11 -> 25.43 ms on an H100; same record,
-# "The loss under torch.compile"). Under compile a swapped op's backend is still auto's choice at
+# fp32 sweeps (kernels 493 -> 205-229 us a step, the step 26.11 -> 25.43 ms on an H100; same record,
+# "Night"). Under compile a swapped op's backend is still auto's choice at
 # trace time.
 _COMPILED_LEFT = {
     "rms_norm": _FUSED.format(what="RMSNorm"),
