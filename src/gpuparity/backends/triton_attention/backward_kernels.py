@@ -11,7 +11,8 @@ import triton
 import triton.language as tl
 
 from .kernels import (_NO_SPECIALIZE, _alibi_bias, _key_range, _mma, _scan_padding, _tanh, alibi_shift_of,
-                      alibi_slope_of, dropout_keep, program_block)
+                      alibi_slope_of, dropout_keep, key_block_of_visit, key_block_visits,
+                      program_block)
 
 
 @triton.jit
@@ -267,19 +268,9 @@ def _attn_bwd_dkdv_kernel(
     dropout_p = tl.cast(dropout_p, tl.float32)
     cap_in = tl.cast(cap_in, tl.float32)
     cap_out = tl.cast(cap_out, tl.float32)
-    # ORDER 3 (folded): key blocks p and last - p, the same work per program under a causal mask;
-    # any other order one block (a loop of one trip with constant bounds, which leaves no loop in
-    # the IR: the same code as a plain call)
-    start_n, batch_kv_head = program_block(0 if ORDER == 3 else ORDER)
-    first_n = start_n
-    visits = 1
-    if ORDER == 3:
-        last_n = tl.cdiv(k_len, BLOCK_N) - 1
-        visits = 1 + (last_n - first_n != first_n).to(tl.int32)
+    first_n, last_n, visits, batch_kv_head = key_block_visits(k_len, BLOCK_N, ORDER)
     for visit in range(0, visits):
-        if ORDER == 3:
-            start_n = tl.where(visit == 0, first_n, last_n - first_n)
-        _dkdv_program(start_n, batch_kv_head // num_kv_heads, batch_kv_head % num_kv_heads,
+        _dkdv_program(key_block_of_visit(visit, first_n, last_n, ORDER), batch_kv_head // num_kv_heads, batch_kv_head % num_kv_heads,
                       Q, K, V, DO, DO, LSE, Delta, DK, DV, Mask, KPM, Bounds, Alibi,   # Out unused: delta is stored
                       qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out, alibi_shift,
                       stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,
@@ -327,19 +318,9 @@ def _attn_bwd_dkdv_tma_kernel(
     dropout_p = tl.cast(dropout_p, tl.float32)
     cap_in = tl.cast(cap_in, tl.float32)
     cap_out = tl.cast(cap_out, tl.float32)
-    # ORDER 3 (folded): key blocks p and last - p, the same work per program under a causal mask;
-    # any other order one block (a loop of one trip with constant bounds, which leaves no loop in
-    # the IR: the same code as a plain call)
-    start_n, batch_kv_head = program_block(0 if ORDER == 3 else ORDER)
-    first_n = start_n
-    visits = 1
-    if ORDER == 3:
-        last_n = tl.cdiv(k_len, BLOCK_N) - 1
-        visits = 1 + (last_n - first_n != first_n).to(tl.int32)
+    first_n, last_n, visits, batch_kv_head = key_block_visits(k_len, BLOCK_N, ORDER)
     for visit in range(0, visits):
-        if ORDER == 3:
-            start_n = tl.where(visit == 0, first_n, last_n - first_n)
-        _dkdv_program(start_n, batch_kv_head // num_kv_heads, batch_kv_head % num_kv_heads,
+        _dkdv_program(key_block_of_visit(visit, first_n, last_n, ORDER), batch_kv_head // num_kv_heads, batch_kv_head % num_kv_heads,
                       Q, K, V, DO, DO, LSE, Delta, DK, DV, Mask, KPM, Bounds, Alibi,
                       qk_scale, sm_scale, dropout_p, seed, window_left, window_right, cap_in, cap_out, alibi_shift,
                       stride_qb, stride_qh, stride_qm, stride_qd, stride_kb, stride_kh, stride_kn, stride_kd,

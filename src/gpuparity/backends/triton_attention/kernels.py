@@ -40,6 +40,30 @@ def program_block(ORDER: tl.constexpr):
 
 
 @triton.jit
+def key_block_visits(k_len, BLOCK_N: tl.constexpr, ORDER: tl.constexpr):
+    """(first key block, last block index, visits, row) of a dk/dv program. ORDER 3 (folded):
+    key blocks p and last - p (visits 2, 1 for the middle block), the same work per program under
+    a causal mask; any other order: program_block's one block (visits 1: a loop of one trip with
+    constant bounds, which leaves no loop in the IR, the same code as a plain call)."""
+    first_n, row = program_block(0 if ORDER == 3 else ORDER)
+    last_n = first_n
+    visits = 1
+    if ORDER == 3:
+        last_n = tl.cdiv(k_len, BLOCK_N) - 1
+        visits = 1 + (last_n - first_n != first_n).to(tl.int32)
+    return first_n, last_n, visits, row
+
+
+@triton.jit
+def key_block_of_visit(visit, first_n, last_n, ORDER: tl.constexpr):
+    """The key block a dk/dv program's visit-th visit takes (see key_block_visits)."""
+    start_n = first_n
+    if ORDER == 3:
+        start_n = tl.where(visit == 0, first_n, last_n - first_n)
+    return start_n
+
+
+@triton.jit
 def dropout_keep(seed_bh, rows, cols, k_len, dropout_p):
     """The dropout keep mask of one (batch, head) tile: Philox at counter row * k_len + col,
     seeded with seed + batch * H + head. The one formula: the forward, both backward kernels and
