@@ -13,6 +13,7 @@ from gpuparity.checks import execute
 from gpuparity.checks.results import Status
 from gpuparity.contracts import get_spec
 from gpuparity.dispatch import get as get_backend
+from gpuparity.ops import library_ce as _library_ce  # noqa: F401 - registers gpuparity::linear_cross_entropy (imported lazily by the op)
 
 from device_env import TEST_DEVICE
 
