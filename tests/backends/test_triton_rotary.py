@@ -224,3 +224,65 @@ def test_configs_cover_every_family():
         for heads, half, pass_dim in ((1, 1, 0), (32, 64, 0), (5, 20, 40), (64, 128, 0)):
             cfg = triton_rotary.rotary_config(heads, half, pass_dim, fam=fam)
             assert cfg.block_r >= half and cfg.block_h <= triton_rotary.MAX_BLOCK_H and 1 <= cfg.num_warps <= 16
+
+
+# ----------------------------------------------------------------------------- q and k in one launch
+def _pair_sizes():
+    # (B, S, Hq, Hk, D, rotary_dim): grouped heads (Hk < Hq, also Hk not dividing the head
+    # block), position counts that leave a partial last block, partial rotary with pass-through
+    if ON_GPU:
+        return [(2, 2048, 16, 4, 128, 128), (3, 1000, 12, 4, 80, 40), (1, 333, 5, 5, 96, 64)]
+    return [(2, 7, 4, 2, 16, 16), (1, 9, 3, 1, 20, 12), (2, 5, 11, 3, 8, 8), (3, 1, 2, 2, 34, 34)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("interleaved", [False, True], ids=["half", "interleaved"])
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize("size", _pair_sizes(), ids=lambda s: "x".join(map(str, s)))
+def test_pair_matches_the_reference_and_the_single_launches(size, layout, interleaved, dtype):
+    """q and k rotated in one launch: forward and backward against float64 within the policy,
+    and bit for bit the kernel's single-tensor launches (same math per element). "bhsd" gives
+    HF's layout, a transposed (B, H, S, D) read through its strides."""
+    batch, seqlen, heads_q, heads_k, head_dim, rotary_dim = size
+    gen = torch.Generator().manual_seed(sum(size))
+
+    def make(heads):
+        shape = (batch, seqlen, heads, head_dim) if layout == "bshd" else (batch, heads, seqlen, head_dim)
+        t = (torch.randn(shape, generator=gen) * 4).to(DEVICE, dtype)
+        return t if layout == "bshd" else t.transpose(1, 2)
+
+    q, k = make(heads_q), make(heads_k)
+    dq_out = torch.randn(q.shape, generator=gen).to(DEVICE, dtype)
+    dk_out = torch.randn(k.shape, generator=gen).to(DEVICE, dtype)
+    cos, sin = tables(seqlen + 3, rotary_dim)
+    q_leaf, k_leaf = q.detach().requires_grad_(), k.detach().requires_grad_()
+    q_out, k_out = triton_rotary.triton_apply_rotary_pair(q_leaf, k_leaf, cos, sin, interleaved=interleaved)
+    dq, dk = torch.autograd.grad((q_out, k_out), (q_leaf, k_leaf), (dq_out, dk_out))
+    for x, dy, out, dx in ((q, dq_out, q_out, dq), (k, dk_out, k_out, dk)):
+        single = run_rotary(triton_rotary.triton_apply_rotary, x, cos, sin, dy, interleaved=interleaved)
+        assert torch.equal(out, single[0]) and torch.equal(dx, single[1])
+        assert out.shape == x.shape and out.dtype == x.dtype
+        up = lambda t: t.detach().to("cpu", torch.float64)  # noqa: E731
+        expected = run_rotary(reference.apply_rotary, up(x), up(cos), up(sin), up(dy), interleaved=interleaved)
+        base = run_rotary(rotary_contract.rotary_composition, x, cos.to(x.dtype), sin.to(x.dtype), dy,
+                          interleaved=interleaved)
+        for name, g, b, e in zip(("out", "dx"), (out, dx), base, expected):
+            result = judge(name, g, e, b, x.dtype)
+            assert result.passed, f"{size} {layout} {dtype}: {result.reason}"
+    if rotary_dim < head_dim:
+        assert torch.equal(k_out[..., rotary_dim:], k[..., rotary_dim:])
+
+
+def test_pair_through_apply_rotary_pair_checks_its_arguments():
+    from gpuparity.ops.rotary import apply_rotary_pair
+    cos, sin = tables(8, 16)
+    q, k = torch.randn(2, 5, 4, 16).to(DEVICE), torch.randn(2, 5, 2, 16).to(DEVICE)
+    with pytest.raises(ValueError, match=r"^k: expected q's batch, sequence length and head dim"):
+        apply_rotary_pair(q, k[:, :4], cos, sin, backend="triton")
+    with pytest.raises(TypeError, match=r"^k: expected q's dtype"):
+        apply_rotary_pair(q, k.double(), cos, sin, backend="triton")
+    with pytest.raises(ValueError, match=r"^q: .*cos"):
+        apply_rotary_pair(q, k, *tables(8, 40), backend="triton")
+    q_out, k_out = apply_rotary_pair(q, k, cos, sin, backend="triton")
+    assert torch.equal(q_out, triton_rotary.triton_apply_rotary(q, cos, sin))
+    assert torch.equal(k_out, triton_rotary.triton_apply_rotary(k, cos, sin))

@@ -30,10 +30,16 @@ def _no_probing(monkeypatch):
 
 @pytest.fixture
 def served(monkeypatch):
-    """The x shapes gpuparity.apply_rotary was called with (through the integration)."""
+    """The q and k shapes gpuparity's rotation was called with (through the integration: one
+    apply_rotary_pair call per attention, q's shape then k's)."""
     calls = []
-    real = rotary.apply_rotary
-    monkeypatch.setattr(rotary, "apply_rotary", lambda x, *a, **k: calls.append(tuple(x.shape)) or real(x, *a, **k))
+    real = rotary.apply_rotary_pair
+
+    def record(q, k, *args, **kwargs):
+        calls.extend((tuple(q.shape), tuple(k.shape)))
+        return real(q, k, *args, **kwargs)
+
+    monkeypatch.setattr(rotary, "apply_rotary_pair", record)
     return calls
 
 
@@ -240,7 +246,9 @@ def test_patched_llama_compiles_fullgraph_with_gpuparity_rotary():
     with torch.no_grad():
         eager = model(**batch).logits
         compiled = torch.compile(model, fullgraph=True, backend=recording)(**batch).logits   # raises on a break
-    assert sum("gpuparity.apply_rotary" in t for t in targets) == 2 * LAYERS, targets
+    # q and k in one op (the Triton kernel's pair launch), one per layer
+    assert sum("gpuparity.apply_rotary_pair" in t for t in targets) == LAYERS, targets
+    assert not [t for t in targets if t.startswith("gpuparity.apply_rotary.")], targets
     torch.testing.assert_close(compiled[valid], eager[valid], atol=1e-5, rtol=1e-4)
     torch._dynamo.reset()   # and trained: the op's backward through aot_eager gives eager's gradients
     grads = []

@@ -54,6 +54,9 @@ OPCHECK_CASES = {
     "rotary-varlen-interleaved": lambda: (torch.ops.gpuparity.apply_rotary, (
         randn(9, 2, 8), *rotary_tables(9, 8), True, 0, torch.tensor([0, 1], device=DEVICE),
         torch.tensor([0, 4, 9], device=DEVICE, dtype=torch.int32), None, ROPE_BACKEND)),
+    # a composition has no pair launch: the op's body rotates q and k one after the other
+    "rotary-pair": lambda: (torch.ops.gpuparity.apply_rotary_pair, (
+        randn(2, 5, 4, 8), randn(2, 5, 2, 8), *rotary_tables(7, 8), False, False, ROPE_BACKEND)),
 }
 
 
@@ -72,6 +75,8 @@ if library.TRITON_OP:
         "apply_rotary_kernels": lambda: (torch.ops.gpuparity.apply_rotary_kernels, (
             randn(2, 5, 3, 8), *rotary_tables(7, 6), False, 2, None, None, None, ROPE_BACKEND)),
         "swiglu_kernels": lambda: (torch.ops.gpuparity.swiglu_kernels, (randn(3, 8), randn(3, 8), "torch")),
+        "apply_rotary_pair_kernels": lambda: (torch.ops.gpuparity.apply_rotary_pair_kernels, (
+            randn(2, 5, 4, 8), randn(2, 5, 2, 8), *rotary_tables(7, 8), True, True, ROPE_BACKEND)),
     })
 
 
@@ -285,3 +290,48 @@ def test_the_library_backward_scans_the_padding_as_the_eager_one(q_len):
     traced = torch.autograd.grad(library.attention(q, k, v, None, pad, False, None, "triton"), (q, k, v), g)
     for got, want in zip(traced, eager):
         assert torch.equal(got, want)
+
+
+@pytest.mark.triton
+def test_rotary_pair_op_serves_the_triton_pair_launch_and_its_backward(monkeypatch):
+    """The pair op with the Triton backend (the opaque op under the interpreter): opcheck passes,
+    a compiled function holds one pair op and no single rotary op, and its outputs and
+    gradients are the eager pair launch's."""
+    pytest.importorskip("triton")
+    from gpuparity.backends import triton_rotary
+    from gpuparity.ops.rotary import apply_rotary_pair
+    launches = []
+    for name in ("rotary_pair_launch", "rotary_launch"):
+        real = getattr(triton_rotary, name)
+        monkeypatch.setattr(triton_rotary, name, lambda *a, _real=real, _name=name, **k: launches.append(
+            (_name, k["conjugate"])) or _real(*a, **k))
+    q, k = randn(2, 6, 4, 8), randn(2, 6, 2, 8)
+    cos, sin = rotary_tables(9, 8)
+    torch.library.opcheck(torch.ops.gpuparity.apply_rotary_pair, (q, k, cos, sin, False, False, "triton"))
+    targets = []
+
+    def recording(gm, example_inputs):
+        targets.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        return gm.forward
+
+    fn = lambda q, k: apply_rotary_pair(q, k, cos, sin, backend="triton")  # noqa: E731
+    torch._dynamo.reset()
+    torch.compile(fn, fullgraph=True, backend=recording)(q, k)
+    # the opaque op under the interpreter, its triton_op twin on a GPU
+    assert [t for t in targets if "gpuparity" in t] in (["gpuparity.apply_rotary_pair"],
+                                                         ["gpuparity.apply_rotary_pair_kernels"]), targets
+    launches.clear()
+    compiled_pair = lambda q, k: sum(o.square().sum() for o in fn(q, k))  # noqa: E731
+    torch._dynamo.reset()
+    grads = [torch.autograd.grad(compiled_pair(q, k), (q, k))]
+    assert launches == [("rotary_pair_launch", False), ("rotary_pair_launch", True)], launches  # one each way
+    launches.clear()
+    compiled = torch.compile(compiled_pair, fullgraph=True, backend="aot_eager")
+    grads.append(torch.autograd.grad(compiled(q, k), (q, k)))
+    # traced (once per trace on a GPU, where the twin's launches become graph nodes; per call in
+    # the interpreter), the pair launch both ways and never the single-tensor one
+    assert {name for name, _ in launches} == {"rotary_pair_launch"}, launches
+    assert {conjugate for _, conjugate in launches} == {False, True}, launches
+    for got, want in zip(grads[1], grads[0]):
+        assert torch.equal(got, want)
+    torch._dynamo.reset()

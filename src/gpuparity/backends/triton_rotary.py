@@ -9,7 +9,7 @@ The backward is the same kernel rotating by -theta.
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Optional, Union
+from typing import List, Optional, Tuple, Union
 
 import torch
 
@@ -70,37 +70,15 @@ def rotary_config(heads: int, rotary_half: int, pass_dim: int, fam: Optional[str
 
 if triton is not None:
 
-    # offset_value is not specialized on: one compiled kernel serves every int offset, so a
-    # decode loop (a new position per step) reuses its prepared launch (see rotary_launch).
-    @triton.jit(do_not_specialize=["offset_value"])
-    def _rotary_kernel(
-        OUT, X, COS, SIN, CU_SEQLENS, SEQLEN_OFFSETS,
-        seqlen, nheads, rotary_half, pass_dim, seqlen_ro, offset_value,
-        stride_out_b, stride_out_s, stride_out_h,
-        stride_x_b, stride_x_s, stride_x_h,
-        stride_cos_s, stride_sin_s,
-        IS_VARLEN: tl.constexpr, OFFSETS_TENSOR: tl.constexpr, INTERLEAVED: tl.constexpr,
-        CONJUGATE: tl.constexpr, COPY_PASS: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
-    ):
-        # Head blocks vary fastest across programs: programs running together cover one
-        # position's heads, a contiguous span of x, rather than the same head block of many
-        # positions (one stride apart each).
-        head_blocks = tl.cdiv(nheads, BLOCK_H)
-        pid = tl.program_id(0)
-        pid_m = pid // head_blocks
-        pid_h = pid - pid_m * head_blocks
-        pid_b = tl.program_id(1)
-        if IS_VARLEN:
-            # Packed (total, H, D): sequence b is rows cu_seqlens[b] .. cu_seqlens[b+1].
-            seq_start = tl.load(CU_SEQLENS + pid_b).to(tl.int64)
-            seq_len = (tl.load(CU_SEQLENS + pid_b + 1) - seq_start).to(tl.int32)
-            x_base = X + seq_start * stride_x_s
-            out_base = OUT + seq_start * stride_out_s
-        else:
-            seq_len = seqlen
-            x_base = X + pid_b.to(tl.int64) * stride_x_b
-            out_base = OUT + pid_b.to(tl.int64) * stride_out_b
+    @triton.jit
+    def _rotate_block(out_base, x_base, COS, SIN, SEQLEN_OFFSETS, pid_m, pid_h, pid_b,
+                      seq_len, nheads, rotary_half, pass_dim, seqlen_ro, offset_value,
+                      stride_out_s, stride_out_h, stride_x_s, stride_x_h, stride_cos_s, stride_sin_s,
+                      OFFSETS_TENSOR: tl.constexpr, INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr,
+                      COPY_PASS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr,
+                      BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr):
+        """One program's tile: BLOCK_M positions (block pid_m) x BLOCK_H heads (block pid_h) of
+        the sequence at x_base, written at out_base."""
         if pid_m * BLOCK_M < seq_len:
             if OFFSETS_TENSOR:
                 offset = tl.load(SEQLEN_OFFSETS + pid_b).to(tl.int32)
@@ -135,7 +113,7 @@ if triton is not None:
                 out0 = x0 * cos - x1 * sin
                 out1 = x0 * sin + x1 * cos
                 out = tl.reshape(tl.join(out0, out1), (BLOCK_M, BLOCK_H, 2 * BLOCK_R))
-                tl.store(out_rows + rk2[None, None, :], out.to(OUT.dtype.element_ty), mask=mask2)
+                tl.store(out_rows + rk2[None, None, :], out.to(out_base.dtype.element_ty), mask=mask2)
             else:
                 # NeoX / Llama layout: the first half rotates against the second.
                 mask = mh_ok & (rk < rotary_half)[None, None, :]
@@ -143,8 +121,8 @@ if triton is not None:
                 x1 = tl.load(x_rows + rotary_half + rk[None, None, :], mask=mask, other=0.0).to(tl.float32)
                 out0 = x0 * cos - x1 * sin
                 out1 = x0 * sin + x1 * cos
-                tl.store(out_rows + rk[None, None, :], out0.to(OUT.dtype.element_ty), mask=mask)
-                tl.store(out_rows + rotary_half + rk[None, None, :], out1.to(OUT.dtype.element_ty), mask=mask)
+                tl.store(out_rows + rk[None, None, :], out0.to(out_base.dtype.element_ty), mask=mask)
+                tl.store(out_rows + rotary_half + rk[None, None, :], out1.to(out_base.dtype.element_ty), mask=mask)
             if COPY_PASS:
                 # Features past rotary_dim pass through unchanged (not needed in place).
                 rp = tl.arange(0, BLOCK_P)
@@ -153,6 +131,73 @@ if triton is not None:
                     pmask = mh_ok & ((start + rp) < pass_dim)[None, None, :]
                     keep = tl.load(x_rows + cols[None, None, :], mask=pmask, other=0.0)
                     tl.store(out_rows + cols[None, None, :], keep, mask=pmask)
+
+    # offset_value is not specialized on: one compiled kernel serves every int offset, so a
+    # decode loop (a new position per step) reuses its prepared launch (see rotary_launch).
+    @triton.jit(do_not_specialize=["offset_value"])
+    def _rotary_kernel(
+        OUT, X, COS, SIN, CU_SEQLENS, SEQLEN_OFFSETS,
+        seqlen, nheads, rotary_half, pass_dim, seqlen_ro, offset_value,
+        stride_out_b, stride_out_s, stride_out_h,
+        stride_x_b, stride_x_s, stride_x_h,
+        stride_cos_s, stride_sin_s,
+        IS_VARLEN: tl.constexpr, OFFSETS_TENSOR: tl.constexpr, INTERLEAVED: tl.constexpr,
+        CONJUGATE: tl.constexpr, COPY_PASS: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+    ):
+        # Head blocks vary fastest across programs: programs running together cover one
+        # position's heads, a contiguous span of x, rather than the same head block of many
+        # positions (one stride apart each).
+        head_blocks = tl.cdiv(nheads, BLOCK_H)
+        pid = tl.program_id(0)
+        pid_m = pid // head_blocks
+        pid_h = pid - pid_m * head_blocks
+        pid_b = tl.program_id(1)
+        if IS_VARLEN:
+            # Packed (total, H, D): sequence b is rows cu_seqlens[b] .. cu_seqlens[b+1].
+            seq_start = tl.load(CU_SEQLENS + pid_b).to(tl.int64)
+            seq_len = (tl.load(CU_SEQLENS + pid_b + 1) - seq_start).to(tl.int32)
+            x_base = X + seq_start * stride_x_s
+            out_base = OUT + seq_start * stride_out_s
+        else:
+            seq_len = seqlen
+            x_base = X + pid_b.to(tl.int64) * stride_x_b
+            out_base = OUT + pid_b.to(tl.int64) * stride_out_b
+        _rotate_block(out_base, x_base, COS, SIN, SEQLEN_OFFSETS, pid_m, pid_h, pid_b,
+                      seq_len, nheads, rotary_half, pass_dim, seqlen_ro, offset_value,
+                      stride_out_s, stride_out_h, stride_x_s, stride_x_h, stride_cos_s, stride_sin_s,
+                      OFFSETS_TENSOR, INTERLEAVED, CONJUGATE, COPY_PASS, BLOCK_M, BLOCK_H, BLOCK_R, BLOCK_P)
+
+    @triton.jit
+    def _rotary_pair_kernel(
+        OUT_Q, Q, OUT_K, K, COS, SIN,
+        seqlen, heads_q, heads_k, rotary_half, pass_dim, seqlen_ro,
+        stride_oq_b, stride_oq_s, stride_oq_h, stride_q_b, stride_q_s, stride_q_h,
+        stride_ok_b, stride_ok_s, stride_ok_h, stride_k_b, stride_k_s, stride_k_h,
+        stride_cos_s, stride_sin_s,
+        INTERLEAVED: tl.constexpr, CONJUGATE: tl.constexpr, COPY_PASS: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+    ):
+        # q and k of one attention (B, S, H*, D), rotated by the same table in one launch: each
+        # position block's programs take q's head blocks, then k's (a training step's rotation is
+        # 4 launches per layer otherwise, k's a quarter of q's size with grouped heads).
+        blocks_q = tl.cdiv(heads_q, BLOCK_H)
+        head_blocks = blocks_q + tl.cdiv(heads_k, BLOCK_H)
+        pid = tl.program_id(0)
+        pid_m = pid // head_blocks
+        pid_h = pid - pid_m * head_blocks
+        pid_b = tl.program_id(1)
+        b64 = pid_b.to(tl.int64)
+        if pid_h < blocks_q:
+            _rotate_block(OUT_Q + b64 * stride_oq_b, Q + b64 * stride_q_b, COS, SIN, COS, pid_m, pid_h, pid_b,
+                          seqlen, heads_q, rotary_half, pass_dim, seqlen_ro, 0,
+                          stride_oq_s, stride_oq_h, stride_q_s, stride_q_h, stride_cos_s, stride_sin_s,
+                          False, INTERLEAVED, CONJUGATE, COPY_PASS, BLOCK_M, BLOCK_H, BLOCK_R, BLOCK_P)
+        else:
+            _rotate_block(OUT_K + b64 * stride_ok_b, K + b64 * stride_k_b, COS, SIN, COS, pid_m, pid_h - blocks_q,
+                          pid_b, seqlen, heads_k, rotary_half, pass_dim, seqlen_ro, 0,
+                          stride_ok_s, stride_ok_h, stride_k_s, stride_k_h, stride_cos_s, stride_sin_s,
+                          False, INTERLEAVED, CONJUGATE, COPY_PASS, BLOCK_M, BLOCK_H, BLOCK_R, BLOCK_P)
 
 
 def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -273,6 +318,78 @@ class _RotaryApply(torch.autograd.Function):
         return dx, None, None, None, None, None
 
 
+def pair_config(heads_q: int, heads_k: int, rotary_half: int, pass_dim: int, seqlen: int,
+                fam: Optional[str] = None) -> RotaryConfig:
+    """One tile for both tensors of a pair: the smaller head count's (q's heads then take more
+    head blocks of the same tile size)."""
+    return rotary_config(min(heads_q, heads_k), rotary_half, pass_dim, fam=fam, max_seqlen=seqlen)
+
+
+_PAIR_PLANS = PlanCache()
+
+
+def rotary_pair_launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
+                       interleaved: bool, conjugate: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q (B, S, Hq, D) and k (B, S, Hk, D) by the same table in one launch (position s
+    at row s: no offsets, no packing); returns new (q_out, k_out)."""
+    key = (q.shape, q.stride(), k.shape, k.stride(), q.dtype, q.device, cos.shape, cos.stride(), cos.dtype,
+           sin.stride(), sin.dtype, interleaved, conjugate)
+    plan = _PAIR_PLANS.get(key)
+    if plan is not None:
+        q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+        plan(q_out, q, k_out, k, cos, sin)
+        return q_out, k_out
+    given = (q, k, cos, sin)
+    q, k, cos, sin = (_last_dim_contiguous(t) for t in given)
+    # empty_like keeps a permuted layout (e.g. HF's q, a transposed (B, H, S, D)), which the
+    # kernel reads through its strides like any other
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    batch, seqlen, heads_q, head_dim = q.shape
+    heads_k = k.shape[2]
+    rotary_half = cos.shape[-1]
+    pass_dim = head_dim - 2 * rotary_half
+    if q.numel() == 0 and k.numel() == 0:
+        return q_out, k_out
+    cfg = pair_config(heads_q, heads_k, rotary_half, pass_dim, seqlen)
+    grid = (cdiv(seqlen, cfg.block_m) * (cdiv(heads_q, cfg.block_h) + cdiv(heads_k, cfg.block_h)), batch)
+    strides = [t.stride(i) for t in (q_out, q, k_out, k) for i in range(3)]
+    scalars = (seqlen, heads_q, heads_k, rotary_half, pass_dim, cos.shape[0], *strides, cos.stride(0), sin.stride(0))
+    run = PreparedLaunch(_rotary_pair_kernel, grid, scalars, INTERLEAVED=bool(interleaved),
+                         CONJUGATE=bool(conjugate), COPY_PASS=pass_dim > 0, BLOCK_M=cfg.block_m,
+                         BLOCK_H=cfg.block_h, BLOCK_R=cfg.block_r, BLOCK_P=cfg.block_p, num_warps=cfg.num_warps)
+    run(q_out, q, k_out, k, cos, sin)
+    if all(a is b for a, b in zip((q, k, cos, sin), given)):
+        _PAIR_PLANS.keep(key, run)
+    return q_out, k_out
+
+
+class _RotaryPairApply(torch.autograd.Function):
+    """(q_out, k_out) = rotate(q, k, theta); (dq, dk) = rotate(dq_out, dk_out, -theta)."""
+
+    @staticmethod
+    def forward(ctx, q, k, cos, sin, interleaved):
+        ctx.save_for_backward(cos, sin)
+        ctx.interleaved = interleaved
+        return rotary_pair_launch(q, k, cos, sin, interleaved=interleaved, conjugate=False)
+
+    @staticmethod
+    def backward(ctx, dq_out, dk_out):
+        cos, sin = ctx.saved_tensors
+        dq, dk = rotary_pair_launch(dq_out, dk_out, cos, sin, interleaved=ctx.interleaved, conjugate=True)
+        return dq, dk, None, None, None
+
+
+def triton_apply_rotary_pair(q, k, cos, sin, *, interleaved=False, conjugate=False):
+    """The Triton backend's rotation of an attention's q and k in one launch each way (the
+    contract's checks ran in ops.rotary.apply_rotary_pair). conjugate=True rotates by -theta
+    without autograd (the traced op's backward)."""
+    if conjugate:
+        return rotary_pair_launch(q, k, cos, sin, interleaved=bool(interleaved), conjugate=True)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+        return _RotaryPairApply.apply(q, k, cos, sin, bool(interleaved))
+    return rotary_pair_launch(q, k, cos, sin, interleaved=bool(interleaved), conjugate=False)
+
+
 def triton_apply_rotary(x, cos, sin, *, interleaved=False, seqlen_offsets=0, cu_seqlens=None, max_seqlen=None,
                         inplace=False):
     if cu_seqlens is not None and max_seqlen is None:
@@ -285,6 +402,8 @@ def triton_apply_rotary(x, cos, sin, *, interleaved=False, seqlen_offsets=0, cu_
 
 
 triton_apply_rotary.supports_inplace = True
+# q and k in one launch (ops.rotary.apply_rotary_pair)
+triton_apply_rotary.pair = triton_apply_rotary_pair
 
 
 register(Backend(
@@ -320,4 +439,15 @@ def aot_specs() -> List[AotSpec]:
                     f"-h{heads}-r{2 * half}-p{pass_dim}")
             specs.append(AotSpec(name, _rotary_kernel, sig, const, num_warps=cfg.num_warps,
                                  targets=spec["targets"]))
+        # the pair launch of a grouped-query attention's q and k (Llama's 32 and 8 heads, D 128)
+        cfg = pair_config(32, 8, 64, 0, 4096, fam=fam)
+        const = {"INTERLEAVED": False, "CONJUGATE": False, "COPY_PASS": False, "BLOCK_M": cfg.block_m,
+                 "BLOCK_H": cfg.block_h, "BLOCK_R": cfg.block_r, "BLOCK_P": cfg.block_p}
+        sig = {"OUT_Q": "*bf16", "Q": "*bf16", "OUT_K": "*bf16", "K": "*bf16", "COS": "*bf16", "SIN": "*bf16",
+               **{name: "i32" for name in ("seqlen", "heads_q", "heads_k", "rotary_half", "pass_dim", "seqlen_ro")},
+               **{f"stride_{t}_{d}": "i64" for t in ("oq", "q", "ok", "k") for d in "bsh"},
+               "stride_cos_s": "i64", "stride_sin_s": "i64"}
+        sig.update({k: "constexpr" for k in const})
+        specs.append(AotSpec(f"{fam}:rotary-pair-half-h32-h8-r128", _rotary_pair_kernel, sig, const,
+                             num_warps=cfg.num_warps, targets=spec["targets"]))
     return specs

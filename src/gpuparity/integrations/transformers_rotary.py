@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from .summary import PatchEntry, PatchSummary
-from ..ops.rotary import apply_rotary
+from ..ops.rotary import apply_rotary_pair
 from .swap import mark, qualname, serves
 
 FUNCTION = "apply_rotary_pos_emb"
@@ -82,12 +82,13 @@ def _rotate(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
         # position ids, a view when q/k's (B, S) dims are, and no device offsets to validate
         tables = (cos.reshape(batch * seqlen, dim)[:, :half], sin.reshape(batch * seqlen, dim)[:, :half])
         rows = batch * seqlen
-    out = []
+    flash = []
     for x in (q, k):
-        flash = x.transpose(1, 2) if seq_dim == 2 else x     # (B, S, H, D), apply_rotary's layout
-        if rows is not None:
-            flash = flash.reshape(1, rows, *flash.shape[2:])
-        rotated = apply_rotary(flash, *tables, backend=backend)
+        x = x.transpose(1, 2) if seq_dim == 2 else x     # (B, S, H, D), apply_rotary's layout
+        flash.append(x if rows is None else x.reshape(1, rows, *x.shape[2:]))
+    # q and k in one launch each way where the Triton kernel serves both
+    out = []
+    for rotated in apply_rotary_pair(*flash, *tables, backend=backend):
         if rows is not None:
             rotated = rotated.reshape(batch, seqlen, *rotated.shape[2:])
         out.append(rotated.transpose(1, 2) if seq_dim == 2 else rotated)

@@ -44,7 +44,7 @@ from ..contracts.attention import attention_extras, attention_problem
 from ..contracts.norms import norm_problem
 from ..contracts.rotary import check_rotary_inputs, rotary_problem
 
-__all__ = ["attention", "layer_norm", "rms_norm", "apply_rotary"]
+__all__ = ["attention", "layer_norm", "rms_norm", "apply_rotary", "apply_rotary_pair"]
 
 # (problem, backend asked for) -> the backend the forward served it with. Bounded: problems
 # carry sequence lengths.
@@ -510,3 +510,56 @@ def apply_rotary(x, cos, sin, interleaved, seqlen_offsets, cu_seqlens, max_seqle
     kernels = plain and _kernels_traceable(x, cos, sin)
     return _op("apply_rotary", kernels)(x, cos, sin, bool(interleaved), offset, offsets, cu_seqlens, max_seqlen,
                                         chosen.name)
+
+
+def _rotary_pair_body(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, conjugate: bool,
+                      backend: str) -> Tuple[Tensor, Tensor]:
+    chosen = select.resolve(rotary_problem(q, cos, interleaved, 0, None), backend)
+    pair = getattr(chosen.fn, "pair", None)
+    if pair is None:    # the backend named when the graph was traced has no pair launch
+        q_out, k_out = (chosen.fn(x, cos, -sin if conjugate else sin, interleaved=interleaved) for x in (q, k))
+    else:
+        q_out, k_out = pair(q, k, cos, sin, interleaved=interleaved, conjugate=conjugate)
+    return _like(q_out, q), _like(k_out, k)
+
+
+rotary_pair_op = torch.library.custom_op("gpuparity::apply_rotary_pair", _rotary_pair_body, mutates_args=())
+rotary_pair_kernels_op = _twin("apply_rotary_pair", _rotary_pair_body)
+
+
+@rotary_pair_op.register_fake
+def _rotary_pair_fake(q, k, cos, sin, interleaved, conjugate, backend):
+    return torch.empty_like(q), torch.empty_like(k)
+
+
+def _rotary_pair_setup(ctx, inputs, output, kernels=False):
+    ctx.kernels = kernels
+    q, k, cos, sin, interleaved, conjugate, backend = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.spec = (interleaved, conjugate, backend)
+
+
+def _rotary_pair_backward(ctx, grad_q, grad_k):
+    cos, sin = ctx.saved_tensors
+    interleaved, conjugate, backend = ctx.spec
+    # the transpose of a rotation by theta is the rotation by -theta (the kernel negates sin)
+    dq, dk = _op("apply_rotary_pair", ctx.kernels)(grad_q, grad_k, cos, sin, interleaved, not conjugate, backend)
+    return dq, dk, None, None, None, None, None
+
+
+rotary_pair_op.register_autograd(_rotary_pair_backward, setup_context=_rotary_pair_setup)
+if rotary_pair_kernels_op is not None:
+    rotary_pair_kernels_op.register_autograd(_rotary_pair_backward,
+                                             setup_context=functools.partial(_rotary_pair_setup, kernels=True))
+
+
+def apply_rotary_pair(q, k, cos, sin, interleaved, backend) -> Tuple[Tensor, Tensor]:
+    """A traced ops.rotary.apply_rotary_pair: one pair op where the Triton kernel serves both
+    q's and k's calls, else the two traced apply_rotary calls (a composition inline)."""
+    chosen_q = traced_backend(rotary_problem(q, cos, interleaved, 0, None), backend)
+    chosen_k = traced_backend(rotary_problem(k, cos, interleaved, 0, None), backend)
+    if chosen_q is not chosen_k or getattr(chosen_q.fn, "pair", None) is None:
+        return (apply_rotary(q, cos, sin, interleaved, 0, None, None, backend),
+                apply_rotary(k, cos, sin, interleaved, 0, None, None, backend))
+    kernels = _kernels_traceable(q, k, cos, sin)
+    return _op("apply_rotary_pair", kernels)(q, k, cos, sin, bool(interleaved), False, chosen_q.name)

@@ -2,14 +2,14 @@
 checked, the backend chosen by the verified dispatcher."""
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 import torch
 
 from . import library, select
 from ..contracts.rotary import check_rotary_inputs, rotary_kind, rotary_problem
 
-__all__ = ["apply_rotary", "check_rotary_inputs", "rotary_kind"]
+__all__ = ["apply_rotary", "apply_rotary_pair", "check_rotary_inputs", "rotary_kind"]
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool = False,
@@ -40,3 +40,31 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, inter
         x.copy_(out)
         return x
     return out
+
+
+def apply_rotary_pair(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
+                      interleaved: bool = False, backend: str = "auto") -> Tuple[torch.Tensor, torch.Tensor]:
+    """(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)) for an attention's q (B, S, Hq, D)
+    and k (B, S, Hk, D): position s at table row s, no offsets, no packing, not in place. Where
+    both calls resolve to a backend that rotates a pair in one launch (the Triton kernel), one
+    launch forward and one backward; otherwise the two calls."""
+    for name, x in (("q", q), ("k", k)):
+        try:
+            check_rotary_inputs(x, cos, sin, interleaved=interleaved, seqlen_offsets=0, cu_seqlens=None,
+                                max_seqlen=None, inplace=False)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{name}: {exc}") from None
+    if k.shape[0] != q.shape[0] or k.shape[1] != q.shape[1] or k.shape[3] != q.shape[3]:
+        raise ValueError(f"k: expected q's batch, sequence length and head dim (B, S, Hk, D) = "
+                         f"({q.shape[0]}, {q.shape[1]}, Hk, {q.shape[3]}), got shape {tuple(k.shape)}")
+    if k.dtype != q.dtype:
+        raise TypeError(f"k: expected q's dtype ({str(q.dtype).replace('torch.', '')}), got "
+                        f"{str(k.dtype).replace('torch.', '')}")
+    if torch.compiler.is_compiling():  # traced: the pair op where the kernels serve both, chosen now
+        return library.apply_rotary_pair(q, k, cos, sin, interleaved, backend)
+    chosen_q = select.resolve(rotary_problem(q, cos, interleaved, 0, None), backend)
+    chosen_k = select.resolve(rotary_problem(k, cos, interleaved, 0, None), backend)
+    pair = getattr(chosen_q.fn, "pair", None)
+    if pair is not None and chosen_k is chosen_q:
+        return pair(q, k, cos, sin, interleaved=interleaved)
+    return (chosen_q.fn(q, cos, sin, interleaved=interleaved), chosen_k.fn(k, cos, sin, interleaved=interleaved))
