@@ -38,10 +38,17 @@ def build(args, variant: str):
         for module in model.modules():
             if type(module).__name__.endswith("Attention"):
                 module.gpuparity_backend = args.backend     # as patch(backend=...) sets it
+    # "-nocache": trained with use_cache=False (what the patch's training rule does);
+    # "-cache": the patch without that rule (transformers' default cache in training)
+    base_variant, _, suffix = variant.partition("-")
+    if suffix == "nocache":
+        model.config.use_cache = False
     if variant.startswith("patch"):
         # "patch-all": every kind forced; "patch+rms_norm+swiglu": those kinds forced on top of the plan
-        force = True if variant.endswith("all") else tuple(variant.split("+")[1:])
+        force = True if suffix == "all" else tuple(base_variant.split("+")[1:])
         summary = gpuparity.patch(model, backend=args.backend, mode=args.mode, force=force)
+        if suffix == "cache":
+            model.model._forward_pre_hooks.clear()
     return model, summary
 
 

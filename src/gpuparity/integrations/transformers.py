@@ -18,6 +18,7 @@ from ..ops.norms import rms_norm
 from .transformers_loss import patch_causal_lm_loss
 from .transformers_mlp import patch_mlps
 from .transformers_rotary import patch_rotary
+from .transformers_cache import train_without_cache
 from .swap import mark, qualname, serves, swapped_subclass
 
 LOG = logging.getLogger("gpuparity")
@@ -292,7 +293,8 @@ def patch_model(model: nn.Module, *, backend: str = "auto", include=None,
     become subclasses calling gpuparity.rms_norm; attention switches to "gpuparity" unless the
     config needs what gpuparity.attention lacks; the attention's apply_rotary_pos_emb goes to
     gpuparity.apply_rotary (transformers_rotary); silu gated MLPs go to gpuparity.swiglu
-    (transformers_mlp); the causal-LM loss to gpuparity.linear_cross_entropy (transformers_loss).
+    (transformers_mlp); the causal-LM loss to gpuparity.linear_cross_entropy (transformers_loss);
+    a decoder's training forward builds no key/value cache unless asked (transformers_cache).
     plan: gpuparity.patching.Plan, which kinds are swapped in which mode (None: all, everywhere)."""
     transformers = _import()
     force = () if plan is None else plan.force
@@ -351,4 +353,6 @@ def patch_model(model: nn.Module, *, backend: str = "auto", include=None,
     patch_rotary(model, backend=backend, summary=summary, wanted=wanted, plan=plan)
     patch_mlps(model, backend=backend, summary=summary, wanted=wanted, plan=plan)
     patch_causal_lm_loss(model, backend=backend, summary=summary, wanted=wanted, plan=plan)
+    if include is None:     # a model-wide rule, not a module swap: not with a chosen list of classes
+        train_without_cache(model, summary)
     return summary
