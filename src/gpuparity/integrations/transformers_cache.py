@@ -5,10 +5,9 @@ transformers' decoders default to use_cache=True (config.use_cache), so a traini
 also returns every layer's keys and values in a cache that the step throws away. Eagerly that
 costs a copy of each layer's keys and values; under torch.compile the cache is an output of the
 graph, so its backward also zero-fills a gradient for every cached tensor and adds it to the
-key and value gradients. On an H100 (8-layer compiled Llama, 2 x 2048 tokens) the rule took
-0.31 ms off the GPU's busy time a step with the rotary pair launch (inductor's kernels -0.12 ms,
-copies -0.04 ms); the step's wall time moved within run-to-run noise (-0.2 ms for sdpa, -0.16 and
-+0.03 ms for the patch; benchmarks/records/h100/model-training-2026-11-28.md).
+key and value gradients. On an H100 (8-layer compiled Llama, 2 x 2048 tokens) the step's wall
+time moved within run-to-run noise with the rule: -0.20 ms for sdpa, -0.16 and +0.03 ms for the
+patch (benchmarks/records/h100/model-training-2026-11-28.md).
 
 The rule, applied by a forward pre-hook on the decoder's base model: while the model is in
 training mode with gradients enabled, a call that passes no cache and leaves use_cache unset
