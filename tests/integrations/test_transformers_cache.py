@@ -100,3 +100,10 @@ def test_include_and_a_second_patch_add_no_rule():
     again = gpuparity.patch(model)
     assert len(model.model._forward_pre_hooks) == 1
     assert not [e for e in again.replaced if e.reason == transformers_cache.REASON]
+
+
+def test_encoders_get_no_rule():
+    model = build("bert").train()
+    summary = gpuparity.patch(model)
+    assert not [e for e in summary.replaced if e.reason == transformers_cache.REASON]
+    assert not getattr(model.base_model, transformers_cache.MARK, False)

@@ -44,14 +44,23 @@ def _base(model: nn.Module) -> nn.Module:
     return base if isinstance(base, nn.Module) else model
 
 
+def _generates(model: nn.Module) -> bool:
+    try:
+        return bool(model.can_generate())
+    except Exception:  # noqa: BLE001 - not a transformers model, or an older one: no rule
+        return False
+
+
 def train_without_cache(model: nn.Module, summary: PatchSummary) -> None:
-    """Register the rule above on `model`'s decoder (once). Encoder-decoder models and decoders
-    whose forward takes no use_cache are left as they are."""
+    """Register the rule above on the decoder of a model that generates (a causal LM head;
+    once). Encoder-decoder models, encoders (BERT: its config has use_cache too, nothing reads
+    it there) and decoders whose forward takes no use_cache are left as they are."""
     base = _base(model)
     if getattr(base, MARK, False):
         return
     config = getattr(model, "config", None)
-    if config is None or getattr(config, "is_encoder_decoder", False) or not getattr(config, "use_cache", False):
+    if (config is None or getattr(config, "is_encoder_decoder", False) or not getattr(config, "use_cache", False)
+            or not _generates(model)):
         return
     try:
         parameters = inspect.signature(base.forward).parameters
