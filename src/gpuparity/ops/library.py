@@ -1,7 +1,8 @@
 """gpuparity's ops as torch.library ops, for torch.compile(fullgraph=True) and torch.export:
-`gpuparity::attention`, `::rms_norm`, `::layer_norm` and `::apply_rotary`, each with a fake
-(meta) implementation and a registered autograd formula that calls a backward op
-(`::attention_backward`, `::norm_backward`; rotary's backward is itself rotated by -theta).
+`gpuparity::attention`, `::rms_norm`, `::layer_norm`, `::apply_rotary` and `::apply_rotary_pair`
+(an attention's q and k in one launch), each with a fake (meta) implementation and a registered
+autograd formula that calls a backward op (`::attention_backward`, `::norm_backward`; rotary's
+backward is itself rotated by -theta).
 
 The public functions take this path only while torch.compile or torch.export traces them; eager
 calls go straight to the backend (a custom op's dispatch costs host time on every call).
