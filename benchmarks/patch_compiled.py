@@ -125,7 +125,8 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--variants", default="sdpa,attention-only,patch,patch-all",
-                        help="comma-separated; patch+KIND[+KIND] forces kinds (rms_norm, rotary, swiglu, loss)")
+                        help="comma-separated; patch+KIND[+KIND] forces kinds (rms_norm, rotary, swiglu, loss); "
+                             "sdpa-nocache trains with use_cache=False, patch-cache keeps transformers' training cache")
     parser.add_argument("--eager", action="store_true", help="eager steps instead of compiled")
     parser.add_argument("--checks", action="store_true", help="inductor-code and reduce-overhead checks first")
     parser.add_argument("--compile-times", action="store_true",
