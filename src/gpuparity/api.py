@@ -24,7 +24,7 @@ def check(op: str, impl: Optional[str] = None, *, backends: Optional[Sequence[st
     bound. `shrink`: each implementation's first failure is shrunk to the smallest case that
     still fails (`run.shrunk`) and, given `repro_dir`, handed over as a standalone repro script
     there (checks/shrink.py, checks/repro.py); `shrink_seconds` bounds each search."""
-    spec = get_spec(op)  # a clear error for an unknown op
+    get_spec(op)  # a clear error for an unknown op
     if impl is not None and not isinstance(impl, str):
         raise TypeError(f"impl: expected 'package.module:function' or 'file.py:function' (a string, so the "
                         f"check can run in a separate process), got {type(impl).__name__}")
@@ -38,7 +38,7 @@ def check(op: str, impl: Optional[str] = None, *, backends: Optional[Sequence[st
         validate_device(device)  # before the slower import check
         problem = _impl_load_error_isolated(impl, op, timeout or DEFAULT_TIMEOUT_S[device.type])
         if problem:
-            raise ValueError(f"{problem}; needs a function with {op}'s signature {spec.signature}")
+            raise ValueError(problem)
     if named is not None:
         tasks, decided = plan([op], level, device, dtypes, backends, impl, seed, cases={op: named})
         if not tasks and not decided:
@@ -84,7 +84,7 @@ def impl_load_error(impl: str, op: Optional[str] = None) -> Optional[str]:
     try:
         fn = load_impl(impl)
     except ImplError as exc:
-        return str(exc)
+        return f"{exc}; needs a function with {op}'s signature {get_spec(op).signature}" if op else str(exc)
     return signature_mismatch(fn, op, f"--impl {impl!r}") if op else None
 
 

@@ -19,9 +19,40 @@ def test_attention_with_one_parameter_exits_2_with_the_needed_signature_and_runs
                            f"{impl}:attention", "--device", "cpu", "--json", str(out)],
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
-    assert "has the signature (a)" in proc.stderr and "too many positional arguments" in proc.stderr
-    assert "fn(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None)" in proc.stderr
+    assert "got:    attention(a)" in proc.stderr and "too many positional arguments" in proc.stderr
+    assert "needed: fn(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None)" in proc.stderr
     assert not out.exists() and "pass," not in proc.stdout  # no check ran, no tally
+
+
+def test_the_wrong_signature_message_is_short_and_says_each_error_once():
+    """The six attention call shapes differ only in optional keywords (window, softcap,
+    alibi_slopes): the message gives the one TypeError once, in the parameter names --signature
+    lists, on a few short lines, and names no argument --signature does not list."""
+    def attention(a):
+        return a
+
+    message = signature_mismatch(attention, "attention", "--impl 'mine.py:attention'")
+    lines = message.splitlines()
+    assert message.count("too many positional arguments") == 1
+    assert len(lines) <= 8 and max(map(len, lines)) <= 120, message
+    assert "--impl 'mine.py:attention' cannot be called" in lines[0]
+    assert "got:    attention(a)" in message and "fix:" in lines[-2]
+    assert "fn(q, k, v, attn_mask=..., key_padding_mask=..., is_causal=..., scale=...)" in message
+    assert not any(name in message for name in ("window", "softcap", "alibi_slopes"))
+
+
+def test_linear_cross_entropy_impl_is_signature_checked():
+    """Its spec calls .to on the implementation's output: recording the call shapes must not
+    trip on that (it did, and the signature check was skipped for this op)."""
+    assert call_shapes("linear_cross_entropy") == {(7, ())}
+
+    def lce(hidden, weight, target):
+        return hidden
+
+    message = signature_mismatch(lce, "linear_cross_entropy")
+    assert "fn(hidden, weight, target, bias, ignore_index, reduction, softcap)" in message
+    assert signature_mismatch(lambda hidden, weight, target, bias=None, ignore_index=-100, reduction="mean",
+                              softcap=None: hidden, "linear_cross_entropy") is None
 
 
 def test_no_check_runs_for_a_wrong_signature(tmp_path):
