@@ -1,0 +1,980 @@
+# long file: the engine (~250 lines) and four ops' catalogs of triggers and faults, which read best side by side
+"""Planted-bug implementations generated per op, to score the battery (a mutation score).
+
+A mutant is the op's trusted plain composition (contracts/<op>.py) with one fault that acts only
+where one trigger fires:
+
+- a trigger is a predicate over the call's arguments, drawn from the op's dimensions (a size
+  over a threshold or at a remainder mod a tile of 16/32/64/128, Sq == 1, Sq != Sk, a mask
+  form, a dtype, a non-contiguous input, a group size, an argument's presence), with a `force`
+  that moves a case's params into the trigger's region (so that its witnesses can be drawn);
+- a fault is a kernel bug (a block of keys, rows or features dropped or repeated, an argument
+  ignored, the wrong head or batch mapping, a non-contiguous input read as contiguous, a length
+  off by one, a precision loss).
+
+Each mutant is a callable with the op's --impl signature, loadable as a target:
+`gpuparity check --op rms_norm --impl gpuparity.checks.mutants:rms_norm__width_mod64_eq1__drop_last_features`
+(`<op>__<trigger>__<fault>`). `sample(op, seed, count)` draws a seeded set. A mutant whose
+fault changes nothing beyond the tolerance on any of its witnesses (seeded random cases of the
+op's argument space inside its trigger's region, judged against float64 as the battery judges)
+is *ineffective* and counted apart (`effective`); `score` runs the op's battery at a level on
+each mutant: killed / effective. The command line: benchmarks/scripts/mutation_score.py."""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import random
+import time
+import zlib
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from ..contracts import get_spec
+from ..numerics import default_rms_eps
+
+TILES = (16, 32, 64, 128)
+MODULE = __name__
+SEP = "__"
+
+
+# --------------------------------------------------------------------------- triggers and faults
+@dataclasses.dataclass(frozen=True)
+class Trigger:
+    """`fires(call)`: over the call's summary (OpMutants.summarize); `force(params, rng)`: params
+    of a case moved into the trigger's region (None: cannot)."""
+    name: str
+    fires: Callable[[Dict[str, Any]], bool]
+    force: Callable[[Dict[str, Any], random.Random], Optional[Dict[str, Any]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    """`run(base, args)`: the faulty call; `base(args)` is the correct one on the bound arguments."""
+    name: str
+    run: Callable[[Callable[[Dict[str, Any]], torch.Tensor], Dict[str, Any]], torch.Tensor]
+
+
+@dataclasses.dataclass(frozen=True)
+class OpMutants:
+    op: str
+    base: Callable                               # the correct plain composition, op signature
+    summarize: Callable[[Dict[str, Any]], Dict[str, Any]]
+    triggers: Tuple[Trigger, ...]
+    faults: Tuple[Fault, ...]
+    space: Callable[[random.Random], Dict[str, Any]]   # a random case's params overrides (witnesses)
+    settle: Callable[[Dict[str, Any]], Dict[str, Any]] = dict   # params made consistent after a force
+
+    def trigger(self, name: str) -> Trigger:
+        return _named(self.triggers, name, "trigger", self.op)
+
+    def fault(self, name: str) -> Fault:
+        return _named(self.faults, name, "fault", self.op)
+
+
+def _named(items, name, what, op):
+    for item in items:
+        if item.name == name:
+            return item
+    raise ValueError(f"{what}: got {name!r}, which {op} does not have; expected one of "
+                     f"{', '.join(i.name for i in items)}")
+
+
+class Mutant:
+    """The op's composition, with `fault` where `trigger` fires; counts the calls it fired on."""
+
+    def __init__(self, family: OpMutants, trigger: Trigger, fault: Fault):
+        self.family, self.trigger, self.fault = family, trigger, fault
+        self.op = family.op
+        self.name = f"{family.op}{SEP}{trigger.name}{SEP}{fault.name}"
+        self.__name__ = self.name
+        self.fired = 0
+        self._signature = inspect.signature(family.base)
+
+    @property
+    def target(self) -> str:
+        return f"{MODULE}:{self.name}"
+
+    def bind(self, args, kwargs) -> Dict[str, Any]:
+        bound = self._signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+    def fires(self, *args, **kwargs) -> bool:
+        return bool(self.trigger.fires(self.family.summarize(self.bind(args, kwargs))))
+
+    def __call__(self, *args, **kwargs):
+        call = self.bind(args, kwargs)
+        base = (lambda bound: self.family.base(**bound))
+        if self.trigger.fires(self.family.summarize(call)):
+            self.fired += 1
+            return self.fault.run(base, call)
+        return base(call)
+
+    def __repr__(self) -> str:
+        return f"Mutant({self.name})"
+
+
+# --------------------------------------------------------------------------- shared pieces
+def _contiguous(t: Optional[torch.Tensor]) -> bool:
+    return t is None or t.is_contiguous()
+
+
+def _as_if_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """`t` read as a kernel indexing it as contiguous would (the storage from its offset)."""
+    if t.is_contiguous():
+        return t
+    return t.as_strided(t.shape, torch.empty(t.shape).stride(), t.storage_offset())
+
+
+def _round_to(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t.to(dtype).to(t.dtype)
+
+
+def _mod(key: str, tile: int, rest: int):
+    def fires(c):
+        return c[key] % tile == rest
+
+    def force(p, rng, key=key):
+        return {**p, key: tile * rng.choice([1, 2]) + rest if rest else tile * rng.choice([1, 2, 3])}
+    return f"{key.lower()}_mod{tile}_eq{rest}", fires, force
+
+
+def _mods(key: str, remainders=lambda tile: (0, 1, tile - 1, tile // 2)):
+    return [_mod(key, tile, rest) for tile in TILES for rest in sorted(set(remainders(tile)))]
+
+
+def _over(key: str, limit: int, small: Dict[str, Any]):
+    def fires(c):
+        return c[key] > limit
+
+    def force(p, rng):
+        return {**p, **small, key: limit + rng.choice([1, 17, 64])}
+    return f"{key.lower()}_gt{limit}", fires, force
+
+
+def _triggers(specs) -> Tuple[Trigger, ...]:
+    return tuple(Trigger(name, fires, force) for name, fires, force in specs)
+
+
+# --------------------------------------------------------------------------- norms
+def _norm_summary(op):
+    def summarize(a):
+        x, shape = a["x"], tuple(a["normalized_shape"]) if not isinstance(a["normalized_shape"], int) else (
+            a["normalized_shape"],)
+        width = 1
+        for size in shape:
+            width *= size
+        weight, bias = a.get("weight"), a.get("bias")
+        return dict(W=width, rows=x.numel() // max(width, 1), norm_dims=len(shape), dim=x.dim(), dtype=x.dtype,
+                    x_contig=x.is_contiguous(), x_offset=x.storage_offset() != 0,
+                    x_stride0=0 in x.stride(), weight=weight is not None, bias=bias is not None,
+                    weight_contig=_contiguous(weight), eps=a.get("eps"),
+                    spread=float(x.detach().float().std(dim=-1, unbiased=False).min())
+                    if x.numel() and x.shape[-1] > 1 else 1.0,
+                    mean=float(x.detach().float().mean(dim=-1).abs().max()) if x.numel() else 0.0)
+    return summarize
+
+
+def _set_width(p, width):
+    shape = list(p["shape"])
+    if p.get("norm_dims", 1) == 2 and len(shape) >= 2:
+        shape[-2:] = [1, width]
+    shape[-1] = width
+    return {**p, "shape": tuple(shape)}
+
+
+def _set_rows(p, rows):
+    return {**p, "shape": (rows, p["shape"][-1]), "norm_dims": 1,
+            "layout": "contiguous" if p.get("layout") == "transposed" else p.get("layout", "contiguous")}
+
+
+def _norm_triggers(op):
+    specs = []
+    for name, fires, force in _mods("W", lambda tile: (0, 1, tile - 1, tile // 2)):
+        specs.append((name, fires, (lambda p, rng, force=force: _set_width(p, force({"W": 0}, rng)["W"]))))
+    for limit in (1024, 2048, 4096):
+        specs.append((f"w_gt{limit}", (lambda c, limit=limit: c["W"] > limit),
+                      (lambda p, rng, limit=limit: _set_rows(_set_width(p, limit + rng.choice([1, 63, 128])), 2))))
+    for limit in (64, 128, 256):
+        specs.append((f"rows_ge{limit}", (lambda c, limit=limit: c["rows"] >= limit),
+                      (lambda p, rng, limit=limit: _set_width(_set_rows(p, limit + rng.choice([0, 1, 31])), 32))))
+    specs += [
+        ("rows_mod16_eq1", lambda c: c["rows"] % 16 == 1 and c["rows"] > 1,
+         lambda p, rng: _set_rows(p, 16 * rng.choice([1, 2]) + 1)),
+        ("rows_eq1", lambda c: c["rows"] == 1, lambda p, rng: _set_rows(p, 1)),
+        ("w_odd", lambda c: c["W"] % 2 == 1, lambda p, rng: _set_width(p, 2 * rng.randint(2, 60) + 1)),
+        ("w_lt16", lambda c: c["W"] < 16, lambda p, rng: _set_width(p, rng.randint(2, 15))),
+        ("dtype_bf16", lambda c: c["dtype"] == torch.bfloat16, lambda p, rng: {**p, "_dtype": torch.bfloat16}),
+        ("dtype_fp32", lambda c: c["dtype"] == torch.float32, lambda p, rng: {**p, "_dtype": torch.float32}),
+        ("x_noncontig", lambda c: not c["x_contig"],
+         lambda p, rng: rng.choice([{**p, "layout": "row_stride", "shape": (p["shape"][0], p["shape"][-1]),
+                                     "norm_dims": 1},
+                                    {**p, "views": {"x": rng.choice(["sliced", "transposed"])}}])),
+        ("x_offset", lambda c: c["x_offset"], lambda p, rng: {**p, "views": {"x": "offset"}}),
+        ("x_stride0", lambda c: c["x_stride0"], lambda p, rng: {**p, "views": {"x": "expanded"}}),
+        ("no_weight", lambda c: not c["weight"], lambda p, rng: {**p, "affine": False}),
+        ("weight_noncontig", lambda c: c["weight"] and not c["weight_contig"],
+         lambda p, rng: {**p, "affine": True, "views": {"weight": "sliced"}}),
+        ("eps_explicit", lambda c: c["eps"] is not None and c["eps"] != 1e-5,
+         lambda p, rng: {**p, "eps": rng.choice([1e-3, 1e-2])}),
+        ("two_norm_dims", lambda c: c["norm_dims"] >= 2,
+         lambda p, rng: {**p, "shape": (rng.randint(1, 5), rng.randint(2, 7), rng.randint(3, 40)), "norm_dims": 2,
+                         "layout": "contiguous"}),
+        ("x_3d", lambda c: c["dim"] >= 3,
+         lambda p, rng: {**p, "shape": (rng.randint(2, 5), rng.randint(2, 9), p["shape"][-1]), "norm_dims": 1,
+                         "layout": "contiguous"}),
+        ("near_constant_rows", lambda c: c["spread"] < 1e-2 * (c["mean"] + 1e-30),
+         lambda p, rng: {**p, "offset": rng.choice([1.0, 5.0, 50.0]), "spread": rng.choice([1e-3, 1e-4])}),
+        ("large_mean", lambda c: c["mean"] > 20.0, lambda p, rng: {**p, "offset": rng.choice([30.0, 100.0])}),
+    ]
+    if op == "layer_norm":
+        specs.append(("no_bias", lambda c: not c["bias"], lambda p, rng: {**p, "affine": True, "bias": False}))
+    return _triggers(specs)
+
+
+def _norm_apply(op, a, y):
+    """The composition's affine part on normalized y (in x's dtype)."""
+    if a.get("weight") is not None:
+        y = y * a["weight"]
+    if op == "layer_norm" and a.get("bias") is not None:
+        y = y + a["bias"]
+    return y
+
+
+def _norm_math(op, a, *, stats_cols=None, divisor_delta=0, stats_dtype=None, shift_rows=False, eps=None):
+    """The composition's math with a fault in its statistics: computed over the first
+    `stats_cols` features, divided by width + divisor_delta, from x rounded to stats_dtype, or
+    taken from the row before (shift_rows)."""
+    x = a["x"]
+    shape = a["normalized_shape"]
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    width = 1
+    for size in shape:
+        width *= size
+    xf = x.float().reshape(-1, width)
+    if stats_dtype is not None:
+        xs = _round_to(xf, stats_dtype)
+    else:
+        xs = xf
+    cols = xs[:, :stats_cols] if stats_cols else xs
+    n = cols.shape[-1] + divisor_delta
+    if eps is None:
+        eps = a.get("eps")
+        if eps is None:
+            eps = default_rms_eps(x.dtype) if op == "rms_norm" else 1e-5
+    if op == "rms_norm":
+        ms = cols.pow(2).sum(-1, keepdim=True) / n
+        inv = torch.rsqrt(ms + eps)
+        if shift_rows and inv.shape[0] > 1:
+            inv = torch.cat([inv[:1], inv[:-1]])
+        y = xf * inv
+    else:
+        mean = cols.sum(-1, keepdim=True) / n
+        var = (cols - mean).pow(2).sum(-1, keepdim=True) / n
+        inv = torch.rsqrt(var + eps)
+        if shift_rows and inv.shape[0] > 1:
+            mean, inv = torch.cat([mean[:1], mean[:-1]]), torch.cat([inv[:1], inv[:-1]])
+        y = (xf - mean) * inv
+    return _norm_apply(op, a, y.to(x.dtype).reshape(x.shape))
+
+
+def _rows_op(fn):
+    """A fault on the output's rows (the flattened leading dims)."""
+    def run(base, a):
+        out = base(a)
+        return fn(out.reshape(-1, _width(a)), a).reshape(out.shape)
+    return run
+
+
+def _norm_faults(op):
+    def with_arg(name, value):
+        return lambda base, a: base({**a, name: value})
+
+    def last_row_repeats(flat, a):
+        return torch.cat([flat[:-1], flat[-2:-1]]) if flat.shape[0] > 1 else flat
+
+    def last_row_unnormalized(flat, a):
+        x = a["x"].reshape(flat.shape)
+        return torch.cat([flat[:-1], x[-1:]])
+
+    faults = [
+        Fault("drop_last_features", lambda base, a: _norm_math(
+            op, a, stats_cols=max(1, _width(a) - max(1, min(16, _width(a) // 4))))),
+        Fault("drop_last_feature", lambda base, a: _norm_math(op, a, stats_cols=max(1, _width(a) - 1))),
+        Fault("divisor_off_by_one", lambda base, a: _norm_math(op, a, divisor_delta=-1 if _width(a) > 1 else 1)),
+        Fault("stats_from_row_before", lambda base, a: _norm_math(op, a, shift_rows=True)),
+        Fault("stats_in_bf16", lambda base, a: _norm_math(op, a, stats_dtype=torch.bfloat16)),
+        Fault("stats_in_fp16", lambda base, a: _norm_math(op, a, stats_dtype=torch.float16)),
+        Fault("output_through_bf16", lambda base, a: _round_to(base(a), torch.bfloat16)),
+        Fault("last_row_repeats", _rows_op(last_row_repeats)),
+        Fault("last_row_unnormalized", _rows_op(last_row_unnormalized)),
+        Fault("ignore_weight", with_arg("weight", None)),
+        Fault("ignore_eps", lambda base, a: base({**a, "eps": None if op == "rms_norm" else 1e-5})),
+        Fault("eps_squared_default", lambda base, a: _norm_math(op, a, eps=1e-10)),
+        Fault("x_as_contiguous", lambda base, a: base({**a, "x": _as_if_contiguous(a["x"])})),
+        Fault("weight_as_contiguous", lambda base, a: base(
+            {**a, "weight": None if a.get("weight") is None else _as_if_contiguous(a["weight"])})),
+    ]
+    if op == "layer_norm":
+        faults.append(Fault("ignore_bias", with_arg("bias", None)))
+    return tuple(faults)
+
+
+def _width(a) -> int:
+    shape = a["normalized_shape"]
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    width = 1
+    for size in shape:
+        width *= size
+    return width
+
+
+NORM_WIDTHS = (3, 16, 17, 31, 32, 33, 48, 63, 64, 65, 96, 127, 128, 129, 150, 192, 255, 257)
+
+
+def _norm_space(rng: random.Random) -> Dict[str, Any]:
+    rows, width = rng.choice([1, 2, 4, 7, 16, 17, 33]), rng.choice(NORM_WIDTHS)
+    p: Dict[str, Any] = dict(shape=(rows, width), norm_dims=1, affine=rng.random() < 0.8, bias=rng.random() < 0.8,
+                             eps=rng.choice([None, None, 1e-3]), offset=rng.choice([0.0, 0.0, 3.0]),
+                             spread=rng.choice([1.0, 1.0, 0.1]), layout="contiguous")
+    shape_kind = rng.random()
+    if shape_kind < 0.15:
+        p.update(shape=(rng.randint(2, 4), rows, width))
+    elif shape_kind < 0.25:
+        p.update(shape=(rng.randint(2, 4), rng.randint(2, 6), rng.randint(3, 20)), norm_dims=2)
+    elif shape_kind < 0.35:
+        p.update(layout=rng.choice(["row_stride", "transposed"]))
+    if rng.random() < 0.15:
+        p["views"] = {rng.choice(["x", "weight"]): rng.choice(["offset", "sliced", "expanded"])}
+    return p
+
+
+def _norm_base(op):
+    from ..contracts.norms import layer_norm_composition, rms_norm_composition
+    if op == "rms_norm":
+        def rms_norm(x, normalized_shape, weight=None, eps=None):
+            return rms_norm_composition(x, normalized_shape, weight, eps)
+        return rms_norm
+
+    def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+        return layer_norm_composition(x, normalized_shape, weight, bias, eps)
+    return layer_norm
+
+
+# --------------------------------------------------------------------------- rotary
+def _rotary_summary(a):
+    x, cos, offsets, cu = a["x"], a["cos"], a.get("seqlen_offsets", 0), a.get("cu_seqlens")
+    varlen = cu is not None
+    S = int(a.get("max_seqlen") or 0) if varlen else x.shape[1]
+    return dict(B=(cu.numel() - 1) if varlen else x.shape[0], S=S, H=x.shape[-2], D=x.shape[-1],
+                rd=cos.shape[-1] * 2, interleaved=bool(a.get("interleaved")), varlen=varlen,
+                offsets_tensor=isinstance(offsets, torch.Tensor),
+                offsets_int=not isinstance(offsets, torch.Tensor) and int(offsets) != 0,
+                dtype=x.dtype, x_contig=x.is_contiguous(), x_offset=x.storage_offset() != 0,
+                x_stride0=0 in x.stride(), cos_contig=cos.is_contiguous() and a["sin"].is_contiguous(),
+                bhsd=(not varlen and x.dim() == 4 and x.stride(2) > x.stride(1)))
+
+
+def _rotary_triggers():
+    specs = []
+    small = {"varlen": None}
+    for name, fires, force in _mods("S"):
+        specs.append((name, fires, (lambda p, rng, force=force: {**p, **small, "B": min(p["B"], 2), "H": 1,
+                                                                  "S": force({"S": 0}, rng)["S"]})))
+    for limit in (64, 128, 1024):
+        specs.append(_over("S", limit, {"varlen": None, "B": 1, "H": 1, "D": 16, "rotary_dim": None}))
+    specs += [
+        ("s_eq1", lambda c: c["S"] == 1, lambda p, rng: {**p, "varlen": None, "S": 1}),
+        ("d_eq128", lambda c: c["D"] == 128, lambda p, rng: {**p, "D": 128, "rotary_dim": rng.choice([None, 64])}),
+        ("d_ge128", lambda c: c["D"] >= 128, lambda p, rng: {**p, "D": rng.choice([128, 160, 256]), "rotary_dim": None}),
+        ("d_mod32_ne0", lambda c: c["D"] % 32 != 0, lambda p, rng: {**p, "D": rng.choice([40, 48, 80, 96 + 16]),
+                                                                    "rotary_dim": None}),
+        ("partial_rotary", lambda c: c["rd"] < c["D"],
+         lambda p, rng: {**p, "D": 64, "rotary_dim": rng.choice([16, 24, 32])}),
+        ("rd_mod32_ne0", lambda c: c["rd"] % 32 != 0, lambda p, rng: {**p, "D": 64, "rotary_dim": rng.choice([16, 24, 40])}),
+        ("interleaved", lambda c: c["interleaved"], lambda p, rng: {**p, "interleaved": True}),
+        ("half_split", lambda c: not c["interleaved"], lambda p, rng: {**p, "interleaved": False}),
+        ("offsets_tensor", lambda c: c["offsets_tensor"],
+         lambda p, rng: {**p, "offsets": [rng.randint(0, 9) for _ in range(max(p["B"], 2))], "B": max(p["B"], 2)}),
+        ("offsets_int", lambda c: c["offsets_int"], lambda p, rng: {**p, "offsets": rng.randint(1, 9)}),
+        ("varlen", lambda c: c["varlen"],
+         lambda p, rng: {**p, "varlen": [rng.randint(1, 20) for _ in range(rng.randint(2, 5))], "views": None,
+                         "layout": "bshd"}),
+        ("b_ge3", lambda c: c["B"] >= 3, lambda p, rng: {**p, "B": rng.randint(3, 6)}),
+        ("h_ge4", lambda c: c["H"] >= 4, lambda p, rng: {**p, "H": rng.randint(4, 6)}),
+        ("h_odd", lambda c: c["H"] % 2 == 1, lambda p, rng: {**p, "H": rng.choice([1, 3, 5])}),
+        ("dtype_bf16", lambda c: c["dtype"] == torch.bfloat16, lambda p, rng: {**p, "_dtype": torch.bfloat16}),
+        ("dtype_fp32", lambda c: c["dtype"] == torch.float32, lambda p, rng: {**p, "_dtype": torch.float32}),
+        ("x_noncontig", lambda c: not c["x_contig"],
+         lambda p, rng: rng.choice([{**p, "varlen": None, "layout": "bhsd"},
+                                    {**p, "views": {"x": rng.choice(["sliced", "transposed"])}}])),
+        ("x_bhsd", lambda c: c["bhsd"], lambda p, rng: {**p, "varlen": None, "layout": "bhsd"}),
+        ("x_offset", lambda c: c["x_offset"], lambda p, rng: {**p, "views": {"x": "offset"}}),
+        ("cos_noncontig", lambda c: not c["cos_contig"],
+         lambda p, rng: {**p, "views": {rng.choice(["cos", "sin"]): "sliced"}}),
+    ]
+    return _triggers(specs)
+
+
+def _rotary_faults():
+    def with_arg(name, fn):
+        return lambda base, a: base({**a, name: fn(a)})
+
+    def last_position_unrotated(base, a):
+        out, x = base(a), a["x"]
+        if a.get("cu_seqlens") is not None or x.shape[1] < 2:
+            return torch.cat([out[:-1], x[-1:]]) if out.shape[0] > 1 else out
+        return torch.cat([out[:, :-1], x[:, -1:]], dim=1)
+
+    def last_head_reads_head0(base, a):
+        x = a["x"]
+        if x.shape[-2] < 2:
+            return base(a)
+        return base({**a, "x": torch.cat([x[..., :-1, :], x[..., :1, :]], dim=-2)})
+
+    def table_shift(t):
+        return torch.cat([t[1:], t[-1:]]) if t.shape[0] > 1 else t
+
+    def last_freq_unrotated(base, a):
+        cos, sin = a["cos"], a["sin"]
+        return base({**a, "cos": torch.cat([cos[:, :-1], torch.ones_like(cos[:, -1:])], -1),
+                     "sin": torch.cat([sin[:, :-1], torch.zeros_like(sin[:, -1:])], -1)})
+
+    def passthrough_zeroed(base, a):
+        out = base(a)
+        rd = a["cos"].shape[-1] * 2
+        return torch.cat([out[..., :rd], torch.zeros_like(out[..., rd:])], -1)
+
+    def batch0_offsets(a):
+        offsets = a.get("seqlen_offsets", 0)
+        return offsets[:1].expand_as(offsets).contiguous() if isinstance(offsets, torch.Tensor) else offsets
+
+    def cu_off_by_one(a):
+        cu = a.get("cu_seqlens")
+        if cu is None or cu.numel() < 3:
+            return cu
+        moved = cu.clone()
+        moved[1:-1] = torch.minimum(moved[1:-1] + 1, moved[2:])
+        return moved
+
+    def precision(base, a):
+        return base({**a, **{name: _round_to(a[name], torch.bfloat16) for name in ("x", "cos", "sin")}})
+
+    return (
+        Fault("ignore_offsets", with_arg("seqlen_offsets", lambda a: 0)),
+        Fault("batch0_offsets", with_arg("seqlen_offsets", batch0_offsets)),
+        Fault("positions_off_by_one", lambda base, a: base({**a, "cos": table_shift(a["cos"]),
+                                                            "sin": table_shift(a["sin"])})),
+        Fault("last_position_unrotated", last_position_unrotated),
+        Fault("last_head_reads_head0", last_head_reads_head0),
+        Fault("last_freq_unrotated", last_freq_unrotated),
+        Fault("flip_interleaved", with_arg("interleaved", lambda a: not a.get("interleaved"))),
+        Fault("passthrough_zeroed", passthrough_zeroed),
+        Fault("x_as_contiguous", with_arg("x", lambda a: _as_if_contiguous(a["x"]))),
+        Fault("cos_as_contiguous", lambda base, a: base({**a, "cos": _as_if_contiguous(a["cos"]),
+                                                         "sin": _as_if_contiguous(a["sin"])})),
+        Fault("cu_seqlens_off_by_one", with_arg("cu_seqlens", cu_off_by_one)),
+        Fault("inputs_through_bf16", precision),
+        Fault("output_through_bf16", lambda base, a: _round_to(base(a), torch.bfloat16)),
+    )
+
+
+def _rotary_space(rng: random.Random) -> Dict[str, Any]:
+    B = rng.choice([1, 2, 3])
+    D = rng.choice([16, 32, 40, 64, 128])
+    p: Dict[str, Any] = dict(B=B, S=rng.choice([1, 7, 16, 17, 33, 64, 65]), H=rng.choice([1, 2, 3, 4]), D=D,
+                             rotary_dim=rng.choice([None, None, D // 2 if (D // 2) % 2 == 0 else None]),
+                             interleaved=rng.random() < 0.5,
+                             offsets=rng.choice([0, 0, 3, [rng.randint(0, 9) for _ in range(B)]]),
+                             varlen=None, layout=rng.choice(["bshd", "bshd", "bhsd"]))
+    if rng.random() < 0.2:
+        p.update(varlen=[rng.randint(1, 20) for _ in range(rng.randint(2, 4))], layout="bshd")
+    if rng.random() < 0.15:
+        p["views"] = {rng.choice(["x", "cos", "sin"]): rng.choice(["offset", "sliced"])}
+    return p
+
+
+def _rotary_settle(p: Dict[str, Any]) -> Dict[str, Any]:
+    """Offsets per sequence: as many as the packed sequences (varlen) or the batch."""
+    p = dict(p)
+    count = len(p["varlen"]) if p.get("varlen") else p["B"]
+    if isinstance(p.get("offsets"), list):
+        p["offsets"] = (list(p["offsets"]) + [1] * count)[:count]
+    if p.get("varlen"):
+        p["B"] = count
+    return p
+
+
+def _rotary_base():
+    from ..contracts.rotary import rotary_composition
+
+    def rotary(x, cos, sin, *, interleaved=False, seqlen_offsets=0, cu_seqlens=None, max_seqlen=None):
+        return rotary_composition(x, cos, sin, interleaved=interleaved, seqlen_offsets=seqlen_offsets,
+                                  cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+    return rotary
+
+
+# --------------------------------------------------------------------------- attention
+def _attention_summary(a):
+    q, k, v, mask, kpm = a["q"], a["k"], a["v"], a.get("attn_mask"), a.get("key_padding_mask")
+    B, H, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[-2]
+    scale = a.get("scale")
+    scale = D ** -0.5 if scale is None else scale
+    with torch.no_grad():
+        peak = float(q.detach().float().norm(dim=-1).max() * k.detach().float().norm(dim=-1).max()) * abs(scale) \
+            if q.numel() and k.numel() else 0.0
+    mask_bool = mask is not None and mask.dtype == torch.bool
+    return dict(B=B, H=H, Hkv=Hkv, group=H // max(Hkv, 1), Sq=Sq, Sk=Sk, D=D, dtype=q.dtype,
+                mask=("none" if mask is None else "bool" if mask_bool else "float"), kpm=kpm is not None,
+                mask_heads_bcast=mask is not None and (mask.dim() < 3 or mask.shape[-3] == 1),
+                mask_batch=mask is not None and mask.dim() == 4 and mask.shape[0] > 1,
+                all_true=mask_bool and bool(mask.all()),
+                empty_row=(mask_bool and bool((~mask.any(-1)).any())) or (kpm is not None and bool(kpm.all(-1).any())),
+                causal=bool(a.get("is_causal")), scale_given=a.get("scale") is not None,
+                window=a.get("window") is not None, softcap=a.get("softcap") is not None,
+                alibi=a.get("alibi_slopes") is not None, peak=peak,
+                q_contig=q.is_contiguous(), k_contig=k.is_contiguous(), v_contig=v.is_contiguous(),
+                bshd=q.dim() == 4 and q.stride(1) < q.stride(2))
+
+
+def _attention_triggers():
+    specs = []
+    for key in ("Sk", "Sq"):
+        for name, fires, force in _mods(key):
+            specs.append((name, fires, (lambda p, rng, force=force, key=key: _attn_small(
+                {**p, key: force({key: 0}, rng)[key]}, rng, keep=key))))
+    for limit in (512, 1024, 4096):
+        specs.append(("sk_gt%d" % limit, lambda c, limit=limit: c["Sk"] > limit,
+                      lambda p, rng, limit=limit: {**p, "Sk": limit + rng.choice([1, 64, 100]),
+                                                   "Sq": rng.choice([1, 8, 16]), "B": 1, "H": 1, "Hkv": 1,
+                                                   "mask": rng.choice(["none", "key_padding"]), "lengths": None,
+                                                   "alibi": None}))
+    for limit in (256, 1024):
+        specs.append(("sq_gt%d" % limit, lambda c, limit=limit: c["Sq"] > limit,
+                      lambda p, rng, limit=limit: {**p, "Sq": limit + rng.choice([1, 64, 100]),
+                                                   "Sk": rng.choice([16, 33, 64]), "B": 1, "H": 1, "Hkv": 1,
+                                                   "alibi": None}))
+
+    def heads(H, Hkv):
+        return lambda p, rng: {**p, "H": H, "Hkv": Hkv}
+    specs += [
+        ("sq_eq1", lambda c: c["Sq"] == 1, lambda p, rng: {**p, "Sq": 1, "Sk": p["Sk"] if p["Sk"] > 1 else 37,
+                                                            "window": None}),
+        ("sq_lt_sk", lambda c: c["Sq"] < c["Sk"], lambda p, rng: {**p, "Sq": rng.randint(1, 20), "Sk": rng.randint(21, 90)}),
+        ("sq_gt_sk", lambda c: c["Sq"] > c["Sk"], lambda p, rng: {**p, "Sq": rng.randint(21, 90), "Sk": rng.randint(2, 20)}),
+        ("sq_eq_sk", lambda c: c["Sq"] == c["Sk"], lambda p, rng: {**p, "Sk": p["Sq"]}),
+        ("gqa", lambda c: c["H"] != c["Hkv"], lambda p, rng: {**p, **rng.choice([dict(H=4, Hkv=2), dict(H=6, Hkv=2),
+                                                                                  dict(H=4, Hkv=1)])}),
+        ("group_eq2", lambda c: c["group"] == 2, heads(4, 2)),
+        ("group_ge3", lambda c: c["group"] >= 3, lambda p, rng: {**p, **rng.choice([dict(H=6, Hkv=2), dict(H=4, Hkv=1),
+                                                                                     dict(H=3, Hkv=1)])}),
+        ("mqa", lambda c: c["Hkv"] == 1 and c["H"] > 1, heads(4, 1)),
+        ("b_ge3", lambda c: c["B"] >= 3, lambda p, rng: {**p, "B": rng.randint(3, 5)}),
+        ("b_eq1", lambda c: c["B"] == 1, lambda p, rng: {**p, "B": 1}),
+        ("h_ge4", lambda c: c["H"] >= 4, lambda p, rng: {**p, "H": 4, "Hkv": rng.choice([4, 2, 1])}),
+        ("d_eq64", lambda c: c["D"] == 64, lambda p, rng: {**p, "D": 64}),
+        ("d_eq128", lambda c: c["D"] == 128, lambda p, rng: {**p, "D": 128}),
+        ("d_ge128", lambda c: c["D"] >= 128, lambda p, rng: {**p, "D": rng.choice([128, 160, 256])}),
+        ("d_not_pow2", lambda c: c["D"] & (c["D"] - 1) != 0, lambda p, rng: {**p, "D": rng.choice([40, 48, 80, 96])}),
+        ("d_lt32", lambda c: c["D"] < 32, lambda p, rng: {**p, "D": rng.choice([8, 16])}),
+        ("dtype_bf16", lambda c: c["dtype"] == torch.bfloat16, lambda p, rng: {**p, "_dtype": torch.bfloat16}),
+        ("dtype_fp32", lambda c: c["dtype"] == torch.float32, lambda p, rng: {**p, "_dtype": torch.float32}),
+        ("bool_mask", lambda c: c["mask"] == "bool", lambda p, rng: {**p, "mask": rng.choice(["bool", "bool+key_padding"])}),
+        ("float_mask", lambda c: c["mask"] == "float", lambda p, rng: {**p, "mask": "float"}),
+        ("key_padding", lambda c: c["kpm"], lambda p, rng: {**p, "mask": rng.choice(["key_padding", "bool+key_padding"])}),
+        ("any_mask", lambda c: c["kpm"] or c["mask"] != "none",
+         lambda p, rng: {**p, "mask": rng.choice(["key_padding", "bool", "float"])}),
+        ("no_mask", lambda c: not c["kpm"] and c["mask"] == "none", lambda p, rng: {**p, "mask": "none"}),
+        ("mask_heads_bcast", lambda c: c["mask_heads_bcast"],
+         lambda p, rng: {**p, "mask": rng.choice(["bool", "float"]), "mask_shape": rng.choice(["b1qk", "qk", "11qk"])}),
+        ("mask_per_batch", lambda c: c["mask_batch"],
+         lambda p, rng: {**p, "B": max(p["B"], 2), "mask": rng.choice(["bool", "float"]),
+                         "mask_shape": rng.choice(["b1qk", "bhqk"])}),
+        ("all_true_mask", lambda c: c["all_true"], lambda p, rng: {**p, "mask": "bool", "mask_fill": "all_true"}),
+        ("empty_row", lambda c: c["empty_row"],
+         lambda p, rng: rng.choice([{**p, "mask": "bool", "empty_rows": 1, "mask_fill": "random"},
+                                    {**p, "mask": "key_padding", "B": 2, "lengths": [p["Sk"], 0]}])),
+        ("causal", lambda c: c["causal"], lambda p, rng: {**p, "causal": True}),
+        ("causal_sq_ne_sk", lambda c: c["causal"] and c["Sq"] != c["Sk"],
+         lambda p, rng: {**p, "causal": True, "Sq": rng.randint(2, 30), "Sk": rng.randint(31, 70)}),
+        ("causal_with_mask", lambda c: c["causal"] and (c["kpm"] or c["mask"] != "none"),
+         lambda p, rng: {**p, "causal": True, "mask": rng.choice(["key_padding", "bool", "float"])}),
+        ("scale_given", lambda c: c["scale_given"], lambda p, rng: {**p, "scale": rng.choice([0.3, 0.05, 1.5])}),
+        ("window", lambda c: c["window"], lambda p, rng: {**p, "window": rng.choice([(7, 3), (4, 0), (0, 5)])}),
+        ("softcap", lambda c: c["softcap"], lambda p, rng: {**p, "softcap": rng.choice([5.0, 20.0])}),
+        ("alibi", lambda c: c["alibi"], lambda p, rng: {**p, "alibi": rng.choice(["head", "batch"])}),
+        ("large_logits", lambda c: c["peak"] > 40.0, lambda p, rng: {**p, "logit_scale": 30.0}),
+        ("q_noncontig", lambda c: not c["q_contig"],
+         lambda p, rng: rng.choice([{**p, "layout": rng.choice(["bshd", "sliced"])}, {**p, "views": {"q": "sliced"}}])),
+        ("k_noncontig", lambda c: not c["k_contig"],
+         lambda p, rng: rng.choice([{**p, "layout": "bshd"}, {**p, "views": {"k": rng.choice(["sliced", "transposed"])}}])),
+        ("v_noncontig", lambda c: not c["v_contig"],
+         lambda p, rng: rng.choice([{**p, "layout": "sliced"}, {**p, "views": {"v": rng.choice(["sliced", "transposed",
+                                                                                                  "expanded"])}}])),
+        ("bshd_layout", lambda c: c["bshd"], lambda p, rng: {**p, "layout": "bshd"}),
+    ]
+    return _triggers(specs)
+
+
+def _attn_small(p, rng, keep):
+    """A size-trigger's witness: the other length small, few heads (cheap on a CPU)."""
+    other = "Sq" if keep == "Sk" else "Sk"
+    return {**p, other: rng.choice([1, 7, 16, 33]) if other == "Sq" else rng.choice([16, 33, 64]), "H": 2,
+            "Hkv": rng.choice([1, 2])}
+
+
+def _fold_alibi(a):
+    from ..contracts.attention import alibi_bias, with_alibi
+    slopes = a.get("alibi_slopes")
+    if slopes is None:
+        return a
+    dtype = torch.float64 if a["q"].dtype == torch.float64 else torch.float32
+    bias = alibi_bias(slopes, a["q"].shape[-2], a["k"].shape[-2], dtype)
+    return {**a, "attn_mask": with_alibi(a.get("attn_mask"), bias), "alibi_slopes": None}
+
+
+def _attention_faults():
+    def with_arg(name, fn=lambda a: None):
+        return lambda base, a: base({**a, name: fn(a)})
+
+    def drop_last_keys(base, a):
+        a = _fold_alibi(a)
+        Sk = a["k"].shape[-2]
+        if Sk < 2:
+            return base(a)
+        keep = Sk - min(16, Sk - 1)
+        mask, kpm = a.get("attn_mask"), a.get("key_padding_mask")
+        if mask is not None and mask.shape[-1] > 1:
+            mask = mask[..., :keep]
+        if kpm is not None:
+            kpm = kpm[:, :keep]
+        return base({**a, "k": a["k"][..., :keep, :], "v": a["v"][..., :keep, :], "attn_mask": mask,
+                     "key_padding_mask": kpm})
+
+    def last_key_repeats(base, a):
+        k, v = a["k"], a["v"]
+        if k.shape[-2] < 2:
+            return base(a)
+        return base({**a, "k": torch.cat([k[..., :-1, :], k[..., -2:-1, :]], -2),
+                     "v": torch.cat([v[..., :-1, :], v[..., -2:-1, :]], -2)})
+
+    def last_query_repeats(base, a):
+        out = base(a)
+        if out.shape[-2] < 2:
+            return out
+        return torch.cat([out[..., :-1, :], out[..., -2:-1, :]], -2)
+
+    def last_features_zeroed(base, a):
+        out = base(a)
+        cut = max(1, min(8, out.shape[-1] // 4))
+        return torch.cat([out[..., :-cut], torch.zeros_like(out[..., -cut:])], -1)
+
+    def gqa_modulo(base, a):
+        q, k, v = a["q"], a["k"], a["v"]
+        group = q.shape[1] // k.shape[1]
+        if group == 1:
+            return base(a)
+        return base({**a, "k": k.repeat(1, group, 1, 1), "v": v.repeat(1, group, 1, 1)})
+
+    def item2_reads_item1(base, a):
+        k, v = a["k"], a["v"]
+        if k.shape[0] < 3:
+            return base(a)
+        return base({**a, "k": torch.cat([k[:2], k[1:2].expand_as(k[2:])]),
+                     "v": torch.cat([v[:2], v[1:2].expand_as(v[2:])])})
+
+    def mask_batch0(base, a):
+        mask, kpm = a.get("attn_mask"), a.get("key_padding_mask")
+        if mask is not None and mask.dim() == 4 and mask.shape[0] > 1:
+            mask = mask[:1].expand_as(mask)
+        if kpm is not None and kpm.shape[0] > 1:
+            kpm = kpm[:1].expand_as(kpm)
+        return base({**a, "attn_mask": mask, "key_padding_mask": kpm})
+
+    def causal_off_by_one(base, a):
+        if not a.get("is_causal"):
+            return base(a)
+        Sq, Sk = a["q"].shape[-2], a["k"].shape[-2]
+        band = torch.ones(Sq, Sk, dtype=torch.bool, device=a["q"].device).tril(diagonal=1)
+        a = _fold_alibi(a)
+        mask = a.get("attn_mask")
+        if mask is None:
+            mask = band
+        elif mask.dtype == torch.bool:
+            mask = mask & band
+        else:
+            mask = mask.masked_fill(~band, float("-inf"))
+        return base({**a, "attn_mask": mask, "is_causal": False})
+
+    def padding_off_by_one(a):
+        kpm = a.get("key_padding_mask")
+        if kpm is None:
+            return None
+        first = (~kpm).sum(-1).clamp(max=kpm.shape[-1] - 1)  # the first padded key becomes valid
+        return kpm & (torch.arange(kpm.shape[-1], device=kpm.device).view(1, -1) != first.view(-1, 1))
+
+    def window_off_by_one(a):
+        window = a.get("window")
+        return None if window is None else (window[0] + 1, window[1])
+
+    def precision(base, a):
+        return base({**a, **{name: _round_to(a[name], torch.bfloat16) for name in ("q", "k", "v")}})
+
+    return (
+        Fault("drop_last_keys", drop_last_keys),
+        Fault("last_key_repeats", last_key_repeats),
+        Fault("last_query_repeats", last_query_repeats),
+        Fault("last_features_zeroed", last_features_zeroed),
+        Fault("ignore_attn_mask", with_arg("attn_mask")),
+        Fault("ignore_key_padding", with_arg("key_padding_mask")),
+        Fault("ignore_causal", with_arg("is_causal", lambda a: False)),
+        Fault("ignore_scale", with_arg("scale")),
+        Fault("ignore_window", with_arg("window")),
+        Fault("ignore_softcap", with_arg("softcap")),
+        Fault("ignore_alibi", with_arg("alibi_slopes")),
+        Fault("gqa_modulo_heads", gqa_modulo),
+        Fault("item2_reads_item1", item2_reads_item1),
+        Fault("mask_of_item0", mask_batch0),
+        Fault("causal_off_by_one", causal_off_by_one),
+        Fault("padding_off_by_one", with_arg("key_padding_mask", padding_off_by_one)),
+        Fault("window_off_by_one", with_arg("window", window_off_by_one)),
+        Fault("v_as_contiguous", with_arg("v", lambda a: _as_if_contiguous(a["v"]))),
+        Fault("qk_as_contiguous", lambda base, a: base({**a, "q": _as_if_contiguous(a["q"]),
+                                                        "k": _as_if_contiguous(a["k"])})),
+        Fault("inputs_through_bf16", precision),
+        Fault("output_through_bf16", lambda base, a: _round_to(base(a), torch.bfloat16)),
+        Fault("scale_one_over_d", lambda base, a: base({**a, "scale": a["q"].shape[-1] ** -1.0
+                                                        if a.get("scale") is None else a["scale"]})),
+    )
+
+
+ATTN_SIZES = (1, 7, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, 96, 127, 128, 129)
+
+
+def _attention_space(rng: random.Random) -> Dict[str, Any]:
+    H, Hkv = rng.choice([(1, 1), (2, 2), (2, 1), (4, 2), (4, 1), (3, 3)])
+    B = rng.choice([1, 2, 3])
+    Sq, Sk = rng.choice(ATTN_SIZES), rng.choice(ATTN_SIZES[1:])
+    p: Dict[str, Any] = dict(B=B, H=H, Hkv=Hkv, Sq=Sq, Sk=Sk, D=rng.choice([16, 32, 40, 64, 128]),
+                             mask=rng.choice(["none", "none", "key_padding", "bool", "float", "bool+key_padding"]),
+                             mask_shape=rng.choice(["b1qk", "bhqk", "qk", "11qk", "1h1k"]),
+                             causal=rng.random() < 0.3, scale=rng.choice([None, None, 0.3]),
+                             layout=rng.choice(["bhsd", "bhsd", "bshd", "sliced"]),
+                             window=rng.choice([None, None, None, (7, 3)]), softcap=rng.choice([None, None, 20.0]),
+                             alibi=rng.choice([None, None, None, "head"]), empty_rows=rng.choice([0, 1]),
+                             logit_scale=rng.choice([1.0, 1.0, 1.0, 30.0]))
+    p["lengths"] = [rng.randint(0, Sk) for _ in range(B)] if "key_padding" in p["mask"] else None
+    if rng.random() < 0.15:
+        p["views"] = {rng.choice(["q", "k", "v"]): rng.choice(["offset", "sliced", "transposed"])}
+    return p
+
+
+def _attention_base():
+    from ..contracts.attention import composition
+
+    def attention(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None, window=None,
+                  softcap=None, alibi_slopes=None):
+        a = _fold_alibi(dict(q=q, k=k, v=v, attn_mask=attn_mask, alibi_slopes=alibi_slopes))
+        return composition(q, k, v, attn_mask=a["attn_mask"], key_padding_mask=key_padding_mask,
+                           is_causal=is_causal, scale=scale, window=window, softcap=softcap)
+    return attention
+
+
+# --------------------------------------------------------------------------- the catalog
+_CATALOG: Dict[str, OpMutants] = {}
+OPS = ("rms_norm", "layer_norm", "rotary", "attention")
+
+
+def catalog(op: str) -> OpMutants:
+    """Every trigger and fault of `op`."""
+    if op not in OPS:
+        raise ValueError(f"op: expected one of {', '.join(OPS)} (mutants exist for these), got {op!r}")
+    if op not in _CATALOG:
+        if op in ("rms_norm", "layer_norm"):
+            family = OpMutants(op, _norm_base(op), _norm_summary(op), _norm_triggers(op), _norm_faults(op),
+                               _norm_space)
+        elif op == "rotary":
+            family = OpMutants(op, _rotary_base(), _rotary_summary, _rotary_triggers(), _rotary_faults(),
+                               _rotary_space, _rotary_settle)
+        else:
+            family = OpMutants(op, _attention_base(), _attention_summary, _attention_triggers(), _attention_faults(),
+                               _attention_space)
+        _CATALOG[op] = family
+    return _CATALOG[op]
+
+
+def mutant(name: str) -> Mutant:
+    """The mutant named `<op>__<trigger>__<fault>`."""
+    parts = name.split(SEP)
+    if len(parts) != 3:
+        raise ValueError(f"mutant: expected '<op>{SEP}<trigger>{SEP}<fault>', got {name!r}")
+    family = catalog(parts[0])
+    return Mutant(family, family.trigger(parts[1]), family.fault(parts[2]))
+
+
+def sample(op: str, seed: int, count: int) -> List[Mutant]:
+    """`count` distinct (trigger, fault) mutants of `op`, drawn by `seed` (the same seed, the same set)."""
+    family = catalog(op)
+    pairs = [(t, f) for t in family.triggers for f in family.faults]
+    rng = random.Random(zlib.crc32(f"mutants/{op}/{seed}".encode()))
+    chosen = rng.sample(pairs, min(count, len(pairs)))
+    return [Mutant(family, t, f) for t, f in chosen]
+
+
+def __getattr__(name: str):
+    """`gpuparity.checks.mutants:<op>__<trigger>__<fault>` as an --impl target."""
+    if SEP in name and name.split(SEP)[0] in OPS:
+        try:
+            return mutant(name)
+        except ValueError as exc:
+            raise AttributeError(str(exc)) from None
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# --------------------------------------------------------------------------- effectiveness and score
+@dataclasses.dataclass
+class Judged:
+    name: str
+    effective: bool
+    killed: Optional[bool] = None        # None: the battery was not run on it
+    witnesses: int = 0                   # witnesses on which the trigger fired
+    detail: str = ""                     # a witness that exposed it, or the check that killed it
+    seconds: float = 0.0
+    by_witness: bool = False             # effective by its witnesses (else only by the battery's kill)
+
+
+def witnesses(m: Mutant, count: int, seed: int = 0, tries: int = 60) -> List[Tuple[Dict[str, Any], torch.dtype]]:
+    """Up to `count` (params, dtype) cases of the op's argument space, forced into the mutant's
+    trigger region, on which the trigger fires."""
+    spec = get_spec(m.op)
+    rng = random.Random(zlib.crc32(f"witness/{m.name}/{seed}".encode()))
+    found = []
+    for _ in range(tries):
+        if len(found) >= count:
+            break
+        forced = m.trigger.force(m.family.space(rng), rng)
+        if forced is None:
+            continue
+        forced = dict(forced)
+        dtype = forced.pop("_dtype", None) or rng.choice([torch.float32, torch.float32, torch.bfloat16])
+        params = spec.normalize(m.family.settle(spec.make_case("witness", **forced).params))
+        if params is None:
+            continue
+        calls = call_summaries(m.family, spec, params, dtype, rng.randrange(2 ** 31))
+        if calls and any(m.trigger.fires(call) for call in calls):
+            found.append((params, dtype))
+    return found
+
+
+def _inputs_and_call(spec, fn, params, dtype, seed):
+    """Call fn on the case's inputs as the battery would (values, rounding, cast, views)."""
+    from .execute import _round_inputs, make_inputs
+    from .families import apply_views
+    gen = torch.Generator().manual_seed(seed)
+    rounded = _round_inputs(make_inputs(spec, params, dtype, gen), spec, dtype)
+    inputs = apply_views(spec.cast_inputs(rounded, dtype, torch.device("cpu")), params.get("views"))
+    return spec.call(fn, inputs, params)
+
+
+def call_summaries(family: OpMutants, spec, params, dtype, seed) -> Optional[List[Dict[str, Any]]]:
+    """The summaries (OpMutants.summarize) of the calls a check of `params` makes to the
+    implementation (None: the op's contract rejects the case)."""
+    signature = inspect.signature(family.base)
+    calls = []
+
+    def probe(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        calls.append(family.summarize(dict(bound.arguments)))
+        return args[0]
+    try:
+        _inputs_and_call(spec, probe, params, dtype, seed)
+    except Exception:  # noqa: BLE001 - a case the op's contract rejects is no witness
+        return None
+    return calls
+
+
+def effective(m: Mutant, count: int = 8, seed: int = 0) -> Tuple[bool, int, str]:
+    """(whether the fault changes a result beyond the tolerance on some witness, witnesses run,
+    what the first such witness failed with). Stops at the first witness that exposes it."""
+    from .execute import run_case
+    from .results import Status
+    from ..dispatch import get as get_backend
+    spec = get_spec(m.op)
+    baseline = get_backend(m.op, spec.baseline_backend).fn
+    cases = witnesses(m, count, seed)
+    for number, (params, dtype) in enumerate(cases):
+        try:
+            status, _, reason = run_case(m.op, m, params, dtype, torch.device("cpu"), 1000 + number, baseline)
+        except Exception:  # noqa: BLE001 - the referee rejected the case: no witness
+            continue
+        if status not in (Status.PASS, Status.SKIP):
+            return True, number + 1, f"{status.value} {reason[:160]}"
+    return False, len(cases), ""
+
+
+@dataclasses.dataclass
+class BatteryCalls:
+    """The battery's plan of `--impl` checks of an op at a level and seed, and the summaries of
+    the calls each check makes (computed once per op: a trigger is a function of them)."""
+    op: str
+    level: str
+    seed: int
+    tasks: list
+    calls: Dict[int, List[Dict[str, Any]]]
+
+    @classmethod
+    def plan(cls, op: str, level: str = "default", seed: int = 0) -> "BatteryCalls":
+        from .execute import dtype_from_name
+        from .plan import plan
+        family = catalog(op)
+        placeholder = f"{MODULE}:{op}{SEP}{family.triggers[0].name}{SEP}{family.faults[0].name}"
+        tasks, _ = plan([op], level, "cpu", impl=placeholder, seed=seed)
+        spec = get_spec(op)
+        calls = {task.id: call_summaries(family, spec, task.params, dtype_from_name(task.dtype), task.seed) or []
+                 for task in tasks}
+        return cls(op, level, seed, tasks, calls)
+
+    def fired(self, m: Mutant) -> list:
+        """The tasks on whose calls the mutant's trigger fires, as checks of the mutant (on the
+        others it computes the op's composition, the battery's baseline, exactly: they pass)."""
+        return [dataclasses.replace(task, impl=m.target, backend=f"impl:{m.target}") for task in self.tasks
+                if any(m.trigger.fires(call) for call in self.calls[task.id])]
+
+
+def killed_by_battery(m: Mutant, battery: BatteryCalls) -> Tuple[bool, str, int]:
+    """(whether the op's battery fails the mutant, the first check that did, checks run). The
+    checks are the battery's plan for `--impl <mutant>` (plan.plan, pool.run_tasks in-process),
+    smallest first, stopping at the first failure; checks where the trigger does not fire are
+    not run (the mutant computes the baseline composition there, bit for bit)."""
+    from .pool import run_tasks
+    spec = get_spec(m.op)
+    tasks = sorted(battery.fired(m), key=lambda t: (spec.work(t.params) or 0, t.id))
+    for number, task in enumerate(tasks):
+        result = run_tasks([task], isolate=False)[0]
+        if result.status.bad:
+            return True, f"{result.case}/{result.dtype}: {result.status.value} {result.reason[:120]}", number + 1
+    return False, "", len(tasks)
+
+
+def judge(m: Mutant, battery: BatteryCalls, witness_count: int = 8) -> Judged:
+    """Whether the battery kills the mutant, and whether it is effective: the battery failed it
+    (a battery case is an input where its trigger fires and the fault shows), or else one of
+    `witness_count` witnesses exposes it."""
+    started = time.monotonic()
+    killed, where, _ = killed_by_battery(m, battery)
+    exposed, count, detail = (False, 0, "") if killed else effective(m, witness_count, battery.seed)
+    judged = Judged(m.name, exposed or killed, killed=killed, witnesses=count, detail=where or detail,
+                    by_witness=exposed)
+    judged.seconds = time.monotonic() - started
+    return judged
+
+
+def score(judged: Sequence[Judged]) -> Dict[str, Any]:
+    eff = [j for j in judged if j.effective]
+    return dict(mutants=len(judged), effective=len(eff), ineffective=len(judged) - len(eff),
+                killed=sum(1 for j in eff if j.killed), killed_ineffective=sum(1 for j in judged
+                                                                                 if not j.effective and j.killed),
+                survivors=[j.name for j in eff if not j.killed], seconds=sum(j.seconds for j in judged))
