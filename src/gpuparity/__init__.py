@@ -26,6 +26,7 @@ _LAZY = {
     "apply_rotary": "gpuparity.ops.rotary",
     "linear_cross_entropy": "gpuparity.ops.linear_cross_entropy",
     "swiglu": "gpuparity.ops.swiglu",
+    "residual_norm": "gpuparity.ops.residual_norm",
     "check": "gpuparity.api",
     "get_device": "gpuparity.device",
     "patch": "gpuparity.patching",

@@ -33,12 +33,12 @@ MARKER = "GPUPARITY-AOT "
 # Modules that must take part: a kernel module without aot_specs() would escape the check.
 REQUIRED = ("gpuparity.backends.triton_norms", "gpuparity.backends.triton_rotary", "gpuparity.backends.triton_attention",
             "gpuparity.backends.triton_decode", "gpuparity.backends.triton_swiglu",
-            "gpuparity.backends.triton_cross_entropy")
+            "gpuparity.backends.triton_cross_entropy", "gpuparity.backends.triton_residual_norm")
 # Kernels that must be compiled for every target (name prefixes of the AotSpecs).
 REQUIRED_KERNELS = ("attention.fwd.", "attention.dq.", "attention.dkdv.", "attention.bwd.", "attention_varlen.fwd.",
                     "attention_varlen.dq.", "attention_varlen.dkdv.", "attention_decode.split.",
                     "attention_decode.combine.", "swiglu.fwd", "swiglu.bwd", "linear_cross_entropy.rows.",
-                    "linear_cross_entropy.cols.")
+                    "linear_cross_entropy.cols.", "residual_norm.")
 
 
 def _kernel_modules():

@@ -29,6 +29,8 @@ MODULES = (
     "gpuparity.backends.ce_composition",
     "gpuparity.backends.triton_cross_entropy",
     "gpuparity.backends.triton_swiglu",
+    "gpuparity.contracts.residual_norm",
+    "gpuparity.backends.triton_residual_norm",
     "gpuparity.backends.flex",
     "gpuparity.backends.compiled",
 )

@@ -42,6 +42,7 @@ PRIORS: Dict[str, Dict[str, Order]] = {
         "layer_norm": {"default": ["torch", "triton", "compile"], "large": ["triton", "torch", "compile"]},
         "rms_norm": {"default": ["torch", "triton", "compile"], "large": ["triton", "torch", "compile"]},
         "swiglu": {"default": ["torch", "triton"], "large": ["triton", "torch"]},
+        "residual_norm": ["triton"],   # not yet timed: its only kernel backend (the composition after it)
         "linear_cross_entropy": ["triton"],
         "rotary": ["triton", "compile"],
         "softmax": ["torch"],
@@ -56,6 +57,7 @@ PRIORS: Dict[str, Dict[str, Order]] = {
         "layer_norm": ["torch", "composition"],
         "rms_norm": ["torch", "composition"],
         "swiglu": ["torch", "composition"],
+        "residual_norm": ["composition"],
         "linear_cross_entropy": ["composition"],
         "rotary": ["composition"],
         "softmax": ["torch"],

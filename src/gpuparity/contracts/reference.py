@@ -16,9 +16,10 @@ from .linear_cross_entropy import reference_linear_cross_entropy
 from .norms import layer_norm, rms_norm
 from .rotary import apply_rotary, rotary_positions
 from .swiglu import reference_swiglu
+from .residual_norm import reference_residual_norm
 from .varlen import attention_varlen_reference
 
 __all__ = ["attention", "attention_allowed", "attention_dropout", "empty_query_rows", "window_allowed",
            "softmax", "matmul", "conv2d", "cross_entropy", "rms_norm", "layer_norm", "default_rms_eps",
            "apply_rotary", "rotary_positions", "decode_reference", "attention_varlen_reference",
-           "reference_linear_cross_entropy", "reference_swiglu"]
+           "reference_linear_cross_entropy", "reference_swiglu", "reference_residual_norm"]

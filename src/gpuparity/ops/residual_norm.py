@@ -1,0 +1,147 @@
+"""`gpuparity.residual_norm(x, residual, weight, bias=None, *, eps=None, norm="rms",
+residual_in_fp32=False)` -> (out, new_residual): a pre-norm block's residual add fused with its
+RMSNorm / LayerNorm, with the backend chosen by the verified dispatcher; and
+`gpuparity::residual_norm` (+ its backward op) as torch.library custom ops, the path the public
+function takes while torch.compile or torch.export traces it (a Triton backend becomes the op,
+with its triton_op twin where inductor can call the kernels; a composition is traced inline)."""
+from __future__ import annotations
+
+import functools
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import library, select
+from ..contracts.residual_norm import (check_residual_norm_inputs, new_residual_dtype, problem_of,
+                                       residual_norm_composition, residual_norm_problem)
+
+__all__ = ["residual_norm"]
+
+
+def residual_norm(x: Tensor, residual: Optional[Tensor], weight: Tensor, bias: Optional[Tensor] = None, *,
+                  eps: Optional[float] = None, norm: str = "rms", residual_in_fp32: bool = False,
+                  backend: str = "auto") -> Tuple[Tensor, Tensor]:
+    """(out, new_residual): new_residual = x + residual (float32 when residual_in_fp32, else the
+    residual's dtype; residual=None: x, cast the same way) and out = norm(new_residual) * weight
+    (+ bias) in x's dtype, the norm over the last dimension: norm="rms" (RMSNorm, eps=None:
+    F.rms_norm's default) or "layer" (LayerNorm, biased variance, eps=None: 1e-5). The residual
+    may be float32 beside a 16-bit x (a float32 residual stream). Gradients reach x, residual,
+    weight and bias through both outputs. backend: "auto" or a name from
+    `gpuparity.dispatch.backends("residual_norm")`."""
+    check_residual_norm_inputs(x, residual, weight, bias, eps, norm, residual_in_fp32)
+    problem = residual_norm_problem(x, residual, weight, bias, norm, residual_in_fp32)
+    if torch.compiler.is_compiling():
+        # traced: the backend chosen now; a composition inline, the Triton kernels as an op
+        chosen = library.traced_backend(problem, backend)
+        if chosen.forward_saving is None:
+            return chosen.fn(x, residual, weight, bias, eps=eps, norm=norm, residual_in_fp32=residual_in_fp32)
+        op = library._op("residual_norm", library._kernels_traceable(x, residual, weight, bias))
+        out, new_residual, _ = op(x, residual, weight, bias, None if eps is None else float(eps), norm,
+                                  residual_in_fp32, chosen.name)
+        return out, new_residual
+    return select.resolve(problem, backend).fn(x, residual, weight, bias, eps=eps, norm=norm,
+                                               residual_in_fp32=residual_in_fp32)
+
+
+# ----------------------------------------------------------------------------- torch.library
+def _stats_like(x: Tensor, norm: str) -> Tensor:
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return x.new_zeros(rows if norm == "rms" else 2 * rows, dtype=torch.float32)
+
+
+def _residual_norm_body(x: Tensor, residual: Optional[Tensor], weight: Tensor, bias: Optional[Tensor],
+                        eps: Optional[float], norm: str, residual_in_fp32: bool,
+                        backend: str) -> Tuple[Tensor, Tensor, Tensor]:
+    """(out, new_residual, stats), contiguous; stats are zeros for a backend without a fused backward."""
+    chosen = select.resolve(residual_norm_problem(x, residual, weight, bias, norm, residual_in_fp32), backend)
+    args = (x, residual, weight, bias, eps, norm, residual_in_fp32)
+    if chosen.forward_saving is not None:
+        (out, new_residual), (stats,) = chosen.forward_saving(*args)
+    else:
+        out, new_residual = chosen.fn(*args)
+        stats = _stats_like(x, norm)
+    # an op's outputs may not alias its inputs (a composition returns x itself as new_residual
+    # when there is nothing to add or cast)
+    new_residual = new_residual.clone(memory_format=torch.contiguous_format) if (
+        new_residual is x or not new_residual.is_contiguous()) else new_residual
+    return out.contiguous(), new_residual, stats
+
+
+residual_norm_op = torch.library.custom_op("gpuparity::residual_norm", _residual_norm_body, mutates_args=())
+residual_norm_kernels_op = library._twin("residual_norm", _residual_norm_body)
+
+
+@residual_norm_op.register_fake
+def _residual_norm_fake(x, residual, weight, bias, eps, norm, residual_in_fp32, backend):
+    dtype = new_residual_dtype(x, residual, residual_in_fp32)
+    return (torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(x.shape, dtype=dtype, device=x.device),
+            _stats_like(x, norm))
+
+
+def _residual_norm_backward_body(grad_out: Optional[Tensor], grad_new_residual: Optional[Tensor],
+                                 new_residual: Tensor, weight: Tensor, bias: Optional[Tensor], stats: Tensor,
+                                 eps: Optional[float], norm: str, x_dtype: torch.dtype, has_residual: bool,
+                                 backend: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dx, dresidual, dweight, dbias); dresidual without a residual and dbias without a bias are
+    empty tensors. `backend` is the one the forward named (the traced path passes the chosen
+    backend's name). A backend without a fused backward: out recomputed from new_residual (the
+    norm's input) by the composition, differentiated."""
+    rdtype = new_residual.dtype if has_residual else None
+    problem = problem_of(new_residual.device, x_dtype, new_residual.shape, has_residual, new_residual.dtype,
+                         bias is not None, norm)
+    chosen = select.resolve(problem, backend)
+    if chosen.backward_from is not None:
+        dx, dres, dw, db = chosen.backward_from((grad_out, grad_new_residual), (stats,), new_residual, weight, bias,
+                                                norm, x_dtype, rdtype)
+    else:
+        def forward(s, weight_, bias_):
+            return residual_norm_composition(s, None, weight_, bias_, eps=eps, norm=norm)[0]
+        if grad_out is None:
+            grad_out = torch.zeros(new_residual.shape, dtype=new_residual.dtype, device=new_residual.device)
+        ds, dw, db = library._recomputed_grads(forward, [new_residual, weight, bias], [True, True, bias is not None],
+                                               grad_out.to(new_residual.dtype))
+        if grad_new_residual is not None:
+            ds = ds + grad_new_residual.to(ds.dtype)
+        dx, dres = ds.to(x_dtype), None if rdtype is None else ds.to(rdtype, copy=True)   # outputs may not alias
+    return (dx.contiguous(), library._nothing(new_residual) if dres is None else dres.contiguous(), dw.contiguous(),
+            library._nothing(new_residual) if db is None else db.contiguous())
+
+
+residual_norm_backward_op = torch.library.custom_op("gpuparity::residual_norm_backward", _residual_norm_backward_body,
+                                                    mutates_args=())
+residual_norm_backward_kernels_op = library._twin("residual_norm_backward", _residual_norm_backward_body)
+
+
+@residual_norm_backward_op.register_fake
+def _residual_norm_backward_fake(grad_out, grad_new_residual, new_residual, weight, bias, stats, eps, norm, x_dtype,
+                                 has_residual, backend):
+    shape, device = new_residual.shape, new_residual.device
+    return (torch.empty(shape, dtype=x_dtype, device=device),
+            torch.empty(shape, dtype=new_residual.dtype, device=device) if has_residual
+            else new_residual.new_empty(0, dtype=torch.float32),
+            torch.empty(weight.shape, dtype=weight.dtype, device=device),
+            torch.empty(bias.shape, dtype=bias.dtype, device=device) if bias is not None
+            else new_residual.new_empty(0, dtype=torch.float32))
+
+
+def _setup(ctx, inputs, output, kernels=False):
+    x, residual, weight, bias, eps, norm, residual_in_fp32, backend = inputs
+    ctx.kernels = kernels
+    ctx.save_for_backward(output[1], weight, bias, output[2])
+    ctx.spec = (eps, norm, x.dtype, residual is not None, backend)
+
+
+def _backward(ctx, grad_out, grad_new_residual, _grad_stats):
+    new_residual, weight, bias, stats = ctx.saved_tensors
+    eps, norm, x_dtype, has_residual, backend = ctx.spec
+    dx, dres, dw, db = library._op("residual_norm_backward", ctx.kernels)(
+        grad_out, grad_new_residual, new_residual, weight, bias, stats, eps, norm, x_dtype, has_residual, backend)
+    needs = ctx.needs_input_grad
+    return (dx if needs[0] else None, dres if (needs[1] and has_residual) else None, dw if needs[2] else None,
+            db if (needs[3] and bias is not None) else None, None, None, None, None)
+
+
+residual_norm_op.register_autograd(_backward, setup_context=_setup)
+if residual_norm_kernels_op is not None:
+    residual_norm_kernels_op.register_autograd(_backward, setup_context=functools.partial(_setup, kernels=True))
