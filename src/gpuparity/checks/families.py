@@ -131,7 +131,8 @@ def lookup(spec, name: str) -> Optional[Case]:
     fam_name, _, label = name.partition(SEPARATOR)
     if label.startswith(DRAW) and label[len(DRAW):].isdigit():
         for fam in spec.families():
-            if fam.name == fam_name and fam.draw is not None:
+            # every family explore draws from (its own draw, else a member moved: drawn())
+            if fam.name == fam_name and not fam.sized:
                 return drawn(spec, fam, int(label[len(DRAW):]))
     return None
 
