@@ -30,6 +30,7 @@ CONTRACTS: Dict[str, Tuple[str, str]] = {
     "attention_decode": ("gpuparity.contracts.decode", "SPEC"),
     "linear_cross_entropy": ("gpuparity.contracts.linear_cross_entropy", "SPEC"),
     "swiglu": ("gpuparity.contracts.swiglu", "SPEC"),
+    "residual_norm": ("gpuparity.contracts.residual_norm", "SPEC"),
 }
 OPS = tuple(CONTRACTS)
 # the contract modules, each once (imported by backends.load_all: they register compositions)
