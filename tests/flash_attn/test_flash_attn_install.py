@@ -1,6 +1,8 @@
 """gpuparity.flash_attn as a drop-in: FlashAttention 2.8's names and defaults, install() making
-`import flash_attn` (and its two submodules) resolve to it, its refusal to shadow a real
-flash_attn unless forced, and uninstall()."""
+`import flash_attn` (and its submodules: interface, bert_padding, layers.rotary, ops.triton.rotary,
+ops.triton.cross_entropy, losses.cross_entropy) resolve to it, the CUDA-extension modules refused
+at import, its refusal to shadow a real flash_attn unless forced, uninstall(), and the interface's
+module-level USE_TRITON_ROCM / _get_block_size_n and its key-head check."""
 from __future__ import annotations
 
 import importlib.util
@@ -12,7 +14,13 @@ import torch
 
 import gpuparity.flash_attn as ours
 
-NAMES = ("flash_attn", "flash_attn.flash_attn_interface", "flash_attn.bert_padding")
+NAMES = ("flash_attn", "flash_attn.flash_attn_interface", "flash_attn.bert_padding", "flash_attn.layers",
+         "flash_attn.layers.rotary", "flash_attn.ops", "flash_attn.ops.triton", "flash_attn.ops.triton.rotary",
+         "flash_attn.ops.triton.cross_entropy", "flash_attn.losses", "flash_attn.losses.cross_entropy",
+         "flash_attn.modules")
+REFUSED = {"modules.mha": "gpuparity.nn.MultiheadAttention", "modules.mlp": "gpuparity.swiglu",
+           "ops.fused_dense": "torch.nn.Linear", "ops.activations": "gpuparity.swiglu",
+           "ops.layer_norm": "gpuparity.layer_norm", "ops.rms_norm": "gpuparity.rms_norm"}
 
 
 @pytest.fixture
@@ -45,7 +53,7 @@ def test_signatures_follow_flash_attention_2_8():
                                                                                              "max_seqlen"]
 
 
-def test_install_registers_the_three_modules(clean_modules, monkeypatch):
+def test_install_registers_the_modules(clean_modules, monkeypatch):
     for name in NAMES:
         sys.modules.pop(name, None)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)   # no real flash_attn here
@@ -59,9 +67,75 @@ def test_install_registers_the_three_modules(clean_modules, monkeypatch):
     with ours.backends(attention="composition"):
         out = flash_attn.flash_attn_func(q, q, q, causal=True)
     assert out.shape == q.shape
+    from flash_attn.layers.rotary import RotaryEmbedding, apply_rotary_emb
+    from flash_attn.losses.cross_entropy import CrossEntropyLoss
+    from flash_attn.ops.triton.cross_entropy import cross_entropy_loss
+    from flash_attn.ops.triton.rotary import apply_rotary
+    from gpuparity.flash_attn.layers import rotary as our_rotary
+    assert apply_rotary_emb is our_rotary.apply_rotary_emb and RotaryEmbedding is our_rotary.RotaryEmbedding
+    assert flash_attn.ops.triton.rotary.apply_rotary is apply_rotary and CrossEntropyLoss and cross_entropy_loss
+    assert sys.modules["flash_attn.losses.cross_entropy"] is ours.losses.cross_entropy
     ours.install()   # a second call is a no-op
     ours.uninstall()
     assert all(name not in sys.modules for name in NAMES)
+    with pytest.raises(ImportError):
+        import flash_attn.layers.rotary  # noqa: F401 - gone with uninstall()
+
+
+@pytest.mark.parametrize("path", list(REFUSED))
+def test_cuda_extension_modules_refuse_at_import_naming_the_equivalent(path, clean_modules, monkeypatch):
+    for name in NAMES:
+        sys.modules.pop(name, None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    ours.install()
+    for full in (f"flash_attn.{path}", f"gpuparity.flash_attn.{path}"):
+        with pytest.raises(ImportError) as caught:
+            importlib.import_module(full)
+        assert type(caught.value) is ImportError   # not ModuleNotFoundError: the path exists and refuses
+        message = str(caught.value)
+        assert message.startswith(f"flash_attn.{path} is not provided by gpuparity.flash_attn") and "\n" not in message
+        assert REFUSED[path] in message
+        assert full not in sys.modules
+    ours.uninstall()
+
+
+def test_use_triton_rocm_follows_flash_attention(monkeypatch):
+    from gpuparity.flash_attn import flash_attn_interface as interface
+    assert isinstance(interface.USE_TRITON_ROCM, bool)
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.delenv("FLASH_ATTENTION_TRITON_AMD_ENABLE", raising=False)
+    assert interface._triton_rocm_flag() is False
+    monkeypatch.setenv("FLASH_ATTENTION_TRITON_AMD_ENABLE", "TRUE")
+    assert interface._triton_rocm_flag() is True
+    monkeypatch.setenv("FLASH_ATTENTION_TRITON_AMD_ENABLE", "FALSE")
+    monkeypatch.setattr(torch.version, "hip", "6.2")   # ROCm torch without FlashAttention's extension: Triton
+    assert interface._triton_rocm_flag() is True
+
+
+def test_get_block_size_n_is_flash_attention_2s_table(monkeypatch):
+    from gpuparity.flash_attn.flash_attn_interface import _get_block_size_n
+    cpu = torch.device("cpu")
+    table = {(32, False, False): 128, (64, False, True): 128, (64, True, False): 64, (80, False, False): 64,
+             (128, False, False): 64, (128, True, True): 32, (160, True, False): 64, (256, False, True): 64}
+    for (head_dim, dropout, causal), want in table.items():
+        assert _get_block_size_n(cpu, head_dim, dropout, causal) == want, (head_dim, dropout, causal)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 6))   # sm86: 128 splits
+    assert _get_block_size_n("cuda", 128, False, True) == 64 and _get_block_size_n("cuda", 128, False, False) == 32
+    assert _get_block_size_n("cuda", 128, True, True) == 32
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert _get_block_size_n("cuda", 128, False, False) == 64
+    with pytest.raises(ValueError, match=r"head_dim: expected an int in \[1, 256\]"):
+        _get_block_size_n(cpu, 288, False, False)
+
+
+def test_key_heads_not_dividing_query_heads_raise_in_the_callers_layout():
+    q, k = torch.randn(1, 4, 3, 8), torch.randn(1, 4, 2, 8)
+    with pytest.raises(ours.FlashAttnArgumentError) as caught:
+        ours.flash_attn_func(q, k, k)
+    message = str(caught.value)
+    assert "(batch_size, seqlen_k, nheads_k, headdim)" in message and "shape=(1, 4, 2, 8)" in message
+    assert "nheads=3" in message and isinstance(caught.value, RuntimeError)
 
 
 def test_install_refuses_to_shadow_a_real_flash_attn(clean_modules, monkeypatch):

@@ -2,7 +2,7 @@
 forward and backward: bottom-right causal/window per sequence (Sq > Sk and Sq < Sk, an empty
 sequence), ALiBi with masks and GQA (the padded composition), the (nheads, total_q) log-sum-exp,
 dropout with the dense kernels' Philox mask (regenerated), paged KV through a shuffled block
-table (forward only), the packed variants and bert_padding's helpers."""
+table (forward, and gradients into the pool's pages), the packed variants and bert_padding's helpers."""
 from __future__ import annotations
 
 import pytest
@@ -188,8 +188,35 @@ def test_varlen_paged_kv_errors():
         flash_attn.flash_attn_varlen_func(qkv[0], k_pool, v_pool, *args, block_table=bad)
     with pytest.raises(RuntimeError, match="block_table: 1 pages of 3 tokens"):
         flash_attn.flash_attn_varlen_func(qkv[0], k_pool, v_pool, *args, block_table=table[:, :1].contiguous())
-    with pytest.raises(ValueError, match="q: requires grad.*inference only"):
-        flash_attn.flash_attn_varlen_func(qkv[0].requires_grad_(), k_pool, v_pool, *args, block_table=table)
+
+
+def test_varlen_paged_kv_gradients_reach_the_pool_pages():
+    """block_table with requires_grad inputs: out and the gradients of q and of the paged pools
+    against the referee on the contiguous keys, the pool's gradient scattered back through the
+    table (zero on the spare pages no sequence reads)."""
+    qkv, grad = packed_inputs(seed=7)
+    k_pool, v_pool, table = paged(qkv[1], qkv[2])
+    args = (cumulative(Q_LENS), cumulative(K_LENS), max(Q_LENS), max(K_LENS))
+    k_lens = torch.tensor(K_LENS)
+    item = torch.repeat_interleave(torch.arange(len(K_LENS)), k_lens)
+    position = torch.arange(int(k_lens.sum())) - torch.cumsum(k_lens, 0).sub(k_lens)[item]
+    pages, slots = table.cpu().long()[item, position // k_pool.shape[1]], position % k_pool.shape[1]
+
+    def through_pages(q, kp, vp, dtype):
+        return padded_reference(q, kp[pages, slots], vp[pages, slots], dtype=dtype, causal=True)[0]
+
+    with flash_attn.backends(attention="composition", attention_varlen="composition"):
+        mine = grads(lambda q, kp, vp: flash_attn.flash_attn_varlen_func(q, kp, vp, *args, causal=True,
+                                                                          block_table=table),
+                     [qkv[0], k_pool, v_pool], grad)
+    ref = grads(lambda q, kp, vp: through_pages(q, kp, vp, torch.float64),
+                [t.cpu().double() for t in (qkv[0], k_pool, v_pool)], grad.cpu())
+    base = grads(lambda q, kp, vp: through_pages(q, kp, vp, q.dtype), [t.cpu() for t in (qkv[0], k_pool, v_pool)],
+                 grad.cpu())
+    check(mine, ref, base, qkv[0].dtype, names=("out", "dq", "dk_pool", "dv_pool"))
+    spare = torch.ones(k_pool.shape[0], dtype=torch.bool)
+    spare[pages] = False
+    assert spare.any() and not mine[2][spare.to(DEVICE)].any() and mine[2][~spare.to(DEVICE)].abs().sum() > 0
 
 
 def test_varlen_packed_variants():

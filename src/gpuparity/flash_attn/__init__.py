@@ -1,7 +1,11 @@
 """FlashAttention 2.8's Python API on gpuparity: `import gpuparity.flash_attn as flash_attn` in
 place of `import flash_attn`, or `gpuparity.flash_attn.install()` so that third-party code's own
 `import flash_attn` / `from flash_attn.flash_attn_interface import ...` / `from
-flash_attn.bert_padding import ...` gets this module. docs/attention.md ("FlashAttention's API")
+flash_attn.bert_padding import ...` gets this module, and its submodules `flash_attn.layers.rotary`,
+`flash_attn.ops.triton.rotary`, `flash_attn.ops.triton.cross_entropy` and
+`flash_attn.losses.cross_entropy` gpuparity's. FlashAttention's CUDA-extension modules
+(`modules.mha`, `modules.mlp`, `ops.fused_dense`, `ops.activations`, `ops.layer_norm`,
+`ops.rms_norm`) raise ImportError naming gpuparity's equivalent. docs/attention.md ("FlashAttention's API")
 maps every argument and says what is fused and what is composed."""
 from __future__ import annotations
 
@@ -23,18 +27,23 @@ __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_
 __version__ = "2.8.4"
 
 logger = logging.getLogger(__name__)
-_NAMES = ("flash_attn", "flash_attn.flash_attn_interface", "flash_attn.bert_padding")
+# the submodules install() registers as flash_attn.<path> (packages before their modules)
+SUBMODULES = ("flash_attn_interface", "bert_padding", "layers", "layers.rotary", "ops", "ops.triton",
+              "ops.triton.rotary", "ops.triton.cross_entropy", "losses", "losses.cross_entropy", "modules")
+_NAMES = ("flash_attn",) + tuple(f"flash_attn.{path}" for path in SUBMODULES)
 
 
 def _ours(name: str) -> object:
-    this = sys.modules[__name__]
-    return {"flash_attn": this, "flash_attn.flash_attn_interface": flash_attn_interface,
-            "flash_attn.bert_padding": bert_padding}[name]
+    if name == "flash_attn":
+        return sys.modules[__name__]
+    return importlib.import_module(f"{__name__}.{name[len('flash_attn.'):]}")
 
 
 def install(force: bool = False) -> None:
-    """Register this module in sys.modules as `flash_attn`, `flash_attn.flash_attn_interface` and
-    `flash_attn.bert_padding`, so that code importing FlashAttention gets gpuparity's. Refuses
+    """Register this module in sys.modules as `flash_attn`, and its submodules as
+    `flash_attn.<path>` (SUBMODULES: flash_attn_interface, bert_padding, layers.rotary,
+    ops.triton.rotary, ops.triton.cross_entropy, losses.cross_entropy and their packages), so that
+    code importing FlashAttention gets gpuparity's. Refuses
     (RuntimeError) when a real flash_attn is installed or already imported, unless force=True.
     Imports done before install() keep what they imported. Undo with uninstall()."""
     if not isinstance(force, bool):
@@ -62,5 +71,5 @@ def install(force: bool = False) -> None:
 def uninstall() -> None:
     """Remove what install() registered (a real flash_attn is imported afresh on its next import)."""
     for name in _NAMES:
-        if sys.modules.get(name) is _ours(name):
+        if name in sys.modules and sys.modules[name] is _ours(name):
             del sys.modules[name]

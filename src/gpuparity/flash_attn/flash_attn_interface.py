@@ -4,8 +4,8 @@ Same names, argument names, defaults, layouts ((B, S, H, D); packed (total, H, D
 values as FlashAttention 2.8, and its conventions: causal and window_size are bottom-right aligned
 when Sq != Sk, softcap=0.0 is off, ALiBi slopes add -slope * |i + Sk - Sq - j|. What each argument
 maps to, and which features are composed rather than fused, is in docs/attention.md
-("FlashAttention's API"). Differences a caller can see: the S_dmask of return_attn_probs is None
-(never materialized), num_splits and deterministic are accepted and ignored (gpuparity's Triton
+("FlashAttention's API"). Also FlashAttention's module-level USE_TRITON_ROCM and _get_block_size_n.
+Differences a caller can see: the S_dmask of return_attn_probs is None (never materialized), num_splits and deterministic are accepted and ignored (gpuparity's Triton
 backward has no atomics; other backends are torch's own), and bad arguments raise FlashAttnArgumentError (a ValueError and a RuntimeError)
 naming the argument.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 from typing import Dict, Optional, Union
 
 import torch
@@ -29,17 +30,18 @@ from ._compose import FlashAttnArgumentError
 
 __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
            "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache",
-           "FlashAttnArgumentError", "backends"]
+           "FlashAttnArgumentError", "backends", "USE_TRITON_ROCM"]
 
 # The backend each gpuparity op runs on ("auto": the fastest verified on this machine).
 _BACKENDS: Dict[str, str] = {"attention": "auto", "attention_varlen": "auto", "attention_decode": "auto",
-                             "rotary": "auto"}
+                             "rotary": "auto", "cross_entropy": "auto"}
 
 
 @contextlib.contextmanager
 def backends(**names: str):
     """Run the calls inside on the named backends, e.g. backends(attention="triton"), keys
-    "attention", "attention_varlen", "attention_decode", "rotary" (see gpuparity.dispatch.backends(op))."""
+    "attention", "attention_varlen", "attention_decode", "rotary" (see gpuparity.dispatch.backends(op)),
+    and "cross_entropy" (ops.triton.cross_entropy's row step: a backend of op linear_cross_entropy)."""
     unknown = sorted(set(names) - set(_BACKENDS))
     if unknown:
         raise TypeError(f"backends: unknown op(s) {unknown}; expected keys among {sorted(_BACKENDS)}")
@@ -50,6 +52,44 @@ def backends(**names: str):
     finally:
         _BACKENDS.clear()
         _BACKENDS.update(saved)
+
+
+# FlashAttention's flag "the attention runs on its Triton kernels for AMD": set from the same
+# environment variable, and True on a ROCm build of torch, where FlashAttention without its
+# compiled CUDA/HIP extension (absent here) falls back to those kernels. gpuparity's own
+# kernels serve either way; code that reads the flag to pick a code path sees FlashAttention's answer.
+def _triton_rocm_flag() -> bool:
+    return (os.getenv("FLASH_ATTENTION_TRITON_AMD_ENABLE", "FALSE") == "TRUE"
+            or getattr(torch.version, "hip", None) is not None)
+
+
+USE_TRITON_ROCM = _triton_rocm_flag()
+
+
+def _get_block_size_n(device, head_dim, is_dropout, is_causal) -> int:
+    """The key-block width of FlashAttention 2's CUDA forward kernel for this call (its tests split
+    the scores in such blocks to decode S_dmask): 128 for head_dim <= 32; 128 (64 with dropout) up
+    to 64; 64 up to 96; up to 128: 64 (32 with dropout), on sm86/sm89 64 only causal without
+    dropout, else 32; 64 up to 256. The compute capability is read on a CUDA device; elsewhere the
+    sm80/sm90 column."""
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or not 0 < head_dim <= 256:
+        raise FlashAttnArgumentError(f"head_dim: expected an int in [1, 256] (FlashAttention's largest), got "
+                                     f"{describe(head_dim)}")
+    device = torch.device(device) if device is not None else None
+    on_cuda = device is not None and device.type == "cuda" and torch.cuda.is_available()
+    major, minor = torch.cuda.get_device_capability(device) if on_cuda else (0, 0)
+    is_sm8x = major == 8 and minor > 0   # sm86 / sm89, not the A100's sm80
+    if head_dim <= 32:
+        return 128
+    if head_dim <= 64:
+        return 64 if is_dropout else 128
+    if head_dim <= 96:
+        return 64
+    if head_dim <= 128:
+        if is_sm8x:
+            return 64 if (is_causal and not is_dropout) else 32
+        return 32 if is_dropout else 64
+    return 64
 
 
 def _fa_lse(lse: torch.Tensor) -> torch.Tensor:
@@ -65,6 +105,10 @@ def _check_dense(q, k, v):
         raise FlashAttnArgumentError(
             f"k, v: expected (batch_size, seqlen_k, nheads_k, headdim) with batch_size={q.shape[0]} and headdim="
             f"{q.shape[3]} of q, got k {describe(k)}, v {describe(v)}")
+    if k.shape[2] == 0 or q.shape[2] % k.shape[2]:
+        raise FlashAttnArgumentError(
+            f"k: expected nheads_k dividing nheads={q.shape[2]} of q (MQA/GQA) in (batch_size, seqlen_k, nheads_k, "
+            f"headdim), got k {describe(k)} (nheads_k={k.shape[2]})")
 
 
 # ----------------------------------------------------------------------------- ALiBi
@@ -232,10 +276,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     cu_seqlens[b]:cu_seqlens[b+1]; causal and window bottom-right aligned per sequence. With
     block_table (batch_size, max_num_blocks_per_seq) int32, k and v are a paged pool
     (num_blocks, page_block_size, nheads_k, headdim) and sequence b's keys 0..len_b-1 sit on pages
-    block_table[b] (forward only). Returns out (total_q, nheads, headdim); with return_attn_probs
+    block_table[b] (differentiable: the pool's gradient is zero on pages no sequence reads). Returns out (total_q, nheads, headdim); with return_attn_probs
     (out, softmax_lse (nheads, total_q) fp32, None)."""
-    if block_table is not None:
-        C.check_grad_free("flash_attn_varlen_func with block_table", q=q, k=k, v=v)
+    if block_table is not None:   # the page gather is an index: gradients flow back into the pool's pages
         k, v = _unpage(k, v, block_table, cu_seqlens_k)
     left, right = C.window_bounds(window_size, causal)
     max_seqlen_q, max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)

@@ -1,0 +1,1 @@
+"""FlashAttention's `flash_attn.layers` package on gpuparity: `layers.rotary`."""

@@ -1,0 +1,1 @@
+"""FlashAttention's `flash_attn.losses` package on gpuparity: `losses.cross_entropy`."""

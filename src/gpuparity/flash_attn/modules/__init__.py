@@ -1,0 +1,2 @@
+"""FlashAttention's `flash_attn.modules` package: its modules (mha, mlp) are refused at import,
+with gpuparity's equivalent named."""

@@ -1,0 +1,4 @@
+"""FlashAttention's flash_attn.modules.mlp, refused at import (see gpuparity.flash_attn._refused)."""
+from gpuparity.flash_attn._refused import refuse
+
+refuse(__name__)

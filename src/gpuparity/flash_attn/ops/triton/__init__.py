@@ -1,0 +1,1 @@
+"""FlashAttention's `flash_attn.ops.triton` package on gpuparity's verified ops."""

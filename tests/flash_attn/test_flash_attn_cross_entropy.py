@@ -1,0 +1,197 @@
+"""gpuparity.flash_attn's cross entropy (ops.triton.cross_entropy.cross_entropy_loss and
+losses.cross_entropy.CrossEntropyLoss) against a float64 referee written from FlashAttention's
+definition, forward and backward, on the Triton row kernel and its torch twin: ignored rows, one
+row, one class, odd vocabularies, label smoothing, logit_scale, z-loss, precomputed_lse, every
+reduction, inplace_backward, FlashAttention-shaped errors and torch.compile."""
+from __future__ import annotations
+
+import pytest
+import torch
+from device_env import TEST_DEVICE, require_device  # sets TRITON_INTERPRET=1 on the CPU
+
+import gpuparity.flash_attn as flash_attn
+from gpuparity.flash_attn.losses.cross_entropy import CrossEntropyLoss
+from gpuparity.flash_attn.ops.triton.cross_entropy import cross_entropy_loss
+from fa_reference import check
+
+require_device()
+DEVICE = torch.device(TEST_DEVICE)
+IGNORE = -100
+
+
+def reference(logits, labels, smoothing=0.0, logit_scale=1.0, lse_square_scale=0.0, precomputed_lse=None,
+              ignore_index=IGNORE, dtype=torch.float64):
+    """(losses, z_losses) per row in `dtype`: lse(s z) - (1 - eps) s z_y - eps mean(s z) + c lse^2,
+    0 on ignored rows; with precomputed_lse (s = 1, eps = 0) its value in the forward and lse(z)'s
+    derivative in the backward, as FlashAttention's kernels."""
+    z = logits.to(dtype) * logit_scale
+    valid = labels.cpu() != ignore_index
+    safe = labels.cpu().long().masked_fill(~valid, 0).to(z.device)
+    lse = torch.logsumexp(z, dim=-1)
+    if precomputed_lse is not None:
+        lse = lse + (precomputed_lse.to(dtype) - lse).detach()   # its value, lse's gradient
+    picked = z.gather(1, safe[:, None])[:, 0]
+    losses = lse - (1 - smoothing) * picked - smoothing * z.mean(dim=-1)
+    z_losses = lse_square_scale * lse.square()
+    zero = torch.zeros((), dtype=dtype, device=z.device)
+    valid = valid.to(z.device)
+    return torch.where(valid, losses + z_losses, zero), torch.where(valid, z_losses, zero)
+
+
+def inputs(rows, vocab, ignored=(), seed=0, dtype=torch.float32, spread=3.0):
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, vocab, generator=gen) * spread
+    labels = torch.randint(0, vocab, (rows,), generator=gen)
+    labels[list(ignored)] = IGNORE
+    grad = torch.randn(rows, generator=gen)
+    return logits.to(dtype), labels, grad
+
+
+def losses_and_grad(fn, logits, grad):
+    leaf = logits.detach().clone().requires_grad_()
+    losses, z_losses = fn(leaf)
+    losses.backward(grad.to(losses.dtype))
+    return [losses.detach(), leaf.grad], z_losses.detach()
+
+
+CASES = {
+    "plain_ignored_rows": dict(rows=7, vocab=11, ignored=(2, 5)),
+    "one_row": dict(rows=1, vocab=13),
+    "one_class": dict(rows=3, vocab=1, ignored=(1,)),
+    "smoothing": dict(rows=6, vocab=17, ignored=(0,), label_smoothing=0.1),
+    "logit_scale": dict(rows=5, vocab=9, logit_scale=0.37),
+    "z_loss": dict(rows=6, vocab=33, ignored=(4,), lse_square_scale=1e-2),
+    "everything": dict(rows=9, vocab=70, ignored=(1, 8), label_smoothing=0.2, logit_scale=1.7, lse_square_scale=3e-3),
+    "precomputed_lse": dict(rows=5, vocab=12, ignored=(3,), precomputed=True, lse_square_scale=1e-2),
+}
+
+
+@pytest.mark.parametrize("backend", ["composition", "triton"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_cross_entropy_loss_matches_float64(name, backend):
+    case = dict(CASES[name])
+    logits, labels, grad = inputs(case.pop("rows"), case.pop("vocab"), case.pop("ignored", ()))
+    lse = torch.logsumexp(logits.double(), dim=-1) if case.pop("precomputed", False) else None
+    options = dict(smoothing=case.get("label_smoothing", 0.0), logit_scale=case.get("logit_scale", 1.0),
+                   lse_square_scale=case.get("lse_square_scale", 0.0))
+    with flash_attn.backends(cross_entropy=backend):
+        mine, z_mine = losses_and_grad(
+            lambda t: cross_entropy_loss(t, labels.to(DEVICE), precomputed_lse=None if lse is None else
+                                         lse.float().to(DEVICE), **case), logits.to(DEVICE), grad.to(DEVICE))
+    ref, z_ref = losses_and_grad(lambda t: reference(t, labels, precomputed_lse=lse, **options), logits.double(),
+                                 grad.double())
+    base, _ = losses_and_grad(lambda t: reference(t, labels, precomputed_lse=lse, dtype=torch.float32, **options),
+                              logits, grad)
+    check([t.cpu() for t in mine], ref, base, torch.float32, names=("losses", "dlogits"))
+    torch.testing.assert_close(z_mine.cpu().double(), z_ref, rtol=1e-5, atol=1e-6)
+    ignored = labels == IGNORE
+    assert not mine[0].cpu()[ignored].any() and not mine[1].cpu()[ignored].any()
+
+
+def test_precomputed_lse_is_used_as_given_and_only_where_flash_attention_uses_it():
+    logits, labels, _ = inputs(4, 10, seed=2)
+    lse = torch.logsumexp(logits, dim=-1) + 0.5
+    with flash_attn.backends(cross_entropy="triton"):
+        plain, _ = cross_entropy_loss(logits.to(DEVICE), labels.to(DEVICE))
+        given, _ = cross_entropy_loss(logits.to(DEVICE), labels.to(DEVICE), precomputed_lse=lse.to(DEVICE))
+        smoothed_given, _ = cross_entropy_loss(logits.to(DEVICE), labels.to(DEVICE), precomputed_lse=lse.to(DEVICE),
+                                               label_smoothing=0.1)
+        smoothed, _ = cross_entropy_loss(logits.to(DEVICE), labels.to(DEVICE), label_smoothing=0.1)
+    torch.testing.assert_close(given - plain, torch.full_like(plain, 0.5))
+    torch.testing.assert_close(smoothed_given, smoothed)   # ignored with smoothing, as FlashAttention
+
+
+def test_bf16_logits_on_the_kernel():
+    logits, labels, grad = inputs(6, 40, ignored=(3,), seed=3, dtype=torch.bfloat16)
+    options = dict(smoothing=0.1, lse_square_scale=1e-3)
+    with flash_attn.backends(cross_entropy="triton"):
+        mine, _ = losses_and_grad(lambda t: cross_entropy_loss(t, labels.to(DEVICE), label_smoothing=0.1,
+                                                               lse_square_scale=1e-3), logits.to(DEVICE),
+                                  grad.to(DEVICE))
+    assert mine[0].dtype == torch.float32 and mine[1].dtype == torch.bfloat16
+    ref, _ = losses_and_grad(lambda t: reference(t, labels, **options), logits.double(), grad.double())
+    base, _ = losses_and_grad(lambda t: reference(t, labels, dtype=torch.float32, **options), logits, grad)
+    base[1] = base[1].bfloat16()
+    check([mine[0].cpu(), mine[1].cpu()], ref, base, torch.bfloat16, names=("losses", "dlogits"))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_module_reductions_and_z_loss(reduction):
+    logits, labels, _ = inputs(8, 19, ignored=(0, 6), seed=4)
+    module = CrossEntropyLoss(reduction=reduction, label_smoothing=0.05, lse_square_scale=1e-2, return_z_loss=True)
+    with flash_attn.backends(cross_entropy="composition"):
+        leaf = logits.clone().to(DEVICE).requires_grad_()
+        loss, z_loss = module(leaf, labels.to(DEVICE))
+        loss.sum().backward()
+    ref = logits.double().requires_grad_()
+    losses, z_losses = reference(ref, labels, smoothing=0.05, lse_square_scale=1e-2)
+    count = (labels != IGNORE).sum()
+    want, want_z = {"mean": (losses.sum() / count, z_losses.sum() / count), "sum": (losses.sum(), z_losses.sum()),
+                    "none": (losses, z_losses)}[reduction]
+    want.sum().backward()
+    torch.testing.assert_close(loss.detach().cpu().double(), want.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(z_loss.cpu().double(), want_z.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(leaf.grad.cpu().double(), ref.grad, rtol=1e-5, atol=1e-6)
+    assert not module.__class__(reduction="none")(logits.to(DEVICE), labels.to(DEVICE)).isnan().any()
+
+
+def test_mean_over_all_ignored_rows_is_nan_as_flash_attention():
+    logits, labels, _ = inputs(3, 5, ignored=(0, 1, 2))
+    with flash_attn.backends(cross_entropy="composition"):
+        assert CrossEntropyLoss()(logits.to(DEVICE), labels.to(DEVICE)).isnan()
+
+
+@pytest.mark.parametrize("backend", ["composition", "triton"])
+def test_inplace_backward_writes_the_gradient_into_the_logits(backend):
+    logits, labels, grad = inputs(5, 23, ignored=(2,), seed=5)
+    with flash_attn.backends(cross_entropy=backend):
+        source = logits.clone().to(DEVICE).requires_grad_()
+        scaled = source * 1.0   # a non-leaf whose storage the backward may reuse
+        losses, _ = cross_entropy_loss(scaled, labels.to(DEVICE), inplace_backward=True)
+        losses.backward(grad.to(DEVICE))
+    ref, _ = losses_and_grad(lambda t: reference(t, labels), logits.double(), grad.double())
+    torch.testing.assert_close(source.grad.cpu().double(), ref[1], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(scaled.detach(), source.grad)   # the logits now hold their gradient
+
+
+def test_cross_entropy_errors_are_flash_attention_shaped():
+    logits, labels, _ = inputs(4, 6)
+    logits, labels = logits.to(DEVICE), labels.to(DEVICE)
+    with flash_attn.backends(cross_entropy="composition"):
+        with pytest.raises(NotImplementedError, match="process_group: gpuparity's cross entropy has no tensor-parallel"):
+            cross_entropy_loss(logits, labels, process_group=object())
+        with pytest.raises(NotImplementedError, match="process_group"):
+            CrossEntropyLoss(process_group=object())
+        with pytest.raises(NotImplementedError, match="reduction"):
+            CrossEntropyLoss(reduction="batchmean")
+        bad = labels.clone()
+        bad[1] = 6
+        with pytest.raises(RuntimeError, match=r"labels: expected class indices in \[0, 6\) or ignore_index=-100, "
+                                               r"got 6 at 1"):
+            cross_entropy_loss(logits, bad)
+        with pytest.raises(flash_attn.FlashAttnArgumentError, match=r"labels: expected \(4,\)"):
+            cross_entropy_loss(logits, labels[:3])
+        with pytest.raises(ValueError, match="logit_scale: expected > 0"):
+            cross_entropy_loss(logits, labels, logit_scale=0.0)
+        with pytest.raises(ValueError, match="precomputed_lse: expected"):
+            cross_entropy_loss(logits, labels, precomputed_lse=torch.zeros(3, device=DEVICE))
+        with pytest.raises(ValueError, match="logits: expected a 2-D tensor"):
+            cross_entropy_loss(logits[None], labels)
+
+
+def test_cross_entropy_loss_under_torch_compile_fullgraph():
+    """One tiny compiled call (backend aot_eager: inductor's CPU compile is too slow for the suite):
+    the row step's torch twin while tracing, equal to eager."""
+    torch._dynamo.reset()
+    logits, labels, grad = inputs(5, 7, ignored=(1,), seed=6)
+    labels = labels.to(DEVICE)
+
+    def step(t):
+        return cross_entropy_loss(t, labels, label_smoothing=0.1, lse_square_scale=1e-2)
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    with flash_attn.backends(cross_entropy="composition"):
+        eager, _ = losses_and_grad(step, logits.to(DEVICE), grad.to(DEVICE))
+        got, _ = losses_and_grad(compiled, logits.to(DEVICE), grad.to(DEVICE))
+    torch.testing.assert_close(got[0], eager[0])
+    torch.testing.assert_close(got[1], eager[1])
