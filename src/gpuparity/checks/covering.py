@@ -1,0 +1,151 @@
+"""Covering arrays: few rows in which every t values of every t dimensions appear together.
+
+An op's argument space is a list of dimensions, each a few values (a size at a tile boundary, a
+mask form, one input's layout, a value regime...). Bugs that need two ordinary conditions at
+once (a long key length and a custom scale; GQA and a strided V) hide from a battery that
+varies one factor at a time; a strength-2 covering array has every pair of values of every two
+dimensions in at least one row, in a few dozen rows where the full product has millions.
+
+`build` is a greedy row-at-a-time builder (AETG/IPOG's density rule): each new row starts from
+a t-tuple not covered yet and fills the other dimensions, one at a time in a seeded order, with
+the value that covers the most uncovered t-tuples, among a few candidate rows; `allowed`
+prunes impossible combinations (it is asked about partial rows: it must answer True while the
+dimensions it needs are unset). A t-tuple no allowed row can hold is reported by `impossible`
+rather than left silently uncovered. Deterministic for a seed."""
+from __future__ import annotations
+
+import itertools
+import random
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+Dimensions = Sequence[Tuple[str, Sequence[Any]]]
+Row = Dict[str, Any]
+Allowed = Callable[[Row], bool]
+TTuple = Tuple[Tuple[int, ...], Tuple[int, ...]]   # (dimension indices, value indices)
+
+CANDIDATES = 8
+
+
+def _check(dimensions: Dimensions, strength: int) -> None:
+    names = [name for name, _ in dimensions]
+    if len(set(names)) != len(names):
+        raise ValueError(f"dimensions: names must differ, got {names}")
+    if any(len(values) == 0 for _, values in dimensions):
+        raise ValueError("dimensions: every dimension needs at least one value")
+    if not 1 <= strength <= len(dimensions):
+        raise ValueError(f"strength: expected 1..{len(dimensions)} (the number of dimensions), got {strength}")
+
+
+def _partial(dimensions: Dimensions, dims: Sequence[int], values: Sequence[int]) -> Row:
+    return {dimensions[d][0]: dimensions[d][1][v] for d, v in zip(dims, values)}
+
+
+def tuples(dimensions: Dimensions, strength: int, allowed: Optional[Allowed] = None) -> List[TTuple]:
+    """Every t-tuple of values the constraints do not rule out on their own."""
+    out = []
+    for dims in itertools.combinations(range(len(dimensions)), strength):
+        for values in itertools.product(*(range(len(dimensions[d][1])) for d in dims)):
+            if allowed is None or allowed(_partial(dimensions, dims, values)):
+                out.append((dims, values))
+    return out
+
+
+def build(dimensions: Dimensions, strength: int = 2, seed: int = 0,
+          allowed: Optional[Allowed] = None, candidates: int = CANDIDATES) -> List[Row]:
+    """Rows (dimension name -> value) covering every allowed t-tuple of values."""
+    _check(dimensions, strength)
+    allowed = allowed or (lambda row: True)
+    rng = random.Random(seed)
+    n = len(dimensions)
+    pending = tuples(dimensions, strength, allowed)
+    rng.shuffle(pending)
+    uncovered: Set[TTuple] = set(pending)
+    combos_of = {d: [c for c in itertools.combinations(range(n), strength) if d in c] for d in range(n)}
+    rows: List[Row] = []
+    cursor = 0
+    while uncovered:
+        while pending[cursor] not in uncovered:
+            cursor += 1
+        start = pending[cursor]
+        best, best_gain = None, 0
+        for _ in range(candidates):
+            row = _fill(dimensions, start, uncovered, combos_of, allowed, rng)
+            if row is None:
+                continue
+            gain = len(_covered(row, strength, uncovered))
+            if gain > best_gain:
+                best, best_gain = row, gain
+        if best is None:
+            uncovered.discard(start)     # no allowed row holds it (impossible() reports it)
+            continue
+        uncovered -= _covered(best, strength, uncovered)
+        rows.append({dimensions[d][0]: dimensions[d][1][v] for d, v in sorted(best.items())})
+    return rows
+
+
+def _covered(row: Dict[int, int], strength: int, uncovered: Set[TTuple]) -> Set[TTuple]:
+    found = set()
+    for dims in itertools.combinations(sorted(row), strength):
+        key = (dims, tuple(row[d] for d in dims))
+        if key in uncovered:
+            found.add(key)
+    return found
+
+
+def _fill(dimensions: Dimensions, start: TTuple, uncovered: Set[TTuple], combos_of, allowed: Allowed,
+          rng: random.Random) -> Optional[Dict[int, int]]:
+    """A whole row holding `start`, each other dimension given its most covering allowed value."""
+    row = dict(zip(*start))
+    if not allowed(_named(dimensions, row)):
+        return None
+    order = [d for d in range(len(dimensions)) if d not in row]
+    rng.shuffle(order)
+    for d in order:
+        choices = list(range(len(dimensions[d][1])))
+        rng.shuffle(choices)
+        best, best_gain = None, -1
+        for v in choices:
+            row[d] = v
+            if not allowed(_named(dimensions, row)):
+                continue
+            gain = 0
+            for dims in combos_of[d]:
+                if all(e in row for e in dims) and (dims, tuple(row[e] for e in dims)) in uncovered:
+                    gain += 1
+            if gain > best_gain:
+                best, best_gain = v, gain
+        if best is None:
+            return None
+        row[d] = best
+    return row
+
+
+def _named(dimensions: Dimensions, row: Dict[int, int]) -> Row:
+    return {dimensions[d][0]: dimensions[d][1][v] for d, v in row.items()}
+
+
+def missing(rows: Sequence[Row], dimensions: Dimensions, strength: int,
+            allowed: Optional[Allowed] = None) -> List[Row]:
+    """The allowed t-tuples (as partial rows) that no row holds: [] for a covering array
+    (impossible tuples, which no allowed whole row can hold, are listed too: see impossible)."""
+    index = {name: {repr(v): i for i, v in enumerate(values)} for name, values in dimensions}
+    have = set()
+    for row in rows:
+        coded = {d: index[name][repr(row[name])] for d, (name, _) in enumerate(dimensions)}
+        for dims in itertools.combinations(range(len(dimensions)), strength):
+            have.add((dims, tuple(coded[d] for d in dims)))
+    return [_partial(dimensions, dims, values) for dims, values in tuples(dimensions, strength, allowed)
+            if (dims, values) not in have]
+
+
+def impossible(dimensions: Dimensions, strength: int, allowed: Allowed, seed: int = 0) -> List[Row]:
+    """The allowed-looking t-tuples that no whole allowed row holds, by exhaustive search of
+    the rest (small spaces only: tests)."""
+    out = []
+    for dims, values in tuples(dimensions, strength, allowed):
+        rest = [d for d in range(len(dimensions)) if d not in dims]
+        fixed = dict(zip(dims, values))
+        if not any(allowed(_named(dimensions, {**fixed, **dict(zip(rest, choice))}))
+                   for choice in itertools.product(*(range(len(dimensions[d][1])) for d in rest))):
+            out.append(_partial(dimensions, dims, values))
+    return out
