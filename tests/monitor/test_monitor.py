@@ -332,3 +332,31 @@ def test_max_overhead_bounds_the_checks_share_of_the_monitored_time():
     for bad in (0, 1.5, -0.1, True, "1%"):
         with pytest.raises(ValueError, match="max_overhead"):
             gpuparity.monitor(None, every=1, max_overhead=bad)
+
+
+def test_a_first_calls_own_checks_are_not_counted_as_the_runs_calls(monkeypatch, tmp_path):
+    """A first backend="auto" call inside the monitor verifies its backend on a few cases in
+    this process (CPU): those checks' F.scaled_dot_product_attention / F.rms_norm calls are
+    gpuparity's, not the run's. They were counted (and sampled) beside the ops: a patched Llama's
+    summary read `F.scaled_dot_product_attention: 3 calls` next to `gpuparity.attention: 8`."""
+    from gpuparity import caches
+    from gpuparity.checks import selection
+
+    monkeypatch.setenv("GPUPARITY_CACHE_DIR", str(tmp_path))   # an empty verdict store
+    caches.clear_all()                                          # and no resolution in memory
+    verified = []
+    original_verify = selection.verify
+    monkeypatch.setattr(selection, "verify", lambda *a, **k: verified.append(a[0]) or original_verify(*a, **k))
+    q = torch.randn(2, 2, 8, 16, requires_grad=True)
+    x, w = torch.randn(4, 16, requires_grad=True), torch.ones(16, requires_grad=True)
+    try:
+        with gpuparity.monitor(None, every=1, max_pending=64, max_overhead=None) as mon:
+            for _ in range(2):
+                loss = gpuparity.attention(q, q, q, is_causal=True).sum() + gpuparity.rms_norm(x, (16,), w).sum()
+                loss.backward()
+    finally:
+        caches.clear_all()
+    assert sorted(set(verified)) == ["attention", "rms_norm"]   # the first calls did verify, in the monitor
+    report = mon.report()
+    assert report.calls == {"gpuparity.attention": 2, "gpuparity.rms_norm": 2}, report.summary()
+    assert report.sampled == report.calls and report.passed

@@ -3,7 +3,8 @@ softmax and loss functions replaced by wrappers while one is active, gpuparity's
 through the backend the dispatcher hands them (`ops.select.resolve`), and a model's own RMSNorm
 modules at their boundaries. Installed once for however many listeners are active, restored
 when the last one leaves; a call made inside a watched call (gpuparity's sdpa backends call
-F.scaled_dot_product_attention) is not seen twice; traced code (torch.compile) passes straight
+F.scaled_dot_product_attention) is not seen twice, nor are the checks a first auto call runs
+while `ops.select.resolve` verifies its backend; traced code (torch.compile) passes straight
 through.
 
 A listener has `on_call(kind, original, args, kwargs, backend) -> result`; it decides whether
@@ -106,7 +107,10 @@ def _backend_proxy(chosen):
 
 def _watched_resolve(original: Callable) -> Callable:
     def resolve(problem, backend="auto"):
-        chosen = original(problem, backend)
+        # a first auto call may verify its backend here, in this process (checks/selection.py):
+        # those checks' F.* calls are gpuparity's own, not the run's, so they are not seen
+        with DEPTH:
+            chosen = original(problem, backend)
         if not _LISTENERS:
             return chosen
         return _backend_proxy(chosen)
