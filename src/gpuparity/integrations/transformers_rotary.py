@@ -12,6 +12,8 @@ from typing import Callable, List, Optional, Tuple
 import torch
 import torch.nn as nn
 
+from .. import caches
+from . import hub
 from .summary import PatchEntry, PatchSummary
 from ..ops.rotary import apply_rotary_pair
 from .swap import mark, qualname, serves
@@ -95,34 +97,96 @@ def _rotate(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     return out[0], out[1]
 
 
+# plain function -> where unsqueeze_dim sits after (q, k, cos, sin), or None (not that signature)
+_UNSQUEEZE_INDEX = caches.register("integrations.transformers_rotary.unsqueeze_index", {})
+
+
 def _unsqueeze_index(original: Callable) -> Optional[int]:
     """Where unsqueeze_dim sits among the arguments after (q, k, cos, sin), or None when the
     function's signature is not (q, k, cos, sin[, position_ids][, unsqueeze_dim])."""
+    if original in _UNSQUEEZE_INDEX:
+        return _UNSQUEEZE_INDEX[original]
     try:
         params = list(inspect.signature(original).parameters)
     except (TypeError, ValueError):
-        return None
+        params = []
     rest = params[4:]
-    if len(params) < 4 or any(name not in _OPTIONAL for name in rest) or rest != sorted(rest, key=_OPTIONAL.index):
-        return None
-    return rest.index("unsqueeze_dim") if "unsqueeze_dim" in rest else len(rest)
+    index = None
+    if len(params) >= 4 and all(name in _OPTIONAL for name in rest) and rest == sorted(rest, key=_OPTIONAL.index):
+        index = rest.index("unsqueeze_dim") if "unsqueeze_dim" in rest else len(rest)
+    _UNSQUEEZE_INDEX[original] = index
+    return index
 
 
-def _wrapper(original: Callable, unsqueeze_index: int) -> Callable:
+def _serve(original: Callable, plain: Callable, backend: Optional[str], q, k, cos, sin, args, kwargs):
+    """One call of HF's apply_rotary_pos_emb: gpuparity's rotation on `backend` when the call's
+    shapes are ones it takes, else `original` (transformers' function as the model holds it, the
+    hub's module or the plain function; `plain` is the plain one, whose signature is read)."""
+    if backend is not None:
+        index = _unsqueeze_index(plain)
+        if index is not None:
+            unsqueeze_dim = kwargs.get("unsqueeze_dim", args[index] if len(args) > index else 1)
+            rotated = _rotate(q, k, cos, sin, unsqueeze_dim, backend)
+            if rotated is not None:
+                return rotated
+    return original(q, k, cos, sin, *args, **kwargs)
+
+
+def _wrapper(original: Callable) -> Callable:
     """The module global that replaces transformers' function: gpuparity's rotation inside a
     patched attention forward (when the call's shapes are ones it takes), HF's anywhere else."""
+    plain = hub.hub_function_original(original)
+
     @functools.wraps(original)
     def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
         backends = _SERVING.backends
-        if backends and backends[-1] is not None:
-            unsqueeze_dim = kwargs.get("unsqueeze_dim", args[unsqueeze_index] if len(args) > unsqueeze_index else 1)
-            rotated = _rotate(q, k, cos, sin, unsqueeze_dim, backends[-1])
-            if rotated is not None:
-                return rotated
-        return original(q, k, cos, sin, *args, **kwargs)
+        return _serve(original, plain, backends[-1] if backends else None, q, k, cos, sin, args, kwargs)
 
     apply_rotary_pos_emb.gpuparity_original = original
     return apply_rotary_pos_emb
+
+
+# backend -> the layer class served for transformers' "rotary_pos_emb" kernel name
+_HUB_LAYERS = caches.register("integrations.transformers_rotary.hub_layers", {})
+# the forward signature kernels checks a layer against: transformers 5.25's function, with self
+_HUB_SIGNATURE = inspect.Signature([inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                                    for name in ("self", "q", "k", "cos", "sin")]
+                                   + [inspect.Parameter("unsqueeze_dim", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                        default=1)])
+_FAMILY_MODULES = tuple(f"transformers.models.{family}.modeling_{family}" for family in FAMILIES)
+
+
+def hub_layer(backend: str = "auto") -> type:
+    """The layer gpuparity serves for transformers' kernel-hub name "rotary_pos_emb" (transformers
+    >= 5.25 with `kernels`): a stateless nn.Module, as kernels requires, whose forward kernels
+    validates as transformers' `(q, k, cos, sin, unsqueeze_dim=1)`.
+
+    Inside an attention forward patched by gpuparity.patch it rotates on that patch's backend (or
+    keeps transformers' rotation where patch(mode=...) left it); in a model a user kernelized with
+    `gpuparity.integrations.kernel_hub.kernel_mapping()`, on `backend`, for the families whose
+    rotation gpuparity has checked (FAMILIES). Any other call runs transformers' own function."""
+    if backend not in _HUB_LAYERS:
+        def forward(self, *args, **kwargs):
+            original = hub.hub_function_original(self)
+            if original is None or len(args) < 4:
+                raise TypeError(f"{FUNCTION}: gpuparity's hub layer serves a kernel-hub function of "
+                                f"transformers called as (q, k, cos, sin, ...), got {type(self).__name__} "
+                                f"with {len(args)} positional arguments")
+            backends = _SERVING.backends
+            chosen = backends[-1] if backends else backend
+            if getattr(original, "__module__", None) not in _FAMILY_MODULES:
+                chosen = None    # a family whose rotation gpuparity has not checked
+            return _serve(original, original, chosen, *args[:4], args[4:], kwargs)
+
+        forward.__signature__ = _HUB_SIGNATURE
+        _HUB_LAYERS[backend] = type("GpuparityApplyRotaryPosEmb", (nn.Module,), {
+            "forward": forward, "can_torch_compile": True, "has_backward": True, "__module__": __name__})
+    return _HUB_LAYERS[backend]
+
+
+def hub_repository(backend: str = "auto") -> hub.LocalLayer:
+    """The `kernels` repository that loads hub_layer(backend)."""
+    return hub.LocalLayer("rotary_pos_emb", f"backend={backend}", lambda: hub_layer(backend))
 
 
 def _calls_rotary(module: nn.Module) -> bool:
@@ -180,21 +244,32 @@ def patch_rotary(model: nn.Module, *, backend: str = "auto", summary: Optional[P
         modeling = sys.modules[type(module).__module__]
         current = getattr(modeling, FUNCTION)
         original = getattr(current, "gpuparity_original", current)
-        index = _unsqueeze_index(original)
+        plain = hub.hub_function_original(original)
+        # the attention's own copy of the hub function (kernels keys it by the kernel name)
+        hub_func = next((f for f in hub.kernel_funcs(module).values() if type(f) is type(original)), None)
         why = reason
-        if why is None and index is None:
-            why = (f"{modeling.__name__}.{FUNCTION}{inspect.signature(original)} is not "
+        if why is None and plain is None:
+            why = f"{modeling.__name__}.{FUNCTION} is a {type(original).__name__}, not a function gpuparity has read"
+        elif why is None and _unsqueeze_index(plain) is None:
+            why = (f"{modeling.__name__}.{FUNCTION}{inspect.signature(plain)} is not "
                    "(q, k, cos, sin[, position_ids][, unsqueeze_dim])")
         if why is not None:
             summary.left.append(PatchEntry(path, qualname(module), f"rotary: {why}; transformers' {FUNCTION} kept"))
             continue
-        if current is original:
-            setattr(modeling, FUNCTION, _wrapper(original, index))
+        if hub_func is not None:
+            # transformers' kernel hub: this attention's own hub function serves gpuparity's layer
+            # (kernels' kernelize with gpuparity's mapping only); other models are untouched
+            hub.kernelize_with(hub_func, hub_repository(backend), hub.kernel_device(module))
+            route = "through transformers' kernel hub (kernels.kernelize, layer rotary_pos_emb)"
+        else:
+            if current is original:
+                setattr(modeling, FUNCTION, _wrapper(original))
+            route = f"the module's {FUNCTION} wrapped"
         module.gpuparity_rotary_backend = backend
         module.register_forward_pre_hook(_enter, prepend=True)
         module.register_forward_hook(_leave, always_call=True)
         summary.replaced.append(PatchEntry(path, qualname(module), (
-            f"rotary: {FUNCTION} -> gpuparity.apply_rotary (backend={backend!r}; cos/sin's first half, per-item "
-            "cos/sin as one table; a call of another shape or dtype falls back to transformers' per call)"
+            f"rotary: {FUNCTION} -> gpuparity.apply_rotary (backend={backend!r}, {route}; cos/sin's first half, "
+            "per-item cos/sin as one table; a call of another shape or dtype falls back to transformers' per call)"
             + mark(module, plan, "rotary"))))
     return summary
