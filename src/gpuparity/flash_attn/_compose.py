@@ -1,13 +1,14 @@
 """The pieces gpuparity.flash_attn composes FlashAttention's features from: argument checks that
 name the argument, FlashAttention's bottom-right causal/window alignment turned into the masks
 gpuparity's ops take, ALiBi as an additive fp32 bias, padding packed sequences into a dense batch,
-and gathering paged KV into contiguous keys and values."""
+gathering paged KV into contiguous keys and values, and the S_dmask encoding of dropout calls."""
 from __future__ import annotations
 
 import numbers
 from typing import Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 
 from ..contracts.varlen import bottom_right_allowed
 from ..validation import describe
@@ -220,3 +221,41 @@ def gather_pages(pool: torch.Tensor, block_table: torch.Tensor, width: int) -> t
     table = block_table[:, :blocks].long().clamp(0, num_blocks - 1)
     flat = pool[table.reshape(-1)]   # (B * blocks, page, Hkv, D)
     return flat.view(block_table.shape[0], blocks * page, *pool.shape[2:])[:, :width]
+
+
+# ----------------------------------------------------------------------------- S_dmask
+def round_multiple(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+def dropout_probs_encoding(q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor, bias: Optional[torch.Tensor],
+                           scale: Optional[float], softcap: Optional[float], keep: torch.Tensor,
+                           block_n: int) -> torch.Tensor:
+    """FlashAttention's S_dmask of a dropout call: (B, H, round128(Sq), round128(Sk)) in q's dtype,
+    entry (b, h, i, j) = exp(s_ij - m) with m the largest score of row i in key blocks (block_n
+    wide) j's block .. the last (the running max of its forward, which walks the key blocks from the
+    last), negated where dropout dropped the probability; 0 where the key is masked and in the
+    rounding. Its tests recover the softmax by scaling block j by exp(m - lse).
+    q (B, Sq, H, D), k (B, Sk, Hk, D); allowed bool (B or 1, 1, Sq, Sk); bias fp32 broadcastable to
+    (B, H, Sq, Sk) or None; keep bool (B, H, Sq, Sk) (True: kept)."""
+    batch, q_len, heads, head_dim = q.shape
+    k_len = k.shape[1]
+    encoded = torch.zeros(batch, heads, round_multiple(q_len, 128), round_multiple(k_len, 128), dtype=q.dtype,
+                          device=q.device)
+    if q_len == 0 or k_len == 0:
+        return encoded
+    keys = k.float().repeat_interleave(heads // k.shape[2], dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), keys) * (head_dim ** -0.5 if scale is None else scale)
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    if bias is not None:
+        scores = scores + bias
+    scores = scores.masked_fill(~allowed, NEG_INF)
+    blocks = -(-k_len // block_n)
+    padded = F.pad(scores, (0, blocks * block_n - k_len), value=NEG_INF)
+    block_max = padded.view(batch, heads, q_len, blocks, block_n).amax(dim=-1)
+    running = block_max.flip(-1).cummax(dim=-1).values.flip(-1)      # max over blocks j .. last
+    unnormalized = torch.exp(scores - running.repeat_interleave(block_n, dim=-1)[..., :k_len])
+    unnormalized = unnormalized.masked_fill(~allowed, 0.0)             # also where every score is -inf
+    encoded[:, :, :q_len, :k_len] = torch.where(keep, unnormalized, -unnormalized).to(q.dtype)
+    return encoded

@@ -5,7 +5,8 @@ values as FlashAttention 2.8, and its conventions: causal and window_size are bo
 when Sq != Sk, softcap=0.0 is off, ALiBi slopes add -slope * |i + Sk - Sq - j|. What each argument
 maps to, and which features are composed rather than fused, is in docs/attention.md
 ("FlashAttention's API"). Also FlashAttention's module-level USE_TRITON_ROCM and _get_block_size_n.
-Differences a caller can see: the S_dmask of return_attn_probs is None (never materialized), num_splits and deterministic are accepted and ignored (gpuparity's Triton
+return_attn_probs with dropout_p > 0 returns S_dmask in FlashAttention's encoding (testing only, as
+there: a (B, H, Sq, Sk) fp32 pass). Differences a caller can see: num_splits and deterministic are accepted and ignored (gpuparity's Triton
 backward has no atomics; other backends are torch's own), and bad arguments raise FlashAttnArgumentError (a ValueError and a RuntimeError)
 naming the argument.
 """
@@ -137,7 +138,7 @@ def _on_triton(op: str, problem) -> bool:
 
 # ----------------------------------------------------------------------------- dense
 def _alibi_in_kernels(q, k, v, slopes, allowed, is_causal, window, softcap, dropout_p, scale, return_lse,
-                      key_lengths=None):
+                      key_lengths=None, generator=None):
     """(out, lse or None) with ALiBi in the dense Triton kernels, or None where the call runs
     elsewhere (q, k, v (B, H, S, D) views; allowed a bool mask broadcastable to (B, H, Sq, Sk) or
     None; key_lengths (B,): keys past them are padding and each item's diagonal sits at its length,
@@ -147,14 +148,14 @@ def _alibi_in_kernels(q, k, v, slopes, allowed, is_causal, window, softcap, drop
     if not _on_triton("attention", problem):
         return None
     from ..backends.triton_attention import triton_attention
-    seed = _dropout.draw_seed(q.device) if dropout_p else None   # as gpuparity.attention draws it
+    seed = _dropout.draw_seed(q.device, generator) if dropout_p else None   # as gpuparity.attention draws it
     result = triton_attention(q, k, v, attn_mask=allowed, is_causal=is_causal, scale=scale, window=window,
                               softcap=softcap, dropout_p=float(dropout_p), seed=seed, alibi_slopes=slopes,
                               key_lengths=key_lengths, return_lse=return_lse)
     return result if return_lse else (result, None)
 
 
-def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, return_lse):
+def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, return_lse, generator=None):
     """(out (B, Sq, H, D), lse (B, H, Sq) or None) through gpuparity.attention, or with ALiBi on the
     Triton backend through its kernels (no bias tensor)."""
     _check_dense(q, k, v)
@@ -167,7 +168,8 @@ def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alib
     if alibi_slopes is not None:
         slopes = C.check_slopes(alibi_slopes, batch, heads, q.device)
         fused = _alibi_in_kernels(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), slopes, allowed,
-                                  is_causal, window, C.softcap_value(softcap), dropout_p, softmax_scale, return_lse)
+                                  is_causal, window, C.softcap_value(softcap), dropout_p, softmax_scale, return_lse,
+                                  generator=generator)
         if fused is not None:
             out, lse = fused
             return out.transpose(1, 2).contiguous(), (None if lse is None else _fa_lse(lse))
@@ -175,14 +177,36 @@ def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alib
     mask = C.with_bias(allowed, bias)
     result = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, is_causal=is_causal,
                        scale=softmax_scale, window=window, softcap=C.softcap_value(softcap), dropout_p=dropout_p,
-                       backend=_BACKENDS["attention"], return_lse=return_lse)
+                       generator=generator, backend=_BACKENDS["attention"], return_lse=return_lse)
     out, lse = result if return_lse else (result, None)
     return out.transpose(1, 2).contiguous(), (None if lse is None else _fa_lse(lse))
 
 
-def _returned(out, lse, return_attn_probs):
-    # S_dmask (FlashAttention's testing-only probabilities with the dropout pattern): not materialized
-    return (out, lse, None) if return_attn_probs else out
+def _returned(out, lse, return_attn_probs, s_dmask=None):
+    # S_dmask: FlashAttention's testing-only probabilities with the dropout pattern (None without dropout)
+    return (out, lse, s_dmask) if return_attn_probs else out
+
+
+def _seeded(device) -> tuple:
+    """(a generator whose next draw is the call's dropout seed, that seed), the default generator
+    of `device` advanced as the call itself would advance it: S_dmask regenerates the call's mask."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        default = torch.cuda.default_generators[index]
+    else:
+        default = torch.default_generator
+    generator = default.clone_state()
+    return generator, _dropout.draw_seed(device)
+
+
+def _s_dmask(q, k, dropout_p, scale, softcap, allowed, bias, seed, causal):
+    """S_dmask of a dropout call on (B, Sq, H, D) q and k (varlen: padded), its keep mask
+    regenerated from the call's seed (gpuparity.attention_dropout_mask)."""
+    keep = _dropout.attention_dropout_mask(q.shape[0], q.shape[2], q.shape[1], k.shape[1], float(dropout_p), seed,
+                                           q.device)
+    block_n = _get_block_size_n(q.device, q.shape[3], True, causal)
+    return C.dropout_probs_encoding(q, k, allowed, bias, scale, softcap, keep, block_n)
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
@@ -194,10 +218,23 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     alibi_slopes (nheads,) or (batch_size, nheads) fp32: adds -slope * |i + Sk - Sq - j|.
     dropout_p: gpuparity.attention's dropout (its seed from torch's generator). Returns out
     (batch_size, seqlen_q, nheads, headdim); with return_attn_probs (out, softmax_lse
-    (batch_size, nheads, seqlen_q) fp32, None)."""
+    (batch_size, nheads, seqlen_q) fp32, S_dmask): S_dmask None without dropout, else
+    (batch_size, nheads, round128(seqlen_q), round128(seqlen_k)) in FlashAttention's encoding
+    (unnormalized probabilities per key block of _get_block_size_n, negative where dropped)."""
+    with_probs = bool(return_attn_probs) and dropout_p > 0
+    generator, seed = _seeded(q.device) if with_probs else (None, None)
     out, lse = _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                      bool(return_attn_probs))
-    return _returned(out, lse, return_attn_probs)
+                      bool(return_attn_probs), generator)
+    s_dmask = None
+    if with_probs:
+        batch, q_len, heads, _ = q.shape
+        k_len = k.shape[1]
+        full = torch.full((batch,), q_len, device=q.device), torch.full((batch,), k_len, device=q.device)
+        allowed = C.item_allowed(*full, q_len, k_len, *C.window_bounds(window_size, causal))
+        bias = None if alibi_slopes is None else C.alibi_bias(C.check_slopes(alibi_slopes, batch, heads, q.device),
+                                                               q_len, k_len, k_len - q_len)
+        s_dmask = _s_dmask(q, k, dropout_p, softmax_scale, C.softcap_value(softcap), allowed, bias, seed, causal)
+    return _returned(out, lse, return_attn_probs, s_dmask)
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
@@ -224,10 +261,11 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
 
 # ----------------------------------------------------------------------------- varlen
 def _varlen_padded(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, left, right, scale, softcap,
-                   alibi_slopes, dropout_p, want_out, want_lse):
+                   alibi_slopes, dropout_p, want_out, want_lse, want_probs=False, causal=False):
     """The packed sequences padded into one dense batch with a per-item mask (bottom-right window,
     padding, ALiBi as a bias) through gpuparity.attention: the composition that serves ALiBi and
-    dropout in varlen, and the log-sum-exp. Returns (out (total_q, H, D) or None, lse (H, total_q) or None)."""
+    dropout in varlen, and the log-sum-exp. Returns (out (total_q, H, D) or None, lse (H, total_q) or None,
+    S_dmask (B, H, round128(max_seqlen_q), round128(max_seqlen_k)) or None: want_probs, with dropout)."""
     C.check_max_lengths(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     batch, heads = cu_seqlens_q.numel() - 1, q.shape[1]
     rows_q = C.padded_rows(cu_seqlens_q, q.shape[0], max_seqlen_q)
@@ -241,15 +279,20 @@ def _varlen_padded(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     mask = C.with_bias(allowed, bias)
     qp, kp, vp = (C.pad(t, rows, batch, width).transpose(1, 2)
                   for t, rows, width in ((q, rows_q, max_seqlen_q), (k, rows_k, max_seqlen_k), (v, rows_k, max_seqlen_k)))
-    out = lse = None
+    out = lse = s_dmask = None
+    want_probs = want_probs and dropout_p > 0
+    generator, seed = _seeded(q.device) if want_probs else (None, None)
     if want_out:
         out = attention(qp, kp, vp, attn_mask=mask, scale=scale, softcap=softcap, dropout_p=dropout_p,
-                        backend=_BACKENDS["attention"])
+                        generator=generator, backend=_BACKENDS["attention"])
         out = out.transpose(1, 2).reshape(batch * max_seqlen_q, heads, q.shape[2])[rows_q]
+    if want_probs:
+        s_dmask = _s_dmask(qp.transpose(1, 2), kp.transpose(1, 2), dropout_p, scale, softcap, allowed, bias, seed,
+                           causal)
     if want_lse:
         lse = attention_lse(qp, kp, attn_mask=mask, scale=scale, softcap=softcap)
         lse = _fa_lse(lse.permute(1, 0, 2).reshape(heads, batch * max_seqlen_q)[:, rows_q])
-    return out, lse
+    return out, lse, s_dmask
 
 
 def _unpage(k, v, block_table, cu_seqlens_k):
@@ -276,8 +319,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     cu_seqlens[b]:cu_seqlens[b+1]; causal and window bottom-right aligned per sequence. With
     block_table (batch_size, max_num_blocks_per_seq) int32, k and v are a paged pool
     (num_blocks, page_block_size, nheads_k, headdim) and sequence b's keys 0..len_b-1 sit on pages
-    block_table[b] (differentiable: the pool's gradient is zero on pages no sequence reads). Returns out (total_q, nheads, headdim); with return_attn_probs
-    (out, softmax_lse (nheads, total_q) fp32, None)."""
+    block_table[b] (differentiable: the pool's gradient is zero on pages no sequence reads). Returns
+    out (total_q, nheads, headdim); with return_attn_probs (out, softmax_lse (nheads, total_q) fp32,
+    S_dmask): S_dmask as flash_attn_func's, (batch_size, nheads, round128(max_seqlen_q),
+    round128(max_seqlen_k)), sequence b's queries and keys from 0."""
     if block_table is not None:   # the page gather is an index: gradients flow back into the pool's pages
         k, v = _unpage(k, v, block_table, cu_seqlens_k)
     left, right = C.window_bounds(window_size, causal)
@@ -308,13 +353,13 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         out = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=varlen_causal,
                                window=window, softcap=softcap, scale=softmax_scale,
                                backend=_BACKENDS["attention_varlen"])
-    lse = None
+    lse = s_dmask = None
     if composed or return_attn_probs:
-        padded_out, lse = _varlen_padded(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, left,
-                                         right, softmax_scale, softcap, alibi_slopes, dropout_p, composed,
-                                         bool(return_attn_probs))
+        padded_out, lse, s_dmask = _varlen_padded(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                  left, right, softmax_scale, softcap, alibi_slopes, dropout_p,
+                                                  composed, bool(return_attn_probs), bool(return_attn_probs), causal)
         out = padded_out if composed else out
-    return _returned(out, lse, return_attn_probs)
+    return _returned(out, lse, return_attn_probs, s_dmask)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
