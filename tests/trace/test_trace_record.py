@@ -31,10 +31,17 @@ def test_calls_are_in_execution_order_with_repeated_calls_and_structured_outputs
     assert split_meta["origin"] == "output" and split_meta["owner"] == "proj#1"
     inline = recorded.tensor_meta[recorded.calls[1]["input_tensors"][0]]
     assert inline["origin"] == "inline" and inline["owner"] == ROOT
-    # the root's "pair" output passes proj's tensors on unchanged: no second copy is stored
+    # the root's "pair" output passes proj's tensors on unchanged: keyed by the root (its own
+    # output, judged as its step), no second copy is stored
     pair = root["outputs"]["dict"]["pair"]["tuple"]
-    assert pair[0]["tensor"] == "proj:out"
+    assert pair[0]["tensor"] == "(model):out.pair.0"
+    assert recorded.tensor_meta["(model):out.pair.0"]["alias_of"] == "proj:out"
+    assert recorded.stored_key("(model):out.pair.0") == "proj:out"
+    torch.testing.assert_close(recorded.tensor("(model):out.pair.0"), model.proj(x))
     torch.testing.assert_close(recorded.tensor("proj:out"), model.proj(x))
+    from safetensors import safe_open
+    with safe_open(str(tmp_path / "t" / "tensors.safetensors"), framework="pt") as handle:
+        assert "proj:out" in handle.keys() and "(model):out.pair.0" not in handle.keys()
 
 
 def test_gradients_and_own_backward_are_recorded(tmp_path):
@@ -78,7 +85,10 @@ def test_trace_is_json_and_safetensors_only(tmp_path):
     assert meta["schema_version"] == store.SCHEMA_VERSION and meta["platform"]["vendor"] == "cpu"
     assert meta["spec"] == "x.py:factory" and meta["factory_args"] == {"bug": "none"}
     from safetensors.torch import load_file
-    assert len(load_file(str(path / store.TENSOR_FILE))) == len(meta["tensors"])
+    # every tensor stored once: a call's output that is a tensor recorded before is an alias of it
+    stored = {k for k, m in meta["tensors"].items() if "alias_of" not in m}
+    assert set(load_file(str(path / store.TENSOR_FILE))) == stored
+    assert {m["alias_of"] for m in meta["tensors"].values() if "alias_of" in m} <= stored
 
 
 def test_fingerprints_match_across_dtypes_but_not_across_weights():

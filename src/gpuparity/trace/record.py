@@ -6,7 +6,12 @@ fingerprints of weights and inputs. `trace.compare` and `trace.replay` read what
 Naming: a module's trace key is its name in `model.named_modules()` ("(model)" for the model
 itself); a module called again gets "name#1", "name#2", ... Tensor keys say where a tensor was
 first seen ("blocks.0.attn:out", "blocks.0:in.args.0"); a tensor passed on unchanged keeps its
-first key, so the trace knows which module produced each input.
+first key, so the trace knows which module produced each input. A call's output always gets a
+key of its own ("mlp:out"), also when it is a tensor seen before (its last child's output, or its
+own input: meta "alias_of" names the earlier key): whether a module makes a new tensor or returns
+its child's may differ between runs (a module that rescales only in low precision), and each run
+must still hold that call's own output under the same key, so its own step is judged. Calls that
+take such a tensor later see the latest key: the outermost call that returned it.
 """
 from __future__ import annotations
 
@@ -145,8 +150,12 @@ class _Recorder:
 
     def _tensor(self, tensor: torch.Tensor, path: str, origin: Tuple[str, Optional[str]]) -> str:
         seen = self._seen.get(id(tensor))
+        alias = None
         if seen is not None and seen[0] is tensor and seen[1] == tensor._version:
-            return seen[2]
+            if origin[0] != "output" or self.meta[seen[2]]["owner"] == origin[1]:
+                return seen[2]
+            # returned again by an enclosing call (or as its own input): keyed by that call too, one copy stored
+            alias = self.meta[seen[2]].get("alias_of", seen[2])
         key = path
         suffix = 1
         while key in self.meta:
@@ -157,7 +166,12 @@ class _Recorder:
             "origin": origin[0], "owner": origin[1], "seq": self.seq, "requires_grad": bool(tensor.requires_grad),
         }
         self.seq += 1
-        self.tensors[key] = self._stored(tensor.detach(), self.meta[key])
+        if alias is not None:
+            self.meta[key]["alias_of"] = alias
+            if "sampled" in self.meta[alias]:
+                self.meta[key]["sampled"] = self.meta[alias]["sampled"]
+        else:
+            self.tensors[key] = self._stored(tensor.detach(), self.meta[key])
         self.live[key] = tensor
         self.versions[key] = tensor._version
         self._seen[id(tensor)] = (tensor, tensor._version, key)
@@ -196,7 +210,11 @@ class _Recorder:
             if grad is None:
                 continue
             live_grads[key] = grad
-            self._store_grad(f"grad:{key}", grad, of=key)
+            alias = self.meta[key].get("alias_of")
+            if alias is not None and f"grad:{alias}" in self.tensors:   # the same tensor's gradient: one copy
+                self.meta[f"grad:{key}"] = dict(self.meta[f"grad:{alias}"], of=key, alias_of=f"grad:{alias}")
+            else:
+                self._store_grad(f"grad:{key}", grad, of=key)
         self._own_backward(live_grads, notes)
 
     def _own_backward(self, live_grads: Dict[str, torch.Tensor], notes: List[str]) -> None:

@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2    # 2: every call's output keyed by the call; a tensor seen before is an "alias_of" entry
 KIND = "gpuparity-trace"
 META_FILE = "trace.json"
 TENSOR_FILE = "tensors.safetensors"
@@ -208,7 +208,7 @@ def _verify(path: str, meta: Dict[str, Any]) -> str:
     try:
         with safe_open(tensor_path, framework="pt", device="cpu") as handle:
             stored = set(handle.keys())
-            missing = sorted(set(meta["tensors"]) - stored)
+            missing = sorted({m.get("alias_of", k) for k, m in meta["tensors"].items()} - stored)
             if missing:
                 raise TraceCorrupt(f"trace: {tensor_path} lacks {len(missing)} tensor(s) that {META_FILE} lists "
                                    f"(first: {missing[0]!r}): the two files are not of the same recording")
@@ -252,9 +252,15 @@ class Trace:
     def has(self, key: str) -> bool:
         return key in self.meta["tensors"]
 
-    def tensor(self, key: str) -> torch.Tensor:
+    def stored_key(self, key: str) -> str:
+        """The key a tensor's values are stored under: its own, or for a call's output that is a
+        tensor recorded before (its child's), that tensor's ("alias_of")."""
         if key not in self.meta["tensors"]:
             raise KeyError(f"trace {self.path}: no tensor {key!r}")
+        return self.meta["tensors"][key].get("alias_of", key)
+
+    def tensor(self, key: str) -> torch.Tensor:
+        key = self.stored_key(key)
         try:
             if self._handle is None:
                 safe_open, _ = _safetensors()
@@ -286,9 +292,7 @@ class MemoryTrace(Trace):
         self._tensors = tensors
 
     def tensor(self, key: str) -> torch.Tensor:
-        if key not in self._tensors:
-            raise KeyError(f"trace {self.path}: no tensor {key!r}")
-        return self._tensors[key]
+        return self._tensors[self.stored_key(key)]
 
 
 def save(path: str, meta: Dict[str, Any], tensors: Dict[str, torch.Tensor]) -> Trace:
