@@ -9,6 +9,10 @@ computed inside it before its output (its children's outputs), and `floor` is th
 floor of the coarser dtype of the two tensors (fp32 on a GPU with TF32 enabled counts as TF32:
 the float16 floor). Code a container runs between its children (a residual add, a pooling
 written inline) is checked the same way, as the container's "own code".
+Every call's output is its own key in both traces (trace schema 2), also when it is its child's
+tensor, so a module that returns a new tensor in one run and its child's in the other is judged
+on its own step; a call that passes a tensor recorded before on unchanged in both runs computed
+nothing of its own and is never blamed.
 
 Backward: each call's own vector-Jacobian product (gradients for its inputs and parameters,
 recorded from its output gradients, taken together as one relative error) against
