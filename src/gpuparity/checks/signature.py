@@ -68,7 +68,6 @@ def signature_mismatch(fn: Callable, op: str, name: str = "the implementation") 
             errors.setdefault(str(exc), shape)
     if not errors:
         return None
-    own = f"{getattr(fn, '__name__', 'fn')}{signature}"
     lines = [f"{name} cannot be called the way the checks call {op}:",
              f"  needed: {spec.signature}",
              f"  got:    {getattr(fn, '__name__', 'fn')}{signature}"]
