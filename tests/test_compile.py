@@ -88,3 +88,21 @@ def test_compile_check_cli_exit_code_on_a_wrong_answer(tmp_path, capsys):
                      "--json", out]) == 1
     assert "WRONG ANSWER" in capsys.readouterr().out
     assert cli.main(["compile-check", spec, "--device", "cpu", "--backends", "aot_eager"]) == 0
+
+
+def test_known_issue_base_is_consulted(monkeypatch):
+    """The base's own rules name a compile issue the error text and the heuristics do not: on an
+    sm_120 machine (a saved platform report), a fallback that was no wrong answer still lists
+    COMPILE-SM120-BF16, which its rule says may apply there."""
+    import json
+    import os
+    from gpuparity import compile as compile_mod, platform
+    from gpuparity.compile import known_issue_ids
+
+    path = os.path.join(os.path.dirname(__file__), "fixtures", "platforms", "rtx5090x2_cuda.json")
+    with open(path) as handle:
+        report = json.load(handle)
+    monkeypatch.setattr(platform, "current", lambda: report)
+    ids = known_issue_ids("RuntimeError: something else", False, torch.device("cuda", 0))
+    assert "COMPILE-SM120-BF16" in ids
+    assert compile_mod.known_issue_ids("RuntimeError: x", False, torch.device("cpu")) == ids

@@ -155,13 +155,11 @@ def known_issue_ids(reasons: str, wrong: bool, device: torch.device) -> List[str
         ids.append("COMPILE-ROCM-MI3XX")
     if wrong and vendor == "nvidia" and arch in ("sm_120", "sm_121"):
         ids.append("COMPILE-SM120-BF16")
-    try:
-        from .known.evaluate import evaluate
-        for result in evaluate(probes=False, ids=list(COMPILE_ISSUES)):
-            if result.applies and result.id not in ids:
-                ids.append(result.id)
-    except Exception:  # noqa: BLE001 - the known-issue base is optional here
-        pass
+    # the base's own rules on the same platform report (no probes: a fallback must not wait on them)
+    from .known.engine import evaluate
+    for result in evaluate(report, probes=False, ids=list(COMPILE_ISSUES)):
+        if result.applies and result.id not in ids:
+            ids.append(result.id)
     return ids
 
 
