@@ -196,3 +196,23 @@ def test_cross_entropy_loss_under_torch_compile_fullgraph():
         got, _ = losses_and_grad(compiled, logits.to(DEVICE), grad.to(DEVICE))
     torch.testing.assert_close(got[0], eager[0])
     torch.testing.assert_close(got[1], eager[1])
+
+
+def test_cross_entropy_module_under_torch_compile_fullgraph():
+    """CrossEntropyLoss (mean over the rows not ignored, z-loss returned) compiled (aot_eager)."""
+    torch._dynamo.reset()
+    logits, labels, _ = inputs(4, 9, ignored=(2,), seed=7)
+    module = CrossEntropyLoss(logit_scale=0.5, lse_square_scale=1e-2, return_z_loss=True)
+
+    def step(t):
+        loss, z_loss = module(t, labels.to(DEVICE))
+        return loss + 0 * z_loss
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    with flash_attn.backends(cross_entropy="composition"):
+        eager = [logits.clone().to(DEVICE).requires_grad_() for _ in range(2)]
+        want, got = step(eager[0]), compiled(eager[1])
+        want.backward()
+        got.backward()
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(eager[1].grad, eager[0].grad)

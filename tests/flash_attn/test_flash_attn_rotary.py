@@ -285,3 +285,22 @@ def test_apply_rotary_emb_under_torch_compile_fullgraph():
     torch.testing.assert_close(got[0], eager[0])
     torch.testing.assert_close(got[1], eager[1])
     assert math.isfinite(float(got[0].sum()))
+
+
+def test_rotary_embedding_in_place_under_torch_compile_fullgraph():
+    """RotaryEmbedding (apply_rotary_emb_qkv_ in place, XPos) compiled (aot_eager), forward and
+    the gradient of the projected qkv, equal to eager."""
+    torch._dynamo.reset()
+    x = torch.randn(2, 3, 3, 2, 8, device=DEVICE)
+    rotary = RotaryEmbedding(6, scale_base=32, device=DEVICE)
+
+    def step(t):
+        return rotary(t * 2.0, seqlen_offset=2)
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    with flash_attn.backends(rotary="composition"):
+        eager = run(step, x, torch.ones_like(x))
+        got = run(compiled, x, torch.ones_like(x))
+    torch.testing.assert_close(got[0], eager[0])
+    torch.testing.assert_close(got[1], eager[1])
+    assert not torch.equal(got[0], x * 2.0)

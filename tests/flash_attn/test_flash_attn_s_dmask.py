@@ -54,7 +54,7 @@ def decode(s_dmask, scores, ok, block_n):
 def test_dense_s_dmask_decodes_to_the_softmax_and_the_kernels_dropout_mask(flags):
     gen = torch.Generator().manual_seed(0)
     batch, q_len, k_len, heads, kv_heads, head_dim, p = 2, 4, 70, 2, 1, 64, 0.3
-    q = torch.randn(batch, q_len, heads, head_dim, generator=gen).to(DEVICE)
+    q = torch.randn(batch, q_len, heads, head_dim, generator=gen).to(DEVICE).requires_grad_()
     k, v = (torch.randn(batch, k_len, kv_heads, head_dim, generator=gen).to(DEVICE) for _ in range(2))
     slopes = torch.tensor([0.3, 0.05], device=DEVICE) if flags.get("alibi") else None
     window = tuple(flags.get("window_size", (-1, -1)))
@@ -66,9 +66,10 @@ def test_dense_s_dmask_decodes_to_the_softmax_and_the_kernels_dropout_mask(flags
         out, lse, s_dmask = flash_attn.flash_attn_func(q, k, v, dropout_p=p, causal=flags.get("causal", False),
                                                        window_size=window, alibi_slopes=slopes,
                                                        return_attn_probs=True)
-    assert s_dmask.shape == (batch, heads, 128, 128) and s_dmask.dtype == q.dtype
+    assert s_dmask.shape == (batch, heads, 128, 128) and s_dmask.dtype == q.dtype and not s_dmask.requires_grad
     block_n = _get_block_size_n(DEVICE, head_dim, True, flags.get("causal", False))
     assert block_n < k_len   # several key blocks: the running max matters
+    q = q.detach()
     scores, ok = scores_of(q, k, causal=flags.get("causal", False), window=window, alibi=slopes)
     probs, kept = decode(s_dmask, scores, ok, block_n)
     torch.testing.assert_close(probs, torch.softmax(scores, dim=-1).nan_to_num(0.0), rtol=1e-4, atol=1e-6)

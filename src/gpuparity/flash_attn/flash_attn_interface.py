@@ -6,9 +6,9 @@ when Sq != Sk, softcap=0.0 is off, ALiBi slopes add -slope * |i + Sk - Sq - j|. 
 maps to, and which features are composed rather than fused, is in docs/attention.md
 ("FlashAttention's API"). Also FlashAttention's module-level USE_TRITON_ROCM and _get_block_size_n.
 return_attn_probs with dropout_p > 0 returns S_dmask in FlashAttention's encoding (testing only, as
-there: a (B, H, Sq, Sk) fp32 pass). Differences a caller can see: num_splits and deterministic are accepted and ignored (gpuparity's Triton
-backward has no atomics; other backends are torch's own), and bad arguments raise FlashAttnArgumentError (a ValueError and a RuntimeError)
-naming the argument.
+there: a (B, H, Sq, Sk) fp32 pass). Differences a caller can see: num_splits and deterministic are
+accepted and ignored (gpuparity's Triton backward has no atomics; other backends are torch's own),
+and bad arguments raise FlashAttnArgumentError (a ValueError and a RuntimeError) naming the argument.
 """
 from __future__ import annotations
 
@@ -206,7 +206,8 @@ def _s_dmask(q, k, dropout_p, scale, softcap, allowed, bias, seed, causal):
     keep = _dropout.attention_dropout_mask(q.shape[0], q.shape[2], q.shape[1], k.shape[1], float(dropout_p), seed,
                                            q.device)
     block_n = _get_block_size_n(q.device, q.shape[3], True, causal)
-    return C.dropout_probs_encoding(q, k, allowed, bias, scale, softcap, keep, block_n)
+    with torch.no_grad():   # FlashAttention's S_dmask carries no gradient
+        return C.dropout_probs_encoding(q, k, allowed, bias, scale, softcap, keep, block_n)
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,

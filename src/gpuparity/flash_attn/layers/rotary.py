@@ -130,7 +130,9 @@ def _qk_views(qkv: Tensor, num_heads_q: Optional[int]) -> Tuple[Tensor, Tensor, 
 
 
 def _rotate_qkv_in_place(qkv, cos, sin, cos_k, sin_k, interleaved, seqlen_offsets, num_heads_q, conjugate) -> None:
-    q, k, joined = _qk_views(qkv, num_heads_q)
+    # views of a detached alias: autograd refuses views made under no_grad of a base that requires
+    # grad once another view of it was written (the Function's own backward accounts for the write)
+    q, k, joined = _qk_views(qkv.detach(), num_heads_q)
     rotate = dict(seqlen_offsets=seqlen_offsets, interleaved=interleaved, inplace=True, conjugate=conjugate)
     if cos_k is None and sin_k is None and joined is not None:
         apply_rotary(joined, cos, sin, **rotate)   # q and k in one call
@@ -182,7 +184,8 @@ class ApplyRotaryEmbKV_(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, kv, cos, sin, interleaved=False, seqlen_offsets=0):
-        apply_rotary(_key_view(kv), cos, sin, seqlen_offsets=seqlen_offsets, interleaved=interleaved, inplace=True)
+        apply_rotary(_key_view(kv.detach()), cos, sin, seqlen_offsets=seqlen_offsets, interleaved=interleaved,
+                     inplace=True)
         _save_offsets(ctx, seqlen_offsets, cos, sin)
         ctx.interleaved = interleaved
         return kv
@@ -231,7 +234,7 @@ class RotaryEmbedding(torch.nn.Module):
     def _update_cos_sin_cache(self, seqlen: int, device=None, dtype=None) -> None:
         cached = self._cos_cached
         if not (seqlen > self._seq_len_cached or cached is None or cached.device != device or cached.dtype != dtype
-                or (self.training and cached.is_inference())):
+                or (self.training and not torch.compiler.is_compiling() and cached.is_inference())):
             return
         self._seq_len_cached = seqlen
         # angles in fp32 whatever the model's dtype: position * inv_freq loses digits in bf16
