@@ -267,40 +267,31 @@ def test_rotary_errors_are_flash_attention_shaped():
         RotaryEmbedding(7)
 
 
-def test_apply_rotary_emb_under_torch_compile_fullgraph():
-    """One tiny compiled call (backend aot_eager: inductor's CPU compile is too slow for the suite),
-    forward and backward, equal to eager."""
+def compiled_like_eager(step, x):
+    """(out, dx) of step compiled with fullgraph=True (backend aot_eager: inductor's CPU compile is
+    too slow for the suite), checked equal to eager."""
     torch._dynamo.reset()
-    x = torch.randn(2, 3, 2, 8, device=DEVICE)
-    cos, sin = (t.float().to(DEVICE) for t in tables(6, 6))
-    offsets = torch.tensor([0, 2], device=DEVICE)
-
-    def step(t):
-        return apply_rotary_emb(t, cos, sin, interleaved=True, seqlen_offsets=offsets)
-
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
     with flash_attn.backends(rotary="composition"):
         eager = run(step, x, torch.ones_like(x))
         got = run(compiled, x, torch.ones_like(x))
     torch.testing.assert_close(got[0], eager[0])
     torch.testing.assert_close(got[1], eager[1])
+    return got
+
+
+def test_apply_rotary_emb_under_torch_compile_fullgraph():
+    cos, sin = (t.float().to(DEVICE) for t in tables(6, 6))
+    offsets = torch.tensor([0, 2], device=DEVICE)
+    got = compiled_like_eager(lambda t: apply_rotary_emb(t, cos, sin, interleaved=True, seqlen_offsets=offsets),
+                              torch.randn(2, 3, 2, 8, device=DEVICE))
     assert math.isfinite(float(got[0].sum()))
 
 
 def test_rotary_embedding_in_place_under_torch_compile_fullgraph():
-    """RotaryEmbedding (apply_rotary_emb_qkv_ in place, XPos) compiled (aot_eager), forward and
-    the gradient of the projected qkv, equal to eager."""
-    torch._dynamo.reset()
+    """RotaryEmbedding (apply_rotary_emb_qkv_ in place on a non-leaf, XPos): forward and the
+    gradient of the projected qkv."""
     x = torch.randn(2, 3, 3, 2, 8, device=DEVICE)
     rotary = RotaryEmbedding(6, scale_base=32, device=DEVICE)
-
-    def step(t):
-        return rotary(t * 2.0, seqlen_offset=2)
-
-    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
-    with flash_attn.backends(rotary="composition"):
-        eager = run(step, x, torch.ones_like(x))
-        got = run(compiled, x, torch.ones_like(x))
-    torch.testing.assert_close(got[0], eager[0])
-    torch.testing.assert_close(got[1], eager[1])
+    got = compiled_like_eager(lambda t: rotary(t * 2.0, seqlen_offset=2), x)
     assert not torch.equal(got[0], x * 2.0)
