@@ -16,10 +16,12 @@ from gpuparity.checks.battery import run_battery
 from gpuparity.checks.results import Status
 from gpuparity.contracts import get_spec
 from gpuparity.contracts.residual_norm import reference_residual_norm
+from gpuparity import dispatch
 from gpuparity.dispatch import get as get_backend
 from gpuparity.tolerance import judge
 
-from device_env import TEST_DEVICE
+from device_env import ON_GPU, TEST_DEVICE
+from test_first_call import checks_run, empty_cache  # noqa: F401 - fixtures: an empty verdict store, the checks run
 
 DEVICE = torch.device(TEST_DEVICE)
 OP = "residual_norm"
@@ -87,7 +89,7 @@ def test_battery_default_cases_pass(case, dtype):
 def test_regime_families_pass_on_triton():
     """Every member of every regime family (tile boundaries, rows, residual modes, values, layouts)."""
     members = list(families.pool(get_spec(OP)).values())
-    battery = run_battery([OP], "default", "cpu", dtypes=["bfloat16"], backends=["triton"], isolate=False,
+    battery = run_battery([OP], "default", str(DEVICE), dtypes=["bfloat16"], backends=["triton"], isolate=False,
                           case_lists={OP: members})
     assert len(battery.results) == len(members) >= 50
     bad = [(r.case, r.reason) for r in battery.results if r.status != Status.PASS]
@@ -100,13 +102,14 @@ def test_planted_dropped_residual_is_caught_by_the_battery():
     spec = get_spec(OP)
     cases = [c for c in spec.cases() if c.level == "quick"] + [
         case for name, case in families.pool(spec).items() if name.startswith("sizes.hidden_6")]
-    battery = run_battery([OP], "default", "cpu", dtypes=["float32"], isolate=False, case_lists={OP: cases},
+    battery = run_battery([OP], "default", str(DEVICE), dtypes=["float32"], isolate=False, case_lists={OP: cases},
                           impl=f"{PLANTED}:residual_dropped_at_64k_plus_1")
     by_case = {r.case: r for r in battery.results}
     assert set(by_case) == {c.name for c in cases}
     for case in cases:
         hit = case.params["shape"][-1] % 64 == 1 and case.params["residual"]
-        assert by_case[case.name].status == (Status.FAIL if hit else Status.PASS), (case.name, by_case[case.name].reason)
+        result = by_case[case.name]
+        assert result.status == (Status.FAIL if hit else Status.PASS), (case.name, result.reason)
     assert {"hidden_1_rms", "sizes.hidden_65_rms", "sizes.hidden_65_layer"} <= {
         name for name, r in by_case.items() if r.status == Status.FAIL}
     failing = {c.name for c in by_case["sizes.hidden_65_layer"].comparisons if not c.passed}
@@ -173,8 +176,8 @@ def test_no_residual_and_eps_defaults():
     """residual=None: new_residual is x (a new tensor from the kernel); eps=None is
     gpuparity.rms_norm's / gpuparity.layer_norm's default."""
     x, _, weight, bias = _inputs(shape=(4, 33))
-    for norm, plain in (("rms", lambda: gpuparity.rms_norm(x, (33,), weight) + bias),
-                        ("layer", lambda: gpuparity.layer_norm(x, (33,), weight, bias))):
+    for norm, plain in (("rms", lambda: gpuparity.rms_norm(x, (33,), weight, backend="torch") + bias),
+                        ("layer", lambda: gpuparity.layer_norm(x, (33,), weight, bias, backend="torch"))):
         out, new_residual = gpuparity.residual_norm(x, None, weight, bias, norm=norm, backend="triton")
         assert new_residual.data_ptr() != x.data_ptr()
         torch.testing.assert_close(new_residual, x.detach())
@@ -241,21 +244,22 @@ def test_rows_wider_than_the_kernel_go_to_the_composition():
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda x, r, w: gpuparity.residual_norm(x, r[:, :3], w), r"residual: expected the shape of x \(4, 8\)"),
-    (lambda x, r, w: gpuparity.residual_norm(x, r.double(), w), r"residual: expected the dtype of x \(float32\) or float32"),
-    (lambda x, r, w: gpuparity.residual_norm(x, r, w[:3]), r"weight: expected shape \(8,\)"),
-    (lambda x, r, w: gpuparity.residual_norm(x, r, None), r"weight: expected a torch.Tensor, got NoneType"),
-    (lambda x, r, w: gpuparity.residual_norm(x, r, w, w[:2]), r"bias: expected shape \(8,\)"),
-    (lambda x, r, w: gpuparity.residual_norm(x, r, w, norm="batch"), r"norm: expected one of \('rms', 'layer'\), got str 'batch'"),
-    (lambda x, r, w: gpuparity.residual_norm(x, r, w, eps=-1.0), r"eps: expected a float >= 0 or None, got float -1.0"),
-    (lambda x, r, w: gpuparity.residual_norm(x, r, w, residual_in_fp32=1), r"residual_in_fp32: expected a bool, got int 1"),
-    (lambda x, r, w: gpuparity.residual_norm(x.long(), r, w), r"x: expected dtype in"),
-    (lambda x, r, w: gpuparity.residual_norm(x[0, 0], None, w), r"x: expected at least 1 dimension"),
+    (lambda x, r, w: (x, r[:, :3], w), r"residual: expected the shape of x \(4, 8\)"),
+    (lambda x, r, w: (x, r.double(), w), r"residual: expected the dtype of x \(float32\) or float32"),
+    (lambda x, r, w: (x, r, w[:3]), r"weight: expected shape \(8,\)"),
+    (lambda x, r, w: (x, r, None), r"weight: expected a torch.Tensor, got NoneType"),
+    (lambda x, r, w: (x, r, w, w[:2]), r"bias: expected shape \(8,\)"),
+    (lambda x, r, w: (x, r, w, None, {"norm": "batch"}), r"norm: expected one of \('rms', 'layer'\), got str 'batch'"),
+    (lambda x, r, w: (x, r, w, None, {"eps": -1.0}), r"eps: expected a float >= 0 or None, got float -1.0"),
+    (lambda x, r, w: (x, r, w, None, {"residual_in_fp32": 1}), r"residual_in_fp32: expected a bool, got int 1"),
+    (lambda x, r, w: (x.long(), r, w), r"x: expected dtype in"),
+    (lambda x, r, w: (x[0, 0], None, w), r"x: expected at least 1 dimension"),
 ])
 def test_arguments_are_checked(call, match):
-    x, r, w = torch.randn(4, 8), torch.randn(4, 8), torch.randn(8)
+    args = call(torch.randn(4, 8), torch.randn(4, 8), torch.randn(8))
+    kwargs = args[-1] if isinstance(args[-1], dict) else {}
     with pytest.raises((TypeError, ValueError), match=match):
-        call(x, r, w)
+        gpuparity.residual_norm(*(args[:-1] if kwargs else args), **kwargs)
 
 
 @pytest.mark.parametrize("backend", ["composition", "triton"])
@@ -266,8 +270,9 @@ def test_opcheck(backend, norm):
     torch.library.opcheck(torch.ops.gpuparity.residual_norm, (x, None, weight, None, 1e-5, norm, True, backend))
 
 
+@pytest.mark.parametrize("compiler", ["aot_eager"] + (["inductor"] if ON_GPU else []))
 @pytest.mark.parametrize("backend", ["triton", "composition"])
-def test_compiled_fullgraph_matches_eager(backend):
+def test_compiled_fullgraph_matches_eager(backend, compiler):
     x, residual, weight, bias = _inputs(shape=(4, 24))
 
     def step(x, residual, weight, bias):
@@ -277,10 +282,44 @@ def test_compiled_fullgraph_matches_eager(backend):
 
     results = []
     torch._dynamo.reset()
-    for run in (step, torch.compile(step, fullgraph=True, backend="aot_eager")):
+    for run in (step, torch.compile(step, fullgraph=True, backend=compiler)):
         loss = run(x, residual, weight, bias)
         results.append((loss.detach(), *torch.autograd.grad(loss, (x, residual, weight, bias))))
     for eager, compiled in zip(*results):
         torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
     torch._dynamo.reset()
     assert torch._dynamo.explain(step)(x, residual, weight, bias).graph_break_count == 0
+
+
+def test_shared_gradient_of_x_and_residual_lands_in_separate_grads():
+    """The eager backward hands one tensor to x and residual (same dtype: one write fewer);
+    autograd still gives each leaf its own .grad."""
+    x, residual, weight, _ = _inputs(shape=(4, 16), bias=False)
+    out, new_residual = gpuparity.residual_norm(x, residual, weight, backend="triton")
+    (out.sum() + 2 * new_residual.sum()).backward()
+    torch.testing.assert_close(x.grad, residual.grad)
+    before = residual.grad.clone()
+    x.grad.add_(1.0)
+    torch.testing.assert_close(residual.grad, before)
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["kernel", "planted_wrong_kernel"])
+def test_auto_verifies_triton_on_the_calls_kind_before_using_it(empty_cache, checks_run, monkeypatch, wrong):
+    """backend="auto" goes through verified selection: with triton first in the prior, a first
+    call checks it on the quick cases of its norm kind; a kernel that fails them (the planted
+    dropped residual) gives way to the composition."""
+    import residual_norm_planted
+    from gpuparity.checks import priors, selection
+    from gpuparity.contracts.residual_norm import residual_norm_problem
+    from gpuparity.ops import select
+    monkeypatch.setitem(priors.PRIORS[priors.family(DEVICE)], OP, ["triton", "composition"])
+    if wrong:
+        monkeypatch.setattr(dispatch.get(OP, "triton"), "fn", residual_norm_planted.residual_dropped_at_64k_plus_1)
+    x, residual, weight, _ = _inputs(shape=(4, 64), bias=False)
+    gpuparity.residual_norm(x, residual, weight, norm="layer")
+    problem = residual_norm_problem(x, residual, weight, None, "layer", False)
+    names = selection.first_call_cases(OP, "layer")
+    listed = {case.name: case for case in get_spec(OP).cases()}
+    assert names and all(listed[name].params["norm"] == "layer" for name in names)
+    assert {t.case for t in checks_run if t.backend == "triton"} == set(names)
+    assert select.resolve(problem).name == ("composition" if wrong else "triton")

@@ -35,6 +35,7 @@ KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_N = 16384          # the widest row one program holds in registers
 TILE_ELEMS = 4096      # elements per program tile (rows x block_n), forward and backward
 ELEMS_PER_THREAD = 16
+BWD_PROGRAMS_PER_SM = 2   # persistent backward programs per SM / CU
 
 
 def tile(n: int, fam: Optional[str] = None) -> Tuple[int, int, int]:
@@ -92,6 +93,21 @@ if triton is not None:
         tl.store(Y + out_offsets, y.to(Y.dtype.element_ty), mask=mask)
 
     @triton.jit
+    def _bwd_tile_loads(S, DY, DRES_IN, rows, end_row, cols, col_ok, N, dy_inner, dy_outer_stride, dy_inner_stride,
+                        g_inner, g_outer_stride, g_inner_stride, HAS_DRES_IN: tl.constexpr,
+                        TWO_LEVEL_DY: tl.constexpr, TWO_LEVEL_G: tl.constexpr):
+        """One row tile's s, dy and grad_new_residual, as stored (rows from end_row on read nothing)."""
+        mask = (rows < end_row)[:, None] & col_ok[None, :]
+        s = tl.load(S + rows[:, None] * N + cols[None, :], mask=mask, other=0.0)
+        dy_start = _row_offsets(rows, dy_inner, dy_outer_stride, dy_inner_stride, TWO_LEVEL_DY)
+        dy = tl.load(DY + dy_start[:, None] + cols[None, :], mask=mask, other=0.0)
+        gres = dy   # a placeholder without grad_new_residual, never read
+        if HAS_DRES_IN:
+            g_start = _row_offsets(rows, g_inner, g_outer_stride, g_inner_stride, TWO_LEVEL_G)
+            gres = tl.load(DRES_IN + g_start[:, None] + cols[None, :], mask=mask, other=0.0)
+        return s, dy, gres
+
+    @triton.jit
     def _residual_norm_bwd_kernel(
         S, DY, DRES_IN, W, STATS, DX, DRES, PARTIAL,
         n_rows, dy_inner, dy_outer_stride, dy_inner_stride, g_inner, g_outer_stride, g_inner_stride,
@@ -101,7 +117,9 @@ if triton is not None:
     ):
         """A persistent program walks `tiles_per_program` row tiles: ds = d norm(s) / ds . dy
         (+ grad_new_residual), written as dx (DX's dtype) and, STORE_DRES, as the residual's
-        gradient (DRES's dtype); dweight / dbias summed in registers into one partial row each."""
+        gradient (DRES's dtype); dweight / dbias summed in registers into one partial row each.
+        (Loading the next tile before working on this one, as triton_norms' backward does, gave
+        no gain measurable above the noise on an H100: not done.)"""
         pid = tl.program_id(0)
         cols = tl.arange(0, BLOCK_N)
         col_ok = cols < N
@@ -109,14 +127,16 @@ if triton is not None:
         dw_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
         db_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
         first_tile = pid.to(tl.int64) * tiles_per_program
+        end_row = tl.minimum((first_tile + tiles_per_program) * ROWS, n_rows)
         for step in range(0, tiles_per_program):
             rows = (first_tile + step) * ROWS + tl.arange(0, ROWS)
-            row_ok = rows < n_rows
+            row_ok = rows < end_row
             mask = row_ok[:, None] & col_ok[None, :]
-            offsets = rows[:, None] * N + cols[None, :]
-            s = tl.load(S + offsets, mask=mask, other=0.0).to(tl.float32)
-            dy_start = _row_offsets(rows, dy_inner, dy_outer_stride, dy_inner_stride, TWO_LEVEL_DY)
-            dy = tl.load(DY + dy_start[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            s, dy, gres = _bwd_tile_loads(S, DY, DRES_IN, rows, end_row, cols, col_ok, N, dy_inner, dy_outer_stride,
+                                          dy_inner_stride, g_inner, g_outer_stride, g_inner_stride, HAS_DRES_IN,
+                                          TWO_LEVEL_DY, TWO_LEVEL_G)
+            s = s.to(tl.float32)
+            dy = dy.to(tl.float32)
             rstd = tl.load(STATS + rows, mask=row_ok, other=0.0)
             g = dy * w[None, :]
             if IS_RMS:
@@ -125,14 +145,14 @@ if triton is not None:
                 ds = (g - xhat * c1[:, None]) * rstd[:, None]
             else:
                 mean = tl.load(STATS + n_rows + rows, mask=row_ok, other=0.0)
-                shift = tl.load(S + rows * N, mask=row_ok, other=0.0).to(tl.float32)
+                shift = tl.sum(tl.where(cols[None, :] == 0, s, 0.0), axis=1)   # the row's first element
                 xhat = tl.where(mask, ((s - shift[:, None]) - mean[:, None]) * rstd[:, None], 0.0)
                 c1 = tl.sum(xhat * g, axis=1) / N
                 c2 = tl.sum(g, axis=1) / N
                 ds = (g - c2[:, None] - xhat * c1[:, None]) * rstd[:, None]
             if HAS_DRES_IN:
-                g_start = _row_offsets(rows, g_inner, g_outer_stride, g_inner_stride, TWO_LEVEL_G)
-                ds += tl.load(DRES_IN + g_start[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+                ds += gres.to(tl.float32)
+            offsets = rows[:, None] * N + cols[None, :]
             tl.store(DX + offsets, ds.to(DX.dtype.element_ty), mask=mask)
             if STORE_DRES:
                 tl.store(DRES + offsets, ds.to(DRES.dtype.element_ty), mask=mask)
@@ -181,27 +201,31 @@ def residual_norm_forward(x: torch.Tensor, residual: Optional[torch.Tensor], wei
 
 def residual_norm_backward(grad_out: Optional[torch.Tensor], grad_new_residual: Optional[torch.Tensor],
                            new_residual: torch.Tensor, weight: torch.Tensor, stats: torch.Tensor, is_rms: bool,
-                           x_dtype: torch.dtype, residual_dtype: Optional[torch.dtype], has_bias: bool):
+                           x_dtype: torch.dtype, residual_dtype: Optional[torch.dtype], has_bias: bool,
+                           alias: bool = False):
     """(dx in x_dtype, dresidual in residual_dtype or None when there was no residual, dweight
-    in weight's dtype, dbias in weight's dtype or None). A missing grad_out counts as zeros."""
+    in weight's dtype, dbias in weight's dtype or None). A missing grad_out counts as zeros.
+    alias: where residual_dtype is x_dtype, dresidual is dx itself (one write fewer; autograd
+    takes one tensor as two inputs' gradients, as for a + b; a custom op's outputs may not)."""
     n = new_residual.shape[-1]
     n_rows = new_residual.numel() // n if n else 0
     shape, device = new_residual.shape, new_residual.device
     if grad_out is None:
         grad_out = torch.zeros(shape, dtype=x_dtype, device=device)
     dx = torch.empty(shape, dtype=x_dtype, device=device)
-    dres = None if residual_dtype is None else torch.empty(shape, dtype=residual_dtype, device=device)
+    shared = alias and residual_dtype == x_dtype
+    dres = None if residual_dtype is None or shared else torch.empty(shape, dtype=residual_dtype, device=device)
     dw = torch.empty(weight.shape, dtype=weight.dtype, device=device)
     db = torch.empty(weight.shape, dtype=weight.dtype, device=device) if has_bias else None
     if n_rows == 0 or n == 0:
         for grad in (dw, db):
             if grad is not None:
                 grad.zero_()
-        return dx, dres, dw, db
+        return dx, (dx if shared else dres), dw, db
     ldy, lg = _two_layouts(grad_out, grad_new_residual, n)
     block, rows, warps = tile(n)
     n_tiles = cdiv(n_rows, rows)
-    programs = min(n_tiles, _program_count(device))
+    programs = min(n_tiles, _program_count(device, BWD_PROGRAMS_PER_SM))
     tiles_per_program = cdiv(n_tiles, programs)
     programs = cdiv(n_tiles, tiles_per_program)
     partial, db_offset = _partials(programs, n, True, has_bias, device)
@@ -214,7 +238,7 @@ def residual_norm_backward(grad_out: Optional[torch.Tensor], grad_new_residual: 
     launch(_partial_sum_kernel, (cdiv(n, SUM_BLOCK_N),), (partial, dw, partial if db is None else db, programs, n,
                                                           db_offset),
            HAS_WEIGHT=True, HAS_BIAS=has_bias, BLOCK_P=SUM_BLOCK_P, BLOCK_N=SUM_BLOCK_N, num_warps=4)
-    return dx, dres, dw, db
+    return dx, (dx if shared else dres), dw, db
 
 
 # ----------------------------------------------------------------------------- autograd
@@ -244,7 +268,7 @@ class _ResidualNormApply(torch.autograd.Function):
         new_residual, weight, stats = ctx.saved_tensors
         is_rms, x_dtype, residual_dtype, has_bias, bias_dtype = ctx.meta
         dx, dres, dw, db = residual_norm_backward(grad_out, grad_new_residual, new_residual, weight, stats, is_rms,
-                                                  x_dtype, residual_dtype, has_bias)
+                                                  x_dtype, residual_dtype, has_bias, alias=True)
         if db is not None and db.dtype != bias_dtype:
             db = db.to(bias_dtype)
         needs = ctx.needs_input_grad

@@ -42,7 +42,7 @@ PRIORS: Dict[str, Dict[str, Order]] = {
         "layer_norm": {"default": ["torch", "triton", "compile"], "large": ["triton", "torch", "compile"]},
         "rms_norm": {"default": ["torch", "triton", "compile"], "large": ["triton", "torch", "compile"]},
         "swiglu": {"default": ["torch", "triton"], "large": ["triton", "torch"]},
-        "residual_norm": ["triton"],   # not yet timed: its only kernel backend (the composition after it)
+        "residual_norm": ["triton"],   # 3-7x the composition on an H100: docs/kernels-norms-rope.md
         "linear_cross_entropy": ["triton"],
         "rotary": ["triton", "compile"],
         "softmax": ["torch"],
