@@ -1,12 +1,12 @@
 """The backend registry: what a call needs (`Problem`), what a backend declares it can serve
-(`Backend`, with its reasons in words when it cannot), and the table every backend module
-registers itself in. A base piece: backends/, the op contracts, dispatch and checks/ take it
+(`Backend`, with its reasons in words when it cannot), the table every backend module
+registers itself in, and the key a stored verdict speaks for (`VerdictKey`). A base piece: backends/, the op contracts, dispatch and checks/ take it
 from here, and it imports nothing of gpuparity's."""
 from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -87,6 +87,30 @@ class Backend:
         if not reasons and self.supports is not None:
             reasons.extend(self.supports(problem))
         return reasons
+
+
+class VerdictKey(NamedTuple):
+    """What one stored verdict speaks for: an op's backend at a dtype and a call kind. The
+    verdict store (checks/verdicts.py, which adds `of`: the dtype as the store names it) keeps it
+    as the string `encode()` writes, "op|backend|dtype|kind"; every reader (the store, the
+    known-issue remedies of known/avoid.py) parses it back with `decode`. Here, in the base, so
+    that those readers need not import each other."""
+    op: str
+    backend: str
+    dtype: str
+    kind: str
+
+    SEPARATOR = "|"
+
+    def encode(self) -> str:
+        return self.SEPARATOR.join(self)
+
+    @classmethod
+    def decode(cls, key: str) -> "VerdictKey":
+        parts = key.split(cls.SEPARATOR) if isinstance(key, str) else []
+        if len(parts) != 4 or not all(parts):
+            raise ValueError(f"verdict key: got {key!r}, need 'op|backend|dtype|kind' (four non-empty parts)")
+        return cls(*parts)
 
 
 class BackendUnavailable(RuntimeError):

@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 import os
 import threading
-from typing import Any, Dict, NamedTuple, Optional
+from typing import Any, Dict, Optional
 
 import torch
 
 from .. import dispatch, platform
+from .. import registry
 from ..registry import Backend, Problem
 from ..cachedir import cache_dir, unwritable, warn_once
 from .. import caches
@@ -42,26 +43,10 @@ def verdict_dtype(op: str, dtype: torch.dtype, device: torch.device) -> str:
     return name
 
 
-class VerdictKey(NamedTuple):
-    """What one stored verdict speaks for: an op's backend at a dtype (as `verdict_dtype` names
-    it) and a call kind. The store's JSON keeps it as the string `encode()` writes,
-    "op|backend|dtype|kind"; every reader parses it back with `decode`."""
-    op: str
-    backend: str
-    dtype: str
-    kind: str
-
-    SEPARATOR = "|"
-
-    def encode(self) -> str:
-        return self.SEPARATOR.join(self)
-
-    @classmethod
-    def decode(cls, key: str) -> "VerdictKey":
-        parts = key.split(cls.SEPARATOR) if isinstance(key, str) else []
-        if len(parts) != 4 or not all(parts):
-            raise ValueError(f"verdict key: got {key!r}, need 'op|backend|dtype|kind' (four non-empty parts)")
-        return cls(*parts)
+class VerdictKey(registry.VerdictKey):
+    """The store's key (registry.VerdictKey: "op|backend|dtype|kind", `encode`, `decode`), and
+    the key of a call's verdict as the store names its dtype (`of`)."""
+    __slots__ = ()
 
     @classmethod
     def of(cls, problem: Problem, backend: str) -> "VerdictKey":

@@ -24,7 +24,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from ..checks.verdicts import VerdictKey
+from ..registry import VerdictKey
 from .engine import CONFIRMED, evaluate, load_issues
 
 REGIME_WORDS = {"attn_mask": ("with an attn_mask", "without an attn_mask"),
