@@ -144,3 +144,12 @@ REGIME_BUGS = {
     "attention_noncontiguous_v": "layouts",
     "attention_finfo_min_mask_overflow": "masks",
 }
+
+
+def attention_gqa_strided_v(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None):
+    """Two ordinary conditions at once: with GQA (H != Hkv), a non-contiguous V is read as if it
+    were contiguous (the GQA path's pointer arithmetic ignores V's strides). Right with GQA alone
+    and with a strided V alone: only the covering array's pairs meet both."""
+    if q.shape[1] != k.shape[1] and not v.is_contiguous():
+        v = v.as_strided(v.shape, torch.empty(v.shape).stride(), v.storage_offset())
+    return _correct(q, k, v, attn_mask, key_padding_mask, is_causal, scale)

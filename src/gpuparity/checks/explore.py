@@ -49,7 +49,7 @@ def explore(seconds: float, ops: Optional[Sequence[str]], device, dtypes=None, b
     seen: Dict[str, set] = {op: set() for op in ops}
     draws: Dict[Tuple[str, str], int] = {}
     said: set = set()   # (check, reason) of the SKIPs already reported: not reported twice
-    families = {(op, f.name): f for op in ops for f in get_spec(op).families()}
+    families = {(op, f.name): f for op in ops for f in fam.all_families(get_spec(op), level)}
 
     def learn(result: CheckResult) -> None:
         if result.status == Status.SKIP and result.reason.startswith(NOT_RUN_HERE):

@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from .. import caches
 from ..contracts.base import DRAW, LEVELS, SEPARATOR, VIEW_KINDS, Case, Family
 
 # How many extra (non-anchor) members each level samples per family.
@@ -52,7 +53,7 @@ def select(spec, level: str, seed: int, deep: bool = True,
     wide = level == "default" and not deep
     chosen: List["Case"] = []
     skipped: List[Tuple["Case", str]] = []
-    for fam in spec.families():
+    for fam in all_families(spec, level):
         members = [fam.case(spec.make_case, label, params) for label, params in fam.members]
         if LEVELS.index(fam.level) > LEVELS.index(level):
             if fam.sized:   # its members are said not to run, with why, rather than left out
@@ -76,9 +77,44 @@ def select(spec, level: str, seed: int, deep: bool = True,
     return chosen, skipped
 
 
+# --------------------------------------------------------------------------- covering arrays
+# The covering-array family of an op whose contract declares COVERING[op] (contracts/base.Covering):
+# "cover" (every pair of values, the default level) and "cover3" (every triple, --level full,
+# in place of "cover"); members named by row number ("cover.12"), every one an anchor.
+COVER = {"cover": 2, "cover3": 3}
+_COVER_CACHE: Dict[tuple, Optional[Family]] = caches.register("checks.families.cover", {})
+
+
+def covering_declaration(spec):
+    return getattr(spec._contract(), "COVERING", {}).get(spec.op)
+
+
+def cover_family(spec, name: str) -> Optional[Family]:
+    """The op's covering-array family `name` ("cover" or "cover3"), or None without a declaration."""
+    key = (spec.op, name)
+    if key not in _COVER_CACHE:
+        declared = covering_declaration(spec)
+        fam = None
+        if declared is not None:
+            from .covering import build
+            rows = build(declared.dimensions, COVER[name], declared.seed, declared.allowed)
+            members = tuple((str(number), declared.params(row)) for number, row in enumerate(rows))
+            fam = Family(name, members, anchors=len(members), level="default" if name == "cover" else "full")
+        _COVER_CACHE[key] = fam
+    return _COVER_CACHE[key]
+
+
+def all_families(spec, level: Optional[str] = "default") -> list:
+    """The op's families at `level`: its contract's, and its covering array (pairs at the
+    default level, triples at --level full; none at quick). level None: the pairwise one."""
+    wanted = {"quick": (), "full": ("cover3",)}.get(level, ("cover",))
+    return list(spec.families()) + [fam for fam in (cover_family(spec, name) for name in wanted) if fam is not None]
+
+
 def pool(spec) -> Dict[str, Case]:
-    """Every enumerated member of every family of `spec`, by case name."""
-    return {case.name: case for fam in spec.families()
+    """Every enumerated member of every family of `spec` (the pairwise covering array's
+    included), by case name."""
+    return {case.name: case for fam in all_families(spec)
             for case in (fam.case(spec.make_case, label, params) for label, params in fam.members)}
 
 
@@ -129,8 +165,12 @@ def lookup(spec, name: str) -> Optional[Case]:
     if name in members:
         return members[name]
     fam_name, _, label = name.partition(SEPARATOR)
+    if fam_name in COVER and fam_name != "cover":   # the --level full array, built when named
+        found = cover_family(spec, fam_name)
+        if found is not None and label in dict(found.members):
+            return found.case(spec.make_case, label, dict(found.members)[label])
     if label.startswith(DRAW) and label[len(DRAW):].isdigit():
-        for fam in spec.families():
+        for fam in all_families(spec, "full" if fam_name in COVER and fam_name != "cover" else "default"):
             # every family explore draws from (its own draw, else a member moved: drawn())
             if fam.name == fam_name and not fam.sized:
                 return drawn(spec, fam, int(label[len(DRAW):]))

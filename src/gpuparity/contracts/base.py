@@ -183,6 +183,31 @@ def family(name: str, members: Sequence[Tuple[str, Dict[str, Any]]], anchors: in
     return Family(name, tuple((label, dict(params)) for label, params in members), anchors, **kwargs)
 
 
+@dataclasses.dataclass(frozen=True)
+class Covering:
+    """An op's argument space as dimensions (name, values): the battery's `cover` family is a
+    seeded covering array over them (checks/covering.py; every pair of values of every two
+    dimensions in some case at the default level, every triple at --level full). `params` maps
+    a row (dimension -> value) to the case's params overrides; `allowed` rules out impossible
+    or too costly combinations (asked about partial rows: True while its dimensions are unset).
+    The dtype is not a dimension: every case runs in each of the level's dtypes."""
+    dimensions: Tuple[Tuple[str, Tuple[Any, ...]], ...]
+    params: Callable[[Dict[str, Any]], Dict[str, Any]]
+    allowed: Callable[[Dict[str, Any]], bool] = (lambda row: True)
+    seed: int = 0
+
+
+# Sizes relative to a tile (covering arrays' size dimensions): a multiple, one more, one less, half a tile more.
+TILES = (16, 32, 64, 128)
+TILE_OFFSETS = ("multiple", "one_more", "one_less", "half_more")
+
+
+def tile_size(tile: int, offset: str, multiple: int = 1) -> int:
+    """`multiple` tiles of `tile`, moved by `offset` (TILE_OFFSETS)."""
+    moved = {"multiple": 0, "one_more": 1, "one_less": -1, "half_more": tile // 2}[offset]
+    return max(1, tile * multiple + moved)
+
+
 VIEW_KINDS = ("offset", "sliced", "transposed", "expanded")
 
 

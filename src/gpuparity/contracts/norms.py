@@ -11,7 +11,7 @@ import torch
 from ..registry import Backend, Problem
 from ..numerics import default_rms_eps
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_tensor
-from .base import LARGE_NORM, Case, OpSpec, family, randn, view_members
+from .base import LARGE_NORM, TILE_OFFSETS, TILES, Case, Covering, OpSpec, family, randn, tile_size, view_members
 
 
 # --------------------------------------------------------------------------- the call: arguments checked, and the Problem the dispatcher gets
@@ -195,6 +195,71 @@ FAMILIES = [
     family("huge", [("rows_65536x4096", dict(shape=(65536, 4096))),
                         ("over_2pow31", dict(shape=(524289, 4096)))], sized=True, level="full"),
 ]
+
+
+# The argument space as dimensions: the `cover` family is a covering array over them
+# (checks/covering.py). Value regimes whose correct results a different correct algorithm
+# misses by more than 2x the composition's (near-constant rows, means of 100+: see the
+# values family) are left to the families until the floor models them.
+NORM_VALUES = {"normal": {}, "mean_5": dict(offset=5.0, spread=1.0), "denormal": dict(values={"x": "denormal_mix"}),
+               "large": dict(values={"x": {"peak": 1e15, "max_frac": 0.125}}), "tiny": dict(spread=1e-4),
+               "weight_denormal": dict(values={"weight": "denormal_mix"})}
+
+
+def _norm_dimensions(op):
+    dims = [("width_tile", TILES), ("width_offset", TILE_OFFSETS), ("long_width", (False, True)),
+            ("rows", (1, 2, 17, 65)), ("shape", ("2d", "3d", "two_norm_dims")),
+            ("x_layout", ("contiguous", "row_stride", "transposed", "offset", "expanded")),
+            ("weight", ("affine", "none", "sliced", "offset")), ("eps", (None, 1e-3)),
+            ("values", tuple(NORM_VALUES))]
+    if op == "layer_norm":
+        dims.append(("bias", (True, False)))
+    return tuple((name, tuple(values)) for name, values in dims)
+
+
+def _norm_allowed(row):
+    if row.get("long_width") and (row.get("rows", 1) > 2 or row.get("shape", "2d") != "2d"):
+        return False   # a long row: few of them
+    if row.get("x_layout") in ("transposed", "row_stride") and row.get("shape", "2d") != "2d":
+        return False   # those layouts are of 2-D x
+    if row.get("values") == "weight_denormal" and row.get("weight", "affine") == "none":
+        return False
+    return True
+
+
+def _norm_cover_params(op):
+    return lambda row: _norm_row_params(op, row)
+
+
+def _norm_row_params(op, row):
+    width = tile_size(row["width_tile"], row["width_offset"], 32 if row["long_width"] else 1 + (row["width_tile"] < 64))
+    rows = row["rows"]
+    p: dict = dict(shape=(rows, width), norm_dims=1, affine=row["weight"] != "none", bias=row.get("bias", True),
+                   eps=row["eps"], **NORM_VALUES[row["values"]])
+    if row["shape"] == "3d":
+        p["shape"] = (2, rows, width)
+    elif row["shape"] == "two_norm_dims":
+        p.update(shape=(rows, 3, width), norm_dims=2)
+    if row["x_layout"] in ("row_stride", "transposed"):
+        p["layout"] = row["x_layout"]
+    views = {}
+    if row["x_layout"] in ("offset", "expanded"):
+        views["x"] = row["x_layout"]
+    if row["weight"] in ("sliced", "offset"):
+        views["weight"] = row["weight"]
+    if views:
+        p["views"] = views
+    rows_in_all = p["shape"][0] * (p["shape"][1] if row["shape"] == "3d" else 1)
+    if op == "layer_norm" and (rows_in_all >= 64 or row["values"] == "mean_5"):
+        # torch 2.13's CPU 16-bit layer_norm sums the weight and bias gradients in low precision,
+        # worse as mean/std grows (known issue TORCH-CPU-BF16-LN-GRAD; the rows family and the
+        # large-mean cases do the same)
+        p["half_at_full"] = True
+    return p
+
+
+COVERING = {op: Covering(_norm_dimensions(op), _norm_cover_params(op), _norm_allowed, seed=45)
+            for op in ("rms_norm", "layer_norm")}
 
 
 class _NormSpec(OpSpec):

@@ -12,7 +12,8 @@ import torch
 from ..registry import Backend, Problem
 from ..numerics import rotate
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_tensor
-from .base import INDEX_DTYPES, Case, OpSpec, capturing, checked_once, family, randn, view_members
+from .base import (INDEX_DTYPES, TILE_OFFSETS, TILES, Case, Covering, OpSpec, capturing, checked_once, family, randn,
+                   tile_size, view_members)
 
 
 # --------------------------------------------------------------------------- the call: arguments checked, and the Problem the dispatcher gets
@@ -288,6 +289,54 @@ FAMILIES = [
     family("long", [("s4160_offsets", dict(B=2, S=4160, H=1, D=16, offsets=[0, 64])),
                         ("s16448_interleaved", dict(B=1, S=16448, H=1, D=16, interleaved=True))]),
 ]
+
+
+# The argument space as dimensions: the `cover` family is a covering array over them (checks/covering.py)
+ROTARY_HEAD_DIMS = {"d32": (32, None), "d64": (64, None), "d80": (80, None), "d128": (128, None),
+                    "d64_rd32": (64, 32), "d96_rd16": (96, 16), "d40_rd24": (40, 24)}
+ROTARY_VALUES = {"normal": {}, "denormal": dict(values={"x": "denormal_mix"}),
+                 "large": dict(values={"x": {"peak": 1e30, "max_frac": 0.25}})}
+ROTARY_DIMENSIONS = (("s_tile", TILES), ("s_offset", TILE_OFFSETS), ("length", ("tile", "one", "long")),
+                     ("head_dim", tuple(ROTARY_HEAD_DIMS)), ("interleaved", (False, True)),
+                     ("offsets", ("zero", "int", "tensor")), ("batch", (1, 2, 3, 5)), ("heads", (1, 2, 3, 4)),
+                     ("varlen", (False, True)), ("x_layout", ("bshd", "bhsd", "offset", "sliced", "expanded")),
+                     ("table_layout", ("contiguous", "cos_offset", "cos_sliced", "sin_sliced")),
+                     ("values", tuple(ROTARY_VALUES)))
+
+
+def _rotary_allowed(row):
+    if row.get("varlen") and row.get("x_layout") == "bhsd":
+        return False   # a packed x is (total, H, D)
+    if row.get("length") == "long" and (row.get("batch", 1) > 2 or row.get("heads", 1) > 2 or row.get("varlen")):
+        return False   # long sequences: few of them
+    return True
+
+
+def _rotary_cover_params(row):
+    S = {"one": 1, "tile": tile_size(row["s_tile"], row["s_offset"]),
+         "long": tile_size(row["s_tile"], row["s_offset"], 1024 // row["s_tile"])}[row["length"]]
+    D, rotary_dim = ROTARY_HEAD_DIMS[row["head_dim"]]
+    B = row["batch"]
+    p = dict(B=B, S=S, H=row["heads"], D=D, rotary_dim=rotary_dim, interleaved=row["interleaved"],
+             offsets={"zero": 0, "int": 3, "tensor": [0, 5, 11, 2, 31][:B]}[row["offsets"]],
+             layout="bhsd" if row["x_layout"] == "bhsd" else "bshd", **ROTARY_VALUES[row["values"]])
+    if row["varlen"]:
+        p["varlen"] = [S, max(1, S // 2 - 1), 1, max(1, S - 1), 3][:max(B, 2)]
+        if isinstance(p["offsets"], list):
+            p["offsets"] = [0, 5, 11, 2, 31][:len(p["varlen"])]
+        p["B"] = len(p["varlen"])
+    views = {}
+    if row["x_layout"] in ("offset", "sliced", "expanded"):
+        views["x"] = row["x_layout"]
+    if row["table_layout"] != "contiguous":
+        name, kind = row["table_layout"].split("_")
+        views[name] = kind
+    if views:
+        p["views"] = views
+    return p
+
+
+COVERING = {"rotary": Covering(ROTARY_DIMENSIONS, _rotary_cover_params, _rotary_allowed, seed=45)}
 
 
 SPEC = RotarySpec()

@@ -1,0 +1,52 @@
+"""The covering-array family (`cover`, checks/families.py over a contract's COVERING): every
+row runs at the default level of check --impl, rows rerun by name, --level full runs the
+triples' array instead, and a bug that needs two ordinary conditions at once (GQA and a strided
+V), which no listed case or family member combines, is caught by it."""
+from __future__ import annotations
+
+import os
+
+from gpuparity.checks import covering, families
+from gpuparity.checks.battery import plan, run_battery
+from gpuparity.checks.results import Status
+from gpuparity.contracts import get_spec
+
+HERE = os.path.dirname(__file__)
+REGIMES = os.path.join(HERE, "planted_regimes.py")
+BUG = f"{REGIMES}:attention_gqa_strided_v"
+
+
+def _gqa_and_strided_v(params) -> bool:
+    views = params.get("views") or {}
+    strided = params["layout"] in ("bshd", "sliced") or views.get("v") in ("sliced", "transposed", "expanded")
+    return params["H"] != params["Hkv"] and strided
+
+
+def test_every_pair_of_the_attention_dimensions_is_in_a_row():
+    declared = families.covering_declaration(get_spec("attention"))
+    rows = covering.build(declared.dimensions, 2, declared.seed, declared.allowed)
+    assert covering.missing(rows, declared.dimensions, 2, declared.allowed) == []
+    assert len(families.cover_family(get_spec("attention"), "cover").members) == len(rows)
+
+
+def test_default_level_runs_every_row_and_names_rerun_them():
+    spec = get_spec("attention")
+    cover = families.cover_family(spec, "cover")
+    tasks, decided = plan(["attention"], "default", "cpu", impl=BUG)
+    planned = {t.case for t in tasks} | {r.case for r in decided}
+    assert {f"cover.{label}" for label, _ in cover.members} <= planned
+    assert not any(t.case.startswith("cover") for t in plan(["attention"], "quick", "cpu", impl=BUG)[0])
+    assert families.lookup(spec, "cover.3").params == cover.case(spec.make_case, "3", dict(cover.members)["3"]).params
+
+
+def test_a_two_condition_bug_only_the_covering_array_catches():
+    spec = get_spec("attention")
+    tasks, _ = plan(["attention"], "default", "cpu", impl=BUG)
+    # no listed case and no hand-written family member has GQA and a strided V together
+    assert not [t.case for t in tasks if not t.case.startswith("cover.") and _gqa_and_strided_v(t.params)]
+    both = sorted({t.case for t in tasks if t.case.startswith("cover.") and _gqa_and_strided_v(t.params)
+                   and t.params["Sk"] < 1000})
+    assert both
+    run = run_battery(["attention"], "default", "cpu", impl=BUG, dtypes=["float32"], isolate=False,
+                      case_filter=lambda _op, case: case.name == both[0])
+    assert [r.status for r in run.results] in ([Status.FAIL], [Status.ERROR])
