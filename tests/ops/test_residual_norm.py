@@ -323,3 +323,23 @@ def test_auto_verifies_triton_on_the_calls_kind_before_using_it(empty_cache, che
     assert names and all(listed[name].params["norm"] == "layer" for name in names)
     assert {t.case for t in checks_run if t.backend == "triton"} == set(names)
     assert select.resolve(problem).name == ("composition" if wrong else "triton")
+
+
+@pytest.mark.parametrize("used", ["out", "new_residual"])
+def test_compiled_with_one_output_used(used):
+    """The backward op gets no gradient for the output the graph drops (None, not zeros)."""
+    x, residual, weight, _ = _inputs(shape=(4, 24), bias=False)
+
+    def step(x, residual, weight):
+        out, new_residual = gpuparity.residual_norm(x, residual, weight, norm="layer", backend="triton")
+        return (out if used == "out" else new_residual).square().sum()
+
+    torch._dynamo.reset()
+    grads = [torch.autograd.grad(run(x, residual, weight), (x, residual, weight), allow_unused=True)
+             for run in (step, torch.compile(step, fullgraph=True, backend="aot_eager"))]
+    for eager, compiled in zip(*grads):
+        if eager is None:   # the weight, when only new_residual is used
+            assert compiled is None or not compiled.any()
+        else:
+            torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+    torch._dynamo.reset()

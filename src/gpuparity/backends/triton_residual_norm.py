@@ -18,6 +18,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
+from ..numerics import default_rms_eps
 from ..registry import Backend, register
 from . import triton_common
 from .triton_common import AotSpec, availability, cdiv, launch, next_pow2, problem_reasons
@@ -243,9 +244,13 @@ def residual_norm_backward(grad_out: Optional[torch.Tensor], grad_new_residual: 
 
 # ----------------------------------------------------------------------------- autograd
 def _resolve(x, residual, eps, norm, residual_in_fp32):
-    from ..contracts.residual_norm import default_eps, new_residual_dtype
-    eps = default_eps(norm, x.dtype) if eps is None else eps
-    return float(eps), norm == "rms", new_residual_dtype(x, residual, residual_in_fp32)
+    """(eps, is_rms, new_residual's dtype) as the contract defines them (contracts/residual_norm.py:
+    eps=None is rms_norm's / layer_norm's default; float32 under residual_in_fp32, else the
+    residual's dtype, else x's)."""
+    if eps is None:
+        eps = default_rms_eps(x.dtype) if norm == "rms" else 1e-5
+    dtype = torch.float32 if residual_in_fp32 else (x.dtype if residual is None else residual.dtype)
+    return float(eps), norm == "rms", dtype
 
 
 class _ResidualNormApply(torch.autograd.Function):
