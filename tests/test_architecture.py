@@ -4,8 +4,12 @@ source file grows past ~600 lines without saying why at its top (a "# long file:
 from __future__ import annotations
 
 import ast
+import os
 import pathlib
 import re
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -111,6 +115,9 @@ def test_no_import_cycle_among_src_modules():
 @pytest.mark.parametrize("lower, upper", [
     ("gpuparity.dispatch", "gpuparity.checks"),
     ("gpuparity.dispatch", "gpuparity.ops"),
+    # the selector (ops/select.py) chooses; it reaches verification only through ops/select.Verification,
+    # loaded by a target string at the first need: no op imports checks/
+    ("gpuparity.ops", "gpuparity.checks"),
     ("gpuparity.backends", "gpuparity.dispatch"),
     ("gpuparity.backends", "gpuparity.checks"),
     ("gpuparity.backends", "gpuparity.ops"),
@@ -135,8 +142,109 @@ def test_imports_point_down(lower, upper):
 
 
 def upward_imports(graph, lower, upper, allowed=()):
+    """The edges from `lower` (a module or package) to `upper`, less those in `allowed` ("a -> b"
+    strings, or a target module that anyone may import)."""
     return sorted(f"{m} -> {t}" for m, targets in graph.items() if m == lower or m.startswith(lower + ".")
-                  for t in targets if (t == upper or t.startswith(upper + ".")) and t not in allowed)
+                  for t in targets if (t == upper or t.startswith(upper + ".")) and t not in allowed
+                  and f"{m} -> {t}" not in allowed)
+
+
+def test_the_upward_rule_sees_planted_edges():
+    planted = {"gpuparity.ops.select": {"gpuparity.checks.selection", "gpuparity.dispatch"},
+               "gpuparity.dispatch": {"gpuparity.checks.verdicts"},
+               "gpuparity.contracts.attention": {"gpuparity.backends.masks"}}
+    assert upward_imports(planted, "gpuparity.ops", "gpuparity.checks") == [
+        "gpuparity.ops.select -> gpuparity.checks.selection"]
+    assert upward_imports(planted, "gpuparity.dispatch", "gpuparity.checks") == [
+        "gpuparity.dispatch -> gpuparity.checks.verdicts"]
+    assert contracts_on_backends(planted) == ["gpuparity.contracts.attention -> gpuparity.backends.masks"]
+    assert contracts_on_backends(planted, CONTRACTS_ON_BACKENDS) == []
+
+
+# A contract imports nothing of backends/ (backends import the contracts' compositions' modules by
+# name, backends.MODULES): the exceptions of today, each an edge that would move with the mask
+# semantics (backends/masks.py) and decode's page gather into contracts/. Not done yet: the
+# contracts are being edited for their case declarations at the same time.
+CONTRACTS_ON_BACKENDS = {
+    "gpuparity.contracts.attention -> gpuparity.backends.masks": "mask kinds, expand_kv, window masks",
+    "gpuparity.contracts.decode -> gpuparity.backends.masks": "expand_kv",
+    "gpuparity.contracts.decode -> gpuparity.backends.triton_decode": "the page gather, decode_allowed",
+    "gpuparity.contracts.reference -> gpuparity.backends.masks": "window_allowed",
+    "gpuparity.contracts.varlen -> gpuparity.backends.masks": "attention_kind",
+}
+
+
+def contracts_on_backends(graph, allowed=()):
+    return upward_imports(graph, "gpuparity.contracts", "gpuparity.backends", allowed=tuple(allowed))
+
+
+def test_contracts_import_backends_only_where_listed():
+    graph = import_graph()
+    found = contracts_on_backends(graph, CONTRACTS_ON_BACKENDS)
+    assert not found, "a contract imports backends/ (list it in CONTRACTS_ON_BACKENDS with why, or move it): " + \
+        ", ".join(found)
+    stale = sorted(set(CONTRACTS_ON_BACKENDS) - set(contracts_on_backends(graph)))
+    assert not stale, "CONTRACTS_ON_BACKENDS lists an edge the code no longer has: " + ", ".join(stale)
+
+
+# --------------------------------------------------------------------------- no process at import
+# A fresh interpreter that believes it is a CUDA torch program on a GPU machine (torch.version.cuda,
+# the device file /dev/nvidiactl), with checks in workers (GPUPARITY_PROBE=subprocess): what made
+# gpuparity start its checking worker at import before. `children()` lists the live child
+# processes of the interpreter (from /proc); the script ends them before it exits.
+_COUNT_CHILDREN = textwrap.dedent("""
+    import os, torch
+    def children():
+        mine, found = str(os.getpid()), []
+        for entry in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    state, parent = handle.read().rsplit(")", 1)[1].split()[:2]
+            except (OSError, ValueError):
+                continue
+            if entry.isdigit() and parent == mine and state != "Z":
+                found.append(int(entry))
+        return found
+    torch.version.cuda = "13.0"
+    _exists = os.path.exists
+    os.path.exists = lambda path: path == "/dev/nvidiactl" or _exists(path)
+""")
+
+
+def processes_started_by(statement, path=None, after=""):
+    """How many child processes are alive after `statement` ran in that interpreter (and the
+    output of `after`, run next), each ended before it exits."""
+    script = (_COUNT_CHILDREN + statement + "\nprint('children', len(children()))\n" + after +
+              "\nfor pid in children():\n    os.kill(pid, 9)\n")
+    env = {**os.environ, "GPUPARITY_PROBE": "subprocess",
+           "PYTHONPATH": os.pathsep.join([str(SRC)] + ([str(path)] if path else []))}
+    env.pop("GPUPARITY_PARENT_PID", None)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    counted = next(line for line in lines if line.startswith("children "))
+    return int(counted.split()[1]), lines[lines.index(counted) + 1:]
+
+
+def test_the_process_counter_sees_a_process_started_at_import(tmp_path):
+    (tmp_path / "planted_worker.py").write_text(
+        "import subprocess, sys\n_worker = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n")
+    assert processes_started_by("import planted_worker", path=tmp_path)[0] == 1
+    assert processes_started_by("import json", path=tmp_path)[0] == 0
+
+
+IMPORT_EVERY_OP = ("import importlib, pkgutil, sys, gpuparity, gpuparity.ops\n"
+                   "for found in pkgutil.iter_modules(gpuparity.ops.__path__):\n"
+                   "    importlib.import_module('gpuparity.ops.' + found.name)\n")
+
+
+def test_importing_gpuparity_and_its_ops_starts_no_process_and_loads_no_checks():
+    """The checking worker starts at the first call that needs a verdict, at gpuparity.patch or at
+    gpuparity.prepare(), never at an import (tests/test_prestart.py: prepare() starts it)."""
+    count, after = processes_started_by(IMPORT_EVERY_OP, after="print(sorted(m for m in sys.modules if "
+                                                               "m.startswith('gpuparity.checks')))")
+    assert count == 0, "importing gpuparity and its ops started a process"
+    assert after == ["[]"], f"importing the ops loaded checks/: {after}"
 
 
 # The base layer (docs/architecture.md): what every floor above may take, importing nothing above it.

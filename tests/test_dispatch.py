@@ -24,7 +24,7 @@ def fast_but_wrong(x, dim=-1):
 
 
 def test_auto_never_picks_a_backend_that_failed_its_probe(fresh_cache, monkeypatch):
-    from gpuparity.checks import priors
+    from gpuparity import priors
     dispatch.register(Backend("fast_but_wrong", "softmax", fast_but_wrong, "planted"))
     # ranked first (as if the fastest), so that a first call verifies it before torch
     monkeypatch.setitem(priors.PRIORS["cpu"], "softmax", ["fast_but_wrong", "torch"])
@@ -95,7 +95,7 @@ def test_child_processes_get_the_callers_fp32_switches():
 def test_resolutions_are_remembered_until_what_decides_them_changes(fresh_cache, monkeypatch):
     """resolve() keeps its answer per problem (a training loop calls it every step) and forgets
     it when the verdicts, the registry or the switches in its key change."""
-    from gpuparity.checks import priors
+    from gpuparity import priors
     problem = Problem("softmax", torch.device("cpu"), torch.float32)
     failing = set()
     asked = []

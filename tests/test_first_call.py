@@ -1,5 +1,6 @@
-"""The first backend="auto" call verifies only the candidate it would choose (checks/selection.py),
-in the order of the timings stored here or of the device family's priors (checks/priors.py),
+"""The first backend="auto" call verifies only the candidate it would choose (ops/select.py ranks,
+checks/selection.py verifies), in the order of the timings stored here or of the device family's
+priors (priors.py),
 and still keeps the contract: only a backend that passed here is chosen, and a confirmed known
 issue still rules one out."""
 from __future__ import annotations
@@ -14,7 +15,8 @@ import torch
 import gpuparity
 from gpuparity import dispatch
 from gpuparity.registry import Backend
-from gpuparity.checks import priors, selection, verdicts
+from gpuparity import priors
+from gpuparity.checks import selection, verdicts
 from gpuparity.ops import select
 from gpuparity.contracts.norms import norm_problem
 
@@ -196,3 +198,52 @@ def test_a_kind_without_cases_is_verified_on_every_feature_it_uses():
     for feature in ("key_padding", "window", "alibi"):
         assert any(feature in kinds[name].split("+") for name in chosen), (feature, chosen)
     assert set(selection.first_call_cases("attention", "causal")) <= {n for n, k in kinds.items() if k == "causal"}
+
+
+class _PlantedVerification:
+    """A verification that answers from a table and notes what the selector asked of it."""
+
+    def __init__(self, table):
+        self.table, self.asked = table, []
+
+    def stored(self, problem, backend):
+        self.asked.append(("stored", backend.name))
+        return self.table.get(backend.name)
+
+    def verdict(self, problem, backend):
+        self.asked.append(("verdict", backend.name))
+        return self.table.get(backend.name, {"passed": False, "reason": "planted: no verdict"})
+
+    def prepare(self, problems, resolve):
+        self.asked.append(("prepare", [resolve(p).name for p in problems]))
+        return len(problems)
+
+    def start(self):
+        self.asked.append(("start",))
+
+
+def test_the_selector_chooses_and_asks_verification_only_through_its_interface(monkeypatch):
+    """ops/select.py ranks (stored timings, else priors), applies a confirmed known issue's veto,
+    and picks; the verification it is handed only answers (a planted one here, nothing checked).
+    torch is timed fastest but a regime recorded on its verdict holds this call: the selector
+    fails it for this call and takes the next, while the verdict it was handed stays passing."""
+    torch_verdict = {"passed": True, "reason": "planted", "time_ms": 1.0,
+                     "avoid_when": [{"issue": "PLANTED-1", "when": {"hidden": 64}, "reason": "planted issue"}]}
+    planted = _PlantedVerification({"torch": torch_verdict, "compile": {"passed": True, "reason": "planted",
+                                                                        "time_ms": 9.0}})
+    monkeypatch.setitem(priors.PRIORS["cpu"], "rms_norm", ["torch", "compile", "composition"])
+    x, w = _rms_inputs()
+    select.use(planted)
+    try:
+        problem = norm_problem("rms_norm", x, (64,), w, None)
+        assert select.resolve(problem).name == "compile"
+        assert ("verdict", "torch") in planted.asked and torch_verdict["passed"]   # handed back untouched
+        rows = {r["name"]: r for r in select.explain(problem)["candidates"]}
+        assert rows["torch"]["status"] == "failed-probe" and rows["torch"]["reason"] == "planted issue"
+        wide = norm_problem("rms_norm", torch.randn(4, 32), (32,), torch.randn(32), None)
+        assert select.resolve(wide).name == "torch"                                 # outside the regime
+        planted.asked.clear()
+        assert select.prepare([problem]) == 1 and planted.asked[0] == ("start",)
+        assert planted.asked[-1] == ("prepare", ["compile"])
+    finally:
+        select.use(None)

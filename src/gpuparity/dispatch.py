@@ -2,12 +2,13 @@
 backend whose correctness verdict passed here, the op's plain composition as the last resort.
 
 Dispatch decides; it does not verify. The verdicts come from a callable the caller hands it
-(`verdict(problem, backend) -> {"passed", "reason", "time_ms"}`): the ops layer passes
-`gpuparity.checks.selection.verdict_for`, which reads the on-disk verdict store and verifies on a
-miss. With a `rank` callable too (`rank(problem, candidates) -> [(backend, why)]`, fastest
-first: the ops layer passes `gpuparity.checks.selection.rank`), "auto" asks for verdicts in that
-order and stops at the first that passed, so a first call verifies one candidate rather than
-every backend. Dispatch imports nothing above `backends`.
+(`verdict(problem, backend) -> {"passed", "reason", "time_ms"}`): the ops pass the selector's
+(`gpuparity.ops.select.verdict`: the stored verdict, verified on a miss through the checks'
+narrow interface, with a confirmed known issue's veto). With a `rank` callable too
+(`rank(problem, candidates) -> [(backend, why, stored verdict)]`, fastest first: the ops pass
+`gpuparity.ops.select.rank`), "auto" asks for verdicts in that order and stops at the first that
+passed, so a first call verifies one candidate rather than every backend. Dispatch imports
+nothing above `backends`.
 """
 from __future__ import annotations
 
@@ -147,7 +148,7 @@ def explain(problem: Problem, *, verdict: Optional[VerdictSource], rank: Optiona
     """
     if verdict is None:
         raise TypeError("verdict: backend='auto' needs a verdict callable (problem, backend) -> dict; "
-                        "gpuparity.ops.select hands it the probe cache's")
+                        "gpuparity.ops.select.verdict is the ops' one")
     if rank is not None:
         return _explain_ranked(problem, verdict, rank, full=True)
     rows = []

@@ -88,10 +88,9 @@ def sdpa_only(monkeypatch):
     avoid.apply(verdicts, _confirmed(), "cuda")   # as the doctor stores them on the GPU machine
     by_backend = {key.split("|")[1]: v for key, v in verdicts.items()}
     monkeypatch.setattr(selection, "verdict_for", lambda problem, backend: by_backend[backend.name])
-    # auto tries candidates fastest first (selection.rank): here by the stored timings, cuDNN first
-    order = {"sdpa_cudnn": 0, "sdpa_math": 1}
-    monkeypatch.setattr(selection, "rank", lambda problem, candidates: [
-        (b, "test order") for b in sorted(candidates, key=lambda b: order.get(b.name, 9))], raising=False)
+    # auto tries candidates fastest first (ops/select.py rank): here by the prior, cuDNN first
+    from gpuparity import priors
+    monkeypatch.setitem(priors.PRIORS["cpu"], "attention", ["sdpa_cudnn", "sdpa_math"])
     dispatch.forget()
     yield
     dispatch.forget()

@@ -1,14 +1,19 @@
 # long file: the first-call path of backend="auto" (verifying the candidate, the kept workers, prepare ahead of first calls, the background refinement) shares one lock, one set of workers and one exit; apart, each would reach into the others' state
-"""Verified selection: the checks behind a first `backend="auto"` call, and its order.
+"""Verification behind `backend="auto"`: the checks of the candidate a first call is about to
+use, and the timings the selector ranks by. It verifies and never chooses: the selector
+(ops/select.py) ranks the candidates and picks, and reaches this module only through
+`VERIFICATION` (ops/select.Verification: stored verdict, verdict checked on a miss, `prepare`,
+the worker's start), which it loads at its first need.
 
-A first `backend="auto"` call (dispatch walks the candidates in `rank` order and asks
+A first `backend="auto"` call (dispatch walks the candidates in the selector's order and asks
 `verdict_for` about each until one passes) verifies only the candidate it would choose: that
 backend on a few small cases of the call's kind (`first_call_cases`), plus the known-issue
 probes that bear on it, against float64. On a GPU the checks run in a worker process kept
 alive across calls (a backend that crashes the GPU cannot take the caller down with it; the
-worker's start is paid once). The ranks come from timings stored here (`gpuparity doctor`, or
-the background refinement a first call starts on a GPU: `check_op` over every backend, timed)
-and, until those exist, from the priors shipped per device family (checks/priors.py).
+worker's start is paid once), started at the first call that needs a verdict or ahead of it by
+`prepare` (`gpuparity.prepare()`, `gpuparity.patch`), never at an import. The timings come from
+`gpuparity doctor`, or the background refinement a first call starts on a GPU (`check_op` over
+every backend, timed).
 
 `prepare` lets a caller that knows which calls are coming (`gpuparity.patch`: the model's ops,
 dtype and device) have their candidates verified in the kept worker in the background, ahead of
@@ -29,7 +34,6 @@ import torch
 
 from .. import caches, dispatch
 from ..registry import Backend, Problem
-from . import priors
 from . import verdicts as verdicts_store
 from .battery import Budget, Task, WorkerPool, normalize_device, plan, run_tasks, verdicts_from_results
 from ..isolate import TF32_ENV, child_env
@@ -99,18 +103,17 @@ def _pool(purpose: str) -> WorkerPool:
         return kept[1]
 
 
-def prestart(gpu_visible: Optional[bool] = None) -> None:
+def prestart() -> None:
     """Start the first-call worker now where checks run in workers (a visible GPU, or
     GPUPARITY_PROBE=subprocess), so that its imports (torch, Triton, the backends: seconds)
     overlap the caller's own setup instead of the first call. It takes no GPU memory until a
-    check arrives. `import gpuparity` calls this beside a torch program on a GPU machine
-    (gpu_visible=True: decided from the device files, without initializing CUDA here), and
-    ops/select.py when it is imported."""
+    check arrives. `gpuparity.prepare()` calls this (ops/select.py prepare; `gpuparity.patch`
+    through it), and `prepare` below once it queued work; never an import."""
     mode = os.environ.get("GPUPARITY_PROBE", "auto")
     if mode == "inprocess" or os.environ.get(TRUST_UNPROBED) == "1":
         return
     try:
-        wanted = mode == "subprocess" or (gpu_visible if gpu_visible is not None else torch.cuda.is_available())
+        wanted = mode == "subprocess" or torch.cuda.is_available()
         if wanted:
             _pool("verify").start()
     except Exception as exc:  # noqa: BLE001 - the first call starts it then
@@ -301,39 +304,6 @@ class _worker_turn:
 
     def __exit__(self, *_exc) -> None:
         _FOREGROUND.release()
-
-
-# ----------------------------------------------------------------------------- the order to try
-def _time_of(found: Dict[str, Any], large: bool) -> Optional[float]:
-    if large and found.get("time_ms_large") is not None:
-        return float(found["time_ms_large"])
-    return None if found.get("time_ms") is None else float(found["time_ms"])
-
-
-def rank(problem: Problem, candidates: List[Backend]) -> List[Tuple[Backend, str, Optional[Dict[str, Any]]]]:
-    """`candidates` in the order a first call tries them, each with why and its stored verdict
-    (None: none yet): those timed here (doctor, background refinement) fastest first, then the
-    rest in this device family's prior order (checks/priors.py), the composition where the prior
-    puts it, else last. Backends whose stored verdict failed are left in (their verdict says no
-    without a check)."""
-    stored = verdicts_store.load(verdicts_store.cache_path(problem.device))
-    large = get_spec(problem.op).is_large(problem)
-    prior = priors.order(problem.op, problem.device, large)
-    timed, untimed, found = [], [], {}
-    for position, backend in enumerate(candidates):
-        verdict = stored.get(verdicts_store.verdict_key(problem, backend)) if not backend.fallback else None
-        time_ms = _time_of(verdict, large) if verdict and verdict.get("passed") else None
-        # as verdict_for answers it: a large call's time is the large timing case's
-        found[backend.name] = verdict if time_ms is None else {**verdict, "time_ms": time_ms}
-        if time_ms is not None:
-            timed.append((time_ms, position, backend))
-        else:
-            where = prior.index(backend.name) if backend.name in prior else (
-                len(prior) + (len(candidates) if backend.fallback else position))
-            untimed.append((where, position, backend))
-    family = priors.family(problem.device)
-    return ([(b, f"{t:.3g} ms measured here", found[b.name]) for t, _, b in sorted(timed, key=lambda x: x[:2])] +
-            [(b, f"{family} prior", found[b.name]) for _, _, b in sorted(untimed, key=lambda x: x[:2])])
 
 
 # ----------------------------------------------------------------------------- refinement
@@ -589,9 +559,30 @@ def verdict_for(problem: Problem, backend: Backend) -> Dict[str, Any]:
             first = True
         if first and _refine_enabled(problem.device):
             _refine_later(problem)
-    found = stored.get(key, {"passed": False, "reason": "no probe verdict recorded"})
-    time_ms = _time_of(found, get_spec(problem.op).is_large(problem))
-    if time_ms is not None and time_ms != found.get("time_ms"):
-        # a large call is ranked by the large timing case (contracts/base.py large_timing_params)
-        return {**found, "time_ms": time_ms}
-    return found
+    return stored.get(key, {"passed": False, "reason": "no probe verdict recorded"})
+
+
+def stored_verdict(problem: Problem, backend: Backend) -> Optional[Dict[str, Any]]:
+    """The verdict stored here for (problem's op, dtype, kind; backend), None if none: no check."""
+    return verdicts_store.load(verdicts_store.cache_path(problem.device)).get(verdicts_store.verdict_key(problem, backend))
+
+
+class _Verification:
+    """What the selector (ops/select.py) asks of verification, and all it asks
+    (ops/select.Verification). Each method looks this module's function up when called, so a
+    test that replaces one (verdict_for, verify, prepare, prestart) is seen."""
+
+    def stored(self, problem: Problem, backend: Backend) -> Optional[Dict[str, Any]]:
+        return stored_verdict(problem, backend)
+
+    def verdict(self, problem: Problem, backend: Backend) -> Dict[str, Any]:
+        return verdict_for(problem, backend)
+
+    def prepare(self, problems: Sequence[Problem], resolve: Callable[[Problem], Any]) -> int:
+        return prepare(problems, resolve)
+
+    def start(self) -> None:
+        prestart()
+
+
+VERIFICATION = _Verification()

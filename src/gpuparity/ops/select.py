@@ -1,33 +1,116 @@
-"""Backend choice for the public ops: dispatch's resolution with the verdict source wired in
-(the verdict store, verifying on a miss: `gpuparity.checks.selection.verdict_for`). The one
-place the ops layer meets verification; `backend="auto"` in every op goes through here."""
+"""The selector: how `backend="auto"` in every op chooses. It chooses; checks/ verifies.
+
+For a call (its `Problem`) the selector ranks the op's candidates (`rank`: by the timings stored
+here for the call's kind, else by the device family's priors, priors.py) and hands dispatch, for
+each candidate dispatch asks about, the verdict auto reads for this call (`verdict`): the stored
+one, or one made now on a miss, with a large call's timing and a confirmed known issue's
+per-call veto (known/avoid.py `veto`) applied in one place, `_as_read`. Dispatch walks the ranked
+candidates and takes the first that passed.
+
+Verification is reached through one narrow interface, `Verification`: a backend's stored verdict
+(no check), its verdict (checked now on a miss), work ahead of the first calls, the start of the
+checking worker. The checks side implements it (checks/selection.py `VERIFICATION`), and it is
+loaded here, by the target string `VERIFICATION`, at the first call that needs a verdict, at
+`prepare` or at `gpuparity.prepare()`: the one place the ops meet checks/, never at an import,
+so `import gpuparity` and the import of an op load no check machinery and start no process.
+`use(other)` puts another in its place (a test's planted verifier)."""
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
-from .. import dispatch
-from ..registry import Backend, Problem
-from ..checks import selection
+from .. import dispatch, priors, targets
+from ..contracts import get_spec
 from ..known import avoid as known_avoid
+from ..registry import Backend, Problem
+
+__all__ = ["VERIFICATION", "Verification", "explain", "prepare", "rank", "resolve", "use", "verdict"]
+
+Verdict = Dict[str, Any]   # {"passed", "reason", "time_ms", ...}: one backend's, for an op, dtype and kind here
 
 
-def verdict(problem: Problem, backend: Backend) -> Dict[str, Any]:
-    # Looked up at call time, so a test (or a user) that replaces selection.verdict_for is seen.
-    # known_avoid.veto: a confirmed known issue whose regime holds this call fails the verdict
-    # for this call only (e.g. cuDNN SDPA with gradients at Sk % 128 == 64: SDPA-CUDNN-MASK-LSE).
-    return known_avoid.veto(problem, selection.verdict_for(problem, backend))
+class Verification(Protocol):
+    """All the selector asks of verification."""
+
+    def stored(self, problem: Problem, backend: Backend) -> Optional[Verdict]:
+        """The verdict stored here for `backend` at calls like `problem`, None if none (no check)."""
+
+    def verdict(self, problem: Problem, backend: Backend) -> Verdict:
+        """The stored verdict, `backend` checked now on a miss (or the check already under way
+        waited for); the known issues that name it confirmed or ruled out with it."""
+
+    def prepare(self, problems: Sequence[Problem], resolve: Callable[[Problem], Backend]) -> int:
+        """Queue, in the background, the checks the first auto calls of `problems` would make,
+        each chosen by `resolve` as its first call would be; how many were queued."""
+
+    def start(self) -> None:
+        """Start the checking worker now where checks run in one (a GPU, GPUPARITY_PROBE=subprocess)."""
 
 
-def rank(problem: Problem, candidates: List[Backend]) -> List[Tuple[Backend, str, Optional[Dict[str, Any]]]]:
-    # the order auto tries candidates in (timed here, else the device family's prior): a first
-    # call verifies only the first that passes, not every backend (checks/selection.py). The stored
-    # verdicts it returns beside them (shown by explain) get the same per-call veto as verdict's.
-    ranked = []
-    for entry in selection.rank(problem, candidates):   # (backend, why[, stored verdict])
-        stored = entry[2] if len(entry) > 2 else None
-        ranked.append((entry[0], entry[1], None if stored is None else known_avoid.veto(problem, stored)))
-    return ranked
+# The checks side's implementation: loaded at the first need, so that no import loads it.
+VERIFICATION = "gpuparity.checks.selection:VERIFICATION"
+_in_use: Optional[Verification] = None
+
+
+def use(verification: Optional[Verification]) -> None:
+    """Verify through `verification` from now on (None: the checks side's again)."""
+    global _in_use
+    _in_use = verification
+    dispatch.forget()
+
+
+def _verification() -> Verification:
+    global _in_use
+    if _in_use is None:
+        _in_use = targets.load(VERIFICATION)
+    return _in_use
+
+
+def _time_of(found: Verdict, large: bool) -> Optional[float]:
+    if large and found.get("time_ms_large") is not None:
+        return float(found["time_ms_large"])
+    return None if found.get("time_ms") is None else float(found["time_ms"])
+
+
+def _as_read(problem: Problem, found: Verdict, large: bool) -> Verdict:
+    """A verdict as auto reads it for this call: a large call's time is the large timing case's
+    (contracts/base.py large_timing_params), and a confirmed known issue whose regime holds the
+    call fails it for this call only (known/avoid.veto: e.g. cuDNN SDPA with gradients at
+    Sk % 128 == 64, SDPA-CUDNN-MASK-LSE). Every verdict dispatch sees passes here, once."""
+    time_ms = _time_of(found, large) if found.get("passed") else None
+    if time_ms is not None and time_ms != found.get("time_ms"):
+        found = {**found, "time_ms": time_ms}
+    return known_avoid.veto(problem, found)
+
+
+def verdict(problem: Problem, backend: Backend) -> Verdict:
+    """The verdict auto reads for `backend` at this call (checked now if none is stored)."""
+    return _as_read(problem, _verification().verdict(problem, backend), get_spec(problem.op).is_large(problem))
+
+
+def rank(problem: Problem, candidates: List[Backend]) -> List[Tuple[Backend, str, Optional[Verdict]]]:
+    """`candidates` in the order a first call tries them, each with why and its stored verdict as
+    auto reads it (None: none yet): those timed here (doctor, background refinement) fastest first,
+    then the rest in this device family's prior order (priors.py), the composition where the prior
+    puts it, else last. Backends whose stored verdict failed are left in (their verdict says no
+    without a check). A first call verifies only the first that passes, not every backend."""
+    source = _verification()
+    large = get_spec(problem.op).is_large(problem)
+    prior = priors.order(problem.op, problem.device, large)
+    timed, untimed, found = [], [], {}
+    for position, backend in enumerate(candidates):
+        stored = source.stored(problem, backend) if not backend.fallback else None
+        time_ms = _time_of(stored, large) if stored and stored.get("passed") else None
+        found[backend.name] = None if stored is None else _as_read(problem, stored, large)
+        if time_ms is not None:
+            timed.append((time_ms, position, backend))
+        else:
+            where = prior.index(backend.name) if backend.name in prior else (
+                len(prior) + (len(candidates) if backend.fallback else position))
+            untimed.append((where, position, backend))
+    family = priors.family(problem.device)
+    return ([(b, f"{t:.3g} ms measured here", found[b.name]) for t, _, b in sorted(timed, key=lambda x: x[:2])] +
+            [(b, f"{family} prior", found[b.name]) for _, _, b in sorted(untimed, key=lambda x: x[:2])])
 
 
 # resolve(problem, backend="auto") -> Backend. A partial, not a def: one Python frame fewer on
@@ -39,14 +122,15 @@ def explain(problem: Problem) -> Dict[str, Any]:
     return dispatch.explain(problem, verdict=verdict, rank=rank)
 
 
-def prepare(problems: Sequence[Problem]) -> int:
-    """Verify, in the background, the candidates the first auto calls of `problems` would choose
-    (gpuparity.patch passes its model's calls), each resolved exactly as its first call would
-    be (`resolve`); returns how many were queued (0 where checks run in-process: a CPU unless
-    GPUPARITY_PROBE=subprocess). checks/selection.py prepare."""
-    return selection.prepare(problems, resolve)
-
-
-# On a GPU, the first auto call verifies its candidate in a worker process: start it now, so
-# that its imports overlap the caller's setup (checks/selection.py prestart).
-selection.prestart()
+def prepare(problems: Sequence[Problem] = ()) -> int:
+    """Get verification ready ahead of the first auto calls: start the checking worker now where
+    checks run in one (a GPU, or GPUPARITY_PROBE=subprocess), so that its start (torch, Triton,
+    the backends: seconds) overlaps the caller's setup, and queue the checks the first auto calls
+    of `problems` would make, each resolved exactly as its first call would be (`resolve`);
+    `gpuparity.patch` passes its model's calls. Returns how many were queued (0 without
+    `problems`, and where checks run in-process: a CPU unless GPUPARITY_PROBE=subprocess).
+    Public as `gpuparity.prepare()`; without it the worker starts at the first call that needs
+    a verdict."""
+    source = _verification()
+    source.start()
+    return source.prepare(list(problems), resolve) if problems else 0
