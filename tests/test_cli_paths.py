@@ -21,8 +21,8 @@ def no_work(monkeypatch):
         raise AssertionError(f"the {args.command} handler ran despite a bad path")
     real = cli.build_parser
 
-    def build():
-        parser = real()
+    def build(commands=None):
+        parser = real(commands)
         for action in parser._subparsers._group_actions:
             for sub in action.choices.values():
                 _refuse_everywhere(sub, refuse)

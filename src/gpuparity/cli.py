@@ -66,8 +66,11 @@ def build_parser(commands: Optional[Sequence[str]] = None) -> argparse.ArgumentP
 
 def main(argv: Optional[List[str]] = None) -> int:
     words = sys.argv[1:] if argv is None else argv
-    # No command named (--help, --version, nothing): no command module is imported
-    parser = build_parser() if any(not w.startswith("-") for w in words) else build_parser(commands=())
+    # Only the command named is imported (none for --help, --version, nothing or a typo), and
+    # command modules import torch only in their handlers: `gpuparity doctor --help` and a bad
+    # usage answer at once (tests/test_cli_startup.py)
+    named = next((w for w in words if not w.startswith("-")), None)
+    parser = build_parser(commands=tuple(module for module, (name, _) in SUMMARY.items() if name == named))
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:

@@ -1,22 +1,44 @@
 """`get_device()`: a device verified by a smoke workload in a separate process (matmul, conv,
 softmax, one small training step, each compared with the CPU). A GPU that crashes or computes
-wrong is reported in a warning and the CPU is returned (user story 2)."""
+wrong is reported in a warning and the CPU is returned (user story 2).
+
+`device_name()` is the one check of a device argument, shared by the API and every command's
+--device; it imports no torch, so that a bad --device is refused at once."""
 from __future__ import annotations
 
+import re
 import warnings
-from typing import Any, Dict, Optional
-
-import torch
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from .isolate import call_isolated
 from . import caches
 
+if TYPE_CHECKING:
+    import torch
+
 _VERIFIED: Dict[str, Dict[str, Any]] = caches.register("device.verified", {})
 SMOKE_TOLERANCE = 2e-3  # relative error vs the CPU in fp32 (TF32 may be on for convolutions)
+DEVICE_FORMS = "'cpu', 'cuda' or 'cuda:N' (ROCm GPUs are cuda:N too)"
+_DEVICE = re.compile(r"(cpu|cuda)(:[0-9]+)?\Z")
+
+
+def device_name(value: Any, argument: str = "device") -> str:
+    """`value` (a string or a torch.device) as a device name: 'cpu', 'cpu:N' or 'cuda:N' ('cuda'
+    becomes 'cuda:0'). Anything else raises before any work: ValueError (TypeError for a value
+    that is not a string or a torch.device) naming `argument`, what it got and what it needs.
+    Whether torch sees the GPU is not checked here (checks.plan.validate_device does that)."""
+    text = str(value) if type(value).__name__ == "device" and type(value).__module__ == "torch" else value
+    if not isinstance(text, str):
+        raise TypeError(f"{argument}: expected a device string like 'cuda:0' or a torch.device, "
+                        f"got {type(value).__name__}")
+    if not _DEVICE.match(text):
+        raise ValueError(f"{argument}: expected {DEVICE_FORMS}, got {value!r}")
+    return "cuda:0" if text == "cuda" else text
 
 
 def smoke(device: str) -> Dict[str, Any]:
     """Run in a child process: the smoke workload on `device`, compared with the CPU."""
+    import torch
     torch.manual_seed(0)
     dev = torch.device(device)
     report: Dict[str, Any] = {}
@@ -66,14 +88,14 @@ def verify_device(device: str, timeout: float = 120.0) -> Dict[str, Any]:
 
 def get_device(prefer: Optional[str] = None, *, timeout: float = 120.0) -> torch.device:
     """The preferred device (default: the first GPU) if a smoke workload passes on it in a
-    separate process; otherwise a warning that says why, and the CPU."""
-    if prefer is not None and not isinstance(prefer, (str, torch.device)):
-        raise TypeError(f"prefer: expected a device string like 'cuda:0' or a torch.device, got {type(prefer).__name__}")
-    wanted = str(prefer) if prefer is not None else ("cuda:0" if torch.cuda.is_available() else "cpu")
-    if wanted == "cuda":
-        wanted = "cuda:0"
-    if wanted == "cpu":
-        return torch.device("cpu")
+    separate process; otherwise a warning that says why, and the CPU. A `prefer` that names no
+    device (device_name) raises before any work."""
+    wanted = device_name(prefer, "prefer") if prefer is not None else None
+    import torch
+    if wanted is None:
+        wanted = "cuda:0" if torch.cuda.is_available() else "cpu"
+    if wanted.startswith("cpu"):
+        return torch.device(wanted)
     if wanted.startswith("cuda") and not torch.cuda.is_available():
         warnings.warn(f"gpuparity.get_device: {wanted} asked for but torch sees no GPU "
                       f"(torch {torch.__version__}); using the CPU", RuntimeWarning, stacklevel=2)

@@ -18,20 +18,14 @@ import torch
 from .attention_measure import (BWD_FLOPS, GRAPH_MODE, SDPA_NAMES, Progress, Setup, Workload, cumulative, flash_varlen,
                                 flex, key_lengths, packed, run_workloads, sdpa)
 from .attention_suites import DECODE_KV_HEADS, SUITES, WINDOWS, suite_workloads
-from .common import DTYPES, BenchResult, BenchRow, measure_ceilings, metadata
+from .common import (COMPILE_S, DTYPES, BenchResult, BenchRow, attach_partial, estimate_seconds, measure_ceilings,
+                     metadata)
+from .names import BACKENDS, SHAPES
 
 __all__ = ["SHAPES", "BACKENDS", "PEERS", "SUITES", "GRAPH_MODE", "NOTES", "Case", "make_case", "key_lengths",
            "runner", "relative_error", "flops", "run_bench", "target_summary", "bench_attention"]
 
-# name -> (B, H, S, D), from docs/targets.md
-SHAPES: Dict[str, Tuple[int, int, int, int]] = {
-    "aam-nuc": (512, 4, 150, 32),
-    "aam-asv": (16, 4, 1024, 32),
-    "bert": (32, 12, 512, 64),
-    "llm-4k": (4, 16, 4096, 64),
-    "llm-8k": (2, 16, 8192, 128),
-}
-BACKENDS = ("math", "efficient", "cudnn", "flex", "flash", "triton", "fa2", "fa4")
+# SHAPES (name -> (B, H, S, D), from docs/targets.md) and BACKENDS: names.py (no torch)
 PEERS = ("cudnn", "flex", "fa2", "fa4")   # the targets: at least as fast as the best of these
 NOTES = {"flash": "ignores the mask: a speed reference only, wrong for padded inputs"}
 
@@ -149,8 +143,10 @@ def add_ceiling_fractions(rows: List[BenchRow], ceilings: Dict[str, float]) -> N
 def run_bench(shapes, pads, backends, dtype_name: str, device: str, *, fwd_only=False, with_error=True,
               seed=0, progress: Optional[Progress] = None, graph: bool = False, suites: Sequence[str] = ("dense",),
               windows: Sequence[int] = WINDOWS, kv_heads: int = DECODE_KV_HEADS,
-              suite_shapes: Optional[Dict[str, Sequence]] = None) -> List[BenchRow]:
-    """The rows of every suite asked for; suite_shapes gives a suite its own shapes (else `shapes`)."""
+              suite_shapes: Optional[Dict[str, Sequence]] = None,
+              rows: Optional[List[BenchRow]] = None) -> List[BenchRow]:
+    """The rows of every suite asked for; suite_shapes gives a suite its own shapes (else `shapes`).
+    rows: the list the rows are appended to as they finish (kept by a caller that is interrupted)."""
     dtype = DTYPES[dtype_name]
     if "flex" in backends:
         # one compiled flex_attention per shape and grad mode: more than dynamo's default
@@ -160,13 +156,13 @@ def run_bench(shapes, pads, backends, dtype_name: str, device: str, *, fwd_only=
                      "accumulated_recompile_limit"):
             if hasattr(dynamo_config, name):
                 setattr(dynamo_config, name, max(256, getattr(dynamo_config, name)))
-    rows: List[BenchRow] = []
+    rows = [] if rows is None else rows
     for suite in suites:
         own = (suite_shapes or {}).get(suite, shapes)
         work = dense_workloads(own, pads, dtype, device, seed) if suite == "dense" else suite_workloads(
             suite, own, pads, dtype, device, seed, windows=windows, kv_heads=kv_heads)
-        rows.extend(run_workloads(work, backends, dtype_name, device, fwd_only=fwd_only, with_error=with_error,
-                                  graph=graph, progress=progress))
+        run_workloads(work, backends, dtype_name, device, fwd_only=fwd_only, with_error=with_error,
+                      graph=graph, progress=progress, rows=rows)
     add_speedups(rows)
     return rows
 
@@ -225,14 +221,67 @@ def bench_attention(shapes: Sequence[Tuple[str, Tuple[int, int, int, int]]], pad
                     suite_shapes: Optional[Dict[str, Sequence]] = None) -> BenchResult:
     """run_bench's rows with the run's metadata: platform, the ceilings measured after the rows
     (GPU only; each row's fraction of them in params["of_ceiling"]) and the targets of docs/targets.md;
-    `command` is the command line recorded in it."""
-    rows = run_bench(shapes, pads, backends, dtype_name, device, fwd_only=fwd_only, with_error=with_error,
-                     seed=seed, progress=progress, graph=graph, suites=suites, windows=windows, kv_heads=kv_heads,
-                     suite_shapes=suite_shapes)
-    meta = metadata(command)
-    meta["ceilings"] = measure_ceilings()
-    add_ceiling_fractions(rows, meta["ceilings"])
+    `command` is the command line recorded in it. Interrupted (KeyboardInterrupt, or the CLI's
+    SIGTERM), the exception is re-raised carrying the rows that finished as a partial result
+    (exc.partial_result, no ceilings measured)."""
+    rows: List[BenchRow] = []
+    try:
+        run_bench(shapes, pads, backends, dtype_name, device, fwd_only=fwd_only, with_error=with_error,
+                  seed=seed, progress=progress, graph=graph, suites=suites, windows=windows, kv_heads=kv_heads,
+                  suite_shapes=suite_shapes, rows=rows)
+    except KeyboardInterrupt as exc:
+        add_speedups(rows)
+        attach_partial(exc, _attention_result(list(rows), metadata(command), {}, backends, dtype_name, suites))
+        raise
+    return _attention_result(rows, metadata(command), measure_ceilings(), backends, dtype_name, suites)
+
+
+def _attention_result(rows: List[BenchRow], meta: Dict[str, object], ceilings: Dict[str, float],
+                      backends: Sequence[str], dtype_name: str, suites: Sequence[str]) -> BenchResult:
+    meta["ceilings"] = ceilings
+    add_ceiling_fractions(rows, ceilings)
     meta["targets"] = target_summary(rows)
     meta["suites"] = list(suites)
     title = "key padding" if list(suites) == ["dense"] else ", ".join(suites)
     return BenchResult("attention", rows, meta, list(backends), f"attention {dtype_name}, {title}")
+
+
+# --------------------------------------------------------------------------- the estimate
+GPU_ONLY = ("efficient", "cudnn", "flex", "triton", "fa2", "fa4")   # skipped at once on a CPU
+COMPILED = ("flex",)
+
+
+def _forward_flops(suite: str, dims: Tuple[int, int, int, int], windows: Sequence[int]) -> float:
+    batch, heads, seq, head_dim = dims
+    if suite == "decode":
+        return 4.0 * batch * heads * seq * head_dim            # one query against the cache
+    if suite == "window":
+        return 4.0 * batch * heads * head_dim * seq * min(seq, max(windows)) * len(windows)
+    return 4.0 * batch * heads * seq * seq * head_dim
+
+
+def estimate_attention(suite_shapes: Dict[str, Sequence[Tuple[str, Tuple[int, int, int, int]]]],
+                       pads: Sequence[float], backends: Sequence[str], device: str, *, fwd_only: bool = False,
+                       graph: bool = False, windows: Sequence[int] = WINDOWS) -> Dict[str, object]:
+    """What a run will do and roughly how long it takes, before it starts: {"shapes", "pads",
+    "backends", "modes", "measurements", "seconds"} (seconds: a rough figure, see common.py)."""
+    cpu = str(device).startswith("cpu")
+    measurements, seconds, n_shapes, modes_max = 0, 0.0, 0, 0
+    for suite, shapes in suite_shapes.items():
+        modes = ("fwd",) if fwd_only or suite == "decode" else ("fwd", "fwd+bwd") + ((GRAPH_MODE,) if graph and not cpu
+                                                                                     else ())
+        modes_max = max(modes_max, len(modes))
+        cases = len(shapes) * (1 if suite == "decode" else len(pads))
+        n_shapes += len(shapes)
+        for _, dims in shapes:
+            forward = _forward_flops(suite, dims, windows)
+            for name in backends:
+                for mode in modes:
+                    measurements += cases // len(shapes)
+                    if cpu and name in GPU_ONLY:
+                        continue        # a skip row at once
+                    per_case = estimate_seconds(device, forward * (1.0 if mode == "fwd" else BWD_FLOPS))
+                    per_case += COMPILE_S if name in COMPILED else 0.0
+                    seconds += per_case * (cases // len(shapes))
+    return {"shapes": n_shapes, "pads": len(pads), "backends": len(backends), "modes": modes_max,
+            "measurements": measurements, "seconds": seconds}

@@ -9,6 +9,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..checks.results import clip
 from .common import GRAPH, BenchRow, graphed, host_time_ms, interleaved_host_ms, peak_memory_bytes, time_ms
 
 GRAPH_MODE = "fwd+bwd" + GRAPH
@@ -28,9 +29,10 @@ class Setup:
 
 
 def reason_of(exc: BaseException) -> str:
-    """'ExcType: first line of the message' (at most 200 characters): why a row did not run."""
+    """'ExcType: first line of the message' (at most 200 characters, cut between words): why a row
+    did not run."""
     text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else ''}"
+    return f"{type(exc).__name__}: {clip(text.splitlines()[0], 200) if text else ''}"
 
 
 def relative_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -170,10 +172,12 @@ Progress = Callable[[str, Optional[List[BenchRow]]], None]
 
 
 def run_workloads(workloads, backends: Sequence[str], dtype_name: str, device: str, *, fwd_only=False,
-                  with_error=True, graph=False, progress: Optional[Progress] = None) -> List[BenchRow]:
+                  with_error=True, graph=False, progress: Optional[Progress] = None,
+                  rows: Optional[List[BenchRow]] = None) -> List[BenchRow]:
     """Every backend on every workload (an iterable: each case's tensors are freed before the
-    next is made); graph modes only on a CUDA device."""
-    rows: List[BenchRow] = []
+    next is made); graph modes only on a CUDA device. rows: the list the rows are appended to
+    as each backend finishes (what an interrupted run still has); returned."""
+    rows = [] if rows is None else rows
     graph = graph and torch.device(device).type == "cuda"
     pending = iter(workloads)
     while True:

@@ -7,20 +7,14 @@ own keys), not the dense square; decode reports GB/s of K+V read."""
 from __future__ import annotations
 
 import functools
-from typing import Dict, Iterator, Sequence, Tuple
+from typing import Iterator, Sequence, Tuple
 
 import torch
 
 from .attention_measure import (SDPA_NAMES, Setup, Workload, cumulative, flash_function, flash_varlen, flex,
                                 key_lengths, packed, relative_l2, sdpa)
+from .names import DECODE_KV_HEADS, DECODE_SHAPES, SUITES, WINDOW_SHAPES, WINDOWS  # noqa: F401 - re-exported
 
-SUITES = ("dense", "window", "varlen", "decode")
-WINDOWS = (1024, 4096)
-WINDOW_SHAPES = ("llm-4k", "llm-8k")
-# decode: B 1/8/64 x Sk 4k/32k/128k at H 32, D 128 (one query); Hkv from --kv-heads (default 8)
-DECODE_SHAPES: Dict[str, Tuple[int, int, int, int]] = {
-    f"decode-b{b}-{sk // 1024}k": (b, 32, sk, 128) for sk in (4096, 32768, 131072) for b in (1, 8, 64)}
-DECODE_KV_HEADS = 8
 REF_HEADS = 4          # the error is taken on the first batch item, up to 4 heads
 
 

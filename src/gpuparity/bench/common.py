@@ -11,6 +11,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from .. import platform
+from ..checks.results import clip
+from .names import DTYPE_NAMES, GRAPH, MODES
 
 
 @dataclasses.dataclass
@@ -48,7 +50,7 @@ class BenchResult:
         return {**self.meta, "rows": [dataclasses.asdict(row) for row in self.rows]}
 
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DTYPES = dict(zip(DTYPE_NAMES, (torch.bfloat16, torch.float16, torch.float32)))
 
 
 def time_ms(fn: Callable[[], Any], *, warmup_ms: float = 25, rep_ms: float = 100) -> float:
@@ -122,9 +124,6 @@ def interleaved_host_ms(fns: Dict[str, Callable[[], Any]], *, calls: Optional[in
     return {name: statistics.median(times) for name, times in per_round.items()}
 
 
-GRAPH = ":graph"
-
-
 def split_mode(mode: str):
     """("fwd+bwd", True) for "fwd+bwd:graph": the mode, and whether it runs as a CUDA graph."""
     return (mode[:-len(GRAPH)], True) if mode.endswith(GRAPH) else (mode, False)
@@ -163,7 +162,7 @@ def record_failure(row: "BenchRow", exc: Exception, graph: bool = False) -> None
     text = str(exc).strip()
     row.status = "skip" if graph else "error"
     row.reason = ("cannot be captured in a CUDA graph: " if graph else "") + \
-        f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else ''}"
+        f"{type(exc).__name__}: {clip(text.splitlines()[0], 200) if text else ''}"
 
 
 def peak_memory_bytes(fn: Callable[[], Any]) -> Optional[int]:
@@ -195,6 +194,40 @@ def measure_ceilings() -> Dict[str, float]:
     return {"copy_tbps": 2 * n * 2 / copy_ms / 1e9, "bf16_matmul_tflops": 2 * size ** 3 / mm_ms / 1e9}
 
 
+# --------------------------------------------------------------------------- estimates and interruptions
+# Rough costs for the estimate a bench reports before it starts (the CLI says it up front):
+# on a CPU a call costs its FLOPs at CPU_FLOPS (bf16 attention on a shared 2-core machine:
+# 0.5-3 GFLOP/s measured, more on an idle one), and a timed CPU measurement makes about
+# CPU_CALLS calls (a warm-up, at least 3 timed, the host-time round); on a GPU each measurement
+# is do_bench's warm-up and repetitions, about GPU_MEASURE_S. A torch.compile peer (flex,
+# compile) adds COMPILE_S per shape and mode.
+CPU_FLOPS = 1e9
+CPU_CALLS = 9
+GPU_MEASURE_S = 0.4
+COMPILE_S = 20.0
+
+
+def estimate_seconds(device: str, calls_flops: float, rep_ms: float = 100.0) -> float:
+    """Rough seconds of one measurement whose call does `calls_flops` FLOPs (0: unknown)."""
+    if not str(device).startswith("cpu"):
+        return GPU_MEASURE_S + rep_ms / 1e3
+    return CPU_CALLS * calls_flops / CPU_FLOPS + rep_ms / 1e3
+
+
+def finished_rows(rows: Sequence["BenchRow"]) -> List["BenchRow"]:
+    """The rows that finished: a row made but not yet timed when a run was stopped is left out."""
+    return [row for row in rows if row.status != "ok" or row.time_ms is not None]
+
+
+def attach_partial(exc: BaseException, result: "BenchResult") -> None:
+    """An interrupted bench (SIGINT, or SIGTERM through the CLI): `result`, the rows that
+    finished, marked partial in its metadata, rides on the exception the bench re-raises
+    (exc.partial_result) for the caller to render and write."""
+    result.meta["partial"] = True
+    result.meta["interrupted"] = getattr(exc, "signal_name", "SIGINT")
+    exc.partial_result = result
+
+
 def metadata(command: str) -> Dict[str, Any]:
     """schema_version, date, the command line that reproduces the run, and the platform."""
     report = platform.current()
@@ -209,7 +242,6 @@ def metadata(command: str) -> Dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- GB/s benches (norm, rope)
-MODES = ("fwd", "fwd+bwd", "fwd" + GRAPH, "fwd+bwd" + GRAPH)
 
 
 def timed(fn: Callable[[], object], rep_ms: float, graph: bool = False) -> float:
@@ -292,6 +324,40 @@ def gbps_result(bench: str, rows: List[BenchRow], meta: Dict[str, Any], backends
     """A GB/s bench's result, its metadata completed with the per-(shape, mode) summary."""
     meta["summary"] = summarise(rows)
     return BenchResult(bench, rows, meta, list(backends), title)
+
+
+def run_gbps(bench: str, run_rows: Callable[[List[BenchRow]], object], meta: Dict[str, Any],
+             backends: Sequence[str], title: str) -> BenchResult:
+    """gbps_result of the rows run_rows(rows) appends; interrupted, the rows that finished ride on
+    the re-raised exception as a partial result (attach_partial)."""
+    rows: List[BenchRow] = []
+    try:
+        run_rows(rows)
+    except KeyboardInterrupt as exc:
+        attach_partial(exc, gbps_result(bench, finished_rows(rows), meta, backends, title))
+        raise
+    return gbps_result(bench, rows, meta, backends, title)
+
+
+CPU_BYTES_PER_S = 5e9   # a rough CPU rate of a norm or rotation, bytes moved per second
+
+
+def estimate_gbps(case_bytes: Sequence[float], backends: Sequence[str], modes: Sequence[str], device,
+                  rep_ms: float) -> Dict[str, Any]:
+    """What a GB/s bench will do and roughly how long it takes, before it starts: one
+    measurement per case, backend and mode; case_bytes: what each case's forward moves."""
+    cpu = str(device).startswith("cpu")
+    run_modes = [m for m in modes if not (cpu and m.endswith(GRAPH))]
+    seconds = 0.0
+    for moved in case_bytes:
+        for backend in backends:
+            for mode in run_modes:
+                calls = CPU_CALLS * moved * (1 if mode.startswith("fwd") and "bwd" not in mode else 2.5)
+                seconds += (calls / CPU_BYTES_PER_S + 1.25 * rep_ms / 1e3) if cpu else \
+                    estimate_seconds(str(device), 0.0, 1.25 * rep_ms)
+                seconds += COMPILE_S if backend == "compile" else 0.0
+    return {"shapes": len(case_bytes), "backends": len(backends), "modes": len(modes),
+            "measurements": len(case_bytes) * len(backends) * len(modes), "seconds": seconds}
 
 
 def gbps_metadata(command: str, device: torch.device, ceilings: bool) -> Dict[str, Any]:

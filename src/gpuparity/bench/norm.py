@@ -14,8 +14,7 @@ import torch
 from . import common
 from .common import DTYPES, BenchResult, BenchRow, fresh_compile
 
-NORM_BACKENDS = ("triton", "torch", "eager", "compile", "liger")
-OPS = ("rms", "ln")
+from .names import NORM_BACKENDS, NORM_OPS as OPS
 
 
 def fwd_bwd_step(forward: Callable[[], torch.Tensor], grad_out: torch.Tensor, leaves: Sequence[torch.Tensor]):
@@ -77,8 +76,9 @@ def norm_peers(op: str, device: torch.device) -> Dict[str, Tuple[Optional[Callab
 
 def run_norm_bench(ops: Sequence[str], shapes: Sequence[Tuple[int, int]], dtype: torch.dtype,
                    backends: Sequence[str], modes: Sequence[str], device: torch.device,
-                   rep_ms: float = 100.0) -> List[BenchRow]:
-    rows: List[BenchRow] = []
+                   rep_ms: float = 100.0, rows: Optional[List[BenchRow]] = None) -> List[BenchRow]:
+    """rows: the list the rows are appended to (kept by a caller that is interrupted)."""
+    rows = [] if rows is None else rows
     dtype_name = str(dtype).replace("torch.", "")
     elem = torch.empty(0, dtype=dtype).element_size()
     for op in ops:
@@ -121,5 +121,14 @@ def bench_norm(ops: Sequence[str], shapes: Sequence[Tuple[int, int]], dtype_name
     """Every (op, shape, backend, mode) timed, with the run's metadata; `command` is the command
     line recorded in it. ceilings=False skips measuring the copy bandwidth (GPU only anyway)."""
     meta = common.gbps_metadata(command, device, ceilings)
-    rows = run_norm_bench(ops, shapes, DTYPES[dtype_name], backends, modes, device, rep_ms)
-    return common.gbps_result("norm", rows, meta, backends, f"RMSNorm / LayerNorm, {dtype_name}, {device.type}")
+    return common.run_gbps("norm", lambda rows: run_norm_bench(ops, shapes, DTYPES[dtype_name], backends, modes,
+                                                                device, rep_ms, rows),
+                           meta, backends, f"RMSNorm / LayerNorm, {dtype_name}, {device.type}")
+
+
+def estimate_norm(ops: Sequence[str], shapes: Sequence[Tuple[int, int]], dtype_name: str, backends: Sequence[str],
+                  modes: Sequence[str], device, rep_ms: float = 100.0) -> Dict[str, object]:
+    """common.estimate_gbps of a norm run (the forward reads x and writes y)."""
+    elem = 4 if dtype_name == "fp32" else 2
+    return dict(common.estimate_gbps([2 * rows * hidden * elem for _ in ops for rows, hidden in shapes], backends,
+                                     modes, device, rep_ms), shapes=len(shapes), ops=len(ops))

@@ -15,8 +15,7 @@ import torch
 from . import common
 from .common import DTYPES, BenchResult, BenchRow, fresh_compile
 
-ROPE_BACKENDS = ("triton", "eager", "compile", "liger")
-LAYOUTS = ("half", "interleaved", "varlen")
+from .names import LAYOUTS, ROPE_BACKENDS
 
 
 def _liger_rope():
@@ -49,8 +48,9 @@ def rope_peers(device: torch.device) -> Dict[str, Tuple[Optional[Callable], str]
 
 def run_rope_bench(shapes: Sequence[Tuple[int, int, int, int]], layouts: Sequence[str], dtype: torch.dtype,
                    backends: Sequence[str], modes: Sequence[str], device: torch.device,
-                   rep_ms: float = 100.0) -> List[BenchRow]:
-    rows: List[BenchRow] = []
+                   rep_ms: float = 100.0, rows: Optional[List[BenchRow]] = None) -> List[BenchRow]:
+    """rows: the list the rows are appended to (kept by a caller that is interrupted)."""
+    rows = [] if rows is None else rows
     dtype_name = str(dtype).replace("torch.", "")
     elem = torch.empty(0, dtype=dtype).element_size()
     peers = rope_peers(device)
@@ -118,5 +118,14 @@ def bench_rope(shapes: Sequence[Tuple[int, int, int, int]], layouts: Sequence[st
     """Every (shape, layout, backend, mode) timed, with the run's metadata; `command` is the
     command line recorded in it. ceilings=False skips measuring the copy bandwidth."""
     meta = common.gbps_metadata(command, device, ceilings)
-    rows = run_rope_bench(shapes, layouts, DTYPES[dtype_name], backends, modes, device, rep_ms)
-    return common.gbps_result("rope", rows, meta, backends, f"RoPE on q and k, {dtype_name}, {device.type}")
+    return common.run_gbps("rope", lambda rows: run_rope_bench(shapes, layouts, DTYPES[dtype_name], backends, modes,
+                                                                device, rep_ms, rows),
+                           meta, backends, f"RoPE on q and k, {dtype_name}, {device.type}")
+
+
+def estimate_rope(shapes: Sequence[Tuple[int, int, int, int]], layouts: Sequence[str], dtype_name: str,
+                  backends: Sequence[str], modes: Sequence[str], device, rep_ms: float = 100.0) -> Dict[str, object]:
+    """common.estimate_gbps of a rope run (the forward reads and writes q and k)."""
+    elem = 4 if dtype_name == "fp32" else 2
+    sizes = [4 * b * h * t * d * elem for b, h, t, d in shapes for _ in layouts]
+    return dict(common.estimate_gbps(sizes, backends, modes, device, rep_ms), shapes=len(shapes), layouts=len(layouts))

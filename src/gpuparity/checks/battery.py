@@ -17,7 +17,7 @@ from .plan import (SECONDS_PER_CHECK, WORKER_START_S, Task, check_backend_names,
                    is_jit as _is_jit, normalize_device, plan, timing_tasks, validate_device)
 from .pool import (CRASH_LIMIT, DEFAULT_TIMEOUT_S, Budget, WorkerPool, as_budget, default_workers,
                    queue_order as _queue_order, run_tasks)
-from .results import CheckResult, ResultStream, Status
+from .results import CheckResult, ResultStream, Status, clip
 from ..contracts import get_spec
 from .verdicts import VerdictKey, verdict_dtype
 
@@ -67,22 +67,24 @@ def run_battery(ops: Optional[Sequence[str]] = None, level: str = "default", dev
     budget = as_budget(budget)
     started = time.monotonic()
     tasks, decided = plan(ops, level, device, dtypes, backends, impl, seed, case_filter, case_lists)
-    total = len(tasks) + len(decided)  # what progress counts: warm-ups report nothing
+    # what progress counts: the checks that run. The skips decided up front are reported at
+    # done=0 (results, not progress); warm-ups report nothing
+    total = len(tasks)
     if warm_timings:
         keys = [(t.op, t.backend, t.dtype) for t in tasks if not t.impl]
         tasks = tasks + timing_tasks(keys, str(device), mode="warm", first_id=len(tasks) + len(decided), only=_is_jit)
     done = 0
     results: List[CheckResult] = []
     with ResultStream(stream_path) as stream:
-        def record(result: CheckResult) -> None:
+        def record(result: CheckResult, ran: bool = True) -> None:
             nonlocal done
-            done += 1
+            done += ran
             stream.write(result)
             results.append(result)
             if progress:
                 progress(done, total, result)
         for result in decided:
-            record(result)
+            record(result, ran=False)
         run_tasks(tasks, isolate=isolate, timeout=timeout, env=env, on_result=record, budget=budget,
                   crash_limit=crash_limit)
         if explore and not (budget and budget.spent):
@@ -118,7 +120,7 @@ def verdicts_from_results(results: Iterable[CheckResult]) -> Dict[str, Dict[str,
             "checks": len(ran),
             "failed": len(bad),
             "reason": (f"passed {len(ran)} check{'s' * (len(ran) != 1)}" if not bad else
-                       f"failed {len(bad)}/{len(ran)} check{'s' * (len(ran) != 1)}, e.g. {bad[0].case}: {bad[0].status.value} {bad[0].reason[:200]}"),
+                       f"failed {len(bad)}/{len(ran)} check{'s' * (len(ran) != 1)}, e.g. {bad[0].case}: {bad[0].status.value} {clip(bad[0].reason, 200)}"),
             "checked_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
     return verdicts

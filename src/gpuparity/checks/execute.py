@@ -15,7 +15,7 @@ import torch
 from ..dispatch import BackendUnavailable, get as get_backend
 from .. import targets, tolerance
 from .families import apply_values, apply_views
-from .results import Comparison, Status
+from .results import Comparison, Status, clip
 from ..contracts import OpSpec, get_spec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
@@ -182,7 +182,7 @@ def _run_case(spec: OpSpec, fn: Callable, params: Dict[str, Any], dtype: torch.d
     except Exception as exc:  # noqa: BLE001 - an implementation that raises is a result
         frames = traceback.extract_tb(exc.__traceback__)
         where = f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
-        return Status.ERROR, [], f"raised {type(exc).__name__}: {str(exc)[:400]}{where}", grad_out
+        return Status.ERROR, [], f"raised {type(exc).__name__}: {clip(exc, 400)}{where}", grad_out
     if problems:
         return Status.FAIL, [], "; ".join(problems), grad_out
     if device.type == "cuda":

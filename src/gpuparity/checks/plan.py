@@ -8,6 +8,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 import torch
 
 from .. import dispatch
+from ..device import device_name
 from . import families
 from .execute import dtype_from_name, dtype_name, task_seed
 from .results import NOT_RUN_HERE, CheckResult, Status
@@ -44,18 +45,12 @@ class Task:
 
 
 def normalize_device(device) -> torch.device:
-    try:
-        device = torch.device(device) if device is not None else torch.device("cpu")
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}") from exc
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", 0)
-    return device
+    """None: the CPU; else the one check every device argument gets (device.device_name)."""
+    return torch.device(device_name(device) if device is not None else "cpu")
 
 
 def validate_device(device: torch.device) -> None:
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"device: expected 'cpu' or 'cuda[:N]', got {str(device)!r}")
+    device_name(device)
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device: {device} was asked for, but torch sees no CUDA or ROCm GPU "

@@ -5,6 +5,7 @@ import dataclasses
 import enum
 import json
 import os
+import re
 from typing import Any, Dict, Iterable, Iterator, List, Optional
 
 from ..tolerance import Comparison  # noqa: F401 - re-exported: results carry comparisons
@@ -146,6 +147,35 @@ def not_run_here(results: Iterable[CheckResult]) -> List[Dict[str, Any]]:
                                      {"op": result.op, "case": result.case, "reason": reason, "checks": 0})
             entry["checks"] += 1
     return list(found.values())
+
+
+_NUMBER = re.compile(r"[-+]?(?:\d[\d_]*\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+ELLIPSIS = "\u2026"
+
+
+def clip(text: Any, limit: int) -> str:
+    """`text` in at most `limit` characters: whole when it fits, else cut at the last space
+    before the limit (never inside a word or a number: "expected -0.6123" becomes "expected
+    \u2026", not "expected -0.6") and ended with an ellipsis. A first word longer than the limit is
+    cut inside, but before any number it would split."""
+    text = str(text)
+    if limit < 2 or len(text) <= limit:
+        return text[:max(limit, 0)] if limit < 2 else text
+    end = limit - 1                       # room for the ellipsis
+    space = text.rfind(" ", 0, end + 1)
+    if space > 0:
+        end = space
+    else:
+        for number in _NUMBER.finditer(text, 0, end + 1):
+            if number.start() < end < number.end():
+                end = number.start()
+    return text[:end].rstrip(" ,;:=") + ELLIPSIS
+
+
+def ran_count(results: Iterable[CheckResult]) -> int:
+    """How many of the results are checks that ran (what progress and "N checks ran" count):
+    not the skips (decided before the run, or a backend declining a case) nor the NOT_RUN."""
+    return sum(1 for result in results if result.status not in (Status.SKIP, Status.NOT_RUN))
 
 
 def tally(results: Iterable[CheckResult]) -> Dict[str, int]:

@@ -19,7 +19,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 from .plan import Task
 from .pool import DEFAULT_TIMEOUT_S, WorkerPool, _run_one
 from ..contracts import get_spec
-from .results import CheckResult, Status
+from .results import CheckResult, Status, clip
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ def shrink(result: CheckResult, *, impl: Optional[str] = None, isolate: bool = T
                 shrunk.repro = stem + ".py"
             else:
                 shrunk.repro_error = (f"no repro written: the last run was {final.status.value}"
-                                      + (f" ({final.reason[:200]})" if final.reason else "")
+                                      + (f" ({clip(final.reason, 200)})" if final.reason else "")
                                       + ("; a crash or hang takes the process with it, rerun the check's "
                                          "rerun line instead" if final.status in (Status.CRASH, Status.TIMEOUT) else ""))
         log.info("shrunk %s in %d attempts: %s", result.key, attempts, "; ".join(steps) or "already minimal")

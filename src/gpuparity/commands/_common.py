@@ -158,12 +158,17 @@ def add_device(parser: argparse.ArgumentParser) -> None:
 def check_device_argument(args) -> None:
     """Every command's --device, checked the same way before its handler runs: a device that
     is not cpu/cuda/cuda:N, or a GPU torch cannot see, raises ValueError ("device: ..."), which
-    cli.main turns into one line and exit 2 (not a traceback from deep inside torch)."""
+    cli.main turns into one line and exit 2 (not a traceback from deep inside torch). The name is
+    checked without torch (device.device_name, the API's check too); torch is imported only to
+    ask whether it sees a GPU that was named."""
     value = getattr(args, "device", None)
     if not isinstance(value, str):
         return
-    from ..checks.plan import normalize_device, validate_device
-    validate_device(normalize_device(value))
+    from ..device import device_name
+    name = device_name(value)
+    if name.startswith("cuda"):
+        from ..checks.plan import normalize_device, validate_device
+        validate_device(normalize_device(name))
 
 
 # --------------------------------------------------------------------------- interruptions

@@ -8,8 +8,6 @@ import sys
 from rich.table import Table
 
 from ..cachedir import cache_dir
-from ..checks import verdicts
-from ..checks.battery import verdict_status
 from ._common import console
 
 # An unsupported backend (no check could run: wrong vendor, no GPU, a kind it does not serve)
@@ -24,6 +22,9 @@ def register(subparsers) -> None:
 
 
 def handle(args) -> int:
+    from ..checks import verdicts  # imports torch: not for `cache --help`
+    from ..checks.battery import verdict_status
+    from ..checks.results import clip
     con = console()
     files = sorted(glob.glob(os.path.join(cache_dir(), "probes-*.json")))
     if args.action == "clear":
@@ -61,7 +62,7 @@ def handle(args) -> int:
             op, backend, dtype, kind = verdicts.VerdictKey.decode(key)
             time_ms = verdict.get("time_ms")
             status = verdict_status(verdict)
-            reason = str(verdict.get("reason", ""))[:160]
+            reason = clip(verdict.get("reason", ""), 160)
             table.add_row(op, backend, dtype, kind, VERDICT_STYLE[status],
                           f"{time_ms:.3g}" if isinstance(time_ms, (int, float)) else "-",
                           f"unsupported: {reason}" if status == "unsupported" else reason)

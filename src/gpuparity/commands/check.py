@@ -6,10 +6,7 @@ import sys
 import time
 
 from .. import platform
-from ..api import check as run_check
-from ..checks.results import tally
-from ..contracts import OPS, get_spec
-from ..report.terminal import PlainProgress, render_failures, render_results, tally_text
+from ..contracts import OPS
 from ._common import (add_device, add_explore, add_json, add_shrink, battery_progress, emit_json, human_console,
                       interruption, repro_dir, split_list)
 
@@ -42,6 +39,11 @@ def register(subparsers) -> None:
 
 
 def handle(args) -> int:
+    # torch comes in with these: `gpuparity check --help` and a bad usage import none of them
+    from ..api import check as run_check
+    from ..checks.results import ran_count, tally
+    from ..contracts import get_spec
+    from ..report.terminal import PlainProgress, render_failures, render_results, tally_text
     con = human_console(args)
     spec = get_spec(args.op)
     if args.signature:
@@ -72,8 +74,8 @@ def handle(args) -> int:
     counts = tally(results)
     con.print(f"{tally_text(counts)} in {duration:.1f} s on {device}")
     if interrupted:
-        con.print(f"[bold red]interrupted by {interrupted}[/]: {len(results)} results kept, the checks left "
-                  f"did not run (exit {code})")
+        con.print(f"[bold red]interrupted by {interrupted}[/]: {ran_count(results)} checks ran, their results "
+                  f"kept; the checks left did not run (exit {code})")
     if args.json:
         data = {"schema_version": 1, "kind": "check", "op": args.op, "impl": args.impl,
                 "platform": platform.collect(), "level": args.level, "device": device, "seed": args.seed,

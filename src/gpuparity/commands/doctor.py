@@ -6,11 +6,6 @@ import sys
 import tempfile
 import time
 
-from ..checks.results import read_stream
-from ..doctor import DoctorOptions, estimate, partial_report, run_doctor
-from ..report.files import write_text
-from ..report.html import render_doctor_html
-from ..report.terminal import PlainProgress, render_doctor, render_results
 from ._common import (add_device, add_explore, add_json, add_shrink, battery_progress, emit_json, human_console,
                       interruption, output_file, repro_dir, split_list)
 
@@ -49,6 +44,10 @@ def register(subparsers) -> None:
 
 
 def handle(args) -> int:
+    # torch comes in with these: `gpuparity doctor --help` and a bad usage import none of them
+    from ..checks.results import ran_count, read_stream
+    from ..doctor import DoctorOptions, estimate, partial_report, run_doctor
+    from ..report.terminal import PlainProgress, render_doctor, render_results
     con = human_console(args)
     stream = args.stream or os.path.join(tempfile.mkdtemp(prefix="gpuparity-"), "results.jsonl")
     options = DoctorOptions(level=args.level, device=args.device, ops=split_list(args.ops),
@@ -63,7 +62,7 @@ def handle(args) -> int:
               + f"; results stream to {stream}")
     started = time.monotonic()
     try:
-        total = plan["checks"] + plan["skipped"]
+        total = plan["checks"]   # progress counts the checks that run, as the line above does (not the skips)
         with battery_progress(con, total) as bar, PlainProgress(sys.stderr, "doctor", total,
                                                                 enabled=not con.is_terminal, also=bar) as progress:
             report = run_doctor(options, progress=progress)
@@ -77,8 +76,8 @@ def handle(args) -> int:
         report = partial_report(options, kept, error=str(exc) if signal_name else f"{type(exc).__name__}: {exc}",
                                 exit_code=code, interrupted=signal_name, duration_s=time.monotonic() - started)
         render_results(con, kept)
-        con.print(f"[bold red]doctor stopped: {report['error']}[/]; {len(kept)} results kept in {stream} "
-                  f"(exit {code})")
+        con.print(f"[bold red]doctor stopped: {report['error']}[/]; {ran_count(kept)} of {plan['checks']} checks "
+                  f"ran, their results kept in {stream} (exit {code})")
         _write_reports(con, args, report)
         if isinstance(exc, (SystemExit, GeneratorExit)):
             raise
@@ -92,5 +91,7 @@ def _write_reports(con, args, report) -> None:
     if args.json:
         emit_json(con, args.json, report)
     if args.html:
+        from ..report.files import write_text
+        from ..report.html import render_doctor_html
         write_text(args.html, render_doctor_html(report))
         con.print(f"[dim]wrote {args.html}[/]")

@@ -5,7 +5,6 @@ import json
 
 from .. import platform
 from ..report.files import write_json
-from ..report.terminal import render_platform
 from ._common import add_json, console
 
 
@@ -19,6 +18,7 @@ def register(subparsers) -> None:
 
 
 def handle(args) -> int:
+    from ..report.terminal import render_platform  # imports torch: not for `env --help`
     report = platform.collect()
     if args.json == "-":
         print(json.dumps(report, indent=1, default=str))

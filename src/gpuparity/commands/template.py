@@ -46,7 +46,7 @@ def register(subparsers) -> None:
     apptainer = sub.add_parser(
         "apptainer", help="an Apptainer definition on the vendor's PyTorch image",
         description="A definition file on rocm/pytorch (AMD) or NGC / pytorch/pytorch (NVIDIA) that installs "
-                    "gpuparity without replacing the image's torch and Triton, and runs gpuparity doctor in %%test.")
+                    "gpuparity without replacing the image's torch and Triton, and runs gpuparity doctor in %test.")
     apptainer.add_argument("--vendor", choices=("amd", "nvidia"), required=True)
     apptainer.add_argument("--torch", metavar="VERSION", help="the torch version the image must carry, e.g. 2.7.1")
     apptainer.add_argument("--image", help="the base image (default: rocm/pytorch:latest / an NGC PyTorch release)")
@@ -105,6 +105,7 @@ def handle_slurm(args) -> int:
 def handle_apptainer(args) -> int:
     from ..templates import apptainer_definition
     text = apptainer_definition(args.vendor, torch_version=args.torch, image=args.image, source=args.source,
+                                filename=os.path.basename(args.out) if args.out and not args.dry_run else None,
                                 generated_by=_generated_by(sys.argv[1:] if sys.argv[1:2] == ["template"] else
                                                            ["template", "apptainer"]))
     return _emit(text, args, executable=False)

@@ -12,7 +12,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "workload", help="train reference workloads (aam, cnn) and check that two runs agree",
         description="Train a reference workload with seeded data and weights (identical on every machine) and "
-                    "compare two runs: final metrics within 5%% and loss curves that track.")
+                    "compare two runs: final metrics within 5% and loss curves that track.")
     sub = parser.add_subparsers(dest="workload_command", metavar="ACTION")
 
     run = sub.add_parser("run", help="train a workload and write its run record")
@@ -66,7 +66,7 @@ def handle_run(args) -> int:
     final = ", ".join(f"{k} {v:.4g}" for k, v in record["final"].items())
     step = record.get("step_time_ms_median")
     if record["status"] == "ok":
-        con.print(f"{args.workload} ({record['size']}, attn={record['attn']}) on {device} {record['dtype']}: "
+        con.print(f"{args.workload} ({record['size']}{attn_text(record.get('attn'))}) on {device} {record['dtype']}: "
                   f"{record['steps']} steps, {step:.1f} ms/step; final {final}")
     else:
         con.print(f"[bold red]{args.workload} on {device}: {record['status']}[/]: {record['error']}")
@@ -74,6 +74,14 @@ def handle_run(args) -> int:
             con.print(f"[dim]{record['stderr_tail']}[/]")
     con.print(f"[dim]wrote {args.out}[/]")
     return 0 if record["status"] == "ok" else 1
+
+
+def attn_text(attn) -> str:
+    """", attn=BACKEND" for the run line; auto says that dispatch chose per call; nothing for a
+    workload without attention (cnn)."""
+    if attn is None:
+        return ""
+    return f", attn={'auto (resolved per call)' if attn == 'auto' else attn}"
 
 
 def handle_compare(args) -> int:

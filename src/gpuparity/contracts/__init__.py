@@ -11,9 +11,18 @@ Adding an op: its contract module, one line below, its backends and its tests.
 from __future__ import annotations
 
 import importlib
-from typing import Dict, Tuple
+from typing import TYPE_CHECKING, Dict, Tuple
 
-from .base import LEVELS, Case, OpSpec
+if TYPE_CHECKING:
+    from .base import LEVELS, Case, OpSpec
+
+
+def __getattr__(name: str):
+    # LEVELS, Case and OpSpec come from base.py (it imports torch) when first asked for: the op
+    # names need no torch, so `gpuparity check --help` lists them at once
+    if name in ("LEVELS", "Case", "OpSpec"):
+        return getattr(importlib.import_module(".base", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # op -> (contract module, the OpSpec's name in it), in the battery's order. A contract is
 # imported the first time its op is asked for, so a call of one op loads one contract.

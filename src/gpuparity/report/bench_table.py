@@ -10,6 +10,7 @@ from rich.table import Table
 
 from ..bench.attention import GRAPH_MODE, NOTES, target_summary
 from ..bench.common import OURS, BenchResult, BenchRow, summarise
+from ..checks.results import clip
 from .files import write_json, write_text
 
 
@@ -20,15 +21,27 @@ def _fmt(value, spec="{:.3f}"):
 def render_terminal(result: BenchResult, console: Optional[Console] = None) -> None:
     """Print the result's table (and attention's targets, or the GB/s benches' skip reasons)."""
     if result.bench == "attention":
-        _attention_terminal(result.rows, console or Console(width=max(140, Console().width)))
+        console = console or Console(width=max(140, Console().width))
+        _attention_terminal(result.rows, console)
     else:
-        _gbps_terminal(result, console or Console())
+        console = console or Console()
+        _gbps_terminal(result, console)
+    if result.meta.get("partial"):
+        console.print(f"[bold red]{partial_note(result)}[/]")
+
+
+def partial_note(result: BenchResult) -> str:
+    """The line under an interrupted bench's table: what it holds and what did not run."""
+    return (f"partial: interrupted by {result.meta.get('interrupted') or 'SIGINT'}; {len(result.rows)} rows finished "
+            f"and are shown, the rest did not run")
 
 
 def markdown(result: BenchResult) -> str:
     if result.bench == "attention":
-        return _attention_markdown(result.rows, result.meta)
-    return _gbps_markdown(result.title, result.rows, result.meta, result.backends)
+        text = _attention_markdown(result.rows, result.meta)
+    else:
+        text = _gbps_markdown(result.title, result.rows, result.meta, result.backends)
+    return text + (f"\n_{partial_note(result)}_\n" if result.meta.get("partial") else "")
 
 
 def write_markdown(path: str, result: BenchResult) -> str:
@@ -46,7 +59,7 @@ def attention_progress(step: str, rows: Optional[List[BenchRow]]) -> str:
     if rows is None:
         return step
     return "  " + "  ".join(f"{r.mode} {_fmt(r.time_ms)} ms" if r.status == "ok" else
-                            f"{r.mode} {r.status}: {r.reason[:100]}" for r in rows)
+                            f"{r.mode} {r.status}: {clip(r.reason, 100)}" for r in rows)
 
 
 # ----------------------------------------------------------------------------- attention
@@ -101,7 +114,7 @@ def _attention_markdown(rows: List[BenchRow], meta: Dict[str, object]) -> str:
     for (shape, pad, backend), modes in _by_backend(rows).items():
         any_row = modes.get("fwd") or modes.get("fwd+bwd")
         if any_row.status != "ok":
-            lines.append(f"| {shape} | {pad} | {backend} | {any_row.status}: {any_row.reason[:120]} |"
+            lines.append(f"| {shape} | {pad} | {backend} | {any_row.status}: {clip(any_row.reason, 120)} |"
                          + " |" * (len(ATTENTION_COLUMNS) - 1))
             continue
         lines.append(f"| {shape} | {pad} | {backend} | " + " | ".join(_attention_cells(modes)) + " |")

@@ -6,6 +6,7 @@ from typing import Any, Dict, List, Optional
 from rich.console import Console
 from rich.table import Table
 
+from ..checks.results import clip
 from ..fleet import format_size, worst_status
 
 STYLE = {"PASS": "green", "FAIL": "bold red", "ERROR": "red", "CRASH": "bold magenta", "TIMEOUT": "magenta",
@@ -62,7 +63,7 @@ def render_fleet(console: Console, report: Dict[str, Any], *, all_sizes: bool = 
         if row.get("stuck_step") and row["stuck_step"] not in (row.get("reason") or ""):
             notes.append(f"stuck in {row['stuck_step']}")
         if row.get("reason") and row.get("status") not in ("PASS", "SKIP"):
-            notes.append(row["reason"][:160])
+            notes.append(clip(row["reason"], 160))
         gpu = f"{row.get('local_rank', '-')}: {row.get('device_name') or row.get('device') or '?'}"
         table.add_row(str(row.get("host")), gpu, str(row["rank"]), _status(row["status"]),
                       _battery(row.get("battery") or {}), _rate(probes.get("matmul", {}), "tflops", "TFLOP/s"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 import html
 from typing import Any, Dict, List
 
-from ..checks.results import CheckResult, not_run_here
+from ..checks.results import CheckResult, clip, not_run_here
 from .terminal import summarize, why_text
 
 CSS = """
@@ -64,7 +64,7 @@ def render_doctor_html(report: Dict[str, Any]) -> str:
     parts.append(html_table(["op", "backend", "status", "pass", "fail", "crash/timeout", "skip", "why"], [
         [esc(r["op"]), esc(r["backend"]), f"<span class='{r['status']}'>{r['status']}</span>", str(r["counts"]["PASS"]),
          str(r["counts"]["FAIL"] + r["counts"]["ERROR"]), str(r["counts"]["CRASH"] + r["counts"]["TIMEOUT"]),
-         str(r["counts"]["SKIP"]), esc(why_text(r)[:300])] for r in summarize(results)]))
+         str(r["counts"]["SKIP"]), esc(clip(why_text(r), 300))] for r in summarize(results)]))
     too_big = not_run_here(results)
     if too_big:   # each by name: the table counts them among the skips under one reason
         parts.append(f"<h2>Not run here: too large for this machine or the level's budget ({len(too_big)})</h2>")
@@ -76,7 +76,7 @@ def render_doctor_html(report: Dict[str, Any]) -> str:
         [f"<span class='{r.status.value}'>{r.status.value}</span>", esc(r.key), esc(r.seed),
          esc(f"{r.worst_comparison.err:.3g} / {r.worst_comparison.allowed:.3g}" if r.worst_comparison and
             r.worst_comparison.err is not None else "-"),
-         esc(r.reason[:600]), f"<pre>{esc(r.stderr_tail[-800:])}</pre>" if r.stderr_tail else ""] for r in bad])
+         esc(clip(r.reason, 600)), f"<pre>{esc(r.stderr_tail[-800:])}</pre>" if r.stderr_tail else ""] for r in bad])
                  if bad else "<p>None.</p>")
     parts.append("<h2>Platform</h2>")
     flat = []

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..checks.results import SEVERITY, CheckResult, Status, not_run_here, worst
+from ..checks.results import SEVERITY, CheckResult, Status, clip, not_run_here, worst
 from ..platform import is_unknown
 
 STYLE = {"PASS": "green", "FAIL": "bold red", "ERROR": "red", "CRASH": "bold magenta", "TIMEOUT": "magenta",
@@ -124,7 +124,7 @@ def render_results(console: Console, results: List[CheckResult], title: str = "C
         table.add_column(column, overflow="fold")
     for row in summarize(results):
         c = row["counts"]
-        why = escape(why_text(row)[:220])
+        why = escape(clip(why_text(row), 220))
         table.add_row(row["op"], row["backend"], f"[{STYLE[row['status']]}]{row['status']}[/]", str(c["PASS"]),
                       str(c["FAIL"] + c["ERROR"]), str(c["CRASH"] + c["TIMEOUT"]), str(c["SKIP"]),
                       *[str(c["NOT_RUN"])] * not_run, why)
@@ -231,7 +231,7 @@ def render_failures(console: Console, results: List[CheckResult], limit: int = 1
     console.print(f"[bold]Failed checks[/] ({len(bad)}; first {min(limit, len(bad))}; "
                   f"each with the command that reruns it):")
     for r in bad[:limit]:
-        console.print(f"  [{STYLE[r.status.value]}]{r.status.value}[/] {r.key} seed={r.seed}: {r.reason[:400]}")
+        console.print(f"  [{STYLE[r.status.value]}]{r.status.value}[/] {r.key} seed={r.seed}: {clip(r.reason, 400)}")
         command = rerun_command(r, timeout)
         if command:
             # never wrapped, so it can be copied whole

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..checks.results import clip
 from .html import esc, html_table, page_head
 from .plots import error_along_depth_svg
 
@@ -152,7 +153,7 @@ def render_replay(console: Console, data: Dict[str, Any], show_all: bool = False
             status = {"ok": "[green]ok[/]", "diverged": "[bold red]DIVERGES[/]", "error": "[bold red]ERROR[/]",
                       "skipped": "[dim]skipped[/]"}[row["status"]]
             if row["status"] in ("skipped", "error") and row.get("reason"):
-                status += f" [dim]{row['reason'][:80]}[/]"
+                status += f" [dim]{clip(row['reason'], 80)}[/]"
             style = "bold" if culprit is not None and row["key"] == culprit["key"] else None
             table.add_row(str(row["index"]), row["key"], row["type"], _num(row.get("err")), _num(row.get("allowed")),
                           _num(row.get("recorded_err64")), _num(row.get("here_err64")), status, style=style)
@@ -272,7 +273,7 @@ def render_model_check(console: Console, data: Dict[str, Any], show_all: bool = 
         for row in rows_to_show(rows, culprit, show_all):
             status = _OWN_STATUS[row["status"]]
             if row["status"] in ("skipped", "error", "unconfirmed") and row.get("reason"):
-                status += f" [dim]{row['reason'][:80]}[/]"
+                status += f" [dim]{clip(row['reason'], 80)}[/]"
             style = "bold" if culprit is not None and row["key"] == culprit["key"] else None
             table.add_row(str(row["index"]), row["key"], row["type"], _num(row.get("err")), _num(row.get("inherited")),
                           _num(row.get("allowed")), status, style=style)
@@ -338,7 +339,7 @@ def render_compile_choice(console: Console, data: Dict[str, Any]) -> None:
     for attempt in data["attempts"]:
         result = {"ok": "[green]ok[/]", "wrong": "[bold red]WRONG ANSWER[/]", "error": "[red]error[/]"}[attempt["status"]]
         table.add_row(attempt["backend"], result, _num(attempt.get("err")), _num(attempt.get("eager_err")),
-                      _num(attempt.get("allowed")), f"{attempt.get('seconds', 0):.1f}", attempt.get("reason", "")[:200])
+                      _num(attempt.get("allowed")), f"{attempt.get('seconds', 0):.1f}", clip(attempt.get("reason", ""), 200))
     console.print(table)
     for note in data.get("notes", []):
         console.print(f"[yellow]note:[/] {note}")

@@ -58,16 +58,22 @@ def _is_checkout(path: str) -> bool:
 
 
 def apptainer_definition(vendor: str, *, torch_version: Optional[str] = None, image: Optional[str] = None,
-                         source: Optional[str] = None, generated_by: str = "") -> str:
+                         source: Optional[str] = None, generated_by: str = "", filename: Optional[str] = None) -> str:
     """The definition file as text. `source`: what pip installs gpuparity from: a local wheel or
     source folder (copied into the image through %files; of a gpuparity checkout only what the
     build needs), a git URL or a pip requirement. Default: the checkout this gpuparity runs from
-    (gpuparity is not on PyPI); installed from a wheel, there is none and `source` is required."""
+    (gpuparity is not on PyPI); installed from a wheel, there is none and `source` is required.
+    filename: the name the definition is written as (default gpuparity.def): its build and run
+    lines name it and the image built from it (NAME.sif)."""
     if vendor not in VENDORS:
         raise ValueError(f"vendor: expected amd or nvidia, got {vendor!r}")
     if torch_version is not None and not _VERSION.match(torch_version):
         raise ValueError(f"torch: expected a version such as 2.7 or 2.7.1, got {torch_version!r}")
     base = image_for(vendor, torch_version, image)
+    definition = filename or "gpuparity.def"
+    if "/" in definition or any(c.isspace() for c in definition):
+        raise ValueError(f"filename: expected a file name without spaces or folders, got {filename!r}")
+    sif = (definition[:-len(".def")] if definition.endswith(".def") else definition) + ".sif"
     if source is None:
         source = checkout_root()
         if source is None:
@@ -106,9 +112,9 @@ From: {base}
 
 # gpuparity {__version__} on the {vendor.upper()} PyTorch image {base}
 # ({generated_by or 'gpuparity template apptainer'}).
-# Build: apptainer build gpuparity.sif gpuparity.def   (add --notest on a machine without a GPU)
-# Test on a compute node: apptainer test {flag} gpuparity.sif
-# Run: apptainer exec {flag} gpuparity.sif python train.py
+# Build: apptainer build {sif} {definition}   (add --notest on a machine without a GPU)
+# Test on a compute node: apptainer test {flag} {sif}
+# Run: apptainer exec {flag} {sif} python train.py
 
 %labels
     org.gpuparity.version {__version__}
@@ -133,7 +139,7 @@ From: {base}
 {chr(10).join(env_lines)}
 
 %test
-    # Needs the GPU: apptainer test {flag} gpuparity.sif
+    # Needs the GPU: apptainer test {flag} {sif}
     exec gpuparity doctor --quick
 
 %runscript
@@ -143,6 +149,6 @@ From: {base}
     exec "$@"
 
 %help
-    gpuparity {__version__} on {base}. `apptainer run {flag} gpuparity.sif` checks this machine
-    (gpuparity doctor --quick); `apptainer exec {flag} gpuparity.sif CMD` runs CMD.
+    gpuparity {__version__} on {base}. `apptainer run {flag} {sif}` checks this machine
+    (gpuparity doctor --quick); `apptainer exec {flag} {sif} CMD` runs CMD.
 """

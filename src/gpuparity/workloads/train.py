@@ -116,7 +116,8 @@ def run(name: str, *, attn: Optional[str] = None, steps: Optional[int] = None, d
     isolate = (name == "cnn") if isolate is None else isolate
     record: Dict[str, Any] = {
         "schema_version": SCHEMA_VERSION, "kind": "gpuparity-workload-run", "workload": name,
-        "attn": attn if name == "aam" else None, "device": str(device), "dtype": str(DTYPES[dtype]).replace("torch.", ""),
+        # aam's attention backend as asked: "auto" (dispatch picks per call) when none was named
+        "attn": (attn or "auto") if name == "aam" else None, "device": str(device), "dtype": str(DTYPES[dtype]).replace("torch.", ""),
         "seed": seed, "size": size, "steps": steps, "config": workload.config(),
         "metric_names": list(workload.metrics), "isolated": bool(isolate),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -1,13 +1,13 @@
 """Arguments the benches share: the GB/s benches' common options, comma lists, the device, and
-the command line recorded in a result."""
+the command line recorded in a result, the estimate said before a bench starts. No torch at
+import (bench/names.py has the names): `gpuparity bench NAME --help` answers at once."""
 from __future__ import annotations
 
 import argparse
-from typing import Optional, Sequence
+import sys
+from typing import Any, Dict, Optional, Sequence
 
-import torch
-
-from ...bench.common import DTYPES, MODES
+from ...bench.names import DTYPE_NAMES, MODES
 
 
 class BenchUsageError(ValueError):
@@ -25,7 +25,8 @@ def parse_list(text: str, allowed: Optional[Sequence[str]] = None, what: str = "
     return items
 
 
-def pick_device(name: Optional[str]) -> torch.device:
+def pick_device(name: Optional[str]) -> "torch.device":
+    import torch
     if name is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
@@ -34,10 +35,12 @@ def pick_device(name: Optional[str]) -> torch.device:
     return device
 
 
-def add_gbps_arguments(parser: argparse.ArgumentParser, default_shapes: str, backends: Sequence[str]) -> None:
+def add_gbps_arguments(parser: argparse.ArgumentParser, default_shapes: str, backends: Sequence[str],
+                       cpu_shapes: str) -> None:
     """The options of every GB/s bench (norm, rope): shapes, dtype, backends, modes, files."""
-    parser.add_argument("--shapes", default=default_shapes, help=f"comma-separated shapes (default {default_shapes})")
-    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="input dtype (default bf16)")
+    parser.add_argument("--shapes", default=None,
+                        help=f"comma-separated shapes (default {default_shapes}; on a CPU {cpu_shapes})")
+    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPE_NAMES), help="input dtype (default bf16)")
     parser.add_argument("--backends", default=",".join(backends),
                         help=f"comma-separated subset of {','.join(backends)}")
     parser.add_argument("--modes", default="fwd,fwd+bwd",
@@ -50,6 +53,24 @@ def add_gbps_arguments(parser: argparse.ArgumentParser, default_shapes: str, bac
     parser.add_argument("--md", dest="markdown_path", metavar="MD_PATH", default=None, help="write a Markdown table")
     parser.add_argument("--plot", dest="plot_path", default=None, help="write a bar plot (PNG, needs matplotlib)")
     parser.add_argument("--no-ceilings", action="store_true", help="skip measuring the copy bandwidth")
+
+
+def default_shapes(args, device, gpu: str, cpu: str) -> str:
+    """--shapes, else the bench's default for the device (CPU-sized on a CPU); recorded in args
+    so that the command line of the result names the shapes that ran."""
+    if args.shapes is None:
+        args.shapes = cpu if str(device).startswith("cpu") else gpu
+    return args.shapes
+
+
+def announce(name: str, plan: Dict[str, Any], device, parts: Sequence[str]) -> None:
+    """The estimate a bench says on stderr before it starts (the library never prints): its
+    measurements (`parts`: the plan's factors, e.g. shapes, backends, modes) and rough seconds."""
+    seconds = plan["seconds"]
+    about = f"{seconds:.0f} s" + (f" (~{seconds / 60:.0f} min)" if seconds >= 120 else "")
+    factors = " x ".join(f"{plan[part]} {part}" for part in parts)
+    print(f"gpuparity bench {name}: {factors}: {plan['measurements']} measurements on {device}, about {about} "
+          f"(a rough estimate); Ctrl-C shows the rows finished so far", file=sys.stderr, flush=True)
 
 
 def parse_modes(text: str) -> list:

@@ -5,14 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Dict, List, Tuple
 
-import torch
-from rich.console import Console
-
-from ...bench.attention import BACKENDS, SHAPES, bench_attention
-from ...bench.attention_suites import DECODE_KV_HEADS, DECODE_SHAPES, SUITES, WINDOW_SHAPES, WINDOWS
-from ...bench.common import DTYPES, BenchResult
-from ...report.bench_table import attention_progress
-from ._args import BenchUsageError
+from ...bench.names import (BACKENDS, CPU_SHAPES, CPU_SUITE_SHAPES, DECODE_KV_HEADS, DECODE_SHAPES, DTYPE_NAMES, SHAPES,
+                            SUITE_SHAPES, SUITES, WINDOW_SHAPES, WINDOWS)
+from ._args import BenchUsageError, announce, pick_device
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,14 +16,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "sliding window; varlen: packed sequences; decode: one query against a KV cache "
                              "(B,H,S,D = B, query heads, cache length, head dim)" % ", ".join(SUITES))
     parser.add_argument("--shapes", default=None,
-                        help="comma-separated names (%s, decode: %s) or B,H,S,D groups separated by ';' or "
-                             "spaces (default: all the shapes of docs/targets.md; window: %s; decode: the decode grid)"
-                             % (", ".join(SHAPES), ", ".join(DECODE_SHAPES), ", ".join(WINDOW_SHAPES)))
+                        help="comma-separated names (%s, decode: %s, CPU-sized: %s) or B,H,S,D groups separated by "
+                             "';' or spaces (default: all the shapes of docs/targets.md; window: %s; decode: the decode "
+                             "grid; on a CPU the CPU-sized ones, window: cpu-m, decode: %s)"
+                             % (", ".join(SHAPES), ", ".join(DECODE_SHAPES), ", ".join(CPU_SHAPES),
+                                ", ".join(WINDOW_SHAPES), ", ".join(CPU_SUITE_SHAPES["decode"])))
     parser.add_argument("--windows", default=",".join(map(str, WINDOWS)),
                         help="window suite: comma-separated left window sizes (default %(default)s)")
     parser.add_argument("--kv-heads", type=int, default=DECODE_KV_HEADS,
                         help="decode suite: KV heads (GQA; must divide H, default %(default)s)")
-    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPE_NAMES))
     parser.add_argument("--pad", default="0,0.25",
                         help="mean fractions of padded keys per batch item, comma-separated (default 0,0.25)")
     parser.add_argument("--backends", default=",".join(BACKENDS),
@@ -60,7 +57,7 @@ def parse_shapes(text: str) -> List[Tuple[str, Tuple[int, int, int, int]]]:
                     raise ValueError(f"--shapes: dimensions must be >= 1, got {dims}")
                 shapes.append((f"({','.join(map(str, dims))})", dims))
             continue
-        named = {**SHAPES, **DECODE_SHAPES}
+        named = {**SHAPES, **DECODE_SHAPES, **CPU_SHAPES}
         for name in parts:
             if name not in named:
                 raise ValueError(f"--shapes: unknown shape {name!r}; expected one of {sorted(named)} or B,H,S,D")
@@ -104,11 +101,11 @@ def parse_windows(text: str) -> List[int]:
     return [int(p) for p in parts]
 
 
-def suite_shapes(suites: List[str], text, kv_heads: int) -> Dict[str, list]:
-    """Each suite's shapes: the --shapes given (for every suite), else the suite's default."""
-    defaults = {"dense": ",".join(SHAPES), "varlen": ",".join(SHAPES), "window": ",".join(WINDOW_SHAPES),
-                "decode": ",".join(DECODE_SHAPES)}
-    out = {suite: parse_shapes(text or defaults[suite]) for suite in suites}
+def suite_shapes(suites: List[str], text, kv_heads: int, cpu: bool = False) -> Dict[str, list]:
+    """Each suite's shapes: the --shapes given (for every suite), else the suite's default (on a
+    CPU its CPU-sized default: docs/targets.md's shapes take minutes per backend there)."""
+    defaults = CPU_SUITE_SHAPES if cpu else SUITE_SHAPES
+    out = {suite: parse_shapes(text or ",".join(defaults[suite])) for suite in suites}
     for label, dims in out.get("decode", []):
         if kv_heads < 1 or dims[1] % kv_heads:
             raise ValueError(f"--kv-heads: expected a divisor of the decode shape's H={dims[1]} ({label}), "
@@ -127,16 +124,21 @@ def command_line(args: argparse.Namespace) -> str:
                                                              ("plot", args.plot_path)) if value))
 
 
-def run(args: argparse.Namespace) -> BenchResult:
+def run(args: argparse.Namespace) -> "BenchResult":
+    from rich.console import Console
+    from ...bench.attention import bench_attention, estimate_attention
+    from ...report.bench_table import attention_progress
+    device = str(pick_device(args.device))
     try:
         suites = parse_suites(args.suite)
-        shapes = suite_shapes(suites, args.shapes, args.kv_heads)
+        shapes = suite_shapes(suites, args.shapes, args.kv_heads, cpu=device.startswith("cpu"))
         pads = parse_pads(args.pad)
         backends = parse_backends(args.backends)
         windows = parse_windows(args.windows)
     except ValueError as exc:
         raise BenchUsageError(str(exc)) from None
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    announce("attention", estimate_attention(shapes, pads, backends, device, fwd_only=args.fwd_only, graph=args.graph,
+                                             windows=windows), device, ("shapes", "pads", "backends", "modes"))
     console = Console(stderr=True)
     return bench_attention(shapes[suites[0]], pads, backends, args.dtype, device, fwd_only=args.fwd_only,
                            with_error=not args.no_error, seed=args.seed, graph=args.graph,
