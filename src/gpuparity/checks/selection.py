@@ -39,7 +39,7 @@ from .battery import Budget, Task, WorkerPool, normalize_device, plan, run_tasks
 from ..isolate import TF32_ENV, child_env
 from .plan import timing_cases, timing_field
 from .execute import dtype_name
-from .results import Status
+from .results import Status, clip
 from ..contracts import get_spec
 
 LOG = logging.getLogger("gpuparity")
@@ -227,7 +227,7 @@ def check_op(op: str, dtype: torch.dtype, kind: str, device,
                 if verdicts_store.VerdictKey.decode(key).backend == result.backend:
                     verdict[timing_field(result.case)] = time_ms
                     if time_ms is None:
-                        verdict.update(passed=False, reason=f"timing run failed: {result.status.value} {result.reason[:200]}")
+                        verdict.update(passed=False, reason=f"timing run failed: {result.status.value} {clip(result.reason, 200)}")
     return verdicts
 
 
