@@ -87,7 +87,12 @@ def install(mode: str) -> None:
     if mode == "impl":
         from gpuparity.integrations import transformers as hf
         hf.register()
-        original = PreTrainedModel._check_and_adjust_attn_implementation
+        original = getattr(PreTrainedModel, "_check_and_adjust_attn_implementation", None)
+        if original is None:
+            import transformers
+            raise RuntimeError(f"--gpuparity-mode impl: transformers {transformers.__version__} has no "
+                               "PreTrainedModel._check_and_adjust_attn_implementation to default the attention "
+                               "implementation through (transformers 5 has it); use --gpuparity-mode patch")
 
         def check_and_adjust(self, attn_implementation=None, *args, **kwargs):
             # None is "transformers' default" (sdpa); a model that cannot take a registered
