@@ -13,13 +13,15 @@ from .attention import (NO_KERNEL, SDPA_MEMBERS, NoKernel, attention_vs_fp64, ru
                         sdpa_mask_dtype, sdpa_mask_rocm, sdpa_maskgrad, sdpa_misaligned, sdpa_noncontig_v)
 from .numerics import (BF16_LEVEL, TF32_LEVEL, bf16_emulated, conv2d_vs_fp64, conv_train_step,
                        cpu_bf16_layer_norm_grad, gemm_2gib_tail, gemm_large_m, gemm_small_dim_fp32,
-                       gemm_transposed_fp32, layer_norm_huge_rows, norm_weight_grads, softmax_fp64_odd, tf32_defaults,
-                       xf32_high_precision)
-from .compile import ENVIRONMENT_PROBLEMS, _compile_failure, compile_bf16_block, compile_masked_pooling, masked_pooling
+                       gemm_transposed_fp32, layer_norm_huge_rows, lstm_vs_fp64, norm_weight_grads, softmax_fp64_odd,
+                       tf32_defaults, xf32_high_precision)
+from .scaled import grouped_mm_repeat, scaled_mm_scale_result
+from .compile import (ENVIRONMENT_PROBLEMS, _compile_failure, compile_bf16_block, compile_layer_norm_bf16,
+                      compile_layer_norm_reciprocal, compile_masked_pooling, masked_pooling)
 from .determinism import checkpoint_masked_attention, det_cublas_workspace, flex_attention_twice, gemv_twice_bitwise
-from .collectives import all_reduce_size_sweep, all_reduce_small_repeated, all_reduce_timed
-from .sizes import (cumsum_2pow32, gemm_4gib_tail, gemm_huge_m, layer_norm_2pow32, memory_shortfall, sdpa_long_mask,
-                    triton_buffer_ops_2gib)
+from .collectives import all_reduce_one_rank_avg, all_reduce_size_sweep, all_reduce_small_repeated, all_reduce_timed
+from .sizes import (conv3d_bf16_large, cumsum_2pow32, gemm_4gib_tail, gemm_huge_m, layer_norm_2pow32, memory_shortfall,
+                    sdpa_long_mask, triton_buffer_ops_2gib)
 from .system import (apu_memory, arch_smoke, gfx_name, hsa_override, kfd_gfx_targets, numa_spill, override_target,
                      rocm_perms)
 
@@ -37,5 +39,7 @@ __all__ = [
     "gemv_twice_bitwise", "flex_attention_twice", "all_reduce_timed", "all_reduce_size_sweep",
     "all_reduce_small_repeated", "layer_norm_2pow32", "cumsum_2pow32", "gemm_4gib_tail", "gemm_huge_m", "triton_buffer_ops_2gib", "sdpa_long_mask",
     "gemm_small_dim_fp32", "gemm_transposed_fp32", "arch_smoke",
+    "lstm_vs_fp64", "scaled_mm_scale_result", "grouped_mm_repeat", "compile_layer_norm_reciprocal",
+    "compile_layer_norm_bf16", "all_reduce_one_rank_avg", "conv3d_bf16_large",
     "rocm_perms", "hsa_override", "apu_memory", "numa_spill",
 ]

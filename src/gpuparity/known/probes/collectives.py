@@ -113,3 +113,52 @@ def all_reduce_small_repeated(dev: torch.device) -> Dict[str, Any]:
     """A 2-process all_reduce of small messages (1 KiB to 384 KiB, under the 512 KiB MSCCL range),
     each size 25 times: any wrong element confirms (ROCm/rccl#1960: MSCCL data corruption on gfx950)."""
     return _all_reduce(dev, [1024, 8 * 1024, 64 * 1024, 384 * 1024] * 25)
+
+
+def unreduced_tail_finding(outputs: Dict[int, torch.Tensor], inputs: Dict[int, torch.Tensor]) -> Dict[str, Any]:
+    """Decide NVIDIA/nccl#1950: an AVG all_reduce over one rank must return its input unchanged
+    (up to one rounding of x / 1); confirmed when any element differs, with the count of wrong
+    trailing elements per size."""
+    wrong = {}
+    for count, out in outputs.items():
+        expected = inputs[count].detach().cpu().float()
+        got = out.detach().cpu().float()
+        bad = (got != expected) & ~(torch.isnan(got) & torch.isnan(expected))
+        if bad.any():
+            wrong[count] = {"wrong": int(bad.sum()), "first": int(bad.nonzero()[0, 0])}
+    sizes = ", ".join(str(count) for count in outputs)
+    if wrong:
+        count, worst = max(wrong.items(), key=lambda item: item[1]["wrong"])
+        return finding(True, f"1-rank AVG all_reduce changed its input: {worst['wrong']} of {count} bf16 elements "
+                             f"wrong from index {worst['first']} ({len(wrong)} of {len(outputs)} sizes affected)",
+                       wrong=wrong)
+    return finding(False, f"1-rank AVG all_reduce returned its input unchanged for {len(outputs)} sizes ({sizes} "
+                          f"bf16 elements)", wrong={})
+
+
+@probe(gpu=True)
+def all_reduce_one_rank_avg(dev: torch.device) -> Dict[str, Any]:
+    """AVG all_reduce in a 1-rank NCCL/RCCL group on bf16 tensors whose length is not a multiple of
+    the block count: the input must come back unchanged (NVIDIA/nccl#1950, pytorch/pytorch#168092:
+    the last elements are left unreduced)."""
+    import datetime
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_nccl_available():
+        return inconclusive("torch.distributed has no NCCL/RCCL backend in this build")
+    torch.cuda.set_device(dev)
+    store = dist.TCPStore("127.0.0.1", _free_port(), 1, True, timeout=datetime.timedelta(seconds=30))
+    try:
+        dist.init_process_group("nccl", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=30))
+    except (RuntimeError, ValueError) as exc:
+        return inconclusive(f"a 1-rank NCCL group could not start: {first_line(exc)}")
+    inputs, outputs = {}, {}
+    try:
+        for count in (1000, 4099, 65543, 1048583):
+            inputs[count] = torch.randn(count, generator=torch.Generator().manual_seed(count)).to(dev, torch.bfloat16)
+            tensor = inputs[count].clone()
+            dist.all_reduce(tensor, op=dist.ReduceOp.AVG)
+            outputs[count] = tensor
+        torch.cuda.synchronize(dev)
+    finally:
+        dist.destroy_process_group()
+    return unreduced_tail_finding(outputs, inputs)

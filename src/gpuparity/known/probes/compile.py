@@ -111,3 +111,87 @@ def compile_bf16_block(dev: torch.device) -> Dict[str, Any]:
         return _compile_failure(exc, confirms=False)
     return summarize([judge("compiled bf16 block", out, ref, eager, torch.bfloat16)],
                      "compiled embedding+linear+RMSNorm under bf16 autocast vs eager")
+
+
+def run_compiled(dev: torch.device, fn, *args, autocast_dtype=None):
+    """(output, None) from `fn` compiled with inductor (fresh dynamo state) on `args`, under autocast
+    to `autocast_dtype` when given; (None, finding) when the compile fails (cannot tell: the result
+    could not be checked)."""
+    import contextlib
+    try:
+        import torch._dynamo as dynamo
+        dynamo.reset()
+        compiled = torch.compile(fn, backend="inductor", dynamic=False)
+        context = torch.autocast(dev.type, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
+        with context:
+            out = compiled(*args)
+        sync(dev)
+    except Exception as exc:  # noqa: BLE001 - any compile failure is reported, not raised
+        return None, _compile_failure(exc, confirms=False)
+    return out, None
+
+
+def layer_norm_reciprocal(x):
+    """The pytorch/pytorch#186577 pattern: a layer_norm whose output feeds a division-like epilogue."""
+    return torch.reciprocal(torch.abs(torch.nn.functional.layer_norm(x, [x.shape[-1]])) + 1e-6)
+
+
+def epilogue_finding(compiled, eager, ref) -> Dict[str, Any]:
+    """Decide pytorch/pytorch#186577: the compiled output against float64 under the tolerance policy,
+    eager as the baseline, over the elements where |layer_norm| > 0.1. Nearer zero the reciprocal
+    magnifies a correct kernel's last-bit differences (1/|x| of 1e-4 turns 1e-7 into 1e-3), while
+    the bug's errors (0.9 to 80) are wrong everywhere."""
+    well_conditioned = ref.detach().to(torch.float64) < 10.0
+    return summarize([judge("compiled reciprocal(|layer_norm|)", compiled, ref, eager, torch.float32,
+                            valid=well_conditioned)],
+                     "torch.compile of reciprocal(abs(layer_norm(x)) + 1e-6) on (64, 128) fp32 vs eager "
+                     f"({int(well_conditioned.sum())} elements with |layer_norm| > 0.1)")
+
+
+@probe(gpu=True)
+def compile_layer_norm_reciprocal(dev: torch.device) -> Dict[str, Any]:
+    """Inductor's fusion of F.layer_norm with a reciprocal epilogue against eager and float64
+    (pytorch/pytorch#186577: max difference 0.9 to 80)."""
+    x = randn((64, 128), dev, torch.float32, 0)
+    eager = layer_norm_reciprocal(x)
+    ref = layer_norm_reciprocal(upcast(x, False))
+    compiled, failure = run_compiled(dev, layer_norm_reciprocal, x)
+    return failure or epilogue_finding(compiled, eager, ref)
+
+
+def layer_norm_then_linear(x, weight, proj):
+    """LayerNorm feeding a projection under bf16 autocast (the layer_norm runs in fp32, its output
+    is rounded to bf16 for the matmul): where pytorch/pytorch#168126's divergence starts."""
+    return torch.nn.functional.layer_norm(x, [x.shape[-1]], weight) @ proj
+
+
+def decomposition_finding(compiled, eager, ref, threshold: float = 1e-3) -> Dict[str, Any]:
+    """Decide pytorch/pytorch#168126: confirmed when the compiled bf16 output differs from eager's
+    in more than `threshold` of its elements (eager is deterministic, and a layer_norm that is not
+    decomposed gives the same bits); the error of each against float64 is reported beside it."""
+    compiled, eager = compiled.detach().cpu(), eager.detach().cpu()
+    differ = float((compiled != eager).float().mean())
+    ref64 = ref.detach().to("cpu", torch.float64)
+    errors = {name: float((out.double() - ref64).abs().max() / ref64.abs().max()) for name, out in
+              (("compiled", compiled), ("eager", eager))}
+    against = f"max error vs float64: compiled {errors['compiled']:.3g}, eager {errors['eager']:.3g}"
+    if differ > threshold:
+        return finding(True, f"compiled and eager bf16 layer_norm -> linear differ in {differ:.3%} of the outputs "
+                             f"(more than {threshold:.1%}); {against}", differ_fraction=differ, errors=errors)
+    return finding(False, f"compiled and eager bf16 layer_norm -> linear differ in {differ:.3%} of the outputs "
+                          f"(at most {threshold:.1%}); {against}", differ_fraction=differ, errors=errors)
+
+
+@probe(gpu=True)
+def compile_layer_norm_bf16(dev: torch.device) -> Dict[str, Any]:
+    """LayerNorm(1024) -> linear under bf16 autocast, compiled vs eager (pytorch/pytorch#168126: the
+    native_layer_norm decomposition's statistics differ from the eager kernel's, and the bf16
+    rounding after it tips differently)."""
+    x = randn((512, 1024), dev, torch.float32, 0, scale=3.0) + 1.0
+    weight = randn((1024,), dev, torch.float32, 1) * 0.1 + 1.0
+    proj = randn((1024, 256), dev, torch.float32, 2) * 0.03
+    with torch.autocast(dev.type, dtype=torch.bfloat16):
+        eager = layer_norm_then_linear(x, weight, proj)
+    ref = layer_norm_then_linear(upcast(x, False), upcast(weight, False), upcast(proj, False))
+    compiled, failure = run_compiled(dev, layer_norm_then_linear, x, weight, proj, autocast_dtype=torch.bfloat16)
+    return failure or decomposition_finding(compiled, eager, ref)

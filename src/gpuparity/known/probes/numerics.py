@@ -291,3 +291,27 @@ def conv_train_step(dev: torch.device) -> Dict[str, Any]:
     finite = all(map(lambda value: value == value and abs(value) != float("inf"), losses))
     return finding(not finite, f"3 conv training steps ran; losses {', '.join(f'{l:.4f}' for l in losses)}"
                    + ("" if finite else " (not finite)"), losses=losses)
+
+
+@probe
+def lstm_vs_fp64(dev: torch.device) -> Dict[str, Any]:
+    """nn.LSTM (2 layers, batch 128 > 100, 8 steps) fp32 forward on `dev` against float64, with the native
+    (non-cuDNN/MIOpen) implementation on `dev` as the baseline (pytorch/pytorch#177834: MIOpen's LSTM
+    wrong or crashing on ROCm 7.14 / gfx1201 for batches above 100)."""
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(input_size=16, hidden_size=32, num_layers=2, batch_first=True)
+    x = randn((128, 8, 16), dev, torch.float32, 1)
+    reference = lstm.double()(x.detach().to("cpu", torch.float64))[0]
+    lstm = lstm.float().to(dev)
+    previous = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        with torch.no_grad():
+            out = lstm(x)[0]
+            with torch.backends.cudnn.flags(enabled=False):
+                native = lstm(x)[0]
+        sync(dev)
+    finally:
+        torch.backends.cudnn.allow_tf32 = previous
+    return summarize([judge("LSTM output", out, reference, native, torch.float32)],
+                     f"nn.LSTM(16, 32, 2 layers) fp32, batch 128 x 8 steps on {dev}")

@@ -173,3 +173,30 @@ def sdpa_long_mask(dev: torch.device) -> Dict[str, Any]:
     _release(dev)
     return summarize([judge("SDPA 131072 keys, float mask, 8 rows", got.to(torch.bfloat16), ref, None,
                               torch.bfloat16)], f"SDPA bf16 Lq={q_len} Lk={k_len} with a block-diagonal float mask")
+
+
+@probe(gpu=True)
+def conv3d_bf16_large(dev: torch.device, shape=(16, 124, 1282, 722)) -> Dict[str, Any]:
+    """bf16 conv3d of (1, 16, 124, 1282, 722) with a (1, 3, 3) kernel (1.8e9 input elements, the
+    report's shape; `shape` is channels, depth, height, width) on cuDNN: the first, middle and last
+    depth slices against float64 conv2d on the CPU (the kernel's depth is 1, so each output slice
+    depends on its input slice only; pytorch/pytorch#163539: wrong bf16 results on large inputs
+    since cuDNN 9.10.2)."""
+    channels, depth, height, width = shape
+    numel = channels * depth * height * width
+    if (skip := memory_shortfall(dev, 2 * numel * 2 + 2 ** 30)) is not None:
+        return skip
+    generator = torch.Generator(device=dev).manual_seed(0)
+    x = torch.randn((1, channels, depth, height, width), generator=generator, device=dev, dtype=torch.bfloat16)
+    weight = randn((channels, channels, 1, 3, 3), dev, torch.bfloat16, 1, scale=1 / 12)
+    out = F.conv3d(x, weight)
+    sync(dev)
+    comparisons = []
+    weight64 = weight[:, :, 0].detach().to("cpu", torch.float64)
+    for index in (0, depth // 2, depth - 1):
+        ref = F.conv2d(x[:, :, index].detach().to("cpu", torch.float64), weight64)
+        comparisons.append(judge(f"conv3d depth slice {index}", out[:, :, index].cpu(), ref, None, torch.bfloat16))
+    del x, out
+    _release(dev)
+    return summarize(comparisons, f"bf16 conv3d (1, {channels}, {depth}, {height}, {width}) x (1, 3, 3), "
+                                  f"{numel / 2 ** 31:.2f} x 2^31 input elements, 3 depth slices")
