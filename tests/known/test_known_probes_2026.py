@@ -97,15 +97,16 @@ def test_layer_norm_reciprocal_decision():
 
 def test_layer_norm_decomposition_decision():
     generator = torch.Generator().manual_seed(0)
-    ref = torch.randn(512, 256, generator=generator, dtype=torch.float64)
-    eager = ref.to(torch.bfloat16)
-    same = compile_probes.decomposition_finding(eager.clone(), eager, ref)
-    assert same["failed"] is False and same["differ_fraction"] == 0
-    tipped = eager.clone()
-    flat = tipped.view(-1)
-    flat[::50] = (flat[::50].float() * (1 + 2 ** -7)).to(torch.bfloat16)   # 2% of the outputs one bf16 step off
-    result = compile_probes.decomposition_finding(tipped, eager, ref)
-    assert result["failed"] is True and result["differ_fraction"] > 0.01
+    normalized = torch.randn(512, 256, generator=generator, dtype=torch.float64)
+    proj = torch.randn(256, 64, generator=generator, dtype=torch.float64) * 0.06
+    ref = (normalized, normalized @ proj)
+    eager = (normalized.to(torch.bfloat16), (normalized.to(torch.bfloat16).double() @ proj).to(torch.bfloat16))
+    same = compile_probes.decomposition_finding((eager[0].clone(), eager[1].clone()), eager, ref)
+    assert same["failed"] is False and same["tipped"] == 0
+    tipped = eager[0].clone()
+    tipped[7, 3] = (tipped[7, 3].float() * (1 + 2 ** -7)).to(torch.bfloat16)   # one rounding tipped one step
+    result = compile_probes.decomposition_finding((tipped, eager[1]), eager, ref)
+    assert result["failed"] is True and result["tipped"] == 1 and "1 of 131072" in result["detail"]
 
 
 # ---------------------------------------------------------------- NCCL one-rank AVG

@@ -160,34 +160,39 @@ def compile_layer_norm_reciprocal(dev: torch.device) -> Dict[str, Any]:
 
 
 def layer_norm_then_linear(x, weight, proj):
-    """LayerNorm feeding a projection under bf16 autocast (the layer_norm runs in fp32, its output
-    is rounded to bf16 for the matmul): where pytorch/pytorch#168126's divergence starts."""
-    return torch.nn.functional.layer_norm(x, [x.shape[-1]], weight) @ proj
+    """LayerNorm feeding a projection under bf16 autocast: (the normalized activations as the
+    matmul sees them, rounded to bf16; the projection). Where pytorch/pytorch#168126's divergence
+    starts: the layer_norm runs in fp32 and its output is rounded to bf16 for the matmul."""
+    normalized = torch.nn.functional.layer_norm(x, [x.shape[-1]], weight)
+    low = normalized.to(torch.bfloat16) if normalized.dtype == torch.float32 else normalized
+    return low, normalized @ proj
 
 
-def decomposition_finding(compiled, eager, ref, threshold: float = 1e-3) -> Dict[str, Any]:
-    """Decide pytorch/pytorch#168126: confirmed when the compiled bf16 output differs from eager's
-    in more than `threshold` of its elements (eager is deterministic, and a layer_norm that is not
-    decomposed gives the same bits); the error of each against float64 is reported beside it."""
-    compiled, eager = compiled.detach().cpu(), eager.detach().cpu()
-    differ = float((compiled != eager).float().mean())
-    ref64 = ref.detach().to("cpu", torch.float64)
+def decomposition_finding(compiled, eager, ref) -> Dict[str, Any]:
+    """Decide pytorch/pytorch#168126 from (normalized bf16 activations, projection) of the compiled
+    and eager runs and the float64 reference: confirmed when any compiled bf16 activation differs
+    from eager's. The eager kernel is deterministic and a layer_norm that is not decomposed gives
+    the same bits; the decomposition's statistics (~7e-7 apart in fp32) tip about 1e-5 of the bf16
+    roundings, and downstream matmuls amplify them. How much of the projection differs, and the
+    error of each against float64, are reported beside it."""
+    (low_c, out_c), (low_e, out_e) = [[t.detach().cpu() for t in pair] for pair in (compiled, eager)]
+    tipped = int((low_c != low_e).sum())
+    projected = float((out_c != out_e).float().mean())
+    ref64 = ref[1].detach().to("cpu", torch.float64)
     errors = {name: float((out.double() - ref64).abs().max() / ref64.abs().max()) for name, out in
-              (("compiled", compiled), ("eager", eager))}
-    against = f"max error vs float64: compiled {errors['compiled']:.3g}, eager {errors['eager']:.3g}"
-    if differ > threshold:
-        return finding(True, f"compiled and eager bf16 layer_norm -> linear differ in {differ:.3%} of the outputs "
-                             f"(more than {threshold:.1%}); {against}", differ_fraction=differ, errors=errors)
-    return finding(False, f"compiled and eager bf16 layer_norm -> linear differ in {differ:.3%} of the outputs "
-                          f"(at most {threshold:.1%}); {against}", differ_fraction=differ, errors=errors)
+              (("compiled", out_c), ("eager", out_e))}
+    return finding(tipped > 0, f"{tipped} of {low_e.numel()} bf16 layer_norm outputs differ between compiled and "
+                               f"eager ({projected:.3%} of the projection); projection max error vs float64: "
+                               f"compiled {errors['compiled']:.3g}, eager {errors['eager']:.3g}",
+                   tipped=tipped, projected_differ_fraction=projected, errors=errors)
 
 
 @probe(gpu=True)
 def compile_layer_norm_bf16(dev: torch.device) -> Dict[str, Any]:
-    """LayerNorm(1024) -> linear under bf16 autocast, compiled vs eager (pytorch/pytorch#168126: the
-    native_layer_norm decomposition's statistics differ from the eager kernel's, and the bf16
-    rounding after it tips differently)."""
-    x = randn((512, 1024), dev, torch.float32, 0, scale=3.0) + 1.0
+    """LayerNorm(1024) over 2048 rows -> linear under bf16 autocast, compiled vs eager
+    (pytorch/pytorch#168126: the native_layer_norm decomposition's statistics differ from the eager
+    kernel's, and the bf16 rounding after it tips differently)."""
+    x = randn((2048, 1024), dev, torch.float32, 0, scale=3.0) + 1.0
     weight = randn((1024,), dev, torch.float32, 1) * 0.1 + 1.0
     proj = randn((1024, 256), dev, torch.float32, 2) * 0.03
     with torch.autocast(dev.type, dtype=torch.bfloat16):
