@@ -132,3 +132,22 @@ def test_without_kernels_the_module_function_is_wrapped():
     env = dict(os.environ, GPUPARITY_TRUST_UNPROBED="1")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+@needs_hub
+def test_a_hub_that_refuses_gpuparity_layer_leaves_the_wrapper_serving(served, monkeypatch):
+    """A kernels release whose kernelize refuses the layer: patch() says so and wraps the
+    module's function instead, so the rotation is still gpuparity's."""
+    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", modeling_llama.apply_rotary_pos_emb)  # restored after
+
+    def refuse(*args, **kwargs):
+        raise TypeError("Forward signature does not match")
+    monkeypatch.setattr(hub, "kernelize_with", refuse)
+    model = build("llama")
+    summary = gpuparity.patch(model)
+    lines = [e.reason for e in summary.replaced if e.reason.startswith("rotary:")]
+    assert len(lines) == 2 and all("kernel hub refused" in line and "wrapped" in line for line in lines), lines
+    batch, _ = inputs("llama", torch.float32)
+    with torch.no_grad():
+        model(**batch)
+    assert len(served) == 2

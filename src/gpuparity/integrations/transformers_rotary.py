@@ -256,15 +256,20 @@ def patch_rotary(model: nn.Module, *, backend: str = "auto", summary: Optional[P
         if why is not None:
             summary.left.append(PatchEntry(path, qualname(module), f"rotary: {why}; transformers' {FUNCTION} kept"))
             continue
+        route = None
         if hub_func is not None:
             # transformers' kernel hub: this attention's own hub function serves gpuparity's layer
             # (kernels' kernelize with gpuparity's mapping only); other models are untouched
-            hub.kernelize_with(hub_func, hub_repository(backend), hub.kernel_device(module))
-            route = "through transformers' kernel hub (kernels.kernelize, layer rotary_pos_emb)"
-        else:
+            try:
+                hub.kernelize_with(hub_func, hub_repository(backend), hub.kernel_device(module))
+                route = "through transformers' kernel hub (kernels.kernelize, layer rotary_pos_emb)"
+            except Exception as exc:  # noqa: BLE001 - a kernels release that refuses: the wrapper still serves
+                hub_refused = f"{type(exc).__name__}: {exc}"
+        if route is None:
             if current is original:
                 setattr(modeling, FUNCTION, _wrapper(original))
-            route = f"the module's {FUNCTION} wrapped"
+            route = f"the module's {FUNCTION} wrapped" + (
+                f"; the kernel hub refused gpuparity's layer ({hub_refused})" if hub_func is not None else "")
         module.gpuparity_rotary_backend = backend
         module.register_forward_pre_hook(_enter, prepend=True)
         module.register_forward_hook(_leave, always_call=True)
