@@ -180,9 +180,15 @@ def _call_attention(spec, fn, inputs: Dict[str, Any], params: Dict[str, Any]) ->
     return seen
 
 
+def _apply(fn, call: Call):
+    """fn called as the battery calls it: q, k, v by position, the rest by keyword."""
+    rest = {name: value for name, value in call.items() if name not in ("q", "k", "v", BATCH_ITEMS)}
+    return fn(call["q"], call["k"], call["v"], **rest)
+
+
 def _run(fn, call: Call, grad_out: torch.Tensor) -> Outputs:
     leaves = {name: call[name].detach().clone().requires_grad_(True) for name in ("q", "k", "v")}
-    out = fn(**{**call, **leaves})
+    out = _apply(fn, {**call, **leaves})
     out.backward(grad_out.to(out.dtype))
     return {"out": out.detach(), **{f"grad_{name}": leaf.grad for name, leaf in leaves.items()}}
 
@@ -194,8 +200,8 @@ def _batch_run(fn, call: Call, grad_out: torch.Tensor) -> Outputs:
     outs = []
     for b in range(leaves["q"].shape[0]):
         item_mask = mask[b:b + 1] if mask is not None and mask.dim() == 4 and mask.shape[0] > 1 else mask
-        outs.append(fn(**{**call, "q": leaves["q"][b:b + 1], "k": leaves["k"][b:b + 1], "v": leaves["v"][b:b + 1],
-                          "attn_mask": item_mask, "key_padding_mask": None if kpm is None else kpm[b:b + 1]}))
+        outs.append(_apply(fn, {**call, "q": leaves["q"][b:b + 1], "k": leaves["k"][b:b + 1], "v": leaves["v"][b:b + 1],
+                                "attn_mask": item_mask, "key_padding_mask": None if kpm is None else kpm[b:b + 1]}))
     out = torch.cat(outs)
     out.backward(grad_out.to(out.dtype))
     return {"out": out.detach(), **{f"grad_{name}": leaf.grad for name, leaf in leaves.items()}}
