@@ -118,6 +118,9 @@ def test_no_import_cycle_among_src_modules():
     # the selector (ops/select.py) chooses; it reaches verification only through ops/select.Verification,
     # loaded by a target string at the first need: no op imports checks/
     ("gpuparity.ops", "gpuparity.checks"),
+    # a contract says what an op means apart from its backends (what a mask means, where a paged
+    # cache keeps its keys: contracts/masks.py); backends implement it and may import it
+    ("gpuparity.contracts", "gpuparity.backends"),
     ("gpuparity.backends", "gpuparity.dispatch"),
     ("gpuparity.backends", "gpuparity.checks"),
     ("gpuparity.backends", "gpuparity.ops"),
@@ -157,34 +160,10 @@ def test_the_upward_rule_sees_planted_edges():
         "gpuparity.ops.select -> gpuparity.checks.selection"]
     assert upward_imports(planted, "gpuparity.dispatch", "gpuparity.checks") == [
         "gpuparity.dispatch -> gpuparity.checks.verdicts"]
-    assert contracts_on_backends(planted) == ["gpuparity.contracts.attention -> gpuparity.backends.masks"]
-    assert contracts_on_backends(planted, CONTRACTS_ON_BACKENDS) == []
-
-
-# A contract imports nothing of backends/ (backends import the contracts' compositions' modules by
-# name, backends.MODULES): the exceptions of today, each an edge that would move with the mask
-# semantics (backends/masks.py) and decode's page gather into contracts/. Not done yet: the
-# contracts are being edited for their case declarations at the same time.
-CONTRACTS_ON_BACKENDS = {
-    "gpuparity.contracts.attention -> gpuparity.backends.masks": "mask kinds, expand_kv, window masks",
-    "gpuparity.contracts.decode -> gpuparity.backends.masks": "expand_kv",
-    "gpuparity.contracts.decode -> gpuparity.backends.triton_decode": "the page gather, decode_allowed",
-    "gpuparity.contracts.reference -> gpuparity.backends.masks": "window_allowed",
-    "gpuparity.contracts.varlen -> gpuparity.backends.masks": "attention_kind",
-}
-
-
-def contracts_on_backends(graph, allowed=()):
-    return upward_imports(graph, "gpuparity.contracts", "gpuparity.backends", allowed=tuple(allowed))
-
-
-def test_contracts_import_backends_only_where_listed():
-    graph = import_graph()
-    found = contracts_on_backends(graph, CONTRACTS_ON_BACKENDS)
-    assert not found, "a contract imports backends/ (list it in CONTRACTS_ON_BACKENDS with why, or move it): " + \
-        ", ".join(found)
-    stale = sorted(set(CONTRACTS_ON_BACKENDS) - set(contracts_on_backends(graph)))
-    assert not stale, "CONTRACTS_ON_BACKENDS lists an edge the code no longer has: " + ", ".join(stale)
+    assert upward_imports(planted, "gpuparity.contracts", "gpuparity.backends") == [
+        "gpuparity.contracts.attention -> gpuparity.backends.masks"]
+    allowed = ("gpuparity.contracts.attention -> gpuparity.backends.masks",)
+    assert upward_imports(planted, "gpuparity.contracts", "gpuparity.backends", allowed) == []
 
 
 # --------------------------------------------------------------------------- no process at import

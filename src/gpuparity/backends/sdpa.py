@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from ..registry import Backend, BackendUnavailable, Problem, register
-from .masks import expand_kv, sdpa_arguments, zero_empty_rows
+from ..contracts.masks import expand_kv
+from .masks import sdpa_arguments, zero_empty_rows
 
 SDPA_BACKENDS = {
     "sdpa_math": "MATH",

@@ -36,33 +36,12 @@ from . import triton_common
 from ..registry import Backend, Problem, register
 from .sdpa import aligned
 from .. import caches
+from ..contracts.masks import decode_allowed, gather_pages
 
 LOG2E = 1.4426950408889634
 MAX_QUERIES = 16          # new queries per step the kernel's query block is sized for
 MAX_HEAD_DIM = 256
 MAX_SPLITS = 128
-
-
-# ----------------------------------------------------------------------------- masks
-def decode_allowed(cache_seqlens: torch.Tensor, q_len: int, s_max: int) -> torch.Tensor:
-    """(B, 1, Sq, S_max) bool: query i of item b sees key j when j < L_b - Sq + 1 + i
-    (bottom-right causal, L_b = cache_seqlens[b] clamped to [0, S_max])."""
-    lengths = cache_seqlens.to(torch.int64).clamp(0, s_max).view(-1, 1, 1, 1)
-    rows = torch.arange(q_len, device=cache_seqlens.device).view(1, 1, q_len, 1)
-    cols = torch.arange(s_max, device=cache_seqlens.device).view(1, 1, 1, s_max)
-    return cols < lengths - q_len + 1 + rows
-
-
-def gather_pages(pool: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
-    """A page pool (num_blocks, Hkv, page_size, D) read through block_table (B, max_blocks) into a
-    contiguous (B, Hkv, max_blocks * page_size, D) cache (a copy: what the composed backends and
-    the reference read; the Triton kernel reads the pages in place). Entries are clamped into the
-    pool, as the kernel clamps them (tokens past an item's length are masked anyway)."""
-    num_blocks, kv_heads, page, head_dim = pool.shape
-    table = block_table.long().clamp(0, max(num_blocks - 1, 0))
-    pages = pool[table.reshape(-1)]                       # (B * max_blocks, Hkv, page, D)
-    pages = pages.view(block_table.shape[0], block_table.shape[1], kv_heads, page, head_dim)
-    return pages.transpose(1, 2).reshape(block_table.shape[0], kv_heads, block_table.shape[1] * page, head_dim)
 
 
 def _repeat_kv(q, k_cache, v_cache):

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from .. import caches
-from ..backends.masks import allowed_mask, attention_kind, expand_kv, window_allowed
+from .masks import allowed_mask, attention_kind, expand_kv, window_allowed
 from ..registry import Backend, BackendUnavailable, Problem, registered
 from ..numerics import matmul_tf32
 from ..validation import FLOAT_DTYPES, describe, expect_broadcastable, expect_same_device, expect_same_dtype, expect_tensor

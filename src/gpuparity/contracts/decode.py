@@ -9,9 +9,8 @@ from typing import Any, Dict, List, Tuple
 
 import torch
 
-from ..backends.masks import expand_kv
 from ..registry import Backend, BackendUnavailable, Problem
-from ..backends.triton_decode import decode_allowed, gather_pages
+from .masks import decode_allowed, expand_kv, gather_pages
 from ..numerics import matmul_tf32
 from .attention import alibi_bias, alibi_slopes, attention_floor_terms
 from .base import INDEX_DTYPES, Case, OpSpec, capturing, check_softcap, family, randn, takes, tf32_precision, view_members

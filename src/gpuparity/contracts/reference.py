@@ -7,7 +7,7 @@ the corner cases: a fully masked attention row returns zeros with zero gradients
 """
 from __future__ import annotations
 
-from ..backends.masks import window_allowed
+from .masks import window_allowed
 from ..numerics import default_rms_eps
 from .attention import attention, attention_allowed, attention_dropout, empty_query_rows
 from .basic import conv2d, cross_entropy, matmul, softmax

@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from ..backends.masks import attention_kind
+from .masks import attention_kind
 from ..registry import Backend, BackendUnavailable, Problem
 from ..numerics import matmul_tf32
 from .attention import alibi_bias, alibi_slopes, attention as reference_attention, attention_logit_peak

@@ -80,7 +80,7 @@ def attention_lse(q, k, *, attn_mask=None, key_padding_mask=None, is_causal=Fals
     chunks of query rows, without gradient: the kernels keep their own lse private."""
     attention_problem(q, k, k, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
                       scale=scale, window=window, softcap=softcap)
-    from ..backends.masks import allowed_mask
+    from ..contracts.masks import allowed_mask
     from ..contracts.attention import check_window
     from ..contracts.base import check_softcap
     batch, heads, q_len, head_dim = q.shape

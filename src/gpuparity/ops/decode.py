@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from . import select
-from ..backends.triton_decode import gather_pages
+from ..contracts.masks import gather_pages
 from ..contracts.base import capturing
 from ..contracts.decode import MAX_NEW_QUERIES, check_cache, check_pages, decode_problem, decode_reference
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_same_dtype, expect_tensor
