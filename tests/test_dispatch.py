@@ -160,3 +160,37 @@ def test_large_timing_cases_run_on_gpus_only():
     on_gpu = {(t.op, t.case) for t in timing_tasks(keys, "cuda:0")}
     assert on_cpu == {("attention", "timing"), ("rms_norm", "timing")}
     assert on_gpu == on_cpu | {("attention", "timing-large"), ("rms_norm", "timing-large")}
+
+
+REENTRY = """
+import sys, threading
+sys.path.insert(0, {folder!r})
+from gpuparity import backends, dispatch
+backends.MODULES = backends.MODULES[:3] + ("planted_reentry",) + backends.MODULES[3:]
+try:
+    dispatch.backends("softmax")
+except backends.RegistrationError as exc:
+    print("refused:", "half filled" in str(exc))
+backends.MODULES = tuple(m for m in backends.MODULES if m != "planted_reentry")
+seen = []
+worker = threading.Thread(target=lambda: seen.append(len(dispatch.backends("rms_norm"))))
+worker.start(); seen.append(len(dispatch.backends("rms_norm"))); worker.join()
+print("seen", seen)
+"""
+
+
+def test_no_one_sees_the_registry_half_filled(tmp_path):
+    """A module of backends.MODULES that asks for the registry at its import (it would see only the
+    modules before it) is refused with RegistrationError, instead of answered from half the registry;
+    two threads' first calls both see every backend (a fresh interpreter: the registry is filled once)."""
+    import ast
+    import subprocess
+    import sys
+    (tmp_path / "planted_reentry.py").write_text("from gpuparity import dispatch\nBACKENDS = dispatch.backends('softmax')\n")
+    done = subprocess.run([sys.executable, "-c", REENTRY.format(folder=str(tmp_path))], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[0] == "refused: True", lines
+    counts = ast.literal_eval(lines[1].split(" ", 1)[1])
+    assert len(counts) == 2 and counts[0] == counts[1] == len(dispatch.backends("rms_norm")), lines

@@ -36,24 +36,34 @@ MODULES = (
 )
 
 _LOADED = False
-_LOADING = False
-_LOAD_LOCK = threading.RLock()   # re-entrant: a backend module's import may call load_all
+_LOAD_LOCK = threading.Lock()   # another thread's first call waits here until every module registered
+_LOADER = [None]                # the thread importing MODULES, while it does
+
+
+class RegistrationError(RuntimeError):
+    """A backend or contract module asked for the registry while it was being filled."""
 
 
 def load_all() -> None:
+    """Import MODULES, once, registering their backends in that order. Whoever returns from here
+    sees the whole registry: a caller on another thread waits for it; a module of MODULES that
+    asks for the registry while it is imported (a half-filled one) gets RegistrationError."""
     global _LOADED
     if _LOADED:
         return
-    global _LOADING
-    with _LOAD_LOCK:   # a background resolution and the caller's first call may both arrive here
-        if _LOADED or _LOADING:   # _LOADING: this thread's own imports called back
+    if _LOADER[0] == threading.get_ident():
+        raise RegistrationError("backends.load_all: a module of backends.MODULES asked for the backend registry "
+                                "while it was imported, and would see it half filled; list or resolve backends "
+                                "when called, not at import")
+    with _LOAD_LOCK:
+        if _LOADED:
             return
-        _LOADING = True
+        _LOADER[0] = threading.get_ident()
         try:
             _load_modules()
             _LOADED = True
         finally:
-            _LOADING = False
+            _LOADER[0] = None
 
 
 def _load_modules() -> None:

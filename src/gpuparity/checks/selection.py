@@ -435,9 +435,8 @@ def prepare(problems: Sequence[Problem], resolve: Callable[[Problem], Any]) -> i
     wanted = [p for p in problems if _isolate(normalize_device(p.device))]
     own = _prepare_workers(wanted)
     if wanted:
-        # the backends' registration, here in the caller's thread: load_all marks itself done
-        # before its imports end, so a first call racing the background thread could see half
-        # the registry
+        # the backends' registration, here in the caller's thread (a module that fails to import
+        # fails the caller's patch, not a background thread; load_all lets no one see it half filled)
         dispatch.backends(wanted[0].op)
     queued = 0
     with _POOLS_LOCK:
