@@ -30,6 +30,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from .. import caches
 from ..contracts import get_spec
 from ..numerics import default_rms_eps
 
@@ -350,15 +351,22 @@ def _norm_space(rng: random.Random) -> Dict[str, Any]:
     return p
 
 
+def _composition(op: str) -> Callable:
+    """The op's trusted plain composition, through the backend registry (checks/ reaches a
+    contract only through the registries)."""
+    from ..dispatch import get as get_backend
+    return get_backend(op, "composition").fn
+
+
 def _norm_base(op):
-    from ..contracts.norms import layer_norm_composition, rms_norm_composition
+    composition = _composition(op)
     if op == "rms_norm":
         def rms_norm(x, normalized_shape, weight=None, eps=None):
-            return rms_norm_composition(x, normalized_shape, weight, eps)
+            return composition(x, normalized_shape, weight, eps)
         return rms_norm
 
     def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
-        return layer_norm_composition(x, normalized_shape, weight, bias, eps)
+        return composition(x, normalized_shape, weight, bias, eps)
     return layer_norm
 
 
@@ -507,7 +515,7 @@ def _rotary_settle(p: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _rotary_base():
-    from ..contracts.rotary import rotary_composition
+    rotary_composition = _composition("rotary")
 
     def rotary(x, cos, sin, *, interleaved=False, seqlen_offsets=0, cu_seqlens=None, max_seqlen=None):
         return rotary_composition(x, cos, sin, interleaved=interleaved, seqlen_offsets=seqlen_offsets,
@@ -626,7 +634,8 @@ def _attn_small(p, rng, keep):
 
 
 def _fold_alibi(a):
-    from ..contracts.attention import alibi_bias, with_alibi
+    contract = get_spec("attention")._contract()   # its ALiBi bias, as the battery folds it for the composition
+    alibi_bias, with_alibi = contract.alibi_bias, contract.with_alibi
     slopes = a.get("alibi_slopes")
     if slopes is None:
         return a
@@ -772,7 +781,7 @@ def _attention_space(rng: random.Random) -> Dict[str, Any]:
 
 
 def _attention_base():
-    from ..contracts.attention import composition
+    composition = _composition("attention")
 
     def attention(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None, window=None,
                   softcap=None, alibi_slopes=None):
@@ -783,7 +792,7 @@ def _attention_base():
 
 
 # --------------------------------------------------------------------------- the catalog
-_CATALOG: Dict[str, OpMutants] = {}
+_CATALOG: Dict[str, OpMutants] = caches.register("checks.mutants.catalog", {})
 OPS = ("rms_norm", "layer_norm", "rotary", "attention")
 
 
