@@ -34,7 +34,8 @@ def test_default_level_runs_every_row_and_names_rerun_them():
     cover = families.cover_family(spec, "cover")
     tasks, decided = plan(["attention"], "default", "cpu", impl=BUG)
     planned = {t.case for t in tasks} | {r.case for r in decided}
-    assert {f"cover.{label}" for label, _ in cover.members} <= planned
+    for name in ("cover", "cover_features"):   # the second array: window, softcap, ALiBi (SKIP without them)
+        assert {f"{name}.{label}" for label, _ in families.cover_family(spec, name).members} <= planned
     assert not any(t.case.startswith("cover") for t in plan(["attention"], "quick", "cpu", impl=BUG)[0])
     assert families.lookup(spec, "cover.3").params == cover.case(spec.make_case, "3", dict(cover.members)["3"]).params
 
@@ -43,7 +44,7 @@ def test_a_two_condition_bug_only_the_covering_array_catches():
     spec = get_spec("attention")
     tasks, _ = plan(["attention"], "default", "cpu", impl=BUG)
     # no listed case and no hand-written family member has GQA and a strided V together
-    assert not [t.case for t in tasks if not t.case.startswith("cover.") and _gqa_and_strided_v(t.params)]
+    assert not [t.case for t in tasks if not t.case.startswith("cover") and _gqa_and_strided_v(t.params)]
     both = sorted({t.case for t in tasks if t.case.startswith("cover.") and _gqa_and_strided_v(t.params)
                    and t.params["Sk"] < 1000})
     assert both

@@ -78,37 +78,60 @@ def select(spec, level: str, seed: int, deep: bool = True,
 
 
 # --------------------------------------------------------------------------- covering arrays
-# The covering-array family of an op whose contract declares COVERING[op] (contracts/base.Covering):
-# "cover" (every pair of values, the default level) and "cover3" (every triple, --level full,
-# in place of "cover"); members named by row number ("cover.12"), every one an anchor.
-COVER = {"cover": 2, "cover3": 3}
+# The covering-array families of an op whose contract declares COVERING[op] (contracts/base.Covering,
+# or a dict of them by family name): "cover" (every pair of values, the default level) and
+# "cover3" (every triple, --level full, in place of "cover"); likewise "<name>" and "<name>3" for
+# each further array; members named by row number ("cover.12"), every one an anchor.
+FULL_SUFFIX = "3"
 _COVER_CACHE: Dict[tuple, Optional[Family]] = caches.register("checks.families.cover", {})
 
 
+def covering_declarations(spec) -> Dict[str, Any]:
+    """The op's covering arrays by family name ({} without any)."""
+    declared = getattr(spec._contract(), "COVERING", {}).get(spec.op)
+    if declared is None:
+        return {}
+    return dict(declared) if isinstance(declared, dict) else {"cover": declared}
+
+
 def covering_declaration(spec):
-    return getattr(spec._contract(), "COVERING", {}).get(spec.op)
+    """The op's main array ("cover"), or None."""
+    return covering_declarations(spec).get("cover")
+
+
+def _array_of(spec, name: str):
+    """(declaration, strength) of the array family `name`, or (None, 0)."""
+    declared = covering_declarations(spec)
+    if name in declared:
+        return declared[name], 2
+    if name.endswith(FULL_SUFFIX) and name[:-len(FULL_SUFFIX)] in declared:
+        return declared[name[:-len(FULL_SUFFIX)]], 3
+    return None, 0
 
 
 def cover_family(spec, name: str) -> Optional[Family]:
-    """The op's covering-array family `name` ("cover" or "cover3"), or None without a declaration."""
+    """The op's covering-array family `name` ("cover", "cover3", ...), or None without a declaration."""
     key = (spec.op, name)
     if key not in _COVER_CACHE:
-        declared = covering_declaration(spec)
+        declared, strength = _array_of(spec, name)
         fam = None
         if declared is not None:
             from .covering import build
-            rows = build(declared.dimensions, COVER[name], declared.seed, declared.allowed)
+            rows = build(declared.dimensions, strength, declared.seed, declared.allowed)
             members = tuple((str(number), declared.params(row)) for number, row in enumerate(rows))
-            fam = Family(name, members, anchors=len(members), level="default" if name == "cover" else "full")
+            fam = Family(name, members, anchors=len(members), level="default" if strength == 2 else "full")
         _COVER_CACHE[key] = fam
     return _COVER_CACHE[key]
 
 
 def all_families(spec, level: Optional[str] = "default") -> list:
-    """The op's families at `level`: its contract's, and its covering array (pairs at the
-    default level, triples at --level full; none at quick). level None: the pairwise one."""
-    wanted = {"quick": (), "full": ("cover3",)}.get(level, ("cover",))
-    return list(spec.families()) + [fam for fam in (cover_family(spec, name) for name in wanted) if fam is not None]
+    """The op's families at `level`: its contract's, and its covering arrays (pairs at the
+    default level, triples at --level full; none at quick). level None: the pairwise ones."""
+    if level == "quick":
+        return list(spec.families())
+    suffix = FULL_SUFFIX if level == "full" else ""
+    arrays = [cover_family(spec, name + suffix) for name in covering_declarations(spec)]
+    return list(spec.families()) + [fam for fam in arrays if fam is not None]
 
 
 def pool(spec) -> Dict[str, Case]:
@@ -165,12 +188,13 @@ def lookup(spec, name: str) -> Optional[Case]:
     if name in members:
         return members[name]
     fam_name, _, label = name.partition(SEPARATOR)
-    if fam_name in COVER and fam_name != "cover":   # the --level full array, built when named
+    triples = _array_of(spec, fam_name)[1] == 3
+    if triples:   # a --level full array, built when named
         found = cover_family(spec, fam_name)
         if found is not None and label in dict(found.members):
             return found.case(spec.make_case, label, dict(found.members)[label])
     if label.startswith(DRAW) and label[len(DRAW):].isdigit():
-        for fam in all_families(spec, "full" if fam_name in COVER and fam_name != "cover" else "default"):
+        for fam in all_families(spec, "full" if triples else "default"):
             # every family explore draws from (its own draw, else a member moved: drawn())
             if fam.name == fam_name and not fam.sized:
                 return drawn(spec, fam, int(label[len(DRAW):]))

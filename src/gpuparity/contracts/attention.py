@@ -909,5 +909,32 @@ def _attention_cover_params(row):
     return p
 
 
-COVERING = {"attention": Covering(ATTENTION_DIMENSIONS, _attention_cover_params, _attention_allowed, seed=45)}
+# A second array for the optional keywords (window, softcap, ALiBi): its rows SKIP for an
+# implementation without them, and only they do; sizes on and off the tiles, masks, causal,
+# heads and layouts paired with each feature.
+ATTENTION_FEATURES = {"window": dict(window=(7, 3)), "window_left": dict(window=(16, 0)),
+                      "softcap": dict(softcap=20.0), "softcap_x30": dict(softcap=5.0, logit_scale=30.0),
+                      "alibi_head": dict(alibi="head"), "alibi_batch": dict(alibi="batch"),
+                      "window_softcap": dict(window=(9, 0), softcap=30.0)}
+ATTENTION_FEATURE_DIMENSIONS = (
+    ("sq_tile", TILES), ("sq_offset", TILE_OFFSETS), ("sq_kind", ("tile", "one")),
+    ("sk_tile", TILES), ("sk_offset", TILE_OFFSETS),
+    ("feature", tuple(ATTENTION_FEATURES)), ("mask", ("none", "key_padding", "bool_b1qk", "float_qk")),
+    ("modifier", ("plain", "causal", "scale")), ("batch", (1, 2, 3)), ("heads", ("h2", "h4_kv2", "h4_kv1")),
+    ("head_dim", (32, 64, 128)), ("layout", ("contiguous", "q_transposed", "k_sliced", "v_sliced")))
+
+
+def _attention_feature_params(row):
+    p = _attention_cover_params({**row, "sk_kind": "tile", "values": "normal", "q_layout": "contiguous",
+                                 "k_layout": "contiguous", "v_layout": "contiguous"})
+    p.update(ATTENTION_FEATURES[row["feature"]])
+    if row["layout"] != "contiguous":
+        name, kind = row["layout"].split("_")
+        p["views"] = {name: kind}
+    return p
+
+
+COVERING = {"attention": {
+    "cover": Covering(ATTENTION_DIMENSIONS, _attention_cover_params, _attention_allowed, seed=45),
+    "cover_features": Covering(ATTENTION_FEATURE_DIMENSIONS, _attention_feature_params, seed=45)}}
 
