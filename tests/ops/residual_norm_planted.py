@@ -8,7 +8,8 @@ from gpuparity.backends import triton_residual_norm as kernels
 N_ARG = 14   # the forward kernel's runtime argument N (its hidden size)
 
 
-def residual_dropped_at_64k_plus_1(x, residual, weight, bias=None, eps=None, norm="rms", residual_in_fp32=False):
+def residual_dropped_at_64k_plus_1(x, residual, weight, bias=None, eps=None, norm="rms", residual_in_fp32=False,
+                                   **extra):
     real = kernels.launch
 
     def variant(kernel, grid, args, **options):
@@ -19,6 +20,6 @@ def residual_dropped_at_64k_plus_1(x, residual, weight, bias=None, eps=None, nor
     kernels.launch = variant
     try:
         return kernels.triton_residual_norm(x, residual, weight, bias, eps=eps, norm=norm,
-                                            residual_in_fp32=residual_in_fp32)
+                                            residual_in_fp32=residual_in_fp32, **extra)
     finally:
         kernels.launch = real

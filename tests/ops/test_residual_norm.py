@@ -254,6 +254,10 @@ def test_rows_wider_than_the_kernel_go_to_the_composition():
     (lambda x, r, w: (x, r, w, None, {"residual_in_fp32": 1}), r"residual_in_fp32: expected a bool, got int 1"),
     (lambda x, r, w: (x.long(), r, w), r"x: expected dtype in"),
     (lambda x, r, w: (x[0, 0], None, w), r"x: expected at least 1 dimension"),
+    (lambda x, r, w: (x, r, w, None, {"rowscale": x[:, 0:2]}), r"rowscale: expected shape \(4,\) \(x's shape"),
+    (lambda x, r, w: (x, r, w, None, {"rowscale": x[:, 0].long()}), r"rowscale: expected dtype in"),
+    (lambda x, r, w: (x, r, w, None, {"zero_centered_weight": 1}), r"zero_centered_weight: expected a bool, got int"),
+    (lambda x, r, w: (x, r, w, None, {"out_dtype": torch.int8}), r"out_dtype: expected None or one of"),
 ])
 def test_arguments_are_checked(call, match):
     args = call(torch.randn(4, 8), torch.randn(4, 8), torch.randn(8))
@@ -342,4 +346,60 @@ def test_compiled_with_one_output_used(used):
             assert compiled is None or not compiled.any()
         else:
             torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("backend", ["triton", "composition"])
+def test_rowscale_zero_centered_out_dtype(backend):
+    """FlashAttention's fused arguments: x * rowscale before the add (zero rows: new_residual is
+    the residual alone), weight + 1, an fp32 out beside bf16 x (more accurate than bf16's
+    rounding, which the battery's x-dtype view cannot show); rowscale gets no gradient, x's
+    gradient is scaled by it."""
+    x, residual, weight, bias = _inputs(shape=(4, 40), dtype=torch.bfloat16, residual_dtype=torch.float32)
+    rowscale = torch.tensor([0.5, 0.0, -2.0, 1.0], device=DEVICE, requires_grad=True)
+    out, new_residual = gpuparity.residual_norm(x, residual, weight, bias, norm="layer", rowscale=rowscale,
+                                                zero_centered_weight=True, out_dtype=torch.float32, backend=backend)
+    leaves = [t.detach().clone().requires_grad_() for t in (x, residual, weight, bias)]
+    ref_out, ref_res = reference_residual_norm(*leaves, norm="layer", rowscale=rowscale, zero_centered_weight=True,
+                                               eps=1e-5)
+    assert out.dtype == torch.float32 and new_residual.dtype == torch.float32
+    torch.testing.assert_close(new_residual[1], residual[1].detach())
+    err = (out.double() - ref_out).abs().max()
+    assert err < 1e-4 < (out.bfloat16().double() - ref_out).abs().max()
+    torch.testing.assert_close(new_residual.double(), ref_res, rtol=1e-6, atol=1e-6)
+    g = torch.randn_like(out)
+    ref_grads = torch.autograd.grad(ref_out, leaves, g.double())
+    out.backward(g)
+    assert rowscale.grad is None
+    assert not x.grad[1].any()
+    for got, want in zip((x.grad, residual.grad, weight.grad, bias.grad), ref_grads):
+        torch.testing.assert_close(got.double(), want.double(), rtol=1e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("backend", ["composition", "triton"])
+def test_opcheck_fused_arguments(backend):
+    x, residual, weight, bias = _inputs(shape=(3, 5, 16))
+    rowscale = torch.rand(3, 5, device=DEVICE)
+    torch.library.opcheck(torch.ops.gpuparity.residual_norm,
+                          (x, residual, weight, bias, None, "layer", False, backend, rowscale, True, torch.float64))
+
+
+@pytest.mark.parametrize("backend", ["triton", "composition"])
+def test_compiled_fullgraph_fused_arguments(backend):
+    x, residual, weight, bias = _inputs(shape=(4, 24))
+    rowscale = torch.rand(4, device=DEVICE)
+
+    def step(x, residual, weight, bias):
+        out, new_residual = gpuparity.residual_norm(x, residual, weight, bias, norm="rms", rowscale=rowscale,
+                                                    zero_centered_weight=True, out_dtype=torch.float64,
+                                                    backend=backend)
+        return out.square().sum() + (new_residual * 0.5).sum()
+
+    results = []
+    torch._dynamo.reset()
+    for run in (step, torch.compile(step, fullgraph=True, backend="aot_eager")):
+        loss = run(x, residual, weight, bias)
+        results.append((loss.detach(), *torch.autograd.grad(loss, (x, residual, weight, bias))))
+    for eager, compiled in zip(*results):
+        torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
     torch._dynamo.reset()

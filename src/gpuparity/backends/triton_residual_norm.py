@@ -53,13 +53,15 @@ if triton is not None:
     @triton.jit
     def _residual_norm_fwd_kernel(
         X, RES, W, B, Y, NEW_RES, STATS,
-        n_rows, x_inner, x_outer_stride, x_inner_stride, r_inner, r_outer_stride, r_inner_stride, N, eps,
+        n_rows, x_inner, x_outer_stride, x_inner_stride, r_inner, r_outer_stride, r_inner_stride, N, eps, ROWSCALE,
         IS_RMS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr,
         TWO_LEVEL_X: tl.constexpr, TWO_LEVEL_R: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+        HAS_ROWSCALE: tl.constexpr = False, ZERO_CENTERED: tl.constexpr = False,
     ):
-        """ROWS rows per program: s = x + residual rounded to NEW_RES's dtype and stored; the
-        norm of that s, times weight (+ bias), stored in Y's dtype. STATS: rstd per row, then
-        (LayerNorm) the mean of s - s[row, 0] per row."""
+        """ROWS rows per program: s = x (* rowscale[row], in fp32) + residual rounded to
+        NEW_RES's dtype and stored; the norm of that s, times weight (+ 1 when ZERO_CENTERED)
+        (+ bias), stored in Y's dtype. STATS: rstd per row, then (LayerNorm) the mean of
+        s - s[row, 0] per row."""
         eps = tl.cast(eps, tl.float32)  # fp64 when torch.compile's code passes it
         pid = tl.program_id(0).to(tl.int64)
         rows = pid * ROWS + tl.arange(0, ROWS)
@@ -69,6 +71,8 @@ if triton is not None:
         mask = row_ok[:, None] & col_ok[None, :]
         x_start = _row_offsets(rows, x_inner, x_outer_stride, x_inner_stride, TWO_LEVEL_X)
         s = tl.load(X + x_start[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if HAS_ROWSCALE:
+            s *= tl.load(ROWSCALE + rows, mask=row_ok, other=0.0).to(tl.float32)[:, None]
         if HAS_RESIDUAL:
             r_start = _row_offsets(rows, r_inner, r_outer_stride, r_inner_stride, TWO_LEVEL_R)
             s += tl.load(RES + r_start[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -88,7 +92,10 @@ if triton is not None:
             xhat = centered * rstd[:, None]
             tl.store(STATS + n_rows + rows, mean, mask=row_ok)
         tl.store(STATS + rows, rstd, mask=row_ok)
-        y = xhat * tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+        if ZERO_CENTERED:
+            w += 1.0
+        y = xhat * w[None, :]
         if HAS_BIAS:
             y += tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         tl.store(Y + out_offsets, y.to(Y.dtype.element_ty), mask=mask)
@@ -110,21 +117,24 @@ if triton is not None:
 
     @triton.jit
     def _residual_norm_bwd_kernel(
-        S, DY, DRES_IN, W, STATS, DX, DRES, PARTIAL,
+        S, DY, DRES_IN, W, STATS, DX, DRES, PARTIAL, ROWSCALE,
         n_rows, dy_inner, dy_outer_stride, dy_inner_stride, g_inner, g_outer_stride, g_inner_stride,
         N, tiles_per_program, db_offset,
         IS_RMS: tl.constexpr, HAS_DRES_IN: tl.constexpr, STORE_DRES: tl.constexpr, HAS_BIAS: tl.constexpr,
         TWO_LEVEL_DY: tl.constexpr, TWO_LEVEL_G: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+        HAS_ROWSCALE: tl.constexpr = False, ZERO_CENTERED: tl.constexpr = False,
     ):
         """A persistent program walks `tiles_per_program` row tiles: ds = d norm(s) / ds . dy
-        (+ grad_new_residual), written as dx (DX's dtype) and, STORE_DRES, as the residual's
-        gradient (DRES's dtype); dweight / dbias summed in registers into one partial row each.
+        (+ grad_new_residual), written as dx (DX's dtype; times rowscale[row] with HAS_ROWSCALE)
+        and, STORE_DRES, as the residual's gradient (DRES's dtype); dweight / dbias summed in registers into one partial row each.
         (Loading the next tile before working on this one, as triton_norms' backward does, gave
         no gain measurable above the noise on an H100: not done.)"""
         pid = tl.program_id(0)
         cols = tl.arange(0, BLOCK_N)
         col_ok = cols < N
         w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+        if ZERO_CENTERED:
+            w += 1.0
         dw_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
         db_acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
         first_tile = pid.to(tl.int64) * tiles_per_program
@@ -154,9 +164,11 @@ if triton is not None:
             if HAS_DRES_IN:
                 ds += gres.to(tl.float32)
             offsets = rows[:, None] * N + cols[None, :]
-            tl.store(DX + offsets, ds.to(DX.dtype.element_ty), mask=mask)
             if STORE_DRES:
                 tl.store(DRES + offsets, ds.to(DRES.dtype.element_ty), mask=mask)
+            if HAS_ROWSCALE:
+                ds *= tl.load(ROWSCALE + rows, mask=row_ok, other=0.0).to(tl.float32)[:, None]
+            tl.store(DX + offsets, ds.to(DX.dtype.element_ty), mask=mask)
             dw_acc += dy * xhat
             if HAS_BIAS:
                 db_acc += dy
@@ -177,12 +189,15 @@ def _two_layouts(a: torch.Tensor, b: Optional[torch.Tensor], n: int):
 
 
 def residual_norm_forward(x: torch.Tensor, residual: Optional[torch.Tensor], weight: torch.Tensor,
-                          bias: Optional[torch.Tensor], eps: float, is_rms: bool, residual_dtype: torch.dtype):
-    """(out in x's dtype, new_residual in residual_dtype, both contiguous of x's shape, stats:
-    fp32 [rstd per row | (LayerNorm) shifted mean per row])."""
+                          bias: Optional[torch.Tensor], eps: float, is_rms: bool, residual_dtype: torch.dtype,
+                          rowscale: Optional[torch.Tensor] = None, zero_centered_weight: bool = False,
+                          out_dtype: Optional[torch.dtype] = None):
+    """(out in out_dtype (None: x's dtype), new_residual in residual_dtype, both contiguous of
+    x's shape, stats: fp32 [rstd per row | (LayerNorm) shifted mean per row]). rowscale: one
+    factor per row of x (x's shape without its last dimension), applied to x before the add."""
     n = x.shape[-1]
     n_rows = x.numel() // n if n else 0
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
     new_residual = torch.empty(x.shape, dtype=residual_dtype, device=x.device)
     stats = torch.empty(n_rows if is_rms else 2 * n_rows, dtype=torch.float32, device=x.device)
     if n_rows == 0 or n == 0:
@@ -191,30 +206,34 @@ def residual_norm_forward(x: torch.Tensor, residual: Optional[torch.Tensor], wei
     block, rows, warps = tile(n)
     weight = weight.contiguous()
     bias = None if bias is None else bias.contiguous()
+    scale = None if rowscale is None else rowscale.reshape(-1).contiguous()
     launch(_residual_norm_fwd_kernel, (cdiv(n_rows, rows),), (
         lx.tensor, lr.tensor, weight, weight if bias is None else bias, out, new_residual, stats,
         n_rows, lx.n_inner, lx.stride_outer, lx.stride_inner, lr.n_inner, lr.stride_outer, lr.stride_inner,
-        n, float(eps)),
+        n, float(eps), stats if scale is None else scale),
         IS_RMS=is_rms, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
-        TWO_LEVEL_X=lx.two_level, TWO_LEVEL_R=lr.two_level, BLOCK_N=block, ROWS=rows, num_warps=warps)
+        TWO_LEVEL_X=lx.two_level, TWO_LEVEL_R=lr.two_level, BLOCK_N=block, ROWS=rows,
+        HAS_ROWSCALE=scale is not None, ZERO_CENTERED=bool(zero_centered_weight), num_warps=warps)
     return out, new_residual, stats
 
 
 def residual_norm_backward(grad_out: Optional[torch.Tensor], grad_new_residual: Optional[torch.Tensor],
                            new_residual: torch.Tensor, weight: torch.Tensor, stats: torch.Tensor, is_rms: bool,
                            x_dtype: torch.dtype, residual_dtype: Optional[torch.dtype], has_bias: bool,
-                           alias: bool = False):
+                           alias: bool = False, rowscale: Optional[torch.Tensor] = None,
+                           zero_centered_weight: bool = False):
     """(dx in x_dtype, dresidual in residual_dtype or None when there was no residual, dweight
     in weight's dtype, dbias in weight's dtype or None). A missing grad_out counts as zeros.
-    alias: where residual_dtype is x_dtype, dresidual is dx itself (one write fewer; autograd
-    takes one tensor as two inputs' gradients, as for a + b; a custom op's outputs may not)."""
+    alias: where residual_dtype is x_dtype (and no rowscale), dresidual is dx itself (one write
+    fewer; autograd takes one tensor as two inputs' gradients, as for a + b; a custom op's
+    outputs may not). rowscale: the forward's; dx is scaled by it (rowscale gets no gradient)."""
     n = new_residual.shape[-1]
     n_rows = new_residual.numel() // n if n else 0
     shape, device = new_residual.shape, new_residual.device
     if grad_out is None:
         grad_out = torch.zeros(shape, dtype=x_dtype, device=device)
     dx = torch.empty(shape, dtype=x_dtype, device=device)
-    shared = alias and residual_dtype == x_dtype
+    shared = alias and residual_dtype == x_dtype and rowscale is None
     dres = None if residual_dtype is None or shared else torch.empty(shape, dtype=residual_dtype, device=device)
     dw = torch.empty(weight.shape, dtype=weight.dtype, device=device)
     db = torch.empty(weight.shape, dtype=weight.dtype, device=device) if has_bias else None
@@ -230,12 +249,14 @@ def residual_norm_backward(grad_out: Optional[torch.Tensor], grad_new_residual: 
     tiles_per_program = cdiv(n_tiles, programs)
     programs = cdiv(n_tiles, tiles_per_program)
     partial, db_offset = _partials(programs, n, True, has_bias, device)
+    scale = None if rowscale is None else rowscale.reshape(-1).contiguous()
     launch(_residual_norm_bwd_kernel, (programs,), (
         new_residual, ldy.tensor, lg.tensor, weight.contiguous(), stats, dx, dx if dres is None else dres, partial,
-        n_rows, ldy.n_inner, ldy.stride_outer, ldy.stride_inner, lg.n_inner, lg.stride_outer, lg.stride_inner,
+        stats if scale is None else scale, n_rows, ldy.n_inner, ldy.stride_outer, ldy.stride_inner, lg.n_inner, lg.stride_outer, lg.stride_inner,
         n, tiles_per_program, db_offset),
         IS_RMS=is_rms, HAS_DRES_IN=grad_new_residual is not None, STORE_DRES=dres is not None, HAS_BIAS=has_bias,
-        TWO_LEVEL_DY=ldy.two_level, TWO_LEVEL_G=lg.two_level, BLOCK_N=block, ROWS=rows, num_warps=warps)
+        TWO_LEVEL_DY=ldy.two_level, TWO_LEVEL_G=lg.two_level, BLOCK_N=block, ROWS=rows,
+        HAS_ROWSCALE=scale is not None, ZERO_CENTERED=bool(zero_centered_weight), num_warps=warps)
     launch(_partial_sum_kernel, (cdiv(n, SUM_BLOCK_N),), (partial, dw, partial if db is None else db, programs, n,
                                                           db_offset),
            HAS_WEIGHT=True, HAS_BIAS=has_bias, BLOCK_P=SUM_BLOCK_P, BLOCK_N=SUM_BLOCK_N, num_warps=4)
@@ -255,51 +276,58 @@ def _resolve(x, residual, eps, norm, residual_in_fp32):
 
 class _ResidualNormApply(torch.autograd.Function):
     """(out, new_residual) with the Triton forward and backward; saves new_residual (the
-    stored sum), weight and the row statistics, not x or the residual."""
+    stored sum), weight, rowscale and the row statistics, not x or the residual."""
 
     @staticmethod
-    def forward(ctx, x, residual, weight, bias, spec):
-        eps, is_rms, residual_dtype = spec
-        out, new_residual, stats = residual_norm_forward(x, residual, weight, bias, eps, is_rms, residual_dtype)
-        ctx.save_for_backward(new_residual, weight, stats)
+    def forward(ctx, x, residual, weight, bias, rowscale, spec):
+        eps, is_rms, residual_dtype, zero_centered, out_dtype = spec
+        out, new_residual, stats = residual_norm_forward(x, residual, weight, bias, eps, is_rms, residual_dtype,
+                                                         rowscale, zero_centered, out_dtype)
+        ctx.save_for_backward(new_residual, weight, stats, rowscale)
         ctx.meta = (is_rms, x.dtype, None if residual is None else residual.dtype, bias is not None,
-                    None if bias is None else bias.dtype)
+                    None if bias is None else bias.dtype, zero_centered)
         ctx.set_materialize_grads(False)
         return out, new_residual
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out, grad_new_residual):
-        new_residual, weight, stats = ctx.saved_tensors
-        is_rms, x_dtype, residual_dtype, has_bias, bias_dtype = ctx.meta
+        new_residual, weight, stats, rowscale = ctx.saved_tensors
+        is_rms, x_dtype, residual_dtype, has_bias, bias_dtype, zero_centered = ctx.meta
         dx, dres, dw, db = residual_norm_backward(grad_out, grad_new_residual, new_residual, weight, stats, is_rms,
-                                                  x_dtype, residual_dtype, has_bias, alias=True)
+                                                  x_dtype, residual_dtype, has_bias, alias=True, rowscale=rowscale,
+                                                  zero_centered_weight=zero_centered)
         if db is not None and db.dtype != bias_dtype:
             db = db.to(bias_dtype)
         needs = ctx.needs_input_grad
         return (dx if needs[0] else None, dres if needs[1] else None, dw if needs[2] else None,
-                db if needs[3] else None, None)
+                db if needs[3] else None, None, None)
 
 
-def triton_residual_norm(x, residual, weight, bias=None, eps=None, norm="rms", residual_in_fp32=False):
-    spec = _resolve(x, residual, eps, norm, residual_in_fp32)
+def triton_residual_norm(x, residual, weight, bias=None, eps=None, norm="rms", residual_in_fp32=False,
+                         rowscale=None, zero_centered_weight=False, out_dtype=None):
+    spec = _resolve(x, residual, eps, norm, residual_in_fp32) + (bool(zero_centered_weight), out_dtype)
     if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (x, residual, weight, bias)):
-        return residual_norm_forward(x, residual, weight, bias, *spec)[:2]   # no autograd node to build
-    return _ResidualNormApply.apply(x, residual, weight, bias, spec)
+        return residual_norm_forward(x, residual, weight, bias, *spec[:3], rowscale, *spec[3:])[:2]   # no node
+    return _ResidualNormApply.apply(x, residual, weight, bias, None if rowscale is None else rowscale.detach(), spec)
 
 
 # The forward/backward split the torch.library op calls (ops/residual_norm.py).
-def _forward_saving(x, residual, weight, bias, eps, norm, residual_in_fp32):
+def _forward_saving(x, residual, weight, bias, eps, norm, residual_in_fp32, rowscale=None, zero_centered_weight=False,
+                    out_dtype=None):
     out, new_residual, stats = residual_norm_forward(x, residual, weight, bias,
-                                                     *_resolve(x, residual, eps, norm, residual_in_fp32))
+                                                     *_resolve(x, residual, eps, norm, residual_in_fp32),
+                                                     rowscale, zero_centered_weight, out_dtype)
     return (out, new_residual), (stats,)
 
 
-def _backward_from(grads, saved, new_residual, weight, bias, norm, x_dtype, residual_dtype):
+def _backward_from(grads, saved, new_residual, weight, bias, norm, x_dtype, residual_dtype, rowscale=None,
+                   zero_centered_weight=False):
     """(dx, dresidual, dweight, dbias) from (grad_out, grad_new_residual) and the forward's stats."""
     grad_out, grad_new_residual = grads
     dx, dres, dw, db = residual_norm_backward(grad_out, grad_new_residual, new_residual, weight, saved[0],
-                                              norm == "rms", x_dtype, residual_dtype, bias is not None)
+                                              norm == "rms", x_dtype, residual_dtype, bias is not None,
+                                              rowscale=rowscale, zero_centered_weight=zero_centered_weight)
     return dx, dres, dw, (None if db is None else db.to(bias.dtype))
 
 
@@ -338,15 +366,16 @@ def aot_specs() -> List[AotSpec]:
             res = "*bf16" if is_rms else "*fp32"
             tag = f"residual_norm.{fam}:{name}-n{n}"
             fwd_const = dict(IS_RMS=is_rms, HAS_RESIDUAL=True, HAS_BIAS=not is_rms, TWO_LEVEL_X=True,
-                             TWO_LEVEL_R=True, BLOCK_N=block, ROWS=rows)
+                             TWO_LEVEL_R=True, BLOCK_N=block, ROWS=rows, HAS_ROWSCALE=False, ZERO_CENTERED=False)
             fwd_sig = {"X": "*bf16", "RES": res, "W": "*bf16", "B": "*bf16", "Y": "*bf16", "NEW_RES": res,
                        "STATS": "*fp32", "n_rows": "i64", "x_inner": "i64", "x_outer_stride": "i64",
                        "x_inner_stride": "i64", "r_inner": "i64", "r_outer_stride": "i64", "r_inner_stride": "i64",
-                       "N": "i32", "eps": "fp32", **{k: "constexpr" for k in fwd_const}}
+                       "N": "i32", "eps": "fp32", "ROWSCALE": "*fp32", **{k: "constexpr" for k in fwd_const}}
             bwd_const = dict(IS_RMS=is_rms, HAS_DRES_IN=True, STORE_DRES=True, HAS_BIAS=not is_rms,
-                             TWO_LEVEL_DY=True, TWO_LEVEL_G=True, BLOCK_N=block, ROWS=rows)
+                             TWO_LEVEL_DY=True, TWO_LEVEL_G=True, BLOCK_N=block, ROWS=rows, HAS_ROWSCALE=False,
+                             ZERO_CENTERED=False)
             bwd_sig = {"S": res, "DY": "*bf16", "DRES_IN": res, "W": "*bf16", "STATS": "*fp32", "DX": "*bf16",
-                       "DRES": res, "PARTIAL": "*fp32", "n_rows": "i64", "dy_inner": "i64", "dy_outer_stride": "i64",
+                       "DRES": res, "PARTIAL": "*fp32", "ROWSCALE": "*fp32", "n_rows": "i64", "dy_inner": "i64", "dy_outer_stride": "i64",
                        "dy_inner_stride": "i64", "g_inner": "i64", "g_outer_stride": "i64", "g_inner_stride": "i64",
                        "N": "i32", "tiles_per_program": "i32", "db_offset": "i32",
                        **{k: "constexpr" for k in bwd_const}}

@@ -4,9 +4,13 @@ battery's cases: odd hidden sizes and the 16/32/64/128 tile boundaries, single r
 residual, residual_in_fp32 in every dtype, a float32 residual beside a 16-bit x, huge-mean rows,
 strided and transposed x; gradients of x, residual, weight and bias, through both outputs.
 
-    new_residual = x + residual     (float32 when residual_in_fp32, else the residual's dtype;
+    new_residual = x (* rowscale[..., None]) + residual
+                                    (float32 when residual_in_fp32, else the residual's dtype;
                                      no residual: x, cast the same way)
-    out = norm(new_residual) * weight (+ bias), in x's dtype
+    out = norm(new_residual) * weight (+ 1 when zero_centered_weight) (+ bias),
+          in out_dtype (None: x's dtype)
+
+rowscale (one factor per row, FlashAttention's, e.g. stochastic depth) is not differentiated.
 
 The names follow FlashAttention's `layer_norm_fn(x, weight, bias, residual=None, eps,
 prenorm, residual_in_fp32, is_rms_norm, ...)` (module flash_attn.ops.triton.layer_norm); the two
@@ -40,7 +44,8 @@ def new_residual_dtype(x: torch.Tensor, residual: Optional[torch.Tensor], residu
     return x.dtype if residual is None else residual.dtype
 
 
-def check_residual_norm_inputs(x, residual, weight, bias=None, eps=None, norm="rms", residual_in_fp32=False) -> None:
+def check_residual_norm_inputs(x, residual, weight, bias=None, eps=None, norm="rms", residual_in_fp32=False,
+                               rowscale=None, zero_centered_weight=False, out_dtype=None) -> None:
     """Validate residual_norm's arguments; each error names the argument, what it got, what it needs."""
     expect_tensor("x", x, dtypes=FLOAT_DTYPES)
     if x.dim() == 0:
@@ -67,6 +72,17 @@ def check_residual_norm_inputs(x, residual, weight, bias=None, eps=None, norm="r
         raise ValueError(f"norm: expected one of {NORMS}, got {describe(norm)}")
     if not isinstance(residual_in_fp32, bool):
         raise TypeError(f"residual_in_fp32: expected a bool, got {describe(residual_in_fp32)}")
+    if rowscale is not None:
+        expect_tensor("rowscale", rowscale, dtypes=FLOAT_DTYPES)
+        if tuple(rowscale.shape) != tuple(x.shape[:-1]):
+            raise ValueError(f"rowscale: expected shape {tuple(x.shape[:-1])} (x's shape without its last "
+                             f"dimension, one factor per row), got {describe(rowscale)}")
+        expect_same_device("x", x, rowscale=rowscale)
+    if not isinstance(zero_centered_weight, bool):
+        raise TypeError(f"zero_centered_weight: expected a bool, got {describe(zero_centered_weight)}")
+    if out_dtype is not None and out_dtype not in FLOAT_DTYPES:
+        raise TypeError(f"out_dtype: expected None or one of {[str(d) for d in FLOAT_DTYPES]}, "
+                        f"got {describe(out_dtype)}")
 
 
 def default_eps(norm: str, dtype: torch.dtype) -> float:
@@ -89,9 +105,12 @@ def problem_of(device, dtype, shape, has_residual: bool, residual_dtype, has_bia
 
 
 # --------------------------------------------------------------------------- the float64 reference
-def reference_residual_norm(x, residual, weight, bias=None, eps=None, norm="rms", residual_in_fp32=False):
+def reference_residual_norm(x, residual, weight, bias=None, eps=None, norm="rms", residual_in_fp32=False,
+                            rowscale=None, zero_centered_weight=False, out_dtype=None):
     """(out, new_residual) in float64: the sum exact, the norm over the last dimension."""
     x = x.double()
+    if rowscale is not None:
+        x = x * rowscale.detach().double()[..., None]
     s = x if residual is None else x + residual.double()
     eps = default_eps(norm, torch.float64) if eps is None else eps
     if norm == "rms":
@@ -99,17 +118,20 @@ def reference_residual_norm(x, residual, weight, bias=None, eps=None, norm="rms"
     else:
         mean = s.mean(dim=-1, keepdim=True)
         y = (s - mean) * torch.rsqrt((s - mean).pow(2).mean(dim=-1, keepdim=True) + eps)
-    y = y * weight.double()
+    y = y * (weight.double() + 1.0 if zero_centered_weight else weight.double())
     if bias is not None:
         y = y + bias.double()
     return y, s
 
 
 # --------------------------------------------------------------------------- the trusted composition (the op's "composition" backend)
-def residual_norm_composition(x, residual, weight, bias=None, eps=None, norm="rms", residual_in_fp32=False):
-    """The eager pre-norm block: the sum in new_residual's dtype, statistics and affine in fp32,
-    the output rounded once to x's dtype."""
-    dtype = new_residual_dtype(x, residual, residual_in_fp32)
+def residual_norm_composition(x, residual, weight, bias=None, eps=None, norm="rms", residual_in_fp32=False,
+                              rowscale=None, zero_centered_weight=False, out_dtype=None):
+    """The eager pre-norm block: x * rowscale in fp32, the sum in new_residual's dtype,
+    statistics and affine in fp32, the output rounded once to out_dtype (None: x's dtype)."""
+    dtype, out_dtype = new_residual_dtype(x, residual, residual_in_fp32), out_dtype or x.dtype
+    if rowscale is not None:
+        x = x.float() * rowscale.detach().float()[..., None]
     s = x.to(dtype) if residual is None else x.to(dtype) + residual.to(dtype)
     eps = default_eps(norm, x.dtype) if eps is None else eps
     f = s.float()
@@ -117,10 +139,10 @@ def residual_norm_composition(x, residual, weight, bias=None, eps=None, norm="rm
         y = f * torch.rsqrt(f.pow(2).mean(dim=-1, keepdim=True) + eps)
     else:
         y = torch.nn.functional.layer_norm(f, f.shape[-1:], None, None, eps)
-    y = y * weight.float()
+    y = y * (weight.float() + 1.0 if zero_centered_weight else weight.float())
     if bias is not None:
         y = y + bias.float()
-    return y.to(x.dtype), s
+    return y.to(out_dtype), s
 
 
 # registered by backends.load_all in the slot backends.MODULES gives it
@@ -132,7 +154,8 @@ COMPOSITIONS = (Backend("composition", "residual_norm", residual_norm_compositio
 # --------------------------------------------------------------------------- the battery's cases
 def _case(name, level="default", **params) -> Case:
     defaults = dict(shape=(4, 32), norm="rms", residual=True, residual_fp32=False, residual_in_fp32=False,
-                    bias=True, eps=None, offset=0.0, layout="contiguous")
+                    bias=True, eps=None, offset=0.0, layout="contiguous", rowscale=None, zero_centered=False,
+                    out_fp32=False)
     defaults.update(params)
     return Case(name, defaults, level)
 
@@ -164,6 +187,18 @@ CASES: List[Case] = [
     *_both("transposed_x", shape=(24, 10), layout="transposed"),
     *_both("batched_3d", shape=(2, 9, 48)),
     _case("eps_explicit", shape=(4, 96), eps=1e-3, norm="layer"),
+    # FlashAttention's layer_norm_fn arguments: rowscale (with zero rows), zero-centered weight, out_dtype
+    *_both("rowscale", "quick", shape=(5, 63), rowscale="random"),
+    _case("rowscale_zeros_rows_1", "quick", shape=(1, 33), rowscale="zeros", norm="layer"),
+    *_both("rowscale_zeros_fp32_stream", shape=(6, 129), rowscale="zeros", residual_fp32=True,
+           residual_in_fp32=True),
+    _case("rowscale_no_residual_in_fp32", shape=(3, 5, 17), rowscale="random", residual=False,
+          residual_in_fp32=True),
+    *_both("zero_centered", "quick", shape=(4, 65), zero_centered=True),
+    _case("zero_centered_no_bias", shape=(1, 1000), zero_centered=True, bias=False),
+    *_both("out_fp32", "quick", shape=(3, 47), out_fp32=True),
+    _case("all_fa_args_layer", shape=(2, 3, 97), norm="layer", rowscale="zeros", zero_centered=True, out_fp32=True,
+          residual_fp32=True, residual_in_fp32=True),
     *_both("hidden_4096", "full", shape=(8, 4096)),
     *_both("hidden_16384", "full", shape=(2, 16384)),
 ]
@@ -189,8 +224,8 @@ FAMILIES = [
 
 class ResidualNormSpec(OpSpec):
     op = "residual_norm"
-    signature = ("fn(x, residual, weight, bias=None, *, eps=None, norm='rms', residual_in_fp32=False) "
-                 "-> (out, new_residual)")
+    signature = ("fn(x, residual, weight, bias=None, *, eps=None, norm='rms', residual_in_fp32=False, "
+                 "rowscale=None, zero_centered_weight=False, out_dtype=None) -> (out, new_residual)")
     grad_inputs = ("x", "residual", "weight", "bias")
     reference_fn = staticmethod(reference_residual_norm)
 
@@ -224,7 +259,13 @@ class ResidualNormSpec(OpSpec):
             inputs["residual"] = p["offset"] + randn(gen, *shape)
         else:
             inputs["x"] = p["offset"] + x
-        inputs["weight"] = 1.0 + 0.5 * randn(gen, shape[-1])
+        # zero-centered: the stored weight is the offset from 1
+        inputs["weight"] = (0.0 if p.get("zero_centered") else 1.0) + 0.5 * randn(gen, shape[-1])
+        if p.get("rowscale"):
+            rowscale = randn(gen, *shape[:-1])
+            if p["rowscale"] == "zeros":   # every other row dropped (stochastic depth), the first kept
+                rowscale.reshape(-1)[1::2] = 0.0
+            inputs["rowscale"] = rowscale
         if p["bias"]:
             inputs["bias"] = 0.5 * randn(gen, shape[-1])
         return inputs
@@ -247,10 +288,19 @@ class ResidualNormSpec(OpSpec):
         eps = p["eps"]
         if eps is None and x.dtype == torch.float64 and "orig_dtype" in inputs:
             eps = default_eps(p["norm"], inputs["orig_dtype"])   # the reference: the tested dtype's default
+        extra = {}
+        if p.get("rowscale"):
+            extra["rowscale"] = inputs["rowscale"]
+        if p.get("zero_centered"):
+            extra["zero_centered_weight"] = True
+        if p.get("out_fp32") and x.dtype != torch.float64:
+            extra["out_dtype"] = torch.float32
         out, new_residual = fn(x, residual, inputs["weight"], inputs.get("bias"), eps=eps, norm=p["norm"],
-                               residual_in_fp32=p["residual_in_fp32"])
+                               residual_in_fp32=p["residual_in_fp32"], **extra)
         scale = 2.0 ** -math.ceil(math.log2(1.0 + abs(p["offset"])))
-        return torch.stack((out, (new_residual * scale).to(out.dtype)))
+        # out_dtype=float32 is compared rounded to x's dtype (the harness checks x's dtype; the
+        # float32 output's own accuracy: tests/ops/test_residual_norm.py)
+        return torch.stack((out.to(x.dtype), (new_residual * scale).to(x.dtype)))
 
     def zero_masks(self, inputs, p):
         if p["layout"] != "row_stride":

@@ -1,5 +1,5 @@
 """`gpuparity.residual_norm(x, residual, weight, bias=None, *, eps=None, norm="rms",
-residual_in_fp32=False)` -> (out, new_residual): a pre-norm block's residual add fused with its
+residual_in_fp32=False, rowscale=None, zero_centered_weight=False, out_dtype=None)` -> (out, new_residual): a pre-norm block's residual add fused with its
 RMSNorm / LayerNorm, with the backend chosen by the verified dispatcher; and
 `gpuparity::residual_norm` (+ its backward op) as torch.library custom ops, the path the public
 function takes while torch.compile or torch.export traces it (a Triton backend becomes the op,
@@ -21,27 +21,33 @@ __all__ = ["residual_norm"]
 
 def residual_norm(x: Tensor, residual: Optional[Tensor], weight: Tensor, bias: Optional[Tensor] = None, *,
                   eps: Optional[float] = None, norm: str = "rms", residual_in_fp32: bool = False,
-                  backend: str = "auto") -> Tuple[Tensor, Tensor]:
-    """(out, new_residual): new_residual = x + residual (float32 when residual_in_fp32, else the
-    residual's dtype; residual=None: x, cast the same way) and out = norm(new_residual) * weight
-    (+ bias) in x's dtype, the norm over the last dimension: norm="rms" (RMSNorm, eps=None:
-    F.rms_norm's default) or "layer" (LayerNorm, biased variance, eps=None: 1e-5). The residual
-    may be float32 beside a 16-bit x (a float32 residual stream). Gradients reach x, residual,
-    weight and bias through both outputs. backend: "auto" or a name from
-    `gpuparity.dispatch.backends("residual_norm")`."""
-    check_residual_norm_inputs(x, residual, weight, bias, eps, norm, residual_in_fp32)
+                  rowscale: Optional[Tensor] = None, zero_centered_weight: bool = False,
+                  out_dtype: Optional[torch.dtype] = None, backend: str = "auto") -> Tuple[Tensor, Tensor]:
+    """(out, new_residual): new_residual = x (* rowscale[..., None]) + residual (float32 when
+    residual_in_fp32, else the residual's dtype; residual=None: x, cast the same way) and
+    out = norm(new_residual) * weight (+ bias) in out_dtype (None: x's dtype), the norm over the
+    last dimension: norm="rms" (RMSNorm, eps=None: F.rms_norm's default) or "layer" (LayerNorm,
+    biased variance, eps=None: 1e-5). The residual may be float32 beside a 16-bit x (a float32
+    residual stream). rowscale: one factor per row (x's shape without the last dimension),
+    applied to x in fp32 before the add; it gets no gradient. zero_centered_weight: the norm
+    multiplies by weight + 1 (taken in fp32). Gradients reach x, residual, weight and bias
+    through both outputs. backend: "auto" or a name from `gpuparity.dispatch.backends("residual_norm")`."""
+    check_residual_norm_inputs(x, residual, weight, bias, eps, norm, residual_in_fp32, rowscale,
+                               zero_centered_weight, out_dtype)
     problem = residual_norm_problem(x, residual, weight, bias, norm, residual_in_fp32)
+    extra = dict(rowscale=rowscale, zero_centered_weight=zero_centered_weight, out_dtype=out_dtype)
     if torch.compiler.is_compiling():
         # traced: the backend chosen now; a composition inline, the Triton kernels as an op
         chosen = library.traced_backend(problem, backend)
         if chosen.forward_saving is None:
-            return chosen.fn(x, residual, weight, bias, eps=eps, norm=norm, residual_in_fp32=residual_in_fp32)
+            return chosen.fn(x, residual, weight, bias, eps=eps, norm=norm, residual_in_fp32=residual_in_fp32,
+                             **extra)
         op = library._op("residual_norm", library._kernels_traceable(x, residual, weight, bias))
         out, new_residual, _ = op(x, residual, weight, bias, None if eps is None else float(eps), norm,
-                                  residual_in_fp32, chosen.name)
+                                  residual_in_fp32, chosen.name, rowscale, zero_centered_weight, out_dtype)
         return out, new_residual
     return select.resolve(problem, backend).fn(x, residual, weight, bias, eps=eps, norm=norm,
-                                               residual_in_fp32=residual_in_fp32)
+                                               residual_in_fp32=residual_in_fp32, **extra)
 
 
 # ----------------------------------------------------------------------------- torch.library
@@ -52,10 +58,11 @@ def _stats_like(x: Tensor, norm: str) -> Tensor:
 
 def _residual_norm_body(x: Tensor, residual: Optional[Tensor], weight: Tensor, bias: Optional[Tensor],
                         eps: Optional[float], norm: str, residual_in_fp32: bool,
-                        backend: str) -> Tuple[Tensor, Tensor, Tensor]:
+                        backend: str, rowscale: Optional[Tensor] = None, zero_centered_weight: bool = False,
+                        out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor, Tensor]:
     """(out, new_residual, stats), contiguous; stats are zeros for a backend without a fused backward."""
     chosen = select.resolve(residual_norm_problem(x, residual, weight, bias, norm, residual_in_fp32), backend)
-    args = (x, residual, weight, bias, eps, norm, residual_in_fp32)
+    args = (x, residual, weight, bias, eps, norm, residual_in_fp32, rowscale, zero_centered_weight, out_dtype)
     if chosen.forward_saving is not None:
         (out, new_residual), (stats,) = chosen.forward_saving(*args)
     else:
@@ -73,16 +80,18 @@ residual_norm_kernels_op = library._twin("residual_norm", _residual_norm_body)
 
 
 @residual_norm_op.register_fake
-def _residual_norm_fake(x, residual, weight, bias, eps, norm, residual_in_fp32, backend):
+def _residual_norm_fake(x, residual, weight, bias, eps, norm, residual_in_fp32, backend, rowscale=None,
+                        zero_centered_weight=False, out_dtype=None):
     dtype = new_residual_dtype(x, residual, residual_in_fp32)
-    return (torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty(x.shape, dtype=dtype, device=x.device),
+    return (torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device), torch.empty(x.shape, dtype=dtype, device=x.device),
             _stats_like(x, norm))
 
 
 def _residual_norm_backward_body(grad_out: Optional[Tensor], grad_new_residual: Optional[Tensor],
                                  new_residual: Tensor, weight: Tensor, bias: Optional[Tensor], stats: Tensor,
                                  eps: Optional[float], norm: str, x_dtype: torch.dtype, has_residual: bool,
-                                 backend: str) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                                 backend: str, rowscale: Optional[Tensor] = None,
+                                 zero_centered_weight: bool = False) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dx, dresidual, dweight, dbias); dresidual without a residual and dbias without a bias are
     empty tensors. `backend` is the one the forward named (the traced path passes the chosen
     backend's name). A backend without a fused backward: out recomputed from new_residual (the
@@ -93,17 +102,19 @@ def _residual_norm_backward_body(grad_out: Optional[Tensor], grad_new_residual: 
     chosen = select.resolve(problem, backend)
     if chosen.backward_from is not None:
         dx, dres, dw, db = chosen.backward_from((grad_out, grad_new_residual), (stats,), new_residual, weight, bias,
-                                                norm, x_dtype, rdtype)
+                                                norm, x_dtype, rdtype, rowscale, zero_centered_weight)
     else:
         def forward(s, weight_, bias_):
-            return residual_norm_composition(s, None, weight_, bias_, eps=eps, norm=norm)[0]
+            return residual_norm_composition(s, None, weight_, bias_, eps=eps, norm=norm,
+                                             zero_centered_weight=zero_centered_weight)[0]
         if grad_out is None:
             grad_out = torch.zeros(new_residual.shape, dtype=new_residual.dtype, device=new_residual.device)
         ds, dw, db = library._recomputed_grads(forward, [new_residual, weight, bias], [True, True, bias is not None],
                                                grad_out.to(new_residual.dtype))
         if grad_new_residual is not None:
             ds = ds + grad_new_residual.to(ds.dtype)
-        dx, dres = ds.to(x_dtype), None if rdtype is None else ds.to(rdtype, copy=True)   # outputs may not alias
+        dres = None if rdtype is None else ds.to(rdtype, copy=True)   # outputs may not alias
+        dx = ds.to(x_dtype) if rowscale is None else (ds.float() * rowscale.float()[..., None]).to(x_dtype)
     return (dx.contiguous(), library._nothing(new_residual) if dres is None else dres.contiguous(), dw.contiguous(),
             library._nothing(new_residual) if db is None else db.contiguous())
 
@@ -115,7 +126,7 @@ residual_norm_backward_kernels_op = library._twin("residual_norm_backward", _res
 
 @residual_norm_backward_op.register_fake
 def _residual_norm_backward_fake(grad_out, grad_new_residual, new_residual, weight, bias, stats, eps, norm, x_dtype,
-                                 has_residual, backend):
+                                 has_residual, backend, rowscale=None, zero_centered_weight=False):
     shape, device = new_residual.shape, new_residual.device
     return (torch.empty(shape, dtype=x_dtype, device=device),
             torch.empty(shape, dtype=new_residual.dtype, device=device) if has_residual
@@ -126,20 +137,21 @@ def _residual_norm_backward_fake(grad_out, grad_new_residual, new_residual, weig
 
 
 def _setup(ctx, inputs, output, kernels=False):
-    x, residual, weight, bias, eps, norm, residual_in_fp32, backend = inputs
+    x, residual, weight, bias, eps, norm, residual_in_fp32, backend, rowscale, zero_centered_weight, _ = inputs
     ctx.kernels = kernels
-    ctx.save_for_backward(output[1], weight, bias, output[2])
-    ctx.spec = (eps, norm, x.dtype, residual is not None, backend)
+    ctx.save_for_backward(output[1], weight, bias, output[2], rowscale)
+    ctx.spec = (eps, norm, x.dtype, residual is not None, backend, zero_centered_weight)
 
 
 def _backward(ctx, grad_out, grad_new_residual, _grad_stats):
-    new_residual, weight, bias, stats = ctx.saved_tensors
-    eps, norm, x_dtype, has_residual, backend = ctx.spec
+    new_residual, weight, bias, stats, rowscale = ctx.saved_tensors
+    eps, norm, x_dtype, has_residual, backend, zero_centered_weight = ctx.spec
     dx, dres, dw, db = library._op("residual_norm_backward", ctx.kernels)(
-        grad_out, grad_new_residual, new_residual, weight, bias, stats, eps, norm, x_dtype, has_residual, backend)
+        grad_out, grad_new_residual, new_residual, weight, bias, stats, eps, norm, x_dtype, has_residual, backend,
+        rowscale, zero_centered_weight)
     needs = ctx.needs_input_grad
     return (dx if needs[0] else None, dres if (needs[1] and has_residual) else None, dw if needs[2] else None,
-            db if (needs[3] and bias is not None) else None, None, None, None, None)
+            db if (needs[3] and bias is not None) else None, None, None, None, None, None, None, None)
 
 
 residual_norm_op.register_autograd(_backward, setup_context=_setup)
