@@ -29,7 +29,8 @@ __version__ = "2.8.4"
 logger = logging.getLogger(__name__)
 # the submodules install() registers as flash_attn.<path> (packages before their modules)
 SUBMODULES = ("flash_attn_interface", "bert_padding", "layers", "layers.rotary", "ops", "ops.triton",
-              "ops.triton.rotary", "ops.triton.cross_entropy", "losses", "losses.cross_entropy", "modules")
+              "ops.triton.rotary", "ops.triton.cross_entropy", "ops.triton.layer_norm", "losses",
+              "losses.cross_entropy", "modules")
 _NAMES = ("flash_attn",) + tuple(f"flash_attn.{path}" for path in SUBMODULES)
 
 
