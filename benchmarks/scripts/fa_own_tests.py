@@ -155,6 +155,8 @@ def summary_md(report: Dict[str, Any]) -> str:
             last = [l for l in e["error"].splitlines() if l.startswith("E ")]
             lines.append(f"- {path}: {(last[-1][1:].strip() if last else e['error'][-300:])}")
     for rec in report["files"]:
+        if "not_run" in rec:
+            lines += ["", f"## {rec['file']}: not run: {rec['not_run']}"]
         if "tail" in rec:
             lines += ["", f"## {rec['file']}: no results written (log tail)", "", "```", rec["tail"][-1500:], "```"]
     return "\n".join(lines) + "\n"
@@ -202,6 +204,12 @@ def main(argv: List[str] = None) -> int:
                               "python": sys.version.split()[0], "files": []}
     for k, (path, weight) in enumerate(chosen):
         left = args.budget_s - (time.time() - started)
+        if left < 5 and not args.collect_only:       # an earlier file ran into its grace time
+            report["files"].append({"file": path, "rc": None, "killed_past_budget": False, "budget_s": 0.0,
+                                    "wall_s": 0.0, "not_run": "the budget was spent by the files before it",
+                                    "totals": totals({})})
+            print(f"fa_own_tests: {path}: not run, the budget is spent", flush=True)
+            continue
         share = max(left * weight / sum(w for _, w in chosen[k:]), 1.0)
         print(f"fa_own_tests: {path}: budget {share:.0f} s", flush=True)
         rec = run_file(args, path, share, work)

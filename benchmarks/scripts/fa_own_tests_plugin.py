@@ -276,7 +276,10 @@ def pytest_generate_tests(metafunc):
     pytest_generate_tests runs inside this wrapper), so the unselected ones never become items:
     test_flash_attn.py's full grid takes minutes to collect."""
     yield
-    calls = getattr(metafunc, "_calls", None)
+    if not hasattr(metafunc, "_calls"):     # pytest's own list of cases, there since pytest 2
+        raise pytest.UsageError("fa_own_tests_plugin: this pytest's Metafunc has no _calls, so the cases "
+                                "cannot be sampled before they become items (the full grids take minutes)")
+    calls = metafunc._calls
     name = _test_name(metafunc.definition)
     used = _internals_used(metafunc.function)
     if used:
