@@ -126,7 +126,8 @@ if triton is not None:
     ):
         """A persistent program walks `tiles_per_program` row tiles: ds = d norm(s) / ds . dy
         (+ grad_new_residual), written as dx (DX's dtype; times rowscale[row] with HAS_ROWSCALE)
-        and, STORE_DRES, as the residual's gradient (DRES's dtype); dweight / dbias summed in registers into one partial row each.
+        and, STORE_DRES, as the residual's gradient (DRES's dtype); dweight / dbias summed in
+        registers into one partial row each.
         (Loading the next tile before working on this one, as triton_norms' backward does, gave
         no gain measurable above the noise on an H100: not done.)"""
         pid = tl.program_id(0)
@@ -252,7 +253,8 @@ def residual_norm_backward(grad_out: Optional[torch.Tensor], grad_new_residual: 
     scale = None if rowscale is None else rowscale.reshape(-1).contiguous()
     launch(_residual_norm_bwd_kernel, (programs,), (
         new_residual, ldy.tensor, lg.tensor, weight.contiguous(), stats, dx, dx if dres is None else dres, partial,
-        stats if scale is None else scale, n_rows, ldy.n_inner, ldy.stride_outer, ldy.stride_inner, lg.n_inner, lg.stride_outer, lg.stride_inner,
+        stats if scale is None else scale,
+        n_rows, ldy.n_inner, ldy.stride_outer, ldy.stride_inner, lg.n_inner, lg.stride_outer, lg.stride_inner,
         n, tiles_per_program, db_offset),
         IS_RMS=is_rms, HAS_DRES_IN=grad_new_residual is not None, STORE_DRES=dres is not None, HAS_BIAS=has_bias,
         TWO_LEVEL_DY=ldy.two_level, TWO_LEVEL_G=lg.two_level, BLOCK_N=block, ROWS=rows,
@@ -375,7 +377,8 @@ def aot_specs() -> List[AotSpec]:
                              TWO_LEVEL_DY=True, TWO_LEVEL_G=True, BLOCK_N=block, ROWS=rows, HAS_ROWSCALE=False,
                              ZERO_CENTERED=False)
             bwd_sig = {"S": res, "DY": "*bf16", "DRES_IN": res, "W": "*bf16", "STATS": "*fp32", "DX": "*bf16",
-                       "DRES": res, "PARTIAL": "*fp32", "ROWSCALE": "*fp32", "n_rows": "i64", "dy_inner": "i64", "dy_outer_stride": "i64",
+                       "DRES": res, "PARTIAL": "*fp32", "ROWSCALE": "*fp32", "n_rows": "i64", "dy_inner": "i64",
+                       "dy_outer_stride": "i64",
                        "dy_inner_stride": "i64", "g_inner": "i64", "g_outer_stride": "i64", "g_inner_stride": "i64",
                        "N": "i32", "tiles_per_program": "i32", "db_offset": "i32",
                        **{k: "constexpr" for k in bwd_const}}

@@ -1,6 +1,7 @@
 """`gpuparity.residual_norm(x, residual, weight, bias=None, *, eps=None, norm="rms",
-residual_in_fp32=False, rowscale=None, zero_centered_weight=False, out_dtype=None)` -> (out, new_residual): a pre-norm block's residual add fused with its
-RMSNorm / LayerNorm, with the backend chosen by the verified dispatcher; and
+residual_in_fp32=False, rowscale=None, zero_centered_weight=False, out_dtype=None)` -> (out, new_residual):
+a pre-norm block's residual add fused with its RMSNorm / LayerNorm, with the backend chosen by
+the verified dispatcher; and
 `gpuparity::residual_norm` (+ its backward op) as torch.library custom ops, the path the public
 function takes while torch.compile or torch.export traces it (a Triton backend becomes the op,
 with its triton_op twin where inductor can call the kernels; a composition is traced inline)."""
@@ -83,7 +84,8 @@ residual_norm_kernels_op = library._twin("residual_norm", _residual_norm_body)
 def _residual_norm_fake(x, residual, weight, bias, eps, norm, residual_in_fp32, backend, rowscale=None,
                         zero_centered_weight=False, out_dtype=None):
     dtype = new_residual_dtype(x, residual, residual_in_fp32)
-    return (torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device), torch.empty(x.shape, dtype=dtype, device=x.device),
+    return (torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device),
+            torch.empty(x.shape, dtype=dtype, device=x.device),
             _stats_like(x, norm))
 
 
