@@ -164,3 +164,19 @@ def test_backends_rejects_unknown_ops():
     with pytest.raises(TypeError, match="backends: unknown op"):
         with ours.backends(decode="triton"):
             pass
+
+
+def test_backends_routes_layer_norm_fn_to_the_named_residual_norm_backend(monkeypatch):
+    from gpuparity.flash_attn.ops.triton import layer_norm as fa_layer_norm
+    seen = []
+    real = fa_layer_norm.residual_norm
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("backend"))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(fa_layer_norm, "residual_norm", spy)
+    x, w = torch.randn(3, 8), torch.ones(8)
+    with ours.backends(residual_norm="composition"):
+        fa_layer_norm.rms_norm_fn(x, w, None)
+    fa_layer_norm.rms_norm_fn(x, w, None)
+    assert seen == ["composition", "auto"]

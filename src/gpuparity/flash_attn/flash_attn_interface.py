@@ -35,14 +35,15 @@ __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_
 
 # The backend each gpuparity op runs on ("auto": the fastest verified on this machine).
 _BACKENDS: Dict[str, str] = {"attention": "auto", "attention_varlen": "auto", "attention_decode": "auto",
-                             "rotary": "auto", "cross_entropy": "auto"}
+                             "rotary": "auto", "cross_entropy": "auto", "residual_norm": "auto"}
 
 
 @contextlib.contextmanager
 def backends(**names: str):
     """Run the calls inside on the named backends, e.g. backends(attention="triton"), keys
     "attention", "attention_varlen", "attention_decode", "rotary" (see gpuparity.dispatch.backends(op)),
-    and "cross_entropy" (ops.triton.cross_entropy's row step: a backend of op linear_cross_entropy)."""
+    "cross_entropy" (ops.triton.cross_entropy's row step: a backend of op linear_cross_entropy) and
+    "residual_norm" (ops.triton.layer_norm's fused residual add and norm)."""
     unknown = sorted(set(names) - set(_BACKENDS))
     if unknown:
         raise TypeError(f"backends: unknown op(s) {unknown}; expected keys among {sorted(_BACKENDS)}")
