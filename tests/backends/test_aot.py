@@ -190,21 +190,23 @@ def test_hook_chains_without_functions_allow_direct_launches():
 
 def test_varlen_decode_swiglu_and_cross_entropy_kernels_are_listed_for_every_target():
     """Without compiling (the test above does): the varlen forward/dq/dk-dv kernels, the decode
-    split/combine kernels, swiglu's and linear_cross_entropy's have an AotSpec on every AOT
+    split/combine kernels, swiglu's, linear_cross_entropy's and residual_norm's have an AotSpec on every AOT
     target, with every parameter in its signature."""
     import inspect
 
     import pytest
     pytest.importorskip("triton")
-    from gpuparity.backends import triton_cross_entropy, triton_decode, triton_swiglu
+    from gpuparity.backends import triton_cross_entropy, triton_decode, triton_residual_norm, triton_swiglu
     from gpuparity.backends.triton_attention import aot_specs
     from gpuparity.backends.triton_common import AOT_TARGETS
-    specs = aot_specs() + triton_decode.aot_specs() + triton_swiglu.aot_specs() + triton_cross_entropy.aot_specs()
+    specs = (aot_specs() + triton_decode.aot_specs() + triton_swiglu.aot_specs() + triton_cross_entropy.aot_specs()
+             + triton_residual_norm.aot_specs())
     for kernel in REQUIRED_KERNELS:
         for target in AOT_TARGETS:
             assert any(s.name.startswith(kernel) and target in s.targets for s in specs), (kernel, target)
     for spec in specs:
-        if spec.name.startswith(("attention_varlen.", "attention_decode.", "swiglu.", "linear_cross_entropy.")):
+        if spec.name.startswith(("attention_varlen.", "attention_decode.", "swiglu.", "linear_cross_entropy.",
+                                 "residual_norm.")):
             params = inspect.signature(getattr(spec.kernel, "fn", spec.kernel)).parameters
             assert set(spec.signature) == set(params), spec.name
             assert {n for n, t in spec.signature.items() if t == "constexpr"} == set(spec.constexprs), spec.name

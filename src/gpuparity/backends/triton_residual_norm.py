@@ -22,8 +22,8 @@ from ..numerics import default_rms_eps
 from ..registry import Backend, register
 from . import triton_common
 from .triton_common import AotSpec, availability, cdiv, launch, next_pow2, problem_reasons
-from .triton_norms import (FAMILIES, SUM_BLOCK_N, SUM_BLOCK_P, _partial_sum_kernel, _partials, _program_count,
-                           _row_offsets, _warps, row_layout)
+from . import triton_norms
+from .triton_norms import FAMILIES, SUM_BLOCK_N, SUM_BLOCK_P, _partials, _program_count, _warps, row_layout
 
 try:
     import triton
@@ -49,6 +49,8 @@ def tile(n: int, fam: Optional[str] = None) -> Tuple[int, int, int]:
 
 # ----------------------------------------------------------------------------- kernels
 if triton is not None:
+    # the norms' jit helper, defined there only where triton imports
+    from .triton_norms import _row_offsets
 
     @triton.jit
     def _residual_norm_fwd_kernel(
@@ -259,8 +261,9 @@ def residual_norm_backward(grad_out: Optional[torch.Tensor], grad_new_residual: 
         IS_RMS=is_rms, HAS_DRES_IN=grad_new_residual is not None, STORE_DRES=dres is not None, HAS_BIAS=has_bias,
         TWO_LEVEL_DY=ldy.two_level, TWO_LEVEL_G=lg.two_level, BLOCK_N=block, ROWS=rows,
         HAS_ROWSCALE=scale is not None, ZERO_CENTERED=bool(zero_centered_weight), num_warps=warps)
-    launch(_partial_sum_kernel, (cdiv(n, SUM_BLOCK_N),), (partial, dw, partial if db is None else db, programs, n,
-                                                          db_offset),
+    # triton_norms defines its kernels only where triton imports (as this module does)
+    launch(triton_norms._partial_sum_kernel, (cdiv(n, SUM_BLOCK_N),),
+           (partial, dw, partial if db is None else db, programs, n, db_offset),
            HAS_WEIGHT=True, HAS_BIAS=has_bias, BLOCK_P=SUM_BLOCK_P, BLOCK_N=SUM_BLOCK_N, num_warps=4)
     return dx, (dx if shared else dres), dw, db
 
