@@ -277,6 +277,11 @@ def test_the_baseline_is_computed_only_when_the_floor_is_not_enough(monkeypatch)
     assert mon.report().passed and set(runs) == {torch.float64}
     runs.clear()
     monkeypatch.setattr(tolerance, "error_floor", lambda *args, **kwargs: 1e-300)   # every check above the floor
+    # a layer_norm 1e-4 off, so that checks fail and their comparisons can be read (a correct run's
+    # failures, which this test once read, depended on the CPU's rounding luck: none on some CPUs)
+    real = F.layer_norm
+    monkeypatch.setattr(F, "layer_norm", lambda x, shape, weight=None, bias=None, eps=1e-5:
+                        real(x, shape, weight, bias, eps) * (1 + 1e-4))
     _, _, mon = _run(True)
     assert torch.float32 in runs
     judged = [c for f in mon.report().failures for c in f["comparisons"] if c.get("err") is not None]
