@@ -7,8 +7,9 @@ acceptance rule with a floor). NaN/Inf where the reference is finite always fail
 must be empty (fully masked attention rows) are checked separately: exactly zero, never NaN.
 
 The floor is the error a correct computation cannot avoid, so it rises where rounding provably
-grows (error_floor): with the length of a reduction a kernel may carry in the output dtype, and
-with the size of the logits an exponential is taken of. Each term is a rounding-error model
+grows (error_floor): with the length of a reduction a kernel may carry in the output dtype, with
+the size of the logits an exponential is taken of, and with how badly a row's mean cancels in
+x - mean (layer_norm's rows of large |mean| / std). Each term is a rounding-error model
 with the factor 2 of the baseline rule, derived in docs/verification.md.
 """
 from __future__ import annotations
@@ -67,6 +68,19 @@ ACCUMULATION_TILE = 256
 # baseline rounds them once: 4 roundings x the baseline factor 2, of the largest logit.
 LOGIT_ROUNDINGS = 4
 LOGIT_UNIT_ROUNDOFF = 2.0 ** -24
+# Centering (layer_norm): a correct kernel forms each row's mean m by a reduction over the row's
+# n terms in its statistics dtype (fp32 for 16-bit inputs: a 16-bit mean would be a bug, and the
+# composition baseline uses fp32 too). The result is rounded at |m|'s magnitude once per level of
+# a tree (pairwise, cascade or Welford-combine: ceil(log2 n) levels) and once per tile partial
+# added sequentially (n / ACCUMULATION_TILE, as above); independent roundings add in quadrature,
+# so the computed mean errs by dm ~ ROUNDING * sqrt(ceil(log2 n) + n / tile) * |m|. x - m then
+# shifts every x_hat of the row by dm / sqrt(var + eps): a relative error of the mean amplified by
+# the row's condition number |m| / sqrt(var + eps) (large for huge means, and for near-constant
+# rows, whose variance is at or under eps). The outputs built on x_hat (out, grad_x, grad_weight;
+# not grad_bias) inherit it, scaled by their own condition number with respect to the means,
+# `mean_condition` (contracts/norms.layer_norm_floor_terms); the floor is the baseline factor
+# 2 times the model. The variance, from centred values, carries no such amplification.
+STATISTICS_DTYPE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 
 
 def floor_for(dtype, precision: Optional[str] = None) -> float:
@@ -75,24 +89,39 @@ def floor_for(dtype, precision: Optional[str] = None) -> float:
     return FLOOR.get(dtype, 1e-5)
 
 
+def mean_rounding(dtype, terms: int) -> float:
+    """The relative RMS error of a correct row mean over `terms` values of `dtype` (the centering
+    model above): ROUNDING of the statistics dtype * sqrt(ceil(log2 terms) + terms / tile)."""
+    if isinstance(terms, bool) or not isinstance(terms, int) or terms < 1:
+        raise ValueError(f"terms: expected an int >= 1 (the values a row's mean sums), got {terms!r}")
+    rounding = ROUNDING.get(STATISTICS_DTYPE.get(dtype, dtype), ROUNDING[torch.float32])
+    return rounding * math.sqrt(max(1, math.ceil(math.log2(terms))) + terms / ACCUMULATION_TILE)
+
+
 def error_floor(dtype, precision: Optional[str] = None, reduction: Optional[int] = None,
-                logit_peak: Optional[float] = None) -> float:
+                logit_peak: Optional[float] = None, mean_condition: Optional[float] = None,
+                mean_terms: Optional[int] = None) -> float:
     """The floor of one output: the dtype's (floor_for), raised where a correct computation errs
     more. reduction: how many terms each element of the output sums (attention's grad_v: the
     query rows, times the heads sharing a KV head); logit_peak: the largest |logit| the output
-    takes an exponential of (attention's scaled scores, mask included)."""
+    takes an exponential of (attention's scaled scores, mask included); mean_condition: the
+    output's relative condition number with respect to its rows' means (layer_norm: |mean| /
+    sqrt(var + eps) of the rows, weighted as the output is), over rows of mean_terms values."""
     floor = floor_for(dtype, precision)
     rounding = ROUNDING.get(dtype, ROUNDING[torch.float32])
     if reduction:
         floor = max(floor, BASELINE_FACTOR * rounding * math.sqrt(reduction / (2 * ACCUMULATION_TILE)))
     if logit_peak is not None and math.isfinite(logit_peak):
         floor = max(floor, BASELINE_FACTOR * LOGIT_ROUNDINGS * LOGIT_UNIT_ROUNDOFF * abs(logit_peak))
+    if mean_condition is not None and math.isfinite(mean_condition) and mean_terms:
+        floor = max(floor, BASELINE_FACTOR * mean_rounding(dtype, mean_terms) * abs(mean_condition))
     return floor
 
 
 def allowed_error(baseline_err: Optional[float], dtype: torch.dtype, precision: Optional[str] = None,
-                  reduction: Optional[int] = None, logit_peak: Optional[float] = None) -> float:
-    floor = error_floor(dtype, precision, reduction, logit_peak)
+                  reduction: Optional[int] = None, logit_peak: Optional[float] = None,
+                  mean_condition: Optional[float] = None, mean_terms: Optional[int] = None) -> float:
+    floor = error_floor(dtype, precision, reduction, logit_peak, mean_condition, mean_terms)
     if baseline_err is None or not math.isfinite(baseline_err):
         return floor
     return max(BASELINE_FACTOR * baseline_err, floor)
@@ -119,13 +148,14 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor, valid: Optional[torch.T
 def judge(name: str, out, ref: torch.Tensor, baseline: Optional[torch.Tensor], dtype: torch.dtype,
           valid: Optional[torch.Tensor] = None, must_be_zero: Optional[torch.Tensor] = None,
           precision: Optional[str] = None, reduction: Optional[int] = None,
-          logit_peak: Optional[float] = None) -> Comparison:
+          logit_peak: Optional[float] = None, mean_condition: Optional[float] = None,
+          mean_terms: Optional[int] = None) -> Comparison:
     """Judge one output (or gradient) against the float64 reference under the policy.
 
     valid: bool mask (broadcastable to ref) of the meaningful elements.
     must_be_zero: bool mask of the elements that must be exactly 0 (fully masked rows).
     precision: "tf32" when fp32 inputs may run on TF32 units (raises the floor accordingly).
-    reduction, logit_peak: what raises the floor of this output (error_floor).
+    reduction, logit_peak, mean_condition, mean_terms: what raises the floor of this output (error_floor).
     Computed where the reference is: the battery's float64 reference is on the CPU; the monitor's
     is on the GPU that ran the call, where copying outputs of 10^7 elements to the host and judging
     them there took most of a check's time.
@@ -164,7 +194,7 @@ def judge(name: str, out, ref: torch.Tensor, baseline: Optional[torch.Tensor], d
     baseline_err = None
     if baseline is not None and isinstance(baseline, torch.Tensor) and tuple(baseline.shape) == tuple(ref.shape):
         baseline_err = relative_error(baseline, ref64, valid_full)
-    allowed = allowed_error(baseline_err, dtype, precision, reduction, logit_peak)
+    allowed = allowed_error(baseline_err, dtype, precision, reduction, logit_peak, mean_condition, mean_terms)
     diff = (out64 - ref64).abs().masked_fill(~valid_full, 0.0)
     if diff.numel():
         flat = int(torch.argmax(diff).item())

@@ -1,6 +1,7 @@
 """The tolerance policy of docs/design.md, on hand-made numbers."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from gpuparity import tolerance
@@ -88,3 +89,40 @@ def test_the_floor_rises_with_the_logits_an_exponential_is_taken_of():
     assert tolerance.error_floor(torch.bfloat16, logit_peak=123.0) == tolerance.FLOOR[torch.bfloat16]
     wrong = (ref * (1 + 1e-3 * torch.randn(4096, dtype=torch.float64, generator=gen))).to(torch.float32)
     assert not tolerance.judge("grad_q", wrong, ref, None, torch.float32, logit_peak=123.0).passed
+
+
+def test_the_floor_rises_with_the_condition_of_a_rows_mean():
+    """layer_norm's x - mean cancels: a correct fp32 mean of 256 terms errs ~ROUNDING * sqrt(8 + 1)
+    relative, amplified by |mean| / std (1000 at huge_mean_1000): a correct kernel's 1e-4 passes,
+    a well-conditioned row keeps the flat floor, bf16 takes fp32 statistics (no blind 16-bit
+    floor), and a 1e-3 error still fails."""
+    gen = torch.Generator().manual_seed(2)
+    ref = torch.randn(4096, dtype=torch.float64, generator=gen)
+    off = (ref * (1 + 1e-4 * torch.randn(4096, dtype=torch.float64, generator=gen))).to(torch.float32)
+    assert not tolerance.judge("out", off, ref, None, torch.float32).passed
+    assert tolerance.judge("out", off, ref, None, torch.float32, mean_condition=1000.0, mean_terms=256).passed
+    raised = tolerance.error_floor(torch.float32, mean_condition=1000.0, mean_terms=256)
+    assert abs(raised - 2 * 2.0 ** -24 / 3 ** 0.5 * 3 * 1000) < 1e-12
+    assert tolerance.error_floor(torch.float32, mean_condition=3.0, mean_terms=256) == tolerance.FLOOR[torch.float32]
+    assert tolerance.error_floor(torch.bfloat16, mean_condition=1000.0, mean_terms=256) == tolerance.FLOOR[torch.bfloat16]
+    wrong = (ref * (1 + 1e-3 * torch.randn(4096, dtype=torch.float64, generator=gen))).to(torch.float32)
+    assert not tolerance.judge("out", wrong, ref, None, torch.float32, mean_condition=1000.0, mean_terms=256).passed
+    with pytest.raises(ValueError, match="terms"):
+        tolerance.mean_rounding(torch.float32, 0)
+
+
+def test_layer_norm_floor_terms_are_the_condition_numbers_of_its_outputs():
+    """Rows of mean 1000 and std 1: out, grad_x and grad_weight are conditioned ~1000 (out a bit
+    less: the bias adds to its norm); rows of mean 0 ~0; constant rows: |mean| / sqrt(eps)."""
+    from gpuparity.contracts.norms import layer_norm_floor_terms
+    gen = torch.Generator().manual_seed(3)
+    x = 1000 + torch.randn(4, 256, dtype=torch.float64, generator=gen)
+    w = torch.ones(256, dtype=torch.float64)
+    terms = layer_norm_floor_terms(x, 256, w, None, 1e-5)
+    assert set(terms) == {"out", "grad_x", "grad_weight"} and terms["out"]["mean_terms"] == 256
+    for name in terms:
+        assert 900 < terms[name]["mean_condition"] < 1100, name
+    assert layer_norm_floor_terms(x - x.mean(-1, keepdim=True), 256, w)["out"]["mean_condition"] < 1e-9
+    constant = torch.full((2, 64), 2.0, dtype=torch.float64)   # out is exactly 0: judged per element
+    assert abs(layer_norm_floor_terms(constant, 64, None, None, 1e-4)["out"]["mean_condition"] - 200) < 1e-6
+    assert layer_norm_floor_terms(constant, 64, None, None, 0.0) == {}   # the reference is not finite

@@ -3,6 +3,7 @@ plain compositions and the battery's cases: odd widths, near-constant rows, huge
 multi-dim normalized shapes, strided rows; gradients of x, weight and bias."""
 from __future__ import annotations
 
+import math
 import numbers
 from typing import List, Optional, Sequence, Tuple, Union
 
@@ -102,6 +103,50 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5):
     if bias is not None:
         y = y + bias
     return y
+
+
+def layer_norm_floor_terms(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5, block: int = 1 << 22):
+    """What raises the tolerance floor of layer_norm's outputs (tolerance.error_floor's
+    mean_condition and mean_terms): each output's relative condition number with respect to the
+    rows' means, measured in float64 on x. A relative error d of every row's mean shifts row r's
+    x_hat by d * k_r, k_r = |mean_r| / sqrt(var_r + eps) (x - mean cancels). Then
+    out = w * x_hat + b errs by w_i * d * k_r: sqrt(sum_r k_r^2 * sum_i w_i^2) / ||out||;
+    grad_weight = sum_r g_r * x_hat_r (g of unit scale, as the battery draws it) errs by
+    sqrt(sum_r k_r^2) per element against sqrt(sum_r ms(x_hat_r)) (ms(x_hat_r) = var_r /
+    (var_r + eps), below 1 when the variance is near eps); grad_x's row r, of size rstd_r, errs
+    at most k_r relative (its x_hat-weighted row sum does), rows weighted by rstd_r^2. A reference
+    that is exactly 0 is judged per element (tolerance.relative_error): there the norm's place
+    is taken by sqrt(elements). The monitor can share it. Rows in blocks of `block` elements."""
+    shape = normalized_tuple("normalized_shape", normalized_shape)
+    width = _hidden(shape)
+    if width == 0 or x.numel() == 0:
+        return {}
+    rows = x.detach().reshape(-1, width)
+    w2 = None if weight is None else weight.detach().to(rows.device, torch.float64).reshape(-1)
+    b = None if bias is None else bias.detach().to(rows.device, torch.float64).reshape(-1)
+    kappa2 = xhat_ms = rstd_kappa2 = rstd2 = out_sq = 0.0
+    for chunk in rows.split(max(1, block // width)):
+        chunk = chunk.to(torch.float64)
+        var, mean = torch.var_mean(chunk, dim=-1, unbiased=False, keepdim=True)
+        rstd2_rows = 1.0 / (var + eps)
+        kappa2_rows = mean.pow(2) * rstd2_rows
+        kappa2 += float(kappa2_rows.sum())
+        xhat_ms += float((var * rstd2_rows).sum())
+        rstd_kappa2 += float((rstd2_rows * kappa2_rows).sum())
+        rstd2 += float(rstd2_rows.sum())
+        y = (chunk - mean) * rstd2_rows.sqrt()
+        if w2 is not None:
+            y = y * w2
+        if b is not None:
+            y = y + b
+        out_sq += float(y.pow(2).sum())
+    if not all(map(math.isfinite, (kappa2, rstd_kappa2, out_sq))):
+        return {}   # eps = 0 on a constant row: the reference itself is not finite
+    weight_sq = width if w2 is None else float(w2.pow(2).sum())
+    terms = {"out": math.sqrt(kappa2 * weight_sq) / (math.sqrt(out_sq) if out_sq > 0 else math.sqrt(x.numel())),
+             "grad_weight": math.sqrt(kappa2) / (math.sqrt(xhat_ms) if xhat_ms > 0 else 1.0),
+             "grad_x": math.sqrt(rstd_kappa2 / rstd2) if rstd2 > 0 else 0.0}
+    return {name: {"mean_condition": condition, "mean_terms": width} for name, condition in terms.items()}
 
 
 # --------------------------------------------------------------------------- the trusted composition (the op's "composition" backend)
@@ -349,6 +394,15 @@ class LayerNormSpec(_NormSpec):
     def call(self, fn, inputs, p):
         eps = 1e-5 if p["eps"] is None else p["eps"]
         return fn(self._x_view(inputs, p), self.normalized_shape(p), inputs.get("weight"), inputs.get("bias"), eps)
+
+    def error_terms(self, inputs, p):
+        """out, grad_x and grad_weight: their condition number with respect to the row means
+        (layer_norm_floor_terms; x - mean cancels on rows of large |mean| / std or of a variance
+        near eps). grad_bias sums grad_out alone: the flat floor. rms_norm has no such term: its
+        mean of squares sums positive terms, with no cancellation."""
+        eps = 1e-5 if p["eps"] is None else p["eps"]
+        return layer_norm_floor_terms(self._x_view(inputs, p), self.normalized_shape(p), inputs.get("weight"),
+                                      inputs.get("bias"), eps)
 
 
 RMS_SPEC = RMSNormSpec()
