@@ -365,3 +365,51 @@ def test_a_first_calls_own_checks_are_not_counted_as_the_runs_calls(monkeypatch,
     report = mon.report()
     assert report.calls == {"gpuparity.attention": 2, "gpuparity.rms_norm": 2}, report.summary()
     assert report.sampled == report.calls and report.passed
+
+
+class _HugeMeanNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(256)
+
+    def forward(self, x):
+        return self.norm(x).pow(2).mean()
+
+
+def _monitored_huge_mean_norm():
+    torch.manual_seed(0)
+    model = _HugeMeanNorm()
+    with torch.no_grad():
+        model.norm.weight.normal_()
+    x = torch.randn(64, 256) + 1000.0        # rows of mean 1000 and std 1: x - mean cancels
+    with gpuparity.monitor(model, every=1, max_overhead=None) as mon:
+        model(x).backward()
+    return mon.report()
+
+
+def test_layer_norm_is_judged_with_the_batterys_centering_floor():
+    """The monitor raises layer_norm's floor by the battery's centering terms (a correct fp32
+    kernel rounds a row's mean of 1000 at 1000's size), under its own output names, and a correct
+    layer_norm on such rows passes; a wrong variance on the same rows still fails (below)."""
+    from gpuparity.contracts import norms as norms_contract
+    from gpuparity.shadow import ops
+    x, weight, bias = torch.randn(8, 64) + 1000.0, torch.randn(64), torch.randn(64)
+    args = {"input": x, "normalized_shape": (64,), "weight": weight, "bias": bias, "eps": 1e-5}
+    battery = norms_contract.layer_norm_floor_terms(x, (64,), weight, bias, 1e-5)
+    monitor = ops.LAYER_NORM.error_terms(args)
+    assert monitor == {"out": battery["out"], "grad_input": battery["grad_x"], "grad_weight": battery["grad_weight"]}
+    assert monitor["grad_input"]["mean_condition"] > 100      # the rows' |mean| / std
+    report = _monitored_huge_mean_norm()
+    assert report.checked.get("F.layer_norm") == 1 and report.passed, report.failures
+
+
+def test_a_wrong_layer_norm_on_huge_mean_rows_is_still_caught(monkeypatch):
+    def one_pass_variance(x, shape, weight=None, bias=None, eps=1e-5):
+        # E[x^2] - E[x]^2 in fp32: catastrophic cancellation on rows of mean 1000
+        mean = x.mean(-1, keepdim=True)
+        var = (x * x).mean(-1, keepdim=True) - mean * mean
+        out = (x - mean) / torch.sqrt(var.clamp_min(0) + eps)
+        return out * weight + bias if weight is not None else out
+    monkeypatch.setattr(F, "layer_norm", one_pass_variance)
+    report = _monitored_huge_mean_norm()
+    assert not report.passed and report.failures[0]["op"] == "F.layer_norm"

@@ -88,6 +88,14 @@ def _gp_attention_terms(a):
                             softcap=a.get("softcap"), **_attention_masks(a))
 
 
+def _ln_terms(a):
+    """The battery's centering floor terms for layer_norm (contracts/norms.py), under this kind's
+    output names: a correct kernel's rounding of a row's mean grows with |mean| / std."""
+    terms = norms_contract.layer_norm_floor_terms(a["input"], a["normalized_shape"], a["weight"], a["bias"], a["eps"])
+    names = {"out": "out", "grad_x": "grad_input", "grad_weight": "grad_weight"}
+    return {names[name]: term for name, term in terms.items() if name in names}
+
+
 def _sdpa_uncheckable(a):
     if a.get("dropout_p"):
         return f"dropout_p={a['dropout_p']}: the call's random mask cannot be replayed"
@@ -204,7 +212,7 @@ SDPA = OpKind("F.scaled_dot_product_attention", "attention",
               uncheckable=_sdpa_uncheckable, error_terms=_sdpa_terms)
 LAYER_NORM = OpKind("F.layer_norm", "norm",
                     (("input", _NO_DEFAULT), ("normalized_shape", _NO_DEFAULT), ("weight", None), ("bias", None),
-                     ("eps", 1e-5)), ("input", "weight", "bias"), _ln_reference, _ln_baseline)
+                     ("eps", 1e-5)), ("input", "weight", "bias"), _ln_reference, _ln_baseline, error_terms=_ln_terms)
 RMS_NORM = OpKind("F.rms_norm", "norm",
                   (("input", _NO_DEFAULT), ("normalized_shape", _NO_DEFAULT), ("weight", None), ("eps", None)),
                   ("input", "weight"), _rms_reference, _rms_baseline)
