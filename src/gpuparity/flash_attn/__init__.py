@@ -2,8 +2,8 @@
 place of `import flash_attn`, or `gpuparity.flash_attn.install()` so that third-party code's own
 `import flash_attn` / `from flash_attn.flash_attn_interface import ...` / `from
 flash_attn.bert_padding import ...` gets this module, and its submodules `flash_attn.layers.rotary`,
-`flash_attn.ops.triton.rotary`, `flash_attn.ops.triton.cross_entropy` and
-`flash_attn.losses.cross_entropy` gpuparity's. FlashAttention's CUDA-extension modules
+`flash_attn.ops.triton.rotary`, `flash_attn.ops.triton.cross_entropy`,
+`flash_attn.ops.triton.layer_norm` and `flash_attn.losses.cross_entropy` gpuparity's. FlashAttention's CUDA-extension modules
 (`modules.mha`, `modules.mlp`, `ops.fused_dense`, `ops.activations`, `ops.layer_norm`,
 `ops.rms_norm`) raise ImportError naming gpuparity's equivalent. docs/attention.md ("FlashAttention's API")
 maps every argument and says what is fused and what is composed."""
