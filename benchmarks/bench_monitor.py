@@ -4,9 +4,11 @@ without / with `gpuparity.monitor(model, every=N)` on one model (ABBA order: pla
 rounds, monitored first in odd ones, so a drift of the clock falls on both), and the medians of
 the rounds' step times are compared. The monitor object lives across its rounds (its call counters
 go on, so sampling stays every N-th call); its checks are drained between rounds, outside the
-timed steps, so a round without the monitor never runs beside a check.
+timed steps, so a round without the monitor never runs beside a check. Each variant prints
+its due samples, how many were checked, over_budget and dropped, the checks' host time and
+their GPU wait, and the overhead; out/.../monitor-overhead.json holds every round.
 
-    PYTHONPATH=src python benchmarks/bench_monitor.py --out out/monitor-overhead
+    PYTHONPATH=src python benchmarks/bench_monitor.py --rounds 6 --steps 15 --out out/monitor-overhead
     PYTHONPATH=src python benchmarks/bench_monitor.py --device cpu --dtype fp32 --layers 1 --hidden 128 \
         --heads 4 --kv-heads 2 --vocab 256 --seq 64 --rounds 2 --steps 2 --every 5     # smoke
 """
@@ -39,8 +41,11 @@ def parse_args(argv=None):
     p.add_argument("--every", type=int, default=100)
     p.add_argument("--check-device", default="auto", choices=("auto", "device", "cpu"),
                    help="where the monitor's float64 checks run (gpuparity.monitor's check_device)")
-    p.add_argument("--max-overhead", default="0.01",
-                   help="gpuparity.monitor's max_overhead (the checks' share of the monitored time), or 'none'")
+    p.add_argument("--max-overhead", default="default",
+                   help="gpuparity.monitor's max_overhead (the checks' host time as a share of the monitored "
+                        "time): 'default' (the monitor's), a fraction, or 'none'")
+    p.add_argument("--slice-rows-above", default="default",
+                   help="gpuparity.monitor's slice_rows_above: 'default', elements, or 'none' (always whole)")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--steps", type=int, default=20, help="timed steps per round")
     p.add_argument("--warmup", type=int, default=3)
@@ -97,8 +102,13 @@ def main(argv=None):
         model, step = build(args, variant)
         for _ in range(args.warmup):
             step()
-        share = None if args.max_overhead.lower() == "none" else float(args.max_overhead)
-        mon = gpuparity.monitor(model, every=args.every, check_device=args.check_device, max_overhead=share)
+        options = {}
+        for name, value, kind in (("max_overhead", args.max_overhead, float),
+                                  ("slice_rows_above", args.slice_rows_above, int)):
+            if value.lower() != "default":
+                options[name] = None if value.lower() == "none" else kind(value)
+        mon = gpuparity.monitor(model, every=args.every, check_device=args.check_device, **options)
+        share = mon.max_overhead
         plain, watched = [], []
 
         def monitored():
@@ -111,16 +121,22 @@ def main(argv=None):
         report = mon.report()
         row = {"variant": variant, "every": args.every, "plain_ms": plain, "monitor_ms": watched,
                "plain_median_ms": statistics.median(plain), "monitor_median_ms": statistics.median(watched),
-               "sampled": report.sampled, "checked": report.checked, "calls": report.calls,
+               "due_total": sum(report.due.values()), "checked_total": sum(report.checked.values()),
+               "due": report.due, "sampled": report.sampled, "checked": report.checked, "calls": report.calls,
                "dropped": report.dropped, "over_budget": report.over_budget, "max_overhead": share,
+               "slice_rows_above": mon.slice_rows_above, "slice_attention_above": mon.slice_attention_above,
                "failures": len(report.failures), "skipped": report.skipped,
-               "errors": report.errors[:3], "checker_busy_s": mon._checker.busy_s,
+               "errors": report.errors[:3], "check_host_s": report.check_host_s,
+               "check_gpu_wait_s": report.check_gpu_wait_s,
                "check_device": args.check_device, "checked_on": report.checked_on, "moved_to_cpu": report.moved_to_cpu}
         row["overhead"] = row["monitor_median_ms"] / row["plain_median_ms"] - 1
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if not k.endswith("_ms")}), flush=True)
         print(f"{variant}: plain {row['plain_median_ms']:.2f} ms, monitor {row['monitor_median_ms']:.2f} ms "
-              f"(median of {args.rounds} rounds x {args.steps} steps): {100 * row['overhead']:+.2f}%", flush=True)
+              f"(median of {args.rounds} rounds x {args.steps} steps): {100 * row['overhead']:+.2f}%; "
+              f"checked {row['checked_total']} of {row['due_total']} due samples (over_budget {report.over_budget}, "
+              f"dropped {report.dropped}, failures {len(report.failures)}, errors {len(report.errors)}); "
+              f"checks {report.check_host_s:.3f} s host, {report.check_gpu_wait_s:.3f} s GPU wait", flush=True)
         del model, step
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()

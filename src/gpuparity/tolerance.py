@@ -145,6 +145,16 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor, valid: Optional[torch.T
     return diff / norm
 
 
+def _unravel(flat: int, shape) -> List[int]:
+    """torch.unravel_index in plain Python: torch's imports torch.fx's symbolic shapes (sympy),
+    1.6 s under the GIL the first time, which the monitor's first check paid beside the run."""
+    index = []
+    for size in reversed(tuple(shape)):
+        flat, rest = divmod(flat, size)
+        index.append(rest)
+    return index[::-1]
+
+
 def judge(name: str, out, ref: torch.Tensor, baseline: Optional[torch.Tensor], dtype: torch.dtype,
           valid: Optional[torch.Tensor] = None, must_be_zero: Optional[torch.Tensor] = None,
           precision: Optional[str] = None, reduction: Optional[int] = None,
@@ -198,7 +208,7 @@ def judge(name: str, out, ref: torch.Tensor, baseline: Optional[torch.Tensor], d
     diff = (out64 - ref64).abs().masked_fill(~valid_full, 0.0)
     if diff.numel():
         flat = int(torch.argmax(diff).item())
-        worst_index = [int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape)]
+        worst_index = _unravel(flat, diff.shape)
         max_abs = float(diff.reshape(-1)[flat].item())
     else:
         worst_index, max_abs = [], 0.0

@@ -26,12 +26,13 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from . import capture, checker, ops, repro, slices
+from . import capture, checker, ops, repro
 from .checker import Checker, SampledCall
 
 LOG = logging.getLogger("gpuparity")
 
 MAX_WAITING = 16   # sampled calls held for their backward at most
+MAX_OVERHEAD = 0.05   # the checks' host time, as a share of the monitored time, above which samples wait
 
 __all__ = ["Monitor", "MonitorReport", "monitor"]
 
@@ -51,6 +52,14 @@ class MonitorReport:
     max_overhead: Optional[float] = None
     checked_on: Dict[str, int] = dataclasses.field(default_factory=dict)   # "cuda:0" / "cpu" -> checks
     moved_to_cpu: int = 0      # GPU checks run on the CPU because they did not fit the free GPU memory
+    due: Dict[str, int] = dataclasses.field(default_factory=dict)   # calls due for a sample (every N-th)
+    check_host_s: float = 0.0  # host time of the checks (what max_overhead bounds)
+    check_gpu_wait_s: float = 0.0   # time the checks waited, asleep, for their GPU work
+
+    @property
+    def not_checked(self) -> int:
+        """Due samples that were not checked (over budget, dropped, not checkable, errors)."""
+        return max(0, sum(self.due.values()) - sum(self.checked.values()))
 
     @property
     def passed(self) -> bool:
@@ -60,17 +69,23 @@ class MonitorReport:
         return {"schema_version": 1, **dataclasses.asdict(self), "passed": self.passed}
 
     def summary(self) -> str:
-        lines = [f"gpuparity monitor: {sum(self.checked.values())} sampled calls checked, "
-                 f"{len(self.failures)} failed, {self.dropped} samples dropped (checker busy)"]
+        due, checked = sum(self.due.values()), sum(self.checked.values())
+        lines = [f"gpuparity monitor: {checked} of {due} due samples checked, {len(self.failures)} failed"
+                 + (f"; not checked: {self.over_budget} over budget, {self.dropped} dropped (checker busy), "
+                    f"{max(0, due - checked - self.over_budget - self.dropped)} not checkable or in error "
+                    f"(below)" if checked < due else "")]
         if self.over_budget:
             lines.append(f"  {self.over_budget} samples not taken to keep the checks within max_overhead="
-                         f"{self.max_overhead:.0%} of the monitored time")
+                         f"{self.max_overhead:.0%} of the monitored time (their host time)")
+        if checked:
+            lines.append(f"  checks: {self.check_host_s:.3g} s of host time, {self.check_gpu_wait_s:.3g} s "
+                         f"waiting for their GPU work")
         if self.checked_on:
             lines.append("  float64 checks ran on " + ", ".join(f"{where} ({n})" for where, n in sorted(self.checked_on.items()))
                          + (f"; {self.moved_to_cpu} moved to the CPU (GPU memory)" if self.moved_to_cpu else ""))
         for name in sorted(self.calls):
-            lines.append(f"  {name}: {self.calls[name]} calls, {self.sampled.get(name, 0)} sampled, "
-                         f"{self.checked.get(name, 0)} checked")
+            lines.append(f"  {name}: {self.calls[name]} calls, {self.due.get(name, 0)} due, "
+                         f"{self.sampled.get(name, 0)} sampled, {self.checked.get(name, 0)} checked")
         for reason, count in sorted(self.skipped.items()):
             lines.append(f"  not checked ({count}): {reason}")
         for error in self.errors[:3]:
@@ -157,10 +172,11 @@ class Monitor:
     """See the module docstring. Use through `gpuparity.monitor(...)`."""
 
     def __init__(self, model: Optional[torch.nn.Module] = None, every: int = 100, *, ops_filter=None,
-                 repro_dir: Optional[str] = None, max_pending: int = 2, max_reference_elements: int = 2 ** 28,
+                 repro_dir: Optional[str] = None, max_pending: int = 4, max_reference_elements: int = 2 ** 28,
                  drain_timeout: Optional[float] = 600.0, on_failure: Optional[Callable[[Dict[str, Any]], None]] = None,
                  check_threads: Optional[int] = None, slice_attention_above: Optional[int] = 2 ** 22,
-                 check_device: str = "auto", max_overhead: Optional[float] = 0.01):
+                 check_device: str = "auto", max_overhead: Optional[float] = MAX_OVERHEAD,
+                 slice_rows_above: Optional[int] = 2 ** 16):
         if model is not None and not isinstance(model, torch.nn.Module):
             raise TypeError(f"model: expected a torch.nn.Module or None, got {type(model).__name__}")
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
@@ -179,10 +195,15 @@ class Monitor:
         self.ops_filter = None if ops_filter is None else set(ops_filter)
         self.max_reference_elements = max_reference_elements
         self.slice_attention_above = slice_attention_above
+        for name, value in (("slice_attention_above", slice_attention_above), ("slice_rows_above", slice_rows_above)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name}: expected a positive int (elements) or None (always whole), got {value!r}")
+        self.slice_rows_above = slice_rows_above
         self.drain_timeout, self.on_failure = drain_timeout, on_failure
         self._checker = Checker(self._checked, max_pending, check_threads, check_device)
         self._lock = threading.Lock()
         self._calls: Dict[str, int] = collections.Counter()
+        self._due: Dict[str, int] = collections.Counter()
         self._sampled: Dict[str, int] = collections.Counter()
         self._checked_counts: Dict[str, int] = collections.Counter()
         self._skipped: Dict[str, int] = collections.Counter()
@@ -266,6 +287,7 @@ class Monitor:
         self._calls[kind.name] = index + 1
         if index % self.every:
             return original(*args, **kwargs)
+        self._due[kind.name] += 1
         if not self._checker.room():
             self._checker.dropped += 1
             return original(*args, **kwargs)
@@ -275,13 +297,16 @@ class Monitor:
         return self._sample(kind, original, args, kwargs, backend, index)
 
     def _over_budget_now(self) -> bool:
-        """Whether the checks so far (the one running included) took more than max_overhead of the
-        time this monitor has been active: the checks share the host (Python's GIL, the CPU) and
-        the GPU with the run, and on an H100 the step slowed by about the checker's busy time."""
+        """Whether the checks so far (the one running included) took more host time than
+        max_overhead of the time this monitor has been active: a safety net for checks that cost
+        more than their slices should (a CPU check of a large call, a host much slower than the
+        run's GPU). A GPU check's float64 work is bounded by its slice sizes instead (slices.py):
+        the time it waits for the GPU is not host time. The longest check is not counted, so one
+        check's worth is always allowed (the first sample, a second early in a short run)."""
         if self.max_overhead is None:
             return False
         active = self._active_s + (time.perf_counter() - self._entered if self._entered is not None else 0.0)
-        return self._checker.busy_now() > self.max_overhead * active
+        return self._checker.busy_beyond_longest() > self.max_overhead * active
 
     def _skip(self, reason: str, original, args, kwargs):
         self._skipped[reason] += 1
@@ -294,7 +319,9 @@ class Monitor:
         reason = kind.uncheckable(bound) if kind.uncheckable else None
         if reason:
             return self._skip(f"{kind.name}: {reason}", original, args, kwargs)
-        size = _reference_elements(kind, bound, self.slice_attention_above)
+        summed = any(isinstance(bound.get(name), torch.Tensor) and bound[name].requires_grad
+                     for name in kind.tensors[1:])
+        size = checker.reference_elements(kind, bound, self.slice_attention_above, self.slice_rows_above, summed)
         if size > self.max_reference_elements:
             return self._skip(f"{kind.name}: larger than max_reference_elements ({size} > "
                               f"{self.max_reference_elements})", original, args, kwargs)
@@ -307,7 +334,8 @@ class Monitor:
         described = ops.describe_args(bound, kind)
         first = bound[kind.tensors[0]]
         call = SampledCall(kind, label, index, self.current_step, copies, out=None, described=described,
-                           slice_above=self.slice_attention_above)
+                           slice_above=self.slice_attention_above, slice_rows_above=self.slice_rows_above,
+                           pick=self._sampled[kind.name])
         pending = _Pending(self, call, tapped) if tapped else None
         for name in tapped:
             args, kwargs = _replace_arg(kind, args, kwargs, name, _Tap.apply(bound[name], pending, name))
@@ -384,7 +412,9 @@ class Monitor:
                              failures=list(self.failures), errors=list(self.errors), notes=list(self.notes), skipped=dict(self._skipped),
                              dropped=self._checker.dropped, unseen=self._unseen,
                              over_budget=self._over_budget, max_overhead=self.max_overhead,
-                             checked_on=dict(self._checker.checked_on), moved_to_cpu=self._checker.moved_to_cpu)
+                             checked_on=dict(self._checker.checked_on), moved_to_cpu=self._checker.moved_to_cpu,
+                             due=dict(self._due), check_host_s=self._checker.busy_s,
+                             check_gpu_wait_s=self._checker.gpu_wait_s)
 
 
 def _single_node(kind: ops.OpKind, backend: Optional[str]) -> bool:
@@ -402,17 +432,6 @@ def _positional_or_kw(kind, args, kwargs):
     return set(names) | set(kwargs)
 
 
-def _reference_elements(kind: ops.OpKind, bound: Dict[str, Any], slice_above: Optional[int]) -> int:
-    """The size of the float64 reference's largest intermediate (attention: the score matrix, of
-    one slice when the call is checked on slices)."""
-    if kind.family == "attention":
-        size = checker._score_elements(kind, bound)
-        if slice_above is not None and size > slice_above:
-            size //= slices.count(kind, bound)
-        return size
-    return max((v.numel() for v in bound.values() if isinstance(v, torch.Tensor)), default=0)
-
-
 def monitor(model: Optional[torch.nn.Module] = None, every: int = 100, **options) -> Monitor:
     """Shadow-check a run: a context manager that samples every `every`-th call of each watched
     op and checks it, forward and backward, against float64 in a background thread.
@@ -420,15 +439,20 @@ def monitor(model: Optional[torch.nn.Module] = None, every: int = 100, **options
     model: the model whose RMSNorm modules are watched at their boundaries and whose forwards
     count the steps (None: the functional ops only). options: ops_filter (families or op names
     to watch, e.g. {"attention"}), repro_dir (where the first failure's repro goes; a temporary
-    folder by default), max_pending (checks queued before samples are dropped, default 2),
+    folder by default), max_pending (checks queued before samples are dropped, default 4),
     max_reference_elements (larger calls are counted as not checked), drain_timeout (seconds
     to wait for the checks at exit), on_failure(entry) (called from the checker thread),
     check_threads (CPU threads of the checker in a GPU run; default a quarter of the cores),
     slice_attention_above (attention calls whose B x H x Sq x Sk exceeds it are checked against
-    float64 on one batch item and KV head group, rotating with the call, and scanned whole for
-    NaN/Inf; None: always whole), check_device (where a GPU call's float64 check runs: "auto" its
-    own GPU on a side stream when that GPU's float64 is full rate, else the CPU; "device"; "cpu"),
-    max_overhead (the fraction of the monitored time the checks may take, default 0.01: a sample
-    due while the checker's busy time is above it is not taken, and counted in the report's
-    over_budget; None: every due sample is taken, as far as max_pending allows)."""
+    float64 on one batch item and KV head group, rotating with the sample, and scanned whole for
+    NaN/Inf; None: always whole), slice_rows_above (norm, softmax and rotary calls larger than
+    this many elements are checked on rows strided across the whole input, about this many
+    elements, the offset rotating with the sample so that every row is checked in turn; weight
+    gradients whole; every output scanned whole for NaN/Inf; default 2^16; None: always whole),
+    check_device (where a GPU call's float64 check runs: "auto" its own GPU on a side stream
+    when that GPU's float64 is full rate, else the CPU; "device"; "cpu"), max_overhead (a safety
+    net: the share of the monitored time the checks' host time may reach, default 0.05; a
+    sample due while it is above is not taken and counted in the report's over_budget; None:
+    every due sample is taken, as far as max_pending allows). The report counts the due samples
+    and the checked ones per op (`due`, `checked`)."""
     return Monitor(model, every, **options)

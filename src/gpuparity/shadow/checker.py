@@ -20,7 +20,7 @@ import queue
 import threading
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -49,6 +49,8 @@ class SampledCall:
     note: Optional[str] = None
     slice_above: Optional[int] = None   # attention checked on one slice above this many score elements
     ready: Any = None              # a CUDA event recorded on the run's stream after the copies
+    slice_rows_above: Optional[int] = None   # row-wise ops checked on strided rows above this many elements
+    pick: Optional[int] = None     # which slice (the op's sample number; None: the call number)
 
     def mark_ready(self) -> None:
         """Record (on the current stream, the one the copies were made on) when they exist; a
@@ -85,7 +87,10 @@ def _run(kind: OpKind, args: Dict[str, Any], dtype: torch.dtype, grad_names, gra
         out = fn(inputs)
         grads = {}
         if grad_out is not None and leaves and out.requires_grad:
-            out.backward(grad_out.to(out.dtype).reshape(out.shape))
+            # sum(out * grad_out) has exactly grad_out as its gradient at out; a backward from a
+            # scalar keeps autograd from importing torch.fx's symbolic shapes (sympy: 1.6 s of
+            # the GIL) at the first check, as out.backward(grad_out) does
+            (out * grad_out.to(out.dtype).reshape(out.shape)).sum().backward()
             grads = {f"grad_{name}": leaf.grad for name, leaf in leaves.items()}
     return out.detach(), grads
 
@@ -94,51 +99,106 @@ class NotJudged(Exception):
     """A sampled call the reference cannot judge (its inputs were already non-finite)."""
 
 
-def _finite(tensor) -> bool:
-    return not tensor.is_floating_point() or bool(torch.isfinite(tensor).all())
+@dataclasses.dataclass
+class _Part:
+    """One float64 comparison of a check: the arguments it runs the reference on and the call's
+    output / gradients it judges (a slice, or the whole call), `where` saying which."""
+    args: Dict[str, Any]
+    out: Optional[torch.Tensor]
+    grad_out: Optional[torch.Tensor]
+    grads: Dict[str, torch.Tensor]
+    where: str = ""
 
 
-def check_call(call: SampledCall, device: Optional[torch.device] = None) -> List[Comparison]:
+def _parts(call: SampledCall, args, out, grad_out, grads) -> Tuple[List[_Part], List[Tuple[str, torch.Tensor]], Dict]:
+    """What a check compares (slices.py): the parts, and the whole tensors to scan for NaN/Inf
+    (with their masks of meaningful elements) when the parts do not cover them."""
+    kind, pick = call.kind, call.index if call.pick is None else call.pick
+    whole = [("out", out), *grads.items()]
+    if kind.family == "attention":
+        if call.slice_above is not None and slices.count(kind, args) > 1 and _score_elements(kind, args) > call.slice_above:
+            valid = kind.valid(args) if kind.valid else {}
+            sliced, s_out, s_grad_out, s_grads, where = slices.take(kind, args, out, grad_out, grads, pick)
+            return [_Part(sliced, s_out, s_grad_out, s_grads, where)], whole, valid
+        return [_Part(args, out, grad_out, grads)], [], {}
+    layout = slices.rows_of(kind, args) if call.slice_rows_above is not None else None
+    stride = slices.row_stride(layout, call.slice_rows_above) if layout is not None else 1
+    if stride <= 1:
+        return [_Part(args, out, grad_out, grads)], [], {}
+    rows = slices.strided_rows(layout.rows, stride, pick)
+    x = kind.tensors[0]
+    sliced = {**args, **layout.args, x: layout.select(args[x], rows)}
+    row_grads = {name: layout.select(g, rows) for name, g in grads.items() if name == "grad_" + x}
+    parts = [_Part(sliced, layout.select(out, rows), None if grad_out is None else layout.select(grad_out, rows),
+                   row_grads, slices.row_label(layout, rows))]
+    summed = {name: g for name, g in grads.items() if name not in row_grads}
+    if summed:   # a weight's gradient sums every row: judged whole, with only the weights as leaves
+        parts.append(_Part(args, None, grad_out, summed))
+    return parts, whole, {}
+
+
+def check_call(call: SampledCall, device: Optional[torch.device] = None,
+               settle: Optional[Callable[[], None]] = None) -> List[Comparison]:
     """Compare one sampled call with the float64 reference, forward and (if seen) backward, the
-    reference and baseline computed on `device` (default: the CPU). A call whose inputs hold
-    NaN/Inf is not judged (NotJudged): the run broke before it; one whose upstream gradient does
-    is judged forward only, and `call.note` says so."""
+    reference and baseline computed on `device` (default: the CPU), on the slices of slices.py
+    when the call is large. A call whose inputs hold NaN/Inf is not judged (NotJudged): the run
+    broke before it; one whose upstream gradient does is judged forward only, and `call.note`
+    says so. `settle()` (a GPU check: wait, without spinning, for the work queued so far) is
+    called before each read of a result, so the host syncs that remain wait for small kernels."""
     device = torch.device("cpu") if device is None else device
     here = functools.partial(_move, device=device)
-    dtype = call.out.dtype
-    args = {name: here(value) for name, value in call.args.items()}
-    bad = [name for name in call.kind.tensors if isinstance(args.get(name), torch.Tensor) and not _finite(args[name])]
+    kind, dtype = call.kind, call.out.dtype
+    args = dict(call.args)                       # on the call's device: slices are taken there
+    grad_out = call.grad_out if call.has_backward else None
+    grads = dict(call.grads) if grad_out is not None else {}
+    names = [name for name in kind.tensors if isinstance(args.get(name), torch.Tensor)]
+    watched = [args[name] for name in names] + ([grad_out] if grad_out is not None else [])
+    flags = slices.nonfinite_any(watched)
+    if settle is not None:
+        settle()
+    flags = flags.tolist() if flags is not None else []
+    bad = [name for name, flagged in zip(names, flags) if flagged]
     if bad:
         raise NotJudged(f"non-finite inputs ({', '.join(bad)}): the run was already broken before this call")
-    args["_dtype"] = dtype
-    out = here(call.out)
-    grad_out = here(call.grad_out) if call.has_backward else None
-    if grad_out is not None and not _finite(grad_out):
+    if grad_out is not None and flags[-1]:
         call.note = "backward not judged: the upstream gradient reaching this call was already non-finite"
-        grad_out = None
+        grad_out, grads = None, {}
         call.grads.clear()
-    grads = {name: here(value) for name, value in call.grads.items()}
-    scanned: List[Comparison] = []
-    where = ""
-    if call.kind.family == "attention" and call.slice_above is not None and slices.count(call.kind, args) > 1 \
-            and _score_elements(call.kind, args) > call.slice_above:
-        valid = call.kind.valid(args) if call.kind.valid else {}
-        scanned = slices.scan_nonfinite([("out", out), *grads.items()], valid)
-        args, out, grad_out, grads, where = slices.take(call.kind, args, out, grad_out, grads, call.index)
-    grad_names = [name[len("grad_"):] for name in grads]
-    ref_out, ref_grads = _run(call.kind, args, torch.float64, grad_names, None if grad_out is None else
-                              grad_out.to(torch.float64))
-    valid = call.kind.valid(args) if call.kind.valid else {}
-    zero = call.kind.must_be_zero(args) if call.kind.must_be_zero else {}
+    parts, scan, scan_valid = _parts(call, args, call.out, grad_out, grads)
+    references = []
+    for part in parts:
+        part.args = {name: here(value) for name, value in part.args.items()}
+        part.args["_dtype"] = dtype
+        part.out = None if part.out is None else here(part.out)
+        part.grad_out = None if part.grad_out is None else here(part.grad_out)
+        part.grads = {name: here(value) for name, value in part.grads.items()}
+        grad_names = [name[len("grad_"):] for name in part.grads]
+        references.append(_run(kind, part.args, torch.float64, grad_names,
+                               None if part.grad_out is None else part.grad_out.to(torch.float64)))
+    scan_flags = slices.nonfinite_any([t for _, t in scan], [scan_valid.get(name) for name, _ in scan])
+    if settle is not None:
+        settle()
+    scanned = slices.scan_nonfinite(scan, scan_valid, scan_flags)
+    comparisons: List[Comparison] = []
+    for part, (ref_out, ref_grads) in zip(parts, references):
+        comparisons += _judge_part(kind, part, ref_out, ref_grads, dtype, call.precision)
+    return scanned + comparisons
+
+
+def _judge_part(kind: OpKind, part: _Part, ref_out, ref_grads, dtype, precision) -> List[Comparison]:
+    valid = kind.valid(part.args) if kind.valid else {}
+    zero = kind.must_be_zero(part.args) if kind.must_be_zero else {}
 
     def judged(base_out, base_grads, terms):
-        comparisons = [tolerance.judge("out", out, ref_out, base_out, dtype, valid.get("out"), zero.get("out"),
-                                       call.precision, **terms.get("out", {}))]
-        for name, got in grads.items():
+        comparisons = []
+        if part.out is not None:
+            comparisons.append(tolerance.judge("out", part.out, ref_out, base_out, dtype, valid.get("out"),
+                                               zero.get("out"), precision, **terms.get("out", {})))
+        for name, got in part.grads.items():
             ref = ref_grads.get(name)
             if ref is not None:
                 comparisons.append(tolerance.judge(name, got, ref, base_grads.get(name), dtype,
-                                                   valid.get(name), zero.get(name), call.precision,
+                                                   valid.get(name), zero.get(name), precision,
                                                    **terms.get(name, {})))
         return comparisons
     # The bound is max(2 x the baseline's error, the output's floor): a call within the dtype's flat
@@ -147,17 +207,18 @@ def check_call(call: SampledCall, device: Optional[torch.device] = None) -> List
     # Same verdicts, about half the work of a passing check.
     comparisons = judged(None, {}, {})
     if not all(c.passed for c in comparisons):
-        terms = call.kind.error_terms(args) if call.kind.error_terms else {}
+        terms = kind.error_terms(part.args) if kind.error_terms else {}
+        grad_names = [name[len("grad_"):] for name in part.grads]
         try:
-            base_out, base_grads = _run(call.kind, args, dtype, grad_names, grad_out)
+            base_out, base_grads = _run(kind, part.args, dtype, grad_names, part.grad_out)
         except Exception:  # noqa: BLE001 - without a baseline the floor alone decides (as the battery)
             base_out, base_grads = None, {}
         comparisons = judged(base_out, base_grads or {}, terms)
-    if where:
+    if part.where:
         for comparison in comparisons:
             if comparison.reason:
-                comparison.reason = f"{comparison.reason} (checked on {where})"
-    return scanned + comparisons
+                comparison.reason = f"{comparison.reason} (checked on {part.where})"
+    return comparisons
 
 
 def _score_elements(kind: OpKind, args: Dict[str, Any]) -> int:
@@ -181,6 +242,7 @@ FAST_FP64_CAPABILITIES = ((6, 0), (7, 0), (8, 0), (9, 0), (10, 0))
 FAST_FP64_AMD = ("gfx90a", "gfx94", "gfx95")     # MI200, MI300, MI350
 CHECK_DEVICES = ("auto", "device", "cpu")
 GPU_MEMORY_SHARE = 0.5   # a GPU check may take at most this share of the device's free memory
+POLL_S = 2e-4            # how often a check waiting for its GPU work looks (asleep in between)
 
 
 def fast_fp64(device: torch.device) -> bool:
@@ -203,19 +265,37 @@ def where_to_check(call_device: torch.device, check_device: str) -> torch.device
     return torch.device("cpu")
 
 
+def reference_elements(kind: OpKind, args: Dict[str, Any], slice_above: Optional[int],
+                       slice_rows_above: Optional[int], summed_grads: bool = False) -> int:
+    """The size of the float64 reference's largest tensor: attention's score matrix (of one slice
+    when the call is checked on slices); a row-wise op's checked rows (its whole input when a
+    weight's gradient is judged too: that sums every row); else the largest input."""
+    if kind.family == "attention":
+        size = _score_elements(kind, args)
+        if slice_above is not None and size > slice_above:
+            size //= max(slices.count(kind, args), 1)
+        return size
+    whole = max((v.numel() for v in args.values() if isinstance(v, torch.Tensor)), default=0)
+    layout = slices.rows_of(kind, args) if slice_rows_above is not None else None
+    if layout is None or summed_grads:
+        return whole
+    return min(whole, -(-layout.rows // slices.row_stride(layout, slice_rows_above)) * layout.width)
+
+
 def check_bytes(call: SampledCall) -> int:
     """About the device memory a check holds at its peak: float64 copies of the inputs and, for
     attention, a handful of float64 score-sized tensors (scores, probabilities, their grads),
     of the slice where the call is checked on one."""
-    tensors = [v for v in call.args.values() if isinstance(v, torch.Tensor)]
-    inputs = sum(t.numel() for t in tensors) + call.out.numel() * 4
     if call.kind.family == "attention":
+        tensors = [v for v in call.args.values() if isinstance(v, torch.Tensor)]
+        inputs = sum(t.numel() for t in tensors) + call.out.numel() * 4
         scores = _score_elements(call.kind, call.args)
         if call.slice_above is not None and scores > call.slice_above:
             scores //= max(slices.count(call.kind, call.args), 1)
             inputs //= max(slices.count(call.kind, call.args), 1)
         return 8 * (2 * inputs + 6 * scores)
-    return 8 * 6 * inputs
+    summed = any(name != "grad_" + call.kind.tensors[0] for name in call.grads)
+    return 8 * 6 * reference_elements(call.kind, call.args, call.slice_above, call.slice_rows_above, summed)
 
 
 class Checker:
@@ -231,8 +311,11 @@ class Checker:
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
         self.dropped = 0
-        self.busy_s = 0.0
+        self.busy_s = 0.0                          # host time of the checks (budget: max_overhead)
+        self.gpu_wait_s = 0.0                      # time the checks waited, asleep, for their GPU work
+        self.longest_s = 0.0                       # host time of the longest check so far
         self._running_since: Optional[float] = None   # perf_counter() when the check now running began
+        self._waiting = 0.0                        # GPU wait of the check now running
         self.threads = threads if threads is not None else max(1, (os.cpu_count() or 4) // 4)
         self.check_device = check_device
         self.checked_on: Dict[str, int] = {}      # "cuda:0" / "cpu" -> checks run there
@@ -257,12 +340,36 @@ class Checker:
         return not self._queue.full()
 
     def busy_now(self) -> float:
-        """Seconds spent checking so far, the check now running included."""
+        """Host seconds spent checking so far, the check now running included: wall time less
+        the time a check waited, asleep, for its GPU work (`_settle`)."""
+        return self.busy_s + self._running_s()
+
+    def busy_beyond_longest(self) -> float:
+        """busy_now() less the longest single check (the one running included): the budget's
+        measure, so that one check's worth of time is always allowed (the first sample, and a
+        second one early in a run, when the monitored time is still short)."""
+        running = self._running_s()
+        return self.busy_s + running - max(self.longest_s, running)
+
+    def _running_s(self) -> float:
         since = self._running_since
-        return self.busy_s + (time.perf_counter() - since if since is not None else 0.0)
+        return 0.0 if since is None else max(0.0, time.perf_counter() - since - self._waiting)
+
+    def _settle(self, stream) -> None:
+        """Wait for the work queued on `stream` so far by polling an event (sleeping between
+        polls: a blocking sync may spin a core) and count the time as GPU wait, not host work."""
+        event = torch.cuda.Event()
+        event.record(stream)
+        started = time.perf_counter()
+        while not event.query():
+            time.sleep(POLL_S)
+        waited = time.perf_counter() - started
+        self._waiting += waited
+        self.gpu_wait_s += waited
 
     def _check(self, call: SampledCall) -> List[Comparison]:
-        device = where_to_check(call.out.device, self.check_device)
+        call_device = call.out.device
+        device = where_to_check(call_device, self.check_device)
         if device.type == "cuda":
             free, _total = torch.cuda.mem_get_info(device)
             if check_bytes(call) > GPU_MEMORY_SHARE * free:
@@ -270,22 +377,22 @@ class Checker:
                 device = torch.device("cpu")
         key = str(device)
         self.checked_on[key] = self.checked_on.get(key, 0) + 1
-        if device.type != "cuda":
-            if call.ready is not None:
-                call.ready.synchronize()
+        if call_device.type != "cuda":
             return check_call(call, device)
-        stream = self._streams.get(device.index)
+        # a GPU call: its slices are taken (and a CPU check's copied to the host) on a side
+        # stream that waits for the copies' event; the run's stream never waits for a check
+        stream = self._streams.get(call_device.index)
         if stream is None:
-            stream = self._streams[device.index] = torch.cuda.Stream(device)
-        with torch.cuda.device(device), torch.cuda.stream(stream):
+            stream = self._streams[call_device.index] = torch.cuda.Stream(call_device)
+        with torch.cuda.device(call_device), torch.cuda.stream(stream):
             if call.ready is not None:
                 stream.wait_event(call.ready)
             try:
-                return check_call(call, device)
+                return check_call(call, device, settle=functools.partial(self._settle, stream))
             finally:
                 # the copies were made on the run's stream: they are released (and their memory
                 # may go back to it) only once this stream is done reading them
-                stream.synchronize()
+                self._settle(stream)
 
     def _loop(self) -> None:
         # the checks' own F.* calls (references, baselines) must never be watched themselves
@@ -304,6 +411,7 @@ class Checker:
                     # whose numbers must not depend on anything the monitor does)
                     torch.set_num_threads(self.threads)
                     capped = True
+                self._waiting = 0.0
                 started = self._running_since = time.perf_counter()
                 try:
                     comparisons, error = self._check(call), None
@@ -313,7 +421,9 @@ class Checker:
                     frames = traceback.extract_tb(exc.__traceback__)
                     where = f" at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
                     comparisons, error = None, f"{type(exc).__name__}: {str(exc)[:300]}{where}"
-                self.busy_s += time.perf_counter() - started
+                took = max(0.0, time.perf_counter() - started - self._waiting)
+                self.busy_s += took
+                self.longest_s = max(self.longest_s, took)
                 self._running_since = None
                 self._handle(call, comparisons, error)
             finally:

@@ -1,11 +1,26 @@
-"""Large attention calls, checked on one slice: one batch item and one KV head with the query
-heads that read it. The slice is an attention of its own (its output, grad_q, grad_k and grad_v
-depend on nothing outside it), so its float64 check is exact for those elements, at
-1 / (B x Hkv) of the cost; the slice rotates with the call number, and the whole of every output
-and gradient is still scanned for NaN/Inf."""
+"""Large calls, checked on a slice: float64 only where a judged element needs it.
+
+Row-wise ops (the norms, softmax, rotary): an output row and its input gradient depend on that
+input row alone (and on the weight, cos / sin), so a float64 check of some rows is exact for
+those elements. The rows are strided across the whole tensor (rows o, o + s, o + 2s, ... with
+s = ceil(rows / budget)), so one check sees every batch item and every position band, and the
+offset o is the call's sample number modulo s: s consecutive samples of an op check every row
+once. Rows of a norm are its leading dims flattened; of softmax, every position of its other dims;
+of rotary, its heads (positions are not independent there: each has its own angle). A norm's
+weight and bias gradients sum over every row: they are judged whole, in a second float64 pass
+with only the weight and bias as leaves (no grad_x at full size).
+
+Attention: one batch item and one KV head with the query heads that read it. The slice is an
+attention of its own (its output, grad_q, grad_k and grad_v depend on nothing outside it), so
+its float64 check is exact for those elements, at 1 / (B x Hkv) of the cost; the slice rotates
+with the sample number.
+
+Every output and gradient of a sliced call is still scanned whole for NaN/Inf."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+import dataclasses
+import math
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -31,7 +46,7 @@ def _mask4(mask, batch: slice, heads: slice):
 
 def take(kind, args: Dict[str, Any], out, grad_out, grads: Dict[str, torch.Tensor], pick: int
          ) -> Tuple[Dict[str, Any], torch.Tensor, Optional[torch.Tensor], Dict[str, torch.Tensor], str]:
-    """(args, out, grad_out, grads) of slice number `pick` (modulo the count), and its label."""
+    """(args, out, grad_out, grads) of attention slice number `pick` (modulo the count), and its label."""
     qn, kn, vn = kind.tensors
     q, k = args[qn], args[kn]
     group = q.shape[1] // k.shape[1]
@@ -48,17 +63,113 @@ def take(kind, args: Dict[str, Any], out, grad_out, grads: Dict[str, torch.Tenso
     return sliced, out[batch, q_heads], None if grad_out is None else grad_out[batch, q_heads], grads, label
 
 
-def scan_nonfinite(named: List[Tuple[str, torch.Tensor]], valid: Dict[str, torch.Tensor]) -> List[Comparison]:
+# --------------------------------------------------------------------------- row-wise ops
+@dataclasses.dataclass
+class Rows:
+    """How a row-wise call splits into rows: `rows` of them, `view(t)` puts them on dim 0 (or
+    dim -2 for rotary's heads: `select`), `args` the call's other arguments for a slice."""
+    rows: int
+    width: int                                     # elements per row
+    select: Callable[[torch.Tensor, slice], torch.Tensor]
+    args: Dict[str, Any]                           # argument changes for a slice (softmax: dim=-1)
+    unit: str                                      # "rows" or "heads", for reports
+
+
+def _norm_rows(kind, args) -> Optional[Rows]:
+    x, shape = args.get(kind.tensors[0]), args.get("normalized_shape")
+    dims = 1 if isinstance(shape, int) else len(tuple(shape or ()))
+    if not isinstance(x, torch.Tensor) or dims < 1 or x.dim() <= dims:
+        return None
+    trailing = tuple(x.shape[x.dim() - dims:])
+    width = math.prod(trailing)
+    return Rows(x.numel() // max(width, 1), width, lambda t, rows: t.reshape(-1, *trailing)[rows], {}, "rows")
+
+
+def _softmax_rows(kind, args) -> Optional[Rows]:
+    x, dim = args.get(kind.tensors[0]), args.get("dim")
+    if not isinstance(x, torch.Tensor) or not isinstance(dim, int) or x.dim() < 2:
+        return None
+    dim = dim % x.dim()
+    width = x.shape[dim]
+    return Rows(x.numel() // max(width, 1), width,
+                lambda t, rows: t.movedim(dim, -1).reshape(-1, width)[rows], {"dim": -1}, "rows")
+
+
+def _rotary_rows(kind, args) -> Optional[Rows]:
+    x = args.get(kind.tensors[0])
+    if not isinstance(x, torch.Tensor) or x.dim() < 3:
+        return None
+    heads = x.shape[-2]
+    return Rows(heads, x.numel() // max(heads, 1), lambda t, rows: t[..., rows, :], {}, "heads")
+
+
+ROW_WISE = {"norm": _norm_rows, "softmax": _softmax_rows, "rotary": _rotary_rows}
+
+
+def rows_of(kind, args: Dict[str, Any]) -> Optional[Rows]:
+    """The call's rows when its op is row-wise (ROW_WISE by family), else None."""
+    layout = ROW_WISE.get(kind.family)
+    return layout(kind, args) if layout is not None else None
+
+
+def row_stride(layout: Rows, budget: Optional[int]) -> int:
+    """s such that every s-th row makes about `budget` elements (1: the whole call)."""
+    if budget is None or layout.rows * layout.width <= budget:
+        return 1
+    keep = max(1, budget // max(layout.width, 1))
+    return max(1, math.ceil(layout.rows / keep))
+
+
+def strided_rows(rows: int, stride: int, pick: int) -> slice:
+    """Rows pick % stride, + stride, ...: spread over the whole call; `stride` consecutive picks
+    cover every row exactly once."""
+    return slice(pick % stride, rows, stride)
+
+
+def row_label(layout: Rows, rows: slice) -> str:
+    checked = len(range(rows.start, layout.rows, rows.step))
+    return (f"{checked} of {layout.rows} {layout.unit}: {rows.start}, {rows.start + rows.step}, ... "
+            f"(one in {rows.step})")
+
+
+# --------------------------------------------------------------------------- NaN/Inf over whole tensors
+def nonfinite_any(tensors: List[torch.Tensor], masks: Optional[List[Optional[torch.Tensor]]] = None
+                  ) -> Optional[torch.Tensor]:
+    """A bool tensor: for each tensor, whether it holds NaN/Inf (where its mask, if any, is
+    True). Not read here: the caller reads them all with one host sync (None: no tensors)."""
+    if not tensors:
+        return None
+    masks = masks or [None] * len(tensors)
+    where = tensors[0].device
+    flags = []
+    for tensor, mask in zip(tensors, masks):
+        if not tensor.is_floating_point():
+            flags.append(torch.zeros((), dtype=torch.bool, device=where))
+            continue
+        bad = ~torch.isfinite(tensor)
+        if mask is not None:
+            bad = bad & mask.to(bad.device).expand_as(bad)
+        flags.append(bad.any().to(where))
+    return torch.stack(flags)
+
+
+def scan_nonfinite(named: List[Tuple[str, torch.Tensor]], valid: Dict[str, torch.Tensor],
+                   flags: Optional[torch.Tensor] = None) -> List[Comparison]:
     """Failed comparisons for outputs that hold NaN/Inf in meaningful elements (the inputs being
-    finite, the float64 reference is finite there)."""
+    finite, the float64 reference is finite there). flags: nonfinite_any's of the same tensors."""
+    if not named:
+        return []
+    if flags is None:
+        flags = nonfinite_any([t for _, t in named], [valid.get(name) for name, _ in named])
     failed = []
-    for name, tensor in named:
+    for (name, tensor), flagged in zip(named, flags.tolist()):
+        if not flagged:
+            continue
         bad = ~torch.isfinite(tensor)
         if name in valid:
-            bad &= valid[name].expand_as(bad)
-        if bad.any():
-            idx = [int(i) for i in bad.nonzero()[0].tolist()]
-            failed.append(Comparison(name, False, reason=(
-                f"{name}: {int(bad.sum())} NaN/Inf values where the reference is finite, first at {idx} "
-                f"(every batch item and head scanned)"), worst_index=idx))
+            bad &= valid[name].to(bad.device).expand_as(bad)
+        idx = [int(i) for i in bad.nonzero()[0].tolist()]
+        failed.append(Comparison(name, False, reason=(
+            f"{name}: {int(bad.sum())} NaN/Inf values where the reference is finite, first at {idx} "
+            f"(every element scanned, not only the checked slice)"), worst_index=idx))
     return failed
