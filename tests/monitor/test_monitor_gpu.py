@@ -55,3 +55,25 @@ def test_planted_nan_grad_query_caught_on_the_gpu(monkeypatch, tmp_path):
     failures = mon.report().failures     # (gpuparity.attention too where its backend calls SDPA)
     assert any(f["op"] == "F.scaled_dot_product_attention" and "grad_query" in f["reason"] for f in failures)
     assert failures[0]["device"] == "cuda:0" and "repro" in failures[0]
+
+
+def test_sliced_checks_on_the_gpu_judge_rows_and_the_whole_weight_gradient(monkeypatch):
+    """A bf16 rms_norm of 1024 rows: float64 on strided rows on the side stream, the weight's
+    gradient whole; a row wrong by 5% (row 1000) is caught by the sample whose rows hold it."""
+    real = F.rms_norm
+
+    def wrong(x, shape, weight=None, eps=None):
+        out = real(x, shape, weight, eps)
+        return torch.cat((out[:1000], out[1000:1001] * 1.05, out[1001:])) if out.shape[0] == 1024 else out
+    monkeypatch.setattr(F, "rms_norm", wrong)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(1024, 512, generator=gen).cuda().to(torch.bfloat16).requires_grad_(True)
+    w = torch.ones(512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    with gpuparity.monitor(every=1, check_device="device", max_pending=64, max_overhead=None,
+                           slice_rows_above=64 * 512) as mon:        # 64 of 1024 rows: one in 16
+        for _ in range(16):
+            F.rms_norm(x, (512,), w).float().square().mean().backward()
+    report = mon.report()
+    assert report.checked == report.due == {"F.rms_norm": 16} and report.checked_on == {"cuda:0": 16}
+    assert [f["call"] for f in report.failures] == [1000 % 16], report.summary()
+    assert "rows" in report.failures[0]["reason"] and report.check_gpu_wait_s > 0

@@ -9,7 +9,14 @@ B200, MI200/MI300), since on the host a 2048-token attention's float64 reference
 CPU beside the training's own host thread (measured: +7.5% / +20% step time on an H200), while
 on such a GPU it is milliseconds. The side stream waits for an event recorded right after the
 copies, never the other way round, so the run's stream is never held up; a check that would
-not fit in the GPU's free memory runs on the CPU instead."""
+not fit in the GPU's free memory runs on the CPU instead.
+
+What is computed in float64 (`check_call`, slices.py): a large call's slices, an exact
+sub-problem (strided rows of a norm / softmax, heads of rotary, one batch item and KV head group
+of attention), and a norm's weight gradients whole with only the weights as leaves; the whole
+outputs are scanned for NaN/Inf with one host sync. The checker waits for its GPU work by
+polling an event (`Checker._settle`), so it neither spins a core nor counts that wait as the
+host time that `max_overhead` bounds."""
 from __future__ import annotations
 
 import dataclasses
@@ -157,6 +164,7 @@ def check_call(call: SampledCall, device: Optional[torch.device] = None,
     if settle is not None:
         settle()
     flags = flags.tolist() if flags is not None else []
+    flags = [flagged and slices.nonfinite_count(tensor)[0] > 0 for tensor, flagged in zip(watched, flags)]
     bad = [name for name, flagged in zip(names, flags) if flagged]
     if bad:
         raise NotJudged(f"non-finite inputs ({', '.join(bad)}): the run was already broken before this call")

@@ -135,8 +135,10 @@ def row_label(layout: Rows, rows: slice) -> str:
 # --------------------------------------------------------------------------- NaN/Inf over whole tensors
 def nonfinite_any(tensors: List[torch.Tensor], masks: Optional[List[Optional[torch.Tensor]]] = None
                   ) -> Optional[torch.Tensor]:
-    """A bool tensor: for each tensor, whether it holds NaN/Inf (where its mask, if any, is
-    True). Not read here: the caller reads them all with one host sync (None: no tensors)."""
+    """A bool tensor: for each tensor, whether it may hold NaN/Inf (where its mask, if any, is
+    True), from one sum over it (NaN/Inf anywhere make the sum non-finite; a sum that overflows
+    is a false alarm that `nonfinite_count` settles). Not read here: the caller reads them all
+    with one host sync (None: no tensors)."""
     if not tensors:
         return None
     masks = masks or [None] * len(tensors)
@@ -146,11 +148,20 @@ def nonfinite_any(tensors: List[torch.Tensor], masks: Optional[List[Optional[tor
         if not tensor.is_floating_point():
             flags.append(torch.zeros((), dtype=torch.bool, device=where))
             continue
-        bad = ~torch.isfinite(tensor)
         if mask is not None:
-            bad = bad & mask.to(bad.device).expand_as(bad)
-        flags.append(bad.any().to(where))
+            tensor = torch.where(mask.to(tensor.device).expand_as(tensor), tensor, 0)
+        total = tensor.sum(dtype=torch.float64 if tensor.dtype == torch.float64 else torch.float32)
+        flags.append((~torch.isfinite(total)).to(where))
     return torch.stack(flags)
+
+
+def nonfinite_count(tensor: torch.Tensor, mask: Optional[torch.Tensor] = None) -> Tuple[int, List[int]]:
+    """(how many NaN/Inf elements where mask is True, the first one's index)."""
+    bad = ~torch.isfinite(tensor)
+    if mask is not None:
+        bad &= mask.to(bad.device).expand_as(bad)
+    count = int(bad.sum())
+    return count, ([int(i) for i in bad.nonzero()[0].tolist()] if count else [])
 
 
 def scan_nonfinite(named: List[Tuple[str, torch.Tensor]], valid: Dict[str, torch.Tensor],
@@ -165,11 +176,9 @@ def scan_nonfinite(named: List[Tuple[str, torch.Tensor]], valid: Dict[str, torch
     for (name, tensor), flagged in zip(named, flags.tolist()):
         if not flagged:
             continue
-        bad = ~torch.isfinite(tensor)
-        if name in valid:
-            bad &= valid[name].to(bad.device).expand_as(bad)
-        idx = [int(i) for i in bad.nonzero()[0].tolist()]
-        failed.append(Comparison(name, False, reason=(
-            f"{name}: {int(bad.sum())} NaN/Inf values where the reference is finite, first at {idx} "
-            f"(every element scanned, not only the checked slice)"), worst_index=idx))
+        count, idx = nonfinite_count(tensor, valid.get(name))
+        if count:
+            failed.append(Comparison(name, False, reason=(
+                f"{name}: {count} NaN/Inf values where the reference is finite, first at {idx} "
+                f"(every element scanned, not only the checked slice)"), worst_index=idx))
     return failed
