@@ -148,3 +148,14 @@ def test_slice_options_are_validated():
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="slice_rows_above"):
             gpuparity.monitor(None, every=1, slice_rows_above=bad)
+
+
+def test_the_nan_scan_is_one_sum_and_an_overflowing_sum_is_no_failure():
+    big = torch.full((4, 8), 3e38)                   # finite, but its float32 sum overflows
+    nan = torch.zeros(4, 8)
+    nan[2, 5] = float("nan")
+    masked = nan.clone()
+    assert slices.nonfinite_any([big, nan, masked], [None, None, torch.zeros(4, 1, dtype=torch.bool)]).tolist() == \
+        [True, True, False]
+    failed = slices.scan_nonfinite([("out", big), ("grad_x", nan)], {})
+    assert [(c.name, c.worst_index) for c in failed] == [("grad_x", [2, 5])]
