@@ -159,3 +159,34 @@ def test_the_nan_scan_is_one_sum_and_an_overflowing_sum_is_no_failure():
         [True, True, False]
     failed = slices.scan_nonfinite([("out", big), ("grad_x", nan)], {})
     assert [(c.name, c.worst_index) for c in failed] == [("grad_x", [2, 5])]
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_rows_and_the_loss_in_chunks(reduction, monkeypatch):
+    """(N, C) cross-entropy with class weights, ignored targets and label smoothing: grad_input
+    judged on strided rows (the loss of those rows, its upstream gradient over the call's
+    denominator for "mean"), the reduced loss against float64 over every row in chunks; a
+    correct call passes on every slice, one wrong grad_input row is caught by the slice that
+    holds it, a loss 1% off by the chunked reference."""
+    monkeypatch.setattr(slices, "LOSS_CHUNK", 64 * 10)              # 64 rows of 10 classes per chunk
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 10, generator=gen)
+    target = torch.randint(0, 10, (256,), generator=gen)
+    target[::7] = -100
+    weight = torch.rand(10, generator=gen) + 0.5
+    args = ops.CROSS_ENTROPY.bind((x, target), {"weight": weight, "reduction": reduction, "label_smoothing": 0.1})
+    leaf = x.clone().requires_grad_()
+    out = F.cross_entropy(leaf, target, weight=weight, reduction=reduction, label_smoothing=0.1)
+    grad_out = torch.randn(out.shape, generator=gen)
+    (gx,) = torch.autograd.grad(out, leaf, grad_out)
+
+    def check(pick, got_out=out.detach(), got_grad=gx):
+        call = checker.SampledCall(ops.CROSS_ENTROPY, "torch", pick, 0, args, got_out, {}, grad_out=grad_out,
+                                   grads={"grad_input": got_grad}, slice_rows_above=16 * 10, pick=pick)
+        return {c.name: c.passed for c in checker.check_call(call)}
+    assert all(all(check(pick).values()) for pick in range(3))
+    wrong = gx.clone()
+    wrong[36] *= 1.2                                            # row 36: the slice of pick 4 (36 % 16)
+    assert [check(pick, got_grad=wrong)["grad_input"] for pick in (3, 4)] == [True, False]
+    if reduction != "none":
+        assert check(0, got_out=out.detach() * 1.01) == {"out": False, "grad_input": True}

@@ -445,10 +445,11 @@ def monitor(model: Optional[torch.nn.Module] = None, every: int = 100, **options
     check_threads (CPU threads of the checker in a GPU run; default a quarter of the cores),
     slice_attention_above (attention calls whose B x H x Sq x Sk exceeds it are checked against
     float64 on one batch item and KV head group, rotating with the sample, and scanned whole for
-    NaN/Inf; None: always whole), slice_rows_above (norm, softmax and rotary calls larger than
-    this many elements are checked on rows strided across the whole input, about this many
+    NaN/Inf; None: always whole), slice_rows_above (norm, softmax, rotary and cross-entropy
+    calls larger than this many elements are checked on rows strided across the whole input, about this many
     elements, the offset rotating with the sample so that every row is checked in turn; weight
-    gradients whole; every output scanned whole for NaN/Inf; default 2^16; None: always whole),
+    gradients and a reduced loss whole; every output scanned whole for NaN/Inf; default 2^16;
+    None: always whole),
     check_device (where a GPU call's float64 check runs: "auto" its own GPU on a side stream
     when that GPU's float64 is full rate, else the CPU; "device"; "cpu"), max_overhead (a safety
     net: the share of the monitored time the checks' host time may reach, default 0.05; a

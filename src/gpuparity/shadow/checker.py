@@ -115,6 +115,7 @@ class _Part:
     grad_out: Optional[torch.Tensor]
     grads: Dict[str, torch.Tensor]
     where: str = ""
+    reference: Optional[Callable[[Dict[str, Any]], torch.Tensor]] = None   # a forward-only float64 output instead of kind's
 
 
 def _parts(call: SampledCall, args, out, grad_out, grads) -> Tuple[List[_Part], List[Tuple[str, torch.Tensor]], Dict]:
@@ -133,6 +134,8 @@ def _parts(call: SampledCall, args, out, grad_out, grads) -> Tuple[List[_Part], 
     if stride <= 1:
         return [_Part(args, out, grad_out, grads)], [], {}
     rows = slices.strided_rows(layout.rows, stride, pick)
+    if kind.family == "loss":
+        return _loss_parts(args, out, grad_out, grads, layout, rows), whole, {}
     x = kind.tensors[0]
     sliced = {**args, **layout.args, x: layout.select(args[x], rows)}
     row_grads = {name: layout.select(g, rows) for name, g in grads.items() if name == "grad_" + x}
@@ -142,6 +145,22 @@ def _parts(call: SampledCall, args, out, grad_out, grads) -> Tuple[List[_Part], 
     if summed:   # a weight's gradient sums every row: judged whole, with only the weights as leaves
         parts.append(_Part(args, None, grad_out, summed))
     return parts, whole, {}
+
+
+def _loss_parts(args, out, grad_out, grads, layout: slices.Rows, rows: slice) -> List[_Part]:
+    """F.cross_entropy on strided rows (slices.py): grad_input's rows from those rows' "sum"
+    loss; the loss itself, when reduced, against the float64 loss in chunks."""
+    sliced = {**args, "input": layout.select(args["input"], rows), "target": layout.select(args["target"], rows)}
+    row_grads = {name: layout.select(g, rows) for name, g in grads.items()}
+    where = slices.row_label(layout, rows)
+    if args.get("reduction") == "none":
+        return [_Part(sliced, layout.select(out, rows), None if grad_out is None else layout.select(grad_out, rows),
+                      row_grads, where)]
+    parts = [_Part(args, out, None, {}, reference=slices.loss_in_chunks)]
+    if grad_out is not None and row_grads:
+        scale = slices.loss_denominator(args) if args.get("reduction") == "mean" else 1.0
+        parts.append(_Part({**sliced, "reduction": "sum"}, None, grad_out.to(torch.float64) / scale, row_grads, where))
+    return parts
 
 
 def check_call(call: SampledCall, device: Optional[torch.device] = None,
@@ -181,6 +200,9 @@ def check_call(call: SampledCall, device: Optional[torch.device] = None,
         part.grad_out = None if part.grad_out is None else here(part.grad_out)
         part.grads = {name: here(value) for name, value in part.grads.items()}
         grad_names = [name[len("grad_"):] for name in part.grads]
+        if part.reference is not None:
+            references.append((part.reference(part.args), {}))
+            continue
         references.append(_run(kind, part.args, torch.float64, grad_names,
                                None if part.grad_out is None else part.grad_out.to(torch.float64)))
     scan_flags = slices.nonfinite_any([t for _, t in scan], [scan_valid.get(name) for name, _ in scan])
@@ -287,7 +309,10 @@ def reference_elements(kind: OpKind, args: Dict[str, Any], slice_above: Optional
     layout = slices.rows_of(kind, args) if slice_rows_above is not None else None
     if layout is None or summed_grads:
         return whole
-    return min(whole, -(-layout.rows // slices.row_stride(layout, slice_rows_above)) * layout.width)
+    checked = -(-layout.rows // slices.row_stride(layout, slice_rows_above)) * layout.width
+    if kind.family == "loss" and args.get("reduction") != "none":
+        checked = max(checked, slices.LOSS_CHUNK)      # the float64 loss, in chunks
+    return min(whole, checked)
 
 
 def check_bytes(call: SampledCall) -> int:

@@ -6,7 +6,9 @@ those elements. The rows are strided across the whole tensor (rows o, o + s, o +
 s = ceil(rows / budget)), so one check sees every batch item and every position band, and the
 offset o is the call's sample number modulo s: s consecutive samples of an op check every row
 once. Rows of a norm are its leading dims flattened; of softmax, every position of its other dims;
-of rotary, its heads (positions are not independent there: each has its own angle). A norm's
+of rotary, its heads (positions are not independent there: each has its own angle); of
+cross-entropy, its (N, C) logits' rows (the loss itself against a float64 loss over every row,
+computed in chunks: below). A norm's
 weight and bias gradients sum over every row: they are judged whole, in a second float64 pass
 with only the weight and bias as leaves (no grad_x at full size).
 
@@ -103,7 +105,15 @@ def _rotary_rows(kind, args) -> Optional[Rows]:
     return Rows(heads, x.numel() // max(heads, 1), lambda t, rows: t[..., rows, :], {}, "heads")
 
 
-ROW_WISE = {"norm": _norm_rows, "softmax": _softmax_rows, "rotary": _rotary_rows}
+def _loss_rows(kind, args) -> Optional[Rows]:
+    x, target = args.get("input"), args.get("target")
+    if not isinstance(x, torch.Tensor) or not isinstance(target, torch.Tensor) or x.dim() != 2 \
+            or target.dim() != 1 or target.is_floating_point():
+        return None
+    return Rows(x.shape[0], x.shape[1], lambda t, rows: t[rows], {}, "rows")
+
+
+ROW_WISE = {"norm": _norm_rows, "softmax": _softmax_rows, "rotary": _rotary_rows, "loss": _loss_rows}
 
 
 def rows_of(kind, args: Dict[str, Any]) -> Optional[Rows]:
@@ -130,6 +140,45 @@ def row_label(layout: Rows, rows: slice) -> str:
     checked = len(range(rows.start, layout.rows, rows.step))
     return (f"{checked} of {layout.rows} {layout.unit}: {rows.start}, {rows.start + rows.step}, ... "
             f"(one in {rows.step})")
+
+
+# --------------------------------------------------------------------------- cross-entropy
+# F.cross_entropy of (N, C) logits: a row's loss and its grad_input row depend on that row alone,
+# but "mean" and "sum" add every row's loss into one number. So grad_input is judged on strided
+# rows (the rows' "sum" loss, its upstream gradient divided by the call's denominator for
+# "mean"), and the loss itself against a float64 loss summed over every row in chunks
+# (LOSS_CHUNK elements of float64 at a time, no autograd), never a whole float64 copy of the
+# logits with its log-softmax and gradient (6 GB for 4096 tokens x 32000 classes).
+LOSS_CHUNK = 2 ** 24
+
+
+def loss_denominator(args: Dict[str, Any]) -> torch.Tensor:
+    """What F.cross_entropy's "mean" divides by (float64): the weights of the targets that are
+    not ignore_index (their count without weights); 1 for "sum"."""
+    target = args["target"]
+    if args.get("reduction") != "mean":
+        return torch.ones((), dtype=torch.float64, device=target.device)
+    keep = target != args.get("ignore_index", -100)
+    weight = args.get("weight")
+    if weight is None:
+        return keep.sum().to(torch.float64)
+    picked = weight.to(target.device, torch.float64)[target.clamp(0, weight.numel() - 1)]
+    return (picked * keep).sum()
+
+
+def loss_in_chunks(args: Dict[str, Any]) -> torch.Tensor:
+    """The call's float64 loss (its reduction, "mean" or "sum"), over row chunks."""
+    x, target = args["input"], args["target"]
+    weight = args.get("weight")
+    weight = None if weight is None else weight.to(x.device, torch.float64)
+    rows = max(1, LOSS_CHUNK // max(x.shape[1], 1))
+    total = torch.zeros((), dtype=torch.float64, device=x.device)
+    for start in range(0, x.shape[0], rows):
+        total = total + torch.nn.functional.cross_entropy(
+            x[start:start + rows].to(torch.float64), target[start:start + rows], weight=weight,
+            ignore_index=args.get("ignore_index", -100), reduction="sum",
+            label_smoothing=args.get("label_smoothing", 0.0))
+    return total / loss_denominator(args) if args.get("reduction") == "mean" else total
 
 
 # --------------------------------------------------------------------------- NaN/Inf over whole tensors
