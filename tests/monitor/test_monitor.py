@@ -330,6 +330,9 @@ def test_max_overhead_bounds_the_checks_share_of_the_monitored_time():
     assert report.sampled["F.layer_norm"] >= 1 and report.checked["F.layer_norm"] == report.sampled["F.layer_norm"]
     assert report.sampled["F.layer_norm"] + report.over_budget == 25 and report.over_budget >= 5
     assert "max_overhead=0%" in report.summary() and report.passed
+    assert report.due == {"F.layer_norm": 25} and report.not_checked == report.over_budget
+    assert report.summary().startswith(f"gpuparity monitor: {report.checked['F.layer_norm']} of 25 due samples "
+                                       f"checked, 0 failed; not checked: {report.over_budget} over budget")
     with gpuparity.monitor(None, every=1, max_pending=64, max_overhead=None) as mon:
         for _ in range(5):
             F.layer_norm(x, (32,)).sum().backward()

@@ -72,8 +72,8 @@ class MonitorReport:
         due, checked = sum(self.due.values()), sum(self.checked.values())
         lines = [f"gpuparity monitor: {checked} of {due} due samples checked, {len(self.failures)} failed"
                  + (f"; not checked: {self.over_budget} over budget, {self.dropped} dropped (checker busy), "
-                    f"{max(0, due - checked - self.over_budget - self.dropped)} not checkable or in error "
-                    f"(below)" if checked < due else "")]
+                    f"{max(0, self.not_checked - self.over_budget - self.dropped)} not checkable or in error "
+                    f"(below)" if self.not_checked else "")]
         if self.over_budget:
             lines.append(f"  {self.over_budget} samples not taken to keep the checks within max_overhead="
                          f"{self.max_overhead:.0%} of the monitored time (their host time)")
