@@ -175,6 +175,7 @@ def test_background_timings_refine_the_choice(empty_cache, monkeypatch, fast_bac
 
 def test_the_verification_worker_stays_alive_across_calls(empty_cache, monkeypatch):
     monkeypatch.setenv("GPUPARITY_PROBE", "subprocess")
+    monkeypatch.setenv(select.FIRST_CALLS, "wait")   # each call verifies before it returns
     try:
         x, w = _rms_inputs()
         gpuparity.rms_norm(x, (64,), w)

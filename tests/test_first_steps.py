@@ -105,6 +105,9 @@ def in_process_checks(monkeypatch):
 
     monkeypatch.setattr(selection, "run_tasks", in_process)
     monkeypatch.setattr(selection, "prestart", lambda: None)
+    # a first call that waits for its verdict (the default serves it on the op's baseline
+    # meanwhile: tests/test_first_calls_pending.py)
+    monkeypatch.setenv(select.FIRST_CALLS, "wait")
     return order, gate
 
 

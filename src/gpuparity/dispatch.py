@@ -7,8 +7,11 @@ Dispatch decides; it does not verify. The verdicts come from a callable the call
 narrow interface, with a confirmed known issue's veto). With a `rank` callable too
 (`rank(problem, candidates) -> [(backend, why, stored verdict)]`, fastest first: the ops pass
 `gpuparity.ops.select.rank`), "auto" asks for verdicts in that order and stops at the first that
-passed, so a first call verifies one candidate rather than every backend. Dispatch imports
-nothing above `backends`.
+passed, so a first call verifies one candidate rather than every backend. A verdict source may
+instead raise `Pending(baseline)`: that candidate's verdict is not in yet, and the call is served
+by `baseline` meanwhile (the selector's: what torch runs for the op without gpuparity); the
+resolution is remembered until the next verdict is stored, which empties the memo. Dispatch
+imports nothing above `backends`.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ import torch
 from .registry import (Backend, BackendUnavailable, Problem, on_change, register, registered,
                                 unregister)
 
-__all__ = ["Backend", "BackendUnavailable", "Problem", "VerdictSource", "backends", "explain", "forget", "get",
+__all__ = ["Backend", "BackendUnavailable", "Pending", "Problem", "VerdictSource", "backends", "explain", "forget", "get",
            "register", "resolve", "unregister"]
 
 # verdict(problem, backend) -> a verdict: {"passed", "reason", "time_ms", ...} (ops/select.verdict)
@@ -32,6 +35,15 @@ VerdictSource = Callable[[Problem, Backend], Dict[str, Any]]
 Rank = Callable[[Problem, List[Backend]], List[Tuple[Backend, str, Optional[Dict[str, Any]]]]]
 LOG = logging.getLogger("gpuparity")
 SLOW_RESOLUTION_S = 1.0   # a resolution slower than this (it verified a backend) logs one INFO line
+
+
+class Pending(Exception):
+    """Raised by a verdict source for a candidate whose verdict is still being made (in the
+    background): `resolve` serves the call with `baseline` instead of waiting."""
+
+    def __init__(self, candidate: Backend, baseline: Backend) -> None:
+        super().__init__(f"{candidate.op}: the verdict of {candidate.name} is pending; {baseline.name} serves meanwhile")
+        self.candidate, self.baseline = candidate, baseline
 
 
 class _Memo:
@@ -99,7 +111,8 @@ def get(op: str, name: str) -> Backend:
 def _key(problem: Problem, backend: str, verdict: Optional[VerdictSource], rank: Optional[Rank] = None) -> tuple:
     # the environment variables a resolution depends on, read one by one: this runs on every eager call
     get_env = os.environ.get
-    key = (problem, backend, verdict, rank, get_env("GPUPARITY_TRUST_UNPROBED"), get_env("TRITON_INTERPRET"))
+    key = (problem, backend, verdict, rank, get_env("GPUPARITY_TRUST_UNPROBED"), get_env("TRITON_INTERPRET"),
+           get_env("GPUPARITY_FIRST_CALLS"))
     if problem.dtype == torch.float32:
         from .numerics import cudnn_tf32, matmul_tf32
         key += (matmul_tf32(), cudnn_tf32())
@@ -110,7 +123,8 @@ def resolve(problem: Problem, backend: str = "auto", *, verdict: Optional[Verdic
             rank: Optional[Rank] = None) -> Backend:
     """The backend that serves `problem`: the named one (or BackendUnavailable with its
     reasons), or for "auto" the verified choice, which needs `verdict` (and, to verify lazily
-    in rank order, `rank`). Remembered (_Memo)."""
+    in rank order, `rank`). A verdict source that raises `Pending` has the call served by its
+    baseline until that verdict is stored. Remembered (_Memo)."""
     key = _key(problem, backend, verdict, rank)
     chosen = _MEMO.get(key)
     if chosen is not None:
@@ -123,8 +137,13 @@ def resolve(problem: Problem, backend: str = "auto", *, verdict: Optional[Verdic
             raise BackendUnavailable(f"backend={backend!r} cannot serve this {problem.op} call: " + "; ".join(reasons))
     else:
         started = time.monotonic()
-        chosen = (_explain_ranked(problem, verdict, rank, full=False) if rank is not None
-                  else explain(problem, verdict=verdict))["chosen_backend"]
+        try:
+            chosen = (_explain_ranked(problem, verdict, rank, full=False) if rank is not None
+                      else explain(problem, verdict=verdict))["chosen_backend"]
+        except Pending as pending:
+            # kept until the verdict is stored (the store calls forget(), which empties the memo)
+            LOG.debug("gpuparity: %s", pending)
+            chosen = pending.baseline
         took = time.monotonic() - started
         if took > SLOW_RESOLUTION_S:
             # the library never prints: one line through logging, shown only where the user asks

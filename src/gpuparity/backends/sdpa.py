@@ -26,6 +26,8 @@ SDPA_BACKENDS = {
 
 
 def _sdpa_kernel(name: str):
+    if name not in SDPA_BACKENDS:   # "sdpa": torch chooses, as an unpatched model's call has it
+        return contextlib.nullcontext()
     try:
         from torch.nn.attention import SDPBackend, sdpa_kernel
     except ImportError:  # torch < 2.3
@@ -152,3 +154,10 @@ register(Backend("sdpa_cudnn", "attention", _make_sdpa("sdpa_cudnn"),
                  availability=lambda: (None if torch.cuda.is_available() and not torch.version.hip
                                        else "sdpa_cudnn: needs an NVIDIA GPU"),
                  supports=_no_mask_grad(_cudnn_supports)))
+
+# Not registered (auto never picks it, a user cannot name it): torch's own SDPA, unpinned, as an
+# unpatched model calls it. The selector (ops/select.py `baseline`) serves an attention call with
+# it while the verdict of the backend auto would choose is still pending.
+BASELINE = Backend("sdpa", "attention", _make_sdpa("sdpa"),
+                   "torch SDPA as torch dispatches it (the unpatched model's attention)", dtypes=ALL,
+                   supports=_no_mask_grad(lambda problem: _no_softcap("sdpa", problem)), probed=False)

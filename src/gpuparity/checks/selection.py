@@ -561,6 +561,48 @@ def verdict_for(problem: Problem, backend: Backend) -> Dict[str, Any]:
     return stored.get(key, {"passed": False, "reason": "no probe verdict recorded"})
 
 
+# verdict keys whose verification verdict_soon runs in a background thread now; and those whose
+# background verification raised (their next call verifies in the caller, which then sees why)
+_SOON: set = caches.register("checks.selection.soon", set())
+_SOON_RAISED: set = caches.register("checks.selection.soon_raised", set())
+SOON_THREAD = "gpuparity-first-call"
+
+
+def verdict_soon(problem: Problem, backend: Backend) -> Optional[Dict[str, Any]]:
+    """The verdict for (problem kind, backend) if it is stored; else None, once its verification
+    was started in a background thread (as `verdict_for` makes it: a caller's turn on the kept
+    worker, or the wait for `prepare`'s check already under way), so the caller need not wait.
+    Only where checks run in a worker (a GPU, GPUPARITY_PROBE=subprocess): where they run in this
+    process, the verdict checked now (`verdict_for`), as a thread would compete with the caller
+    for its cores. A stored verdict is stored by the thread; the store empties dispatch's memo."""
+    if os.environ.get(TRUST_UNPROBED) == "1" or not _isolate(normalize_device(problem.device)):
+        return verdict_for(problem, backend)
+    key = verdicts_store.verdict_key(problem, backend)
+    if key in verdicts_store.load(verdicts_store.cache_path(problem.device)) or key in _SOON_RAISED:
+        return verdict_for(problem, backend)
+    with _POOLS_LOCK:
+        if _STOP.is_set():
+            return None
+        if key not in _SOON:
+            _SOON.add(key)
+            _start_thread(_verify_soon, SOON_THREAD, problem, backend, key)
+    return None
+
+
+def _verify_soon(problem: Problem, backend: Backend, key: str) -> None:
+    try:
+        if not _STOP.is_set():
+            verdict_for(problem, backend)
+    except Exception as exc:  # noqa: BLE001 - the next call verifies in the caller and says why
+        _SOON_RAISED.add(key)
+        LOG.debug("gpuparity: verifying %s on %s in the background stopped: %s: %s", problem.op, backend.name,
+                  type(exc).__name__, exc)
+    finally:
+        with _POOLS_LOCK:
+            _SOON.discard(key)
+        dispatch.forget()   # the calls served by the baseline meanwhile resolve again
+
+
 def stored_verdict(problem: Problem, backend: Backend) -> Optional[Dict[str, Any]]:
     """The verdict stored here for (problem's op, dtype, kind; backend), None if none: no check."""
     return verdicts_store.load(verdicts_store.cache_path(problem.device)).get(verdicts_store.verdict_key(problem, backend))
@@ -576,6 +618,9 @@ class _Verification:
 
     def verdict(self, problem: Problem, backend: Backend) -> Dict[str, Any]:
         return verdict_for(problem, backend)
+
+    def verdict_soon(self, problem: Problem, backend: Backend) -> Optional[Dict[str, Any]]:
+        return verdict_soon(problem, backend)
 
     def prepare(self, problems: Sequence[Problem], resolve: Callable[[Problem], Any]) -> int:
         return prepare(problems, resolve)

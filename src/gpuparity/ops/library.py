@@ -142,7 +142,8 @@ def _choose(op: str, device: torch.device, dtype: torch.dtype, kind: str, featur
     from torch.utils._python_dispatch import _disable_current_modes
     problem = Problem(op, device, dtype, kind, features)
     with _disable_current_modes():
-        chosen = (dropout.resolve if op == "attention" else select.resolve)(problem, backend)
+        # select.resolve_waiting: a graph waits for the verdict rather than bake a baseline in
+        chosen = (dropout.resolve if problem.feature("dropout") is not None else select.resolve_waiting)(problem, backend)
     setattr(_Chosen, f"{op}/{chosen.name}", chosen)
     return chosen.name
 

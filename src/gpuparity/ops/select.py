@@ -13,10 +13,23 @@ checking worker. The checks side implements it (checks/selection.py `VERIFICATIO
 loaded here, by the target string `VERIFICATION`, at the first call that needs a verdict, at
 `prepare` or at `gpuparity.prepare()`: the one place the ops meet checks/, never at an import,
 so `import gpuparity` and the import of an op load no check machinery and start no process.
-`use(other)` puts another in its place (a test's planted verifier)."""
+`use(other)` puts another in its place (a test's planted verifier).
+
+First calls do not wait for a verdict (`GPUPARITY_FIRST_CALLS`, default "baseline"): where the
+verification can run in the background (checks in a worker: a GPU, GPUPARITY_PROBE=subprocess),
+a call whose candidate's verdict is not in yet is served by the op's `baseline` (what torch runs
+for it without gpuparity: SDPA as torch dispatches it for attention, the op's trusted plain
+composition otherwise) while the candidate is verified, and the calls after its verdict is
+stored take the candidate if it passed (or walk on to the next, as a waiting call would have).
+No backend of gpuparity's own serves a call before its verdict; the verdicts and the backends
+chosen once they are in are those a waiting first call gets. "wait": every first call waits for
+its verdict, as before (benchmarks, tests of the kernels themselves). A call no baseline can
+serve (ALiBi, which only the Triton kernels implement) waits. Under torch.compile the choice is
+made at trace time and waits: see `resolve_waiting`."""
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from .. import dispatch, priors, targets
@@ -24,7 +37,8 @@ from ..contracts import get_spec
 from ..known import avoid as known_avoid
 from ..registry import Backend, Problem
 
-__all__ = ["VERIFICATION", "Verification", "explain", "prepare", "rank", "resolve", "use", "verdict"]
+__all__ = ["FIRST_CALLS", "VERIFICATION", "Verification", "baseline", "explain", "prepare", "rank", "resolve",
+           "resolve_waiting", "use", "verdict"]
 
 Verdict = Dict[str, Any]   # {"passed", "reason", "time_ms", ...}: one backend's, for an op, dtype and kind here
 
@@ -38,6 +52,11 @@ class Verification(Protocol):
     def verdict(self, problem: Problem, backend: Backend) -> Verdict:
         """The stored verdict, `backend` checked now on a miss (or the check already under way
         waited for); the known issues that name it confirmed or ruled out with it."""
+
+    def verdict_soon(self, problem: Problem, backend: Backend) -> Optional[Verdict]:
+        """The stored verdict, or None once `backend`'s check was started in the background (the
+        caller serves the call elsewhere meanwhile); where checks cannot run in the background,
+        the verdict checked now (as `verdict`). Optional: a verification without it is waited for."""
 
     def prepare(self, problems: Sequence[Problem], resolve: Callable[[Problem], Backend]) -> int:
         """Queue, in the background, the checks the first auto calls of `problems` would make,
@@ -88,6 +107,48 @@ def verdict(problem: Problem, backend: Backend) -> Verdict:
     return _as_read(problem, _verification().verdict(problem, backend), get_spec(problem.op).is_large(problem))
 
 
+FIRST_CALLS = "GPUPARITY_FIRST_CALLS"   # "baseline" (default): first calls do not wait for a verdict; "wait"
+FIRST_CALL_MODES = ("baseline", "wait")
+
+
+def _first_calls() -> str:
+    mode = os.environ.get(FIRST_CALLS, "baseline")
+    if mode not in FIRST_CALL_MODES:
+        raise ValueError(f"{FIRST_CALLS}: expected one of {FIRST_CALL_MODES}, got {mode!r}")
+    return mode
+
+
+def baseline(problem: Problem) -> Optional[Backend]:
+    """What serves a call while the verdict of the backend auto would choose is pending: what torch
+    runs for the op without gpuparity, where it can serve the call. For attention torch's SDPA as
+    torch dispatches it (backends/sdpa.py BASELINE: an unpatched transformers model's attention;
+    not for a softcap or a float mask that needs a gradient), else the op's trusted plain
+    composition (the fallback auto ends at: the eager RMSNorm formula, silu(gate) * up, the
+    rotation, ...). None when neither serves it (ALiBi): that call waits for its verdict."""
+    found = [b for b in dispatch.backends(problem.op) if b.fallback]
+    if problem.op == "attention":
+        from ..backends.sdpa import BASELINE
+        found.insert(0, BASELINE)
+    return next((b for b in found if not b.reasons(problem)), None)
+
+
+def verdict_or_pending(problem: Problem, backend: Backend) -> Verdict:
+    """`verdict`, but where the verification can run in the background and a baseline serves
+    this call, `dispatch.Pending(backend, baseline)` while the verdict is not stored yet (its check
+    started then): dispatch serves the call with the baseline, and the next call asks again."""
+    source = _verification()
+    soon = getattr(source, "verdict_soon", None)
+    if soon is None or _first_calls() == "wait":
+        return verdict(problem, backend)
+    found = soon(problem, backend)
+    if found is None:
+        serving = baseline(problem)
+        if serving is None:
+            return verdict(problem, backend)   # waits for the check just started
+        raise dispatch.Pending(backend, serving)
+    return _as_read(problem, found, get_spec(problem.op).is_large(problem))
+
+
 def rank(problem: Problem, candidates: List[Backend]) -> List[Tuple[Backend, str, Optional[Verdict]]]:
     """`candidates` in the order a first call tries them, each with why and its stored verdict as
     auto reads it (None: none yet): those timed here (doctor, background refinement) fastest first,
@@ -115,7 +176,12 @@ def rank(problem: Problem, candidates: List[Backend]) -> List[Tuple[Backend, str
 
 # resolve(problem, backend="auto") -> Backend. A partial, not a def: one Python frame fewer on
 # every eager call of every op (host time is what short shapes are bound by).
-resolve = functools.partial(dispatch.resolve, verdict=verdict, rank=rank)
+resolve = functools.partial(dispatch.resolve, verdict=verdict_or_pending, rank=rank)
+# The resolution that waits for the verdict: `prepare`'s (it verifies ahead of the first calls,
+# in a thread of its own) and the one torch.compile bakes into a graph while it traces
+# (ops/library.py traced_backend): a baseline baked in would stay until the whole graph was
+# compiled again once the verdict landed (benchmarks/first_steps_breakdown.py --compile).
+resolve_waiting = functools.partial(dispatch.resolve, verdict=verdict, rank=rank)
 
 
 def explain(problem: Problem) -> Dict[str, Any]:
@@ -126,11 +192,11 @@ def prepare(problems: Sequence[Problem] = ()) -> int:
     """Get verification ready ahead of the first auto calls: start the checking worker now where
     checks run in one (a GPU, or GPUPARITY_PROBE=subprocess), so that its start (torch, Triton,
     the backends: seconds) overlaps the caller's setup, and queue the checks the first auto calls
-    of `problems` would make, each resolved exactly as its first call would be (`resolve`);
+    of `problems` would make, each resolved as its first call would be, waiting for each verdict (`resolve_waiting`);
     `gpuparity.patch` passes its model's calls. Returns how many were queued (0 without
     `problems`, and where checks run in-process: a CPU unless GPUPARITY_PROBE=subprocess).
     Public as `gpuparity.prepare()`; without it the worker starts at the first call that needs
     a verdict."""
     source = _verification()
     source.start()
-    return source.prepare(list(problems), resolve) if problems else 0
+    return source.prepare(list(problems), resolve_waiting) if problems else 0
