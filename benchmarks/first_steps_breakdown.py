@@ -18,12 +18,19 @@ calls cross and writes a timeline:
   the code has it), and when the answers came back;
 - resolve: each resolution that walked the candidates (`dispatch._explain_ranked`: op, kind,
   seconds, so the time the step itself waited);
+- pending: each resolution served by the op's baseline while its candidate's verdict was still
+  being made (`dispatch.Pending`: op, kind, the candidate, the baseline), where the code has it;
 - steps: each step's seconds, and the patch, optimizer and data setup between.
+
+With `--compile` both variants wrap the model in `torch.compile` after the patch (the first
+step's time then includes the compilation); `--first-calls wait|baseline` sets
+GPUPARITY_FIRST_CALLS for the patched runs (unset: the code's default).
 
     python benchmarks/first_steps_breakdown.py                      # unpatched vs patched, 2 repeats
     python benchmarks/first_steps_breakdown.py --repeats 3 --json out/first-steps.json
     python benchmarks/first_steps_breakdown.py --device cuda --dtype bf16 --layers 8 --hidden 2048 \
         --heads 16 --kv-heads 4 --seq 2048 --vocab 32000            # the issue's model on a GPU
+    python benchmarks/first_steps_breakdown.py --compile            # both variants under torch.compile
 
 The machine's load average is printed before and after: on a shared machine other work slows
 every figure. This is a script: it prints.
@@ -101,7 +108,14 @@ if patched:
     selection.verify, selection.run_tasks, selection._veto_known = verify, run_tasks, veto
     real_explain = dispatch._explain_ranked
     def explain(problem, verdict, rank, full):
-        t = now(); out = real_explain(problem, verdict, rank, full)
+        t = now()
+        try:
+            out = real_explain(problem, verdict, rank, full)
+        except Exception as exc:
+            if type(exc).__name__ == "Pending":
+                note("pending", t, op=problem.op, call_kind=problem.kind, candidate=exc.candidate.name,
+                     baseline=exc.baseline.name, thread=threading.current_thread().name)
+            raise
         note("resolve", t, op=problem.op, call_kind=problem.kind, dtype=str(problem.dtype).replace("torch.", ""),
              chosen=out["chosen"], full=full, thread=threading.current_thread().name)
         return out
@@ -116,6 +130,8 @@ if patched:
     summary = gpuparity.patch(model)
     note("patch", t, replaced=len(summary), left=len(getattr(summary, "left", [])))
     # the modules the patch left are not of this measurement; the swapped ones' first calls are
+if args["compile"]:
+    model = torch.compile(model)
 setup = now()
 model.train()
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=device.type != "cuda",
@@ -173,6 +189,11 @@ def parse_args(argv=None):
     p.add_argument("--late-import", action="store_true",
                    help="import gpuparity only after the model is built (by default a patched run imports it at "
                         "the top, beside torch, as a script does: on a GPU machine that starts the first-call worker)")
+    p.add_argument("--compile", action="store_true",
+                   help="wrap the model (patched or not) in torch.compile: the first step includes its compilation")
+    p.add_argument("--first-calls", default=None, choices=("baseline", "wait"),
+                   help="GPUPARITY_FIRST_CALLS for the patched runs (baseline: a first call runs on the op's baseline "
+                        "while its verdict is pending; wait: it waits for it); unset: the code's default")
     p.add_argument("--repeats", type=int, default=2, help="runs of each variant, alternated")
     p.add_argument("--variants", default="unpatched,patched")
     p.add_argument("--src", default=SRC, help="PYTHONPATH for the child (another checkout's src to compare)")
@@ -183,13 +204,16 @@ def parse_args(argv=None):
 
 def one(args, variant):
     spec = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "kv_heads", "vocab", "seq", "batch", "steps",
-                                           "device", "dtype", "user_setup_s", "late_import")}
+                                           "device", "dtype", "user_setup_s", "late_import", "compile")}
     spec["intermediate"] = args.intermediate or int(args.hidden * 2.75)
     spec["variant"] = variant
     with tempfile.TemporaryDirectory(prefix="gpuparity-first-steps-") as cache:
         env = {**os.environ, "GPUPARITY_CACHE_DIR": cache, "PYTHONPATH": args.src,
                "GPUPARITY_PROBE": args.probe, "GPUPARITY_PROBE_REFINE": args.refine}
         env.pop("GPUPARITY_TRUST_UNPROBED", None)
+        env.pop("GPUPARITY_FIRST_CALLS", None)
+        if args.first_calls:
+            env["GPUPARITY_FIRST_CALLS"] = args.first_calls
         started = time.perf_counter()
         proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], env=env, capture_output=True,
                               text=True, timeout=args.timeout)
@@ -232,7 +256,8 @@ def describe(row):
     for (op, backend), ss in by_op.items():
         lines.append(f"    {op} on {backend}: {len(ss)} checks, {sum(ss):.2f} s")
     for e in ev:
-        where = "background (prepare)" if e.get("thread") == "gpuparity-prepare" else "caller"
+        where = {"gpuparity-prepare": "background (prepare)",
+                 "gpuparity-first-call": "background (a first call's)"}.get(e.get("thread"), "caller")
         if e["what"] == "verify":
             lines.append(f"  verify {e['op']} ({e['call_kind']}, {e['dtype']}) on {e['backend']}: {e['s']:.2f} s "
                          f"at t={e['start']:.2f}, in the {where}")
@@ -241,7 +266,14 @@ def describe(row):
         elif e["what"] == "resolve" and e["s"] > 0.05:
             lines.append(f"  resolve {e['op']} ({e['call_kind']}) -> {e['chosen']}: {e['s']:.2f} s at t={e['start']:.2f}, "
                          f"in the {where}")
-    waited = sum(e["s"] for e in ev if e["what"] == "resolve" and e.get("thread") != "gpuparity-prepare")
+    pending = {}
+    for e in ev:
+        if e["what"] == "pending":
+            pending.setdefault((e["op"], e["call_kind"], e["candidate"], e["baseline"]), []).append(e["start"])
+    for (op, kind, candidate, baseline), starts in pending.items():
+        lines.append(f"  {op} ({kind}) served by {baseline} while {candidate}'s verdict was pending: {len(starts)} "
+                     f"resolution{'s' * (len(starts) != 1)}, t={min(starts):.2f}..{max(starts):.2f}")
+    waited = sum(e["s"] for e in ev if e["what"] == "resolve" and not e.get("thread", "").startswith("gpuparity-"))
     lines.append(f"  the steps waited {waited:.2f} s in resolutions in all")
     for e in ev:
         if e["what"] in ("forward", "backward+optimizer"):

@@ -25,6 +25,10 @@ if os.environ.get("PYTEST_XDIST_WORKER") and os.path.basename(
     # gets a cache of its own, as a serial run has (a folder the user set is kept).
     del os.environ["GPUPARITY_CACHE_DIR"]
 os.environ.setdefault("GPUPARITY_CACHE_DIR", tempfile.mkdtemp(prefix=_CACHE_PREFIX))
+# The suite tests the backends auto verifies: a first call waits for its verdict and runs on the
+# verified backend (by default, where checks run in a worker, it would run on the op's baseline,
+# torch's own, meanwhile). tests/test_first_calls_pending.py tests the default.
+os.environ.setdefault("GPUPARITY_FIRST_CALLS", "wait")
 
 
 def pytest_configure(config):
