@@ -157,6 +157,9 @@ for i in range(args["steps"]):
     optimizer.zero_grad(set_to_none=True)
     sync(); note("backward+optimizer", t2, step=i)
     note("step", t, step=i)
+    if args["compile"]:   # graphs dynamo compiled so far (a recompilation adds one)
+        from torch._dynamo.utils import counters
+        note("graphs", t, step=i, graphs=int(counters["stats"]["unique_graphs"]))
     losses.append(float(loss.detach()))
 out = {"events": events, "losses": losses, "import_and_model_s": imported,
        "torch": torch.__version__, "transformers": transformers.__version__}
@@ -275,6 +278,9 @@ def describe(row):
                      f"resolution{'s' * (len(starts) != 1)}, t={min(starts):.2f}..{max(starts):.2f}")
     waited = sum(e["s"] for e in ev if e["what"] == "resolve" and not e.get("thread", "").startswith("gpuparity-"))
     lines.append(f"  the steps waited {waited:.2f} s in resolutions in all")
+    graphs = [e["graphs"] for e in ev if e["what"] == "graphs"]
+    if graphs:
+        lines.append(f"  graphs dynamo compiled by the end of each step: {graphs}")
     for e in ev:
         if e["what"] in ("forward", "backward+optimizer"):
             lines.append(f"  step {e['step']} {e['what']}: {e['s']:.2f} s")

@@ -237,3 +237,21 @@ def test_where_checks_run_in_this_process_the_first_call_verifies_at_once(tmp_pa
         assert select.resolve(problem).name == priors.order("rms_norm", torch.device("cpu"))[0]
     finally:
         verdicts.clear_cache()
+
+
+def test_a_first_call_verification_plans_its_named_cases_without_building_families(monkeypatch):
+    """verify plans exactly first_call_cases (plan's cases=): building the op's families first (attention's
+    covering array of triples) cost 12 s of the caller's process on an H100 host and 50 s on a loaded CPU."""
+    from gpuparity.checks import families
+
+    def no_families(*_args, **_kwargs):
+        raise AssertionError("a first-call verification built the op's families")
+
+    planned = []
+    monkeypatch.setattr(families, "all_families", no_families)
+    monkeypatch.setattr(selection, "run_tasks", lambda tasks, **_: planned.extend(tasks) or [])
+    monkeypatch.setattr(selection, "_veto_known", lambda *_args: None)
+    monkeypatch.setenv("GPUPARITY_PROBE", "inprocess")
+    selection.verify("attention", torch.float32, "key_padding+causal", "cpu", "sdpa_math")
+    assert sorted(t.case for t in planned) == sorted(selection.first_call_cases("attention", "key_padding+causal"))
+    assert {t.backend for t in planned} == {"sdpa_math"} and {t.dtype for t in planned} == {"float32"}

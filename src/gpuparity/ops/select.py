@@ -179,8 +179,12 @@ def rank(problem: Problem, candidates: List[Backend]) -> List[Tuple[Backend, str
 resolve = functools.partial(dispatch.resolve, verdict=verdict_or_pending, rank=rank)
 # The resolution that waits for the verdict: `prepare`'s (it verifies ahead of the first calls,
 # in a thread of its own) and the one torch.compile bakes into a graph while it traces
-# (ops/library.py traced_backend): a baseline baked in would stay until the whole graph was
-# compiled again once the verdict landed (benchmarks/first_steps_breakdown.py --compile).
+# (ops/library.py traced_backend). A baseline baked in instead, with a guard on a global that
+# the verdict bumps, was tried (2026-12-06, CPU): dynamo reads a guarded global's value when it
+# builds the guards, after the backend compiled the graph, so a verdict that landed during that
+# compilation (the usual case: seconds of checks against tens of seconds of inductor) was taken
+# as already in, and the graph kept the baseline for good; where it did recompile, that cost a
+# second compilation of the whole graph.
 resolve_waiting = functools.partial(dispatch.resolve, verdict=verdict, rank=rank)
 
 
