@@ -197,8 +197,8 @@ def test_auto_resolves_when_traced_not_per_call(monkeypatch):
     compiled graph again resolves nothing, forward or backward, and gives eager's gradients."""
     from gpuparity.ops import select
     resolved = []
-    real = select.resolve
-    monkeypatch.setattr(select, "resolve", lambda problem, backend="auto": resolved.append(backend) or
+    real = select.resolve_waiting   # a trace waits for its verdicts (eager first calls need not)
+    monkeypatch.setattr(select, "resolve_waiting", lambda problem, backend="auto": resolved.append(backend) or
                         real(problem, backend))
     monkeypatch.setattr(selection, "verdict_for", lambda p, b: {"passed": False, "reason": "planted"})
     dispatch.forget()
