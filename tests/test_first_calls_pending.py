@@ -255,3 +255,13 @@ def test_a_first_call_verification_plans_its_named_cases_without_building_famili
     selection.verify("attention", torch.float32, "key_padding+causal", "cpu", "sdpa_math")
     assert sorted(t.case for t in planned) == sorted(selection.first_call_cases("attention", "key_padding+causal"))
     assert {t.backend for t in planned} == {"sdpa_math"} and {t.dtype for t in planned} == {"float32"}
+
+
+def test_no_checking_worker_starts_once_the_exit_began(monkeypatch):
+    """A background first-call check still waiting for the worker when the exit ended the workers
+    must not start a new one while the interpreter finalizes (it fails, and its call kept the baseline)."""
+    stopping = threading.Event()
+    stopping.set()
+    monkeypatch.setattr(selection, "_STOP", stopping)
+    with pytest.raises(RuntimeError, match="exiting"):
+        selection._pool("verify")

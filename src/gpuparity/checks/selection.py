@@ -94,6 +94,8 @@ def _pool(purpose: str) -> WorkerPool:
     env = child_env()
     started_with = "|".join(env.get(name, "") for name in _START_ENV)
     with _POOLS_LOCK:
+        if _STOP.is_set():   # a background thread's check after the exit ended the workers: start none
+            raise RuntimeError("gpuparity: the process is exiting; no checking worker is started")
         kept = _POOLS.get(purpose)
         if kept is not None and kept[0] != started_with:
             kept[1].close()
