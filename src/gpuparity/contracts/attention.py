@@ -17,6 +17,29 @@ from ..numerics import matmul_tf32
 from ..validation import FLOAT_DTYPES, describe, expect_broadcastable, expect_same_device, expect_same_dtype, expect_tensor
 from .base import (TILE_OFFSETS, TILES, Case, Covering, OpSpec, check_softcap, takes, family, randn, tf32_precision,
                    tile_size, view_members)
+from .signature import Arg, Signature
+
+# gpuparity.attention's signature, its torch.library op's (outputs: out and the fp32 lse a split
+# backend's backward reads) and the backends' (contracts/signature.py). mask_grad (a float mask
+# that needs a gradient) and seed (a dropout seed drawn in the traced graph) are the op's own;
+# window, softcap, dropout_p and seed came after its first schema.
+ATTENTION = Signature("attention", (
+    Arg("q", "Tensor", grad=True),
+    Arg("k", "Tensor", grad=True),
+    Arg("v", "Tensor", grad=True),
+    Arg("attn_mask", "Tensor?", None, keyword=True),
+    Arg("key_padding_mask", "Tensor?", None, keyword=True),
+    Arg("is_causal", "bool", False, keyword=True),
+    Arg("scale", "float?", None, keyword=True),
+    Arg("mask_grad", "bool", public=False),
+    Arg("window", "SymInt[]?", None, keyword=True, appended=True),
+    Arg("softcap", "float?", None, keyword=True, appended=True),
+    Arg("dropout_p", "float", 0.0, keyword=True, appended=True),
+    Arg("generator", "Generator?", None, keyword=True, library=False, backend=False),
+    Arg("seed", "Tensor?", None, public=False, appended=True),
+    Arg("backend", "str", "auto", keyword=True, backend=False),
+    Arg("return_lse", "bool", False, keyword=True, library=False, backend=False),
+), outputs=("out", "lse"))
 
 
 # --------------------------------------------------------------------------- the call: arguments checked, and the Problem the dispatcher gets

@@ -13,6 +13,27 @@ from ..registry import Backend, Problem
 from ..numerics import default_rms_eps
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_tensor
 from .base import LARGE_NORM, TILE_OFFSETS, TILES, Case, Covering, OpSpec, family, randn, tile_size, view_members
+from .signature import Arg, Signature
+
+
+# --------------------------------------------------------------------------- the declarations: each op's signature, once
+# gpuparity.rms_norm / layer_norm, their torch.library ops (outputs: out and the saved statistics)
+# and the backends' call convention all come from these (contracts/signature.py).
+RMS_NORM = Signature("rms_norm", (
+    Arg("x", "Tensor", grad=True),
+    Arg("normalized_shape", "SymInt[]"),
+    Arg("weight", "Tensor?", None, grad=True),
+    Arg("eps", "float?", None),
+    Arg("backend", "str", "auto", keyword=True, backend=False),
+), outputs=("out", "stats"))
+LAYER_NORM = Signature("layer_norm", (
+    Arg("x", "Tensor", grad=True),
+    Arg("normalized_shape", "SymInt[]"),
+    Arg("weight", "Tensor?", None, grad=True),
+    Arg("bias", "Tensor?", None, grad=True),
+    Arg("eps", "float", 1e-5),
+    Arg("backend", "str", "auto", keyword=True, backend=False),
+), outputs=("out", "stats"))
 
 
 # --------------------------------------------------------------------------- the call: arguments checked, and the Problem the dispatcher gets

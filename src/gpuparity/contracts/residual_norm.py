@@ -32,6 +32,24 @@ from ..registry import Backend, Problem
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_tensor
 from .base import LARGE_NORM, Case, OpSpec, family, randn, view_members
 from .norms import RMS_SPEC as NORM_SPEC
+from .signature import Arg, Signature
+
+# gpuparity.residual_norm's signature, its torch.library op's (outputs: out, new_residual and the
+# saved statistics) and the backends' (contracts/signature.py). rowscale, zero_centered_weight
+# and out_dtype came after the op's first schema: they follow `backend` there.
+RESIDUAL_NORM = Signature("residual_norm", (
+    Arg("x", "Tensor", grad=True),
+    Arg("residual", "Tensor?", grad=True),
+    Arg("weight", "Tensor", grad=True),
+    Arg("bias", "Tensor?", None, grad=True),
+    Arg("eps", "float?", None, keyword=True),
+    Arg("norm", "str", "rms", keyword=True),
+    Arg("residual_in_fp32", "bool", False, keyword=True),
+    Arg("rowscale", "Tensor?", None, keyword=True, appended=True),
+    Arg("zero_centered_weight", "bool", False, keyword=True, appended=True),
+    Arg("out_dtype", "ScalarType?", None, keyword=True, appended=True),
+    Arg("backend", "str", "auto", keyword=True, backend=False),
+), outputs=("out", "new_residual", "stats"))
 
 NORMS = ("rms", "layer")
 LAYER_NORM_EPS = 1e-5   # F.layer_norm's default, as gpuparity.layer_norm's

@@ -14,6 +14,35 @@ from ..numerics import rotate
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_tensor
 from .base import (INDEX_DTYPES, TILE_OFFSETS, TILES, Case, Covering, OpSpec, capturing, checked_once, family, randn,
                    tile_size, view_members)
+from .signature import Arg, Signature
+
+# gpuparity.apply_rotary's signature, its torch.library op's and the backends' (contracts/signature.py).
+# The op's schema cannot take an int-or-tensor: seqlen_offsets reaches it as `offset` (an int) or
+# `offsets` (a tensor); inplace is the public function's (the op returns a new tensor).
+APPLY_ROTARY = Signature("apply_rotary", (
+    Arg("x", "Tensor", grad=True),
+    Arg("cos", "Tensor"),
+    Arg("sin", "Tensor"),
+    Arg("interleaved", "bool", False, keyword=True),
+    Arg("seqlen_offsets", "SymInt|Tensor", 0, keyword=True, library=False),
+    Arg("offset", "SymInt", public=False),
+    Arg("offsets", "Tensor?", public=False),
+    Arg("cu_seqlens", "Tensor?", None, keyword=True),
+    Arg("max_seqlen", "SymInt?", None, keyword=True),
+    Arg("inplace", "bool", False, keyword=True, library=False),
+    Arg("backend", "str", "auto", keyword=True, backend=False),
+))
+# ops.rotary.apply_rotary_pair: an attention's q and k rotated by one launch (`conjugate`: by -theta,
+# the op's own backward)
+APPLY_ROTARY_PAIR = Signature("apply_rotary_pair", (
+    Arg("q", "Tensor", grad=True),
+    Arg("k", "Tensor", grad=True),
+    Arg("cos", "Tensor"),
+    Arg("sin", "Tensor"),
+    Arg("interleaved", "bool", False, keyword=True),
+    Arg("conjugate", "bool", public=False),
+    Arg("backend", "str", "auto", keyword=True, backend=False),
+), outputs=("q_out", "k_out"))
 
 
 # --------------------------------------------------------------------------- the call: arguments checked, and the Problem the dispatcher gets

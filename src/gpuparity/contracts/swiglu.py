@@ -11,6 +11,14 @@ import torch
 from ..registry import Backend, Problem
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_same_dtype, expect_tensor
 from .base import LARGE_NORM, Case, OpSpec, family, randn, view_members
+from .signature import Arg, Signature
+
+# gpuparity.swiglu's signature, its torch.library op's and the backends' (contracts/signature.py)
+SWIGLU = Signature("swiglu", (
+    Arg("gate", "Tensor", grad=True),
+    Arg("up", "Tensor", grad=True),
+    Arg("backend", "str", "auto", keyword=True, backend=False),
+))
 
 
 # --------------------------------------------------------------------------- the call: arguments checked, and the Problem the dispatcher gets

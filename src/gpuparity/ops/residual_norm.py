@@ -7,14 +7,13 @@ function takes while torch.compile or torch.export traces it (a Triton backend b
 with its triton_op twin where inductor can call the kernels; a composition is traced inline)."""
 from __future__ import annotations
 
-import functools
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from . import library, select
-from ..contracts.residual_norm import (check_residual_norm_inputs, new_residual_dtype, problem_of,
+from ..contracts.residual_norm import (RESIDUAL_NORM, check_residual_norm_inputs, new_residual_dtype, problem_of,
                                        residual_norm_composition, residual_norm_problem)
 
 __all__ = ["residual_norm"]
@@ -57,18 +56,18 @@ def _stats_like(x: Tensor, norm: str) -> Tensor:
     return x.new_zeros(rows if norm == "rms" else 2 * rows, dtype=torch.float32)
 
 
-def _residual_norm_body(x: Tensor, residual: Optional[Tensor], weight: Tensor, bias: Optional[Tensor],
-                        eps: Optional[float], norm: str, residual_in_fp32: bool,
-                        backend: str, rowscale: Optional[Tensor] = None, zero_centered_weight: bool = False,
-                        out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor, Tensor]:
+def _residual_norm_body(a) -> Tuple[Tensor, Tensor, Tensor]:
     """(out, new_residual, stats), contiguous; stats are zeros for a backend without a fused backward."""
-    chosen = select.resolve(residual_norm_problem(x, residual, weight, bias, norm, residual_in_fp32), backend)
-    args = (x, residual, weight, bias, eps, norm, residual_in_fp32, rowscale, zero_centered_weight, out_dtype)
+    x = a.x
+    chosen = select.resolve(residual_norm_problem(x, a.residual, a.weight, a.bias, a.norm, a.residual_in_fp32),
+                            a.backend)
+    args = (x, a.residual, a.weight, a.bias, a.eps, a.norm, a.residual_in_fp32, a.rowscale, a.zero_centered_weight,
+            a.out_dtype)
     if chosen.forward_saving is not None:
         (out, new_residual), (stats,) = chosen.forward_saving(*args)
     else:
         out, new_residual = chosen.fn(*args)
-        stats = _stats_like(x, norm)
+        stats = _stats_like(x, a.norm)
     # an op's outputs may not alias its inputs (a composition returns x itself as new_residual
     # when there is nothing to add or cast)
     new_residual = new_residual.clone(memory_format=torch.contiguous_format) if (
@@ -76,17 +75,12 @@ def _residual_norm_body(x: Tensor, residual: Optional[Tensor], weight: Tensor, b
     return out.contiguous(), new_residual, stats
 
 
-residual_norm_op = torch.library.custom_op("gpuparity::residual_norm", _residual_norm_body, mutates_args=())
-residual_norm_kernels_op = library._twin("residual_norm", _residual_norm_body)
-
-
-@residual_norm_op.register_fake
-def _residual_norm_fake(x, residual, weight, bias, eps, norm, residual_in_fp32, backend, rowscale=None,
-                        zero_centered_weight=False, out_dtype=None):
-    dtype = new_residual_dtype(x, residual, residual_in_fp32)
-    return (torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device),
+def _residual_norm_fake(a) -> Tuple[Tensor, Tensor, Tensor]:
+    x = a.x
+    dtype = new_residual_dtype(x, a.residual, a.residual_in_fp32)
+    return (torch.empty(x.shape, dtype=a.out_dtype or x.dtype, device=x.device),
             torch.empty(x.shape, dtype=dtype, device=x.device),
-            _stats_like(x, norm))
+            _stats_like(x, a.norm))
 
 
 def _residual_norm_backward_body(grad_out: Optional[Tensor], grad_new_residual: Optional[Tensor],
@@ -138,11 +132,10 @@ def _residual_norm_backward_fake(grad_out, grad_new_residual, new_residual, weig
             else new_residual.new_empty(0, dtype=torch.float32))
 
 
-def _setup(ctx, inputs, output, kernels=False):
-    x, residual, weight, bias, eps, norm, residual_in_fp32, backend, rowscale, zero_centered_weight, _ = inputs
+def _setup(ctx, a, output, kernels):
     ctx.kernels = kernels
-    ctx.save_for_backward(output[1], weight, bias, output[2], rowscale)
-    ctx.spec = (eps, norm, x.dtype, residual is not None, backend, zero_centered_weight)
+    ctx.save_for_backward(output[1], a.weight, a.bias, output[2], a.rowscale)
+    ctx.spec = (a.eps, a.norm, a.x.dtype, a.residual is not None, a.backend, a.zero_centered_weight)
 
 
 def _backward(ctx, grad_out, grad_new_residual, _grad_stats):
@@ -152,10 +145,9 @@ def _backward(ctx, grad_out, grad_new_residual, _grad_stats):
         grad_out, grad_new_residual, new_residual, weight, bias, stats, eps, norm, x_dtype, has_residual, backend,
         rowscale, zero_centered_weight)
     needs = ctx.needs_input_grad
-    return (dx if needs[0] else None, dres if (needs[1] and has_residual) else None, dw if needs[2] else None,
-            db if (needs[3] and bias is not None) else None, None, None, None, None, None, None, None)
+    return {"x": dx if needs[0] else None, "residual": dres if (needs[1] and has_residual) else None,
+            "weight": dw if needs[2] else None, "bias": db if (needs[3] and bias is not None) else None}
 
 
-residual_norm_op.register_autograd(_backward, setup_context=_setup)
-if residual_norm_kernels_op is not None:
-    residual_norm_kernels_op.register_autograd(_backward, setup_context=functools.partial(_setup, kernels=True))
+residual_norm_op, residual_norm_kernels_op = library.define(RESIDUAL_NORM, _residual_norm_body,
+                                                            _residual_norm_fake, _backward, _setup)

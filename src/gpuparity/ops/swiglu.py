@@ -4,14 +4,13 @@ op) as a torch.library custom op, the path the public function takes while torch
 torch.export traces it."""
 from __future__ import annotations
 
-import functools
 from typing import Tuple
 
 import torch
 from torch import Tensor
 
 from . import library, select
-from ..contracts.swiglu import swiglu_problem
+from ..contracts.swiglu import SWIGLU, swiglu_problem
 from .library import _recomputed_grads
 
 __all__ = ["swiglu"]
@@ -35,20 +34,15 @@ def swiglu(gate: Tensor, up: Tensor, *, backend: str = "auto") -> Tensor:
     return select.resolve(problem, backend).fn(gate, up)
 
 
-def _swiglu_body(gate: Tensor, up: Tensor, backend: str) -> Tensor:
-    chosen = select.resolve(swiglu_problem(gate, up), backend)
+def _swiglu_body(a) -> Tensor:
+    chosen = select.resolve(swiglu_problem(a.gate, a.up), a.backend)
     if chosen.forward_saving is not None:
-        return chosen.forward_saving(gate, up)[0]
-    return chosen.fn(gate, up).contiguous()
+        return chosen.forward_saving(a.gate, a.up)[0]
+    return chosen.fn(a.gate, a.up).contiguous()
 
 
-swiglu_op = torch.library.custom_op("gpuparity::swiglu", _swiglu_body, mutates_args=())
-swiglu_kernels_op = library._twin("swiglu", _swiglu_body)
-
-
-@swiglu_op.register_fake
-def _swiglu_fake(gate, up, backend):
-    return torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+def _swiglu_fake(a) -> Tensor:
+    return torch.empty(a.gate.shape, dtype=a.gate.dtype, device=a.gate.device)
 
 
 def _swiglu_backward_body(grad: Tensor, gate: Tensor, up: Tensor, backend: str) -> Tuple[Tensor, Tensor]:
@@ -70,20 +64,17 @@ def _swiglu_backward_fake(grad, gate, up, backend):
             torch.empty(up.shape, dtype=up.dtype, device=up.device))
 
 
-def _setup(ctx, inputs, output, kernels=False):
+def _setup(ctx, a, output, kernels):
     ctx.kernels = kernels
-    gate, up, backend = inputs
-    ctx.save_for_backward(gate, up)
-    ctx.backend = backend
+    ctx.save_for_backward(a.gate, a.up)
+    ctx.backend = a.backend
 
 
 def _backward(ctx, grad):
     gate, up = ctx.saved_tensors
     dgate, dup = library._op("swiglu_backward", ctx.kernels)(grad, gate, up, ctx.backend)
     needs = ctx.needs_input_grad
-    return (dgate if needs[0] else None), (dup if needs[1] else None), None
+    return {"gate": dgate if needs[0] else None, "up": dup if needs[1] else None}
 
 
-swiglu_op.register_autograd(_backward, setup_context=_setup)
-if swiglu_kernels_op is not None:
-    swiglu_kernels_op.register_autograd(_backward, setup_context=functools.partial(_setup, kernels=True))
+swiglu_op, swiglu_kernels_op = library.define(SWIGLU, _swiglu_body, _swiglu_fake, _backward, _setup)

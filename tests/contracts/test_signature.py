@@ -1,0 +1,81 @@
+"""Each op's signature is declared once in its contract (contracts/signature.py): the
+torch.library schemas are generated from the declarations and must stay what graphs exported
+before were saved with; the declarations agree with the public functions."""
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+import gpuparity
+from gpuparity.contracts.attention import ATTENTION
+from gpuparity.contracts.norms import LAYER_NORM, RMS_NORM
+from gpuparity.contracts.residual_norm import RESIDUAL_NORM
+from gpuparity.contracts.rotary import APPLY_ROTARY, APPLY_ROTARY_PAIR
+from gpuparity.contracts.signature import REQUIRED, Arg, Signature
+from gpuparity.contracts.swiglu import SWIGLU
+from gpuparity.ops import library, residual_norm, rotary, swiglu  # noqa: F401 - registers the ops
+
+# the schemas as the ops had them before they were generated (a change breaks exported graphs)
+PINNED = {
+    "rms_norm": "(Tensor x, SymInt[] normalized_shape, Tensor? weight, float? eps, str backend) -> (Tensor, Tensor)",
+    "layer_norm": "(Tensor x, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float eps, str backend) "
+                  "-> (Tensor, Tensor)",
+    "swiglu": "(Tensor gate, Tensor up, str backend) -> Tensor",
+    "residual_norm": "(Tensor x, Tensor? residual, Tensor weight, Tensor? bias, float? eps, str norm, "
+                     "bool residual_in_fp32, str backend, Tensor? rowscale=None, bool zero_centered_weight=False, "
+                     "ScalarType? out_dtype=None) -> (Tensor, Tensor, Tensor)",
+    "apply_rotary": "(Tensor x, Tensor cos, Tensor sin, bool interleaved, SymInt offset, Tensor? offsets, "
+                    "Tensor? cu_seqlens, SymInt? max_seqlen, str backend) -> Tensor",
+    "apply_rotary_pair": "(Tensor q, Tensor k, Tensor cos, Tensor sin, bool interleaved, bool conjugate, "
+                         "str backend) -> (Tensor, Tensor)",
+    "attention": "(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, Tensor? key_padding_mask, bool is_causal, "
+                 "float? scale, bool mask_grad, str backend, SymInt[]? window=None, float? softcap=None, "
+                 "float dropout_p=0., Tensor? seed=None) -> (Tensor, Tensor)",
+}
+DECLARED = {s.library_name: s for s in (RMS_NORM, LAYER_NORM, SWIGLU, RESIDUAL_NORM, APPLY_ROTARY,
+                                         APPLY_ROTARY_PAIR, ATTENTION)}
+PUBLIC = {"rms_norm": gpuparity.rms_norm, "layer_norm": gpuparity.layer_norm, "swiglu": gpuparity.swiglu,
+          "residual_norm": gpuparity.residual_norm, "apply_rotary": gpuparity.apply_rotary,
+          "apply_rotary_pair": rotary.apply_rotary_pair, "attention": gpuparity.attention}
+
+
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_registered_schema_is_the_declared_one_and_unchanged(name):
+    for registered in (name, f"{name}_kernels"):
+        packet = getattr(torch.ops.gpuparity, registered, None)
+        if packet is None:          # no triton_op in this torch: no twin
+            assert registered.endswith("_kernels") and not library.TRITON_OP
+            continue
+        schema = str(packet.default._schema)
+        assert schema == f"gpuparity::{registered}{PINNED[name]}"
+    # the declaration's own text parses to the same schema (0.0 prints as 0.)
+    assert DECLARED[name].schema().replace("=0.0)", "=0.)").replace("=0.0,", "=0.,") == PINNED[name]
+
+
+@pytest.mark.parametrize("name", sorted(PUBLIC))
+def test_public_function_takes_the_declared_arguments(name):
+    """The public function's parameters (names, order, keyword-only, defaults) are the declaration's."""
+    declared = [a for a in DECLARED[name].args if a.public]
+    params = list(inspect.signature(PUBLIC[name]).parameters.values())
+    assert [p.name for p in params] == [a.name for a in declared]
+    for p, a in zip(params, declared):
+        assert (p.kind == inspect.Parameter.KEYWORD_ONLY) == a.keyword, p.name
+        assert (p.default is inspect.Parameter.empty) == a.required, p.name
+        if not a.required:
+            assert p.default == a.default, p.name
+
+
+def test_declaration_orders_the_schema_and_refuses_repeated_names():
+    sig = Signature("toy", (Arg("x", "Tensor", grad=True), Arg("late", "bool", False, appended=True),
+                            Arg("eps", "float?", None), Arg("backend", "str", "auto", keyword=True, backend=False)))
+    # required ones in order, then backend, then the appended ones with their defaults
+    assert sig.schema() == "(Tensor x, float? eps, str backend, bool late=False) -> Tensor"
+    assert sig.call_line() == "fn(x, late=False, eps=None)"
+    a = sig.library_args((torch.zeros(1), None, "auto"))
+    assert (a.eps, a.backend, a.late) == (None, "auto", False)
+    assert sig.bind((1,), {"eps": 2}) == {"x": 1, "late": False, "eps": 2}
+    assert sig.backend_params()[0] == ("x", REQUIRED)
+    with pytest.raises(ValueError, match="names repeat"):
+        Signature("bad", (Arg("x", "Tensor"), Arg("x", "Tensor?")))
