@@ -416,3 +416,30 @@ def test_a_wrong_layer_norm_on_huge_mean_rows_is_still_caught(monkeypatch):
     monkeypatch.setattr(F, "layer_norm", one_pass_variance)
     report = _monitored_huge_mean_norm()
     assert not report.passed and report.failures[0]["op"] == "F.layer_norm"
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm", "attention", "rotary"])
+def test_repro_of_a_gpuparity_call_reruns_it_through_the_declared_public_signature(op, monkeypatch, tmp_path):
+    """The repro script of a sampled gpuparity call calls gpuparity.<op> with the declaration's
+    positional inputs and the rest as keywords (shadow/ops.GPUPARITY and shadow/repro read the
+    op's contract declaration): it runs, and passes on a correct backend."""
+    from gpuparity.shadow import ops as shadow_ops, repro
+    from gpuparity.shadow.checker import SampledCall
+    kind = shadow_ops.GPUPARITY[op]
+    gen = torch.Generator().manual_seed(0)
+    inputs = {"rms_norm": lambda: ((torch.randn(3, 8, generator=gen), [8], torch.randn(8, generator=gen)), {}),
+              "layer_norm": lambda: ((torch.randn(3, 8, generator=gen), [8], torch.randn(8, generator=gen)), {}),
+              "attention": lambda: (tuple(torch.randn(1, 2, 5, 8, generator=gen) for _ in range(3)),
+                                    {"is_causal": True}),
+              "rotary": lambda: ((torch.randn(1, 5, 2, 8, generator=gen), torch.randn(5, 4, generator=gen),
+                                  torch.randn(5, 4, generator=gen)), {})}[op]
+    args, kwargs = inputs()
+    bound = kind.bind(args, kwargs)
+    assert set(kind.signature.positional()) <= set(bound)
+    call = SampledCall(kind=kind, backend="composition", index=0, step=0, args=bound, out=None,
+                       described=shadow_ops.describe_args(bound, kind))
+    written = repro.write(call, [], str(tmp_path))
+    monkeypatch.setattr(sys, "argv", [written["script"]])
+    with pytest.raises(SystemExit) as ran:
+        runpy.run_path(written["script"], run_name="__main__")
+    assert ran.value.code == 0

@@ -16,8 +16,9 @@ import torch.nn.functional as F
 
 from ..contracts import attention as attention_contract, basic as basic_contract, norms as norms_contract
 from ..contracts import reference, rotary as rotary_contract
+from ..contracts.signature import REQUIRED, Signature
 
-_NO_DEFAULT = object()
+_NO_DEFAULT = REQUIRED
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +35,9 @@ class OpKind:
     # output name -> what raises its floor (tolerance.error_floor's reduction / logit_peak), as
     # the battery's OpSpec.error_terms: a correct long bf16 reduction errs past the flat floor
     error_terms: Optional[Callable[[Dict[str, Any]], Dict[str, Dict[str, Any]]]] = None
+    # a gpuparity op's declared signature (its contract's): what its params, tensors and the
+    # repro's public call come from
+    signature: Optional[Signature] = None
 
     def bind(self, args: tuple, kwargs: Dict[str, Any]) -> Dict[str, Any]:
         """The call's arguments by name, defaults filled in (extra keywords kept as given)."""
@@ -227,22 +231,24 @@ CROSS_ENTROPY = OpKind("F.cross_entropy", "loss",
 FUNCTIONAL = {"scaled_dot_product_attention": SDPA, "layer_norm": LAYER_NORM, "rms_norm": RMS_NORM,
               "softmax": SOFTMAX, "cross_entropy": CROSS_ENTROPY}
 
-# gpuparity's ops, seen through the backend the dispatcher chose (problem.op -> kind); the
-# backends' call conventions (src/gpuparity/ops/attention.py, ops/norms.py, ops/rotary.py)
+def _declared(signature: Signature, family: str, reference, baseline, **options) -> OpKind:
+    """A gpuparity op seen through the backend the dispatcher chose: bound by the backends' call
+    convention and checked through the tensors with gradients, both from the op's declaration."""
+    return OpKind(f"gpuparity.{signature.op}", family, signature.backend_params(), signature.tensors(), reference,
+                  baseline, signature=signature, **options)
+
+
+# gpuparity's ops, seen through the backend the dispatcher chose (problem.op -> kind)
 GPUPARITY = {
-    "attention": OpKind("gpuparity.attention", "attention",
-                        (("q", _NO_DEFAULT), ("k", _NO_DEFAULT), ("v", _NO_DEFAULT)), ("q", "k", "v"),
-                        _gp_attention_reference, _gp_attention_baseline, must_be_zero=_gp_attention_zero,
-                        uncheckable=_gp_attention_uncheckable, error_terms=_gp_attention_terms),
-    "rms_norm": OpKind("gpuparity.rms_norm", "norm",
-                       (("x", _NO_DEFAULT), ("normalized_shape", _NO_DEFAULT), ("weight", None), ("eps", None)),
-                       ("x", "weight"), lambda a: _rms_reference(a, "x"), lambda a: _rms_baseline(a, "x")),
-    "layer_norm": OpKind("gpuparity.layer_norm", "norm",
-                         (("x", _NO_DEFAULT), ("normalized_shape", _NO_DEFAULT), ("weight", None), ("bias", None),
-                          ("eps", 1e-5)), ("x", "weight", "bias"),
-                         lambda a: _ln_reference(a, "x"), lambda a: _ln_baseline(a, "x")),
-    "rotary": OpKind("gpuparity.apply_rotary", "rotary", (("x", _NO_DEFAULT), ("cos", _NO_DEFAULT), ("sin", _NO_DEFAULT)),
-                     ("x",), _rotary_reference, _rotary_baseline, uncheckable=_rotary_uncheckable),
+    "attention": _declared(attention_contract.ATTENTION, "attention", _gp_attention_reference, _gp_attention_baseline,
+                           must_be_zero=_gp_attention_zero, uncheckable=_gp_attention_uncheckable,
+                           error_terms=_gp_attention_terms),
+    "rms_norm": _declared(norms_contract.RMS_NORM, "norm", lambda a: _rms_reference(a, "x"),
+                          lambda a: _rms_baseline(a, "x")),
+    "layer_norm": _declared(norms_contract.LAYER_NORM, "norm", lambda a: _ln_reference(a, "x"),
+                            lambda a: _ln_baseline(a, "x")),
+    "rotary": _declared(rotary_contract.APPLY_ROTARY, "rotary", _rotary_reference, _rotary_baseline,
+                        uncheckable=_rotary_uncheckable),
 }
 
 # A model's own RMSNorm module (transformers' LlamaRMSNorm, Qwen2RMSNorm ...: plain torch ops,

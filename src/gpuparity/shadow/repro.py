@@ -14,13 +14,6 @@ import torch
 from ..checks.results import Comparison
 from .checker import SampledCall
 
-# the public gpuparity function a gpuparity kind reruns through, with its positional inputs
-_GPUPARITY_CALLS = {
-    "gpuparity.attention": ("attention", ("q", "k", "v")),
-    "gpuparity.rms_norm": ("rms_norm", ("x", "normalized_shape", "weight", "eps")),
-    "gpuparity.layer_norm": ("layer_norm", ("x", "normalized_shape", "weight", "bias", "eps")),
-    "gpuparity.apply_rotary": ("apply_rotary", ("x", "cos", "sin")),
-}
 _SDPA_MEMBERS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                  "math": "MATH"}
 
@@ -101,7 +94,8 @@ def _call_body(call: SampledCall) -> tuple:
                     "    with sdpa_kernel(backend):   # the backend torch chose in the run\n"
                     "        return F.scaled_dot_product_attention(**args)")
         return body, "", "", "torch"
-    public, positional = _GPUPARITY_CALLS[name]
+    # the public gpuparity function it reruns through, with its positional inputs (its declaration's)
+    public, positional = call.kind.signature.op, call.kind.signature.positional()
     pos = ", ".join(f"args[{p!r}]" for p in positional)
     body = (f"    options = {{k: v for k, v in args.items() if k not in {positional!r}}}\n"
             f"    backend = BACKEND if args[{positional[0]!r}].dtype != torch.float64 else 'composition'\n"
