@@ -2,13 +2,14 @@
 before anything was timed on this machine.
 
 A first auto call verifies one candidate, not every backend: it needs an order to pick that
-candidate from (the selector, ops/select.py, ranks by this table; checks/ verifies). Timings measured here (`gpuparity doctor`, or the background
-refinement a first call starts on a GPU) replace the prior as soon as they are stored. A prior
-only ranks: a backend is still used only after its checks passed here, and a confirmed known
-issue still rules it out.
+candidate from (the selector, ops/select.py, ranks by `order`; checks/ verifies). Timings
+measured here (`gpuparity doctor`, or the background refinement a first call starts on a GPU)
+replace the prior as soon as they are stored. A prior only ranks: a backend is still used only
+after its checks passed here, and a confirmed known issue still rules it out.
 
-The table is data. Each entry lists backend names fastest first, as measured in the record
-named beside it; "composition" in a list means: stop there and use the op's trusted plain
+Each op's contract declares its priors (`OpSpec.priors` in contracts/<op>.py: data), per device
+family; `PRIORS` here overrides one (tests plant orders there). Each entry lists backend names
+fastest first, as measured in the records below; "composition" in a list means: stop there and use the op's trusted plain
 composition (the fallback, never probed) rather than verify what follows. Backends an entry
 does not name come after the named ones in registration order; the composition stays the last
 resort. An op may give a separate order for training-size calls ("large": what the spec's
@@ -34,38 +35,15 @@ import torch
 
 Order = Union[List[str], Dict[str, List[str]]]   # a list, or {"default": [...], "large": [...]}
 
-PRIORS: Dict[str, Dict[str, Order]] = {
-    "cuda": {
-        "attention": ["triton", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math", "flex"],
-        "attention_decode": ["triton", "sdpa"],
-        "attention_varlen": ["triton"],
-        "layer_norm": {"default": ["torch", "triton", "compile"], "large": ["triton", "torch", "compile"]},
-        "rms_norm": {"default": ["torch", "triton", "compile"], "large": ["triton", "torch", "compile"]},
-        "swiglu": {"default": ["torch", "triton"], "large": ["triton", "torch"]},
-        "residual_norm": ["triton"],   # 3-7x the composition on an H100: docs/kernels-norms-rope.md
-        "linear_cross_entropy": ["triton"],
-        "rotary": ["triton", "compile"],
-        "softmax": ["torch"],
-        "matmul": ["torch"],
-        "conv2d": ["torch"],
-        "cross_entropy": ["torch"],
-    },
-    "cpu": {
-        "attention": ["sdpa_math", "composition"],
-        "attention_decode": ["sdpa", "composition"],
-        "attention_varlen": ["composition"],
-        "layer_norm": ["torch", "composition"],
-        "rms_norm": ["torch", "composition"],
-        "swiglu": ["torch", "composition"],
-        "residual_norm": ["composition"],
-        "linear_cross_entropy": ["composition"],
-        "rotary": ["composition"],
-        "softmax": ["torch"],
-        "matmul": ["torch"],
-        "conv2d": ["torch"],
-        "cross_entropy": ["torch"],
-    },
-}
+# Per family, op -> an order that overrides the op's declared one (a test's, or a user's
+# experiment); empty as shipped: each op's contract declares its priors (`OpSpec.priors`).
+PRIORS: Dict[str, Dict[str, Order]] = {"cuda": {}, "cpu": {}}
+
+
+def declared(op: str) -> Dict[str, Order]:
+    """The priors `op`'s contract declares ({} for an op without a contract)."""
+    from .contracts import CONTRACTS, get_spec
+    return get_spec(op).priors if op in CONTRACTS else {}
 
 
 def family(device: torch.device) -> str:
@@ -75,7 +53,9 @@ def family(device: torch.device) -> str:
 
 def order(op: str, device: torch.device, large: bool = False) -> List[str]:
     """Backend names of `op`, fastest first by this device family's prior ([] when it has none)."""
-    entry = PRIORS.get(family(device), {}).get(op, [])
+    entry = PRIORS.get(family(device), {}).get(op)
+    if entry is None:
+        entry = declared(op).get(family(device), [])
     if isinstance(entry, dict):
         entry = entry.get("large" if large else "default") or entry.get("default", [])
     return list(entry)

@@ -537,6 +537,9 @@ class AttentionSpec(OpSpec):
     optional_keywords = ("window", "softcap", "alibi_slopes")
 
     op = "attention"
+    # speed priors per device family, fastest first (priors.py: what they mean, the records)
+    priors = {"cuda": ["triton", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math", "flex"],
+              "cpu": ["sdpa_math", "composition"]}
     signature = "fn(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None)"
     queue_first = True   # the largest references: started first, so that none starts last
     grad_inputs = ("q", "k", "v")
@@ -961,3 +964,5 @@ COVERING = {"attention": {
     "cover": Covering(ATTENTION_DIMENSIONS, _attention_cover_params, _attention_allowed, seed=45),
     "cover_features": Covering(ATTENTION_FEATURE_DIMENSIONS, _attention_feature_params, seed=45)}}
 
+# what `gpuparity.reference` (contracts/reference.py) exports from this contract
+REFERENCES = ("attention", "attention_allowed", "attention_dropout", "empty_query_rows", "window_allowed")

@@ -49,6 +49,9 @@ class OpSpec:
     reference_fn: Callable = None
     baseline_backend: str = "composition"  # the trusted composition in the registry
     queue_first: bool = False              # its checks start before other ops' (the largest float64 references)
+    # speed priors per device family ("cuda", "cpu"): backend names fastest first, or
+    # {"default": [...], "large": [...]}; what they mean and where they came from: priors.py
+    priors: Dict[str, Any] = {}
 
     # A contract module names its battery's cases CASES, its regime families FAMILIES and the
     # builder of a case with the op's default params _case(name, level, **params): the three

@@ -103,6 +103,8 @@ COMPOSITIONS = tuple(Backend("composition", op, fn, "plain composition in the in
 # --------------------------------------------------------------------------- softmax
 class SoftmaxSpec(_ListedSpec):
     op = "softmax"
+    # speed priors per device family, fastest first (priors.py: what they mean, the records)
+    priors = {"cuda": ["torch"], "cpu": ["torch"]}
     signature = "fn(x, dim=-1)"
     grad_inputs = ("x",)
     reference_fn = staticmethod(softmax)
@@ -153,6 +155,8 @@ class SoftmaxSpec(_ListedSpec):
 # --------------------------------------------------------------------------- matmul
 class MatmulSpec(_ListedSpec):
     op = "matmul"
+    # speed priors per device family, fastest first (priors.py: what they mean, the records)
+    priors = {"cuda": ["torch"], "cpu": ["torch"]}
     signature = "fn(a, b)"
     grad_inputs = ("a", "b")
     reference_fn = staticmethod(matmul)
@@ -201,6 +205,8 @@ class MatmulSpec(_ListedSpec):
 # --------------------------------------------------------------------------- conv2d
 class Conv2dSpec(_ListedSpec):
     op = "conv2d"
+    # speed priors per device family, fastest first (priors.py: what they mean, the records)
+    priors = {"cuda": ["torch"], "cpu": ["torch"]}
     signature = "fn(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1)"
     grad_inputs = ("x", "weight", "bias")
     reference_fn = staticmethod(conv2d)
@@ -246,6 +252,8 @@ class Conv2dSpec(_ListedSpec):
 # --------------------------------------------------------------------------- cross-entropy
 class CrossEntropySpec(_ListedSpec):
     op = "cross_entropy"
+    # speed priors per device family, fastest first (priors.py: what they mean, the records)
+    priors = {"cuda": ["torch"], "cpu": ["torch"]}
     signature = "fn(logits, target, *, ignore_index=-100, label_smoothing=0.0, reduction='mean')"
     grad_inputs = ("logits",)
     reference_fn = staticmethod(cross_entropy)
@@ -288,3 +296,5 @@ MATMUL_SPEC = MatmulSpec()
 CONV2D_SPEC = Conv2dSpec()
 CROSS_ENTROPY_SPEC = CrossEntropySpec()
 
+# what `gpuparity.reference` (contracts/reference.py) exports from this contract
+REFERENCES = ("softmax", "matmul", "conv2d", "cross_entropy")

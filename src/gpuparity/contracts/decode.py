@@ -245,6 +245,8 @@ CASES: List[Case] = [
 
 class DecodeSpec(OpSpec):
     op = "attention_decode"
+    # speed priors per device family, fastest first (priors.py: what they mean, the records)
+    priors = {"cuda": ["triton", "sdpa"], "cpu": ["sdpa", "composition"]}
     signature = "fn(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, block_table=None)"
     grad_inputs = ()            # inference only: the op refuses tensors that require grad
     reference_fn = staticmethod(paged_decode_reference)
@@ -360,3 +362,6 @@ FAMILIES = [
 
 
 SPEC = DecodeSpec()
+
+# what `gpuparity.reference` (contracts/reference.py) exports from this contract
+REFERENCES = ("decode_reference",)

@@ -95,6 +95,8 @@ CASES: List[Case] = [
 
 class LinearCrossEntropySpec(OpSpec):
     op = "linear_cross_entropy"
+    # speed priors per device family, fastest first (priors.py: what they mean, the records)
+    priors = {"cuda": ["triton"], "cpu": ["composition"]}
     signature = "fn(hidden, weight, target, bias=None, ignore_index=-100, reduction='mean', softcap=None)"
     grad_inputs = ("hidden", "weight", "bias")
     reference_fn = staticmethod(reference_linear_cross_entropy)
@@ -157,3 +159,6 @@ FAMILIES = [
 
 
 SPEC = LinearCrossEntropySpec()
+
+# what `gpuparity.reference` (contracts/reference.py) exports from this contract
+REFERENCES = ("reference_linear_cross_entropy",)

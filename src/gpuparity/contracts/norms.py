@@ -387,6 +387,9 @@ class _NormSpec(OpSpec):
 
 class RMSNormSpec(_NormSpec):
     op = "rms_norm"
+    # speed priors per device family, fastest first (priors.py: what they mean, the records)
+    priors = {"cuda": {"default": ["torch", "triton", "compile"], "large": ["triton", "torch", "compile"]},
+              "cpu": ["torch", "composition"]}
     signature = "fn(x, normalized_shape, weight=None, eps=None)"
     grad_inputs = ("x", "weight")
 
@@ -408,6 +411,9 @@ class RMSNormSpec(_NormSpec):
 
 class LayerNormSpec(_NormSpec):
     op = "layer_norm"
+    # speed priors per device family, fastest first (priors.py: what they mean, the records)
+    priors = {"cuda": {"default": ["torch", "triton", "compile"], "large": ["triton", "torch", "compile"]},
+              "cpu": ["torch", "composition"]}
     signature = "fn(x, normalized_shape, weight=None, bias=None, eps=1e-5)"
     grad_inputs = ("x", "weight", "bias")
     reference_fn = staticmethod(layer_norm)
@@ -428,3 +434,6 @@ class LayerNormSpec(_NormSpec):
 
 RMS_SPEC = RMSNormSpec()
 LN_SPEC = LayerNormSpec()
+
+# what `gpuparity.reference` (contracts/reference.py) exports from this contract
+REFERENCES = ("rms_norm", "layer_norm", "default_rms_eps")

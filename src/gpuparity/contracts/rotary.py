@@ -242,6 +242,8 @@ CASES: List[Case] = [
 
 class RotarySpec(OpSpec):
     op = "rotary"
+    # speed priors per device family, fastest first (priors.py: what they mean, the records)
+    priors = {"cuda": ["triton", "compile"], "cpu": ["composition"]}
     signature = ("fn(x, cos, sin, *, interleaved=False, seqlen_offsets=0, cu_seqlens=None, "
                  "max_seqlen=None)")
     grad_inputs = ("x",)
@@ -370,3 +372,5 @@ COVERING = {"rotary": Covering(ROTARY_DIMENSIONS, _rotary_cover_params, _rotary_
 
 SPEC = RotarySpec()
 
+# what `gpuparity.reference` (contracts/reference.py) exports from this contract
+REFERENCES = ("apply_rotary", "rotary_positions")

@@ -73,6 +73,8 @@ CASES: List[Case] = [
 
 class SwiGLUSpec(OpSpec):
     op = "swiglu"
+    # speed priors per device family, fastest first (priors.py: what they mean, the records)
+    priors = {"cuda": {"default": ["torch", "triton"], "large": ["triton", "torch"]}, "cpu": ["torch", "composition"]}
     signature = "fn(gate, up)"
     grad_inputs = ("gate", "up")
     reference_fn = staticmethod(reference_swiglu)
@@ -127,3 +129,6 @@ FAMILIES = [
 
 
 SPEC = SwiGLUSpec()
+
+# what `gpuparity.reference` (contracts/reference.py) exports from this contract
+REFERENCES = ("reference_swiglu",)

@@ -257,6 +257,8 @@ def _case_slopes(p: Dict[str, Any], device) -> torch.Tensor:
 
 class VarlenSpec(OpSpec):
     op = "attention_varlen"
+    # speed priors per device family, fastest first (priors.py: what they mean, the records)
+    priors = {"cuda": ["triton"], "cpu": ["composition"]}
     signature = ("fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, "
                  "window=None, softcap=None, scale=None)")
     grad_inputs = ("q", "k", "v", "qkv")   # qkv: the one buffer of the strided-view case
@@ -373,3 +375,6 @@ FAMILIES = [
 
 
 SPEC = VarlenSpec()
+
+# what `gpuparity.reference` (contracts/reference.py) exports from this contract
+REFERENCES = ("attention_varlen_reference",)
