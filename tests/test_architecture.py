@@ -467,3 +467,138 @@ def test_clear_all_empties_every_registered_cache():
     cleared = caches.clear_all()
     assert "device.verified" in cleared and not _VERIFIED
     assert len(cleared) == len(caches.names()) >= 10
+
+
+# --------------------------------------------------------------------------- one declaration per op
+# An op's argument list is declared once, in its contract (a `Signature` of contracts/signature.py);
+# the torch.library schema, the library op's body, fake and autograd setup, the monitor's capture
+# and repro, explain's entry, the battery's `fn(...)` line come from it. A second spelling of it
+# under src/ is, outside the op's contract module:
+#   - a `def` (or lambda) whose parameters (self/cls/ctx aside), in order, are the op's public
+#     parameters or its torch.library op's arguments: a wrapper, body, fake or traced twin that
+#     restates them (a def taking the backends' call convention is an implementation of the op,
+#     which the battery checks through the contract, not a restatement);
+#   - a tuple or list of names, or of (name, default) pairs, or a tuple unpacking, that lists the
+#     public parameters, the library op's arguments, the backends' call convention, or the
+#     positional parameters when there are four or more (three, "q, k, v", is any attention's
+#     locals);
+#   - a string holding the op's schema text (its first three "type name" pairs).
+# Exempt: the public function itself (gpuparity.<op>, which tests/contracts/test_signature.py holds
+# to the declaration), backends/ (implementations), and modules that mirror someone else's API:
+SPELLING_EXEMPT_PACKAGES = {
+    "gpuparity.backends": "implementations of the declared call convention, checked by the battery",
+    "gpuparity.flash_attn": "FlashAttention 2.8's public API, mirrored",
+    "gpuparity.nn": "torch.nn modules' signatures, mirrored",
+    "gpuparity.integrations": "transformers' and the kernel hub's signatures, mirrored",
+}
+# (module, op): why a spelling there is someone else's API, not a restatement of ours
+SPELLING_EXEMPT = {
+    ("gpuparity.explain_run", "apply_rotary_pair"): "MODEL_ROTARY: transformers' apply_rotary_pos_emb(q, k, cos, "
+                                                    "sin), the model's own helper explain watches",
+}
+# gpuparity.<op>'s public functions not in gpuparity's lazy exports
+PUBLIC_ELSEWHERE = {"apply_rotary_pair": "gpuparity.ops.rotary"}
+
+
+def declared_signatures():
+    """library op name -> (its contract module, its Signature), from every contract module."""
+    import importlib
+
+    from gpuparity.contracts import MODULES
+    from gpuparity.contracts.signature import Signature
+    found = {}
+    for module in MODULES:
+        for value in vars(importlib.import_module(module)).values():
+            if isinstance(value, Signature):
+                found[value.library_name] = (module, value)
+    return found
+
+
+def _spelled_lists(signature):
+    lists = {tuple(a.name for a in signature.public_args()): "public parameters",
+             tuple(a.name for a in signature.library_order()): "library op arguments"}
+    calls = {tuple(a.name for a in signature.backend_args()): "backends' call convention"}
+    if len(signature.positional()) >= 4:
+        calls[signature.positional()] = "positional parameters"
+    defs = {k: v for k, v in lists.items() if len(k) >= 3}
+    return defs, {**{k: v for k, v in calls.items() if len(k) >= 3}, **defs}
+
+
+def _names_listed(node):
+    if isinstance(node, (ast.Tuple, ast.List)) and node.elts:
+        if all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):
+            return tuple(e.value for e in node.elts)
+        if all(isinstance(e, ast.Tuple) and e.elts and isinstance(e.elts[0], ast.Constant)
+               and isinstance(e.elts[0].value, str) for e in node.elts):
+            return tuple(e.elts[0].value for e in node.elts)
+        if isinstance(node, ast.Tuple) and isinstance(node.ctx, ast.Store) and all(
+                isinstance(e, ast.Name) for e in node.elts):
+            return tuple(e.id for e in node.elts)
+    return None
+
+
+def second_spellings(names=None, signatures=None):
+    """Each spelling of a declared op's argument list outside its contract (see above), as
+    "module:line: what (op's list)"."""
+    import gpuparity
+    signatures = signatures or declared_signatures()
+    public = {op: PUBLIC_ELSEWHERE.get(op, gpuparity._LAZY.get(op)) for op in signatures}
+    ops = [(op, contract, *_spelled_lists(signature),
+            ", ".join(f"{a.type} {a.name}" for a in signature.library_order()[:3]))
+           for op, (contract, signature) in signatures.items()]
+    found = []
+    for module, path in sorted((names or module_names()).items()):
+        if any(module == p or module.startswith(p + ".") for p in SPELLING_EXEMPT_PACKAGES):
+            continue
+        mine = [entry for entry in ops if module != entry[1] and (module, entry[0]) not in SPELLING_EXEMPT]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                args = node.args
+                params = tuple(a.arg for a in args.posonlyargs + args.args + args.kwonlyargs)
+                if params[:1] in (("self",), ("cls",), ("ctx",)):
+                    params = params[1:]
+                name = getattr(node, "name", "<lambda>")
+                found += [(module, node.lineno, f"def {name}: the {defs[params]} ({op})")
+                          for op, _, defs, _, _ in mine
+                          if params in defs and not (name == op and public.get(op) == module)]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                found += [(module, node.lineno, f"a string with its schema text ({op})")
+                          for op, _, _, _, text in mine if text in node.value]
+            else:
+                listed_names = _names_listed(node)
+                if listed_names:
+                    found += [(module, node.lineno, f"names listed: the {listed[listed_names]} ({op})")
+                              for op, _, _, listed, _ in mine if listed_names in listed]
+    return [f"{module}:{line}: {what}" for module, line, what in sorted(set(found))]
+
+
+def test_the_spelling_finder_sees_planted_second_spellings(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "def _rms_norm_body(x, normalized_shape, weight, eps, backend):\n    return x\n"          # 1: a body
+        "CALLS = {'rms': ('x', 'normalized_shape', 'weight', 'eps')}\n"                         # 2: repro's table
+        "PARAMS = (('x', None), ('normalized_shape', None), ('weight', None), ('eps', None))\n"  # 3: monitor's
+        "def setup(ctx, inputs):\n    x, normalized_shape, weight, eps, backend = inputs\n"    # 4-5: unpacking
+        "SCHEMA = '(Tensor x, SymInt[] normalized_shape, Tensor? weight, float? eps) -> Tensor'\n"  # 6
+        "def impl(x, normalized_shape, weight=None, eps=None):\n    return x\n"                # 7: implementation
+        "def rms_norm(x, normalized_shape, weight=None, eps=None, *, backend='auto'):\n    return x\n"
+        "q, k, v = 1, 2, 3\n")
+    found = second_spellings({"gpuparity.ops.planted": planted})
+    assert found == [
+        "gpuparity.ops.planted:1: def _rms_norm_body: the library op arguments (rms_norm)",
+        "gpuparity.ops.planted:3: names listed: the positional parameters (rms_norm)",
+        "gpuparity.ops.planted:4: names listed: the positional parameters (rms_norm)",
+        "gpuparity.ops.planted:6: names listed: the library op arguments (rms_norm)",
+        "gpuparity.ops.planted:7: a string with its schema text (layer_norm)",   # its first three are rms_norm's
+        "gpuparity.ops.planted:7: a string with its schema text (rms_norm)",
+        "gpuparity.ops.planted:10: def rms_norm: the library op arguments (rms_norm)"]   # not the public one
+    # the same lines in the op's own contract, or under backends/, are no second spelling
+    assert second_spellings({"gpuparity.contracts.norms": planted}) == []
+    assert second_spellings({"gpuparity.backends.planted": planted}) == []
+
+
+def test_an_ops_argument_list_is_spelled_once_in_its_contract():
+    found = second_spellings()
+    assert not found, ("an op's argument list spelled again outside its contract (derive it from the contract's "
+                       "Signature: library.define, Signature.bind / positional / schema; or, for someone else's "
+                       "API, list it in SPELLING_EXEMPT with why): " + "; ".join(found))

@@ -47,7 +47,7 @@ from ..contracts.norms import LAYER_NORM, RMS_NORM, norm_problem
 from ..contracts.rotary import APPLY_ROTARY, APPLY_ROTARY_PAIR, check_rotary_inputs, rotary_problem
 from ..contracts.signature import Signature
 
-__all__ = ["attention", "layer_norm", "rms_norm", "apply_rotary", "apply_rotary_pair"]
+__all__ = ["attention", "traced_norm", "apply_rotary", "define", "traced_backend"]
 
 # (problem, backend asked for) -> the backend the forward served it with. Bounded: problems
 # carry sequence lengths.
@@ -338,22 +338,19 @@ rms_norm_op, rms_norm_kernels_op = define(RMS_NORM, _rms_norm_body, _norm_fake, 
 layer_norm_op, layer_norm_kernels_op = define(LAYER_NORM, _layer_norm_body, _norm_fake, _norm_backward, _norm_setup)
 
 
-def rms_norm(x: Tensor, normalized_shape: Sequence[int], weight: Optional[Tensor], eps: Optional[float],
-             backend: str) -> Tensor:
-    """A traced gpuparity.rms_norm: a composition inline, a Triton backend as an op (see the top)."""
-    chosen = traced_backend(_norm_problem("rms_norm", x, normalized_shape, weight, None), backend)
+def traced_norm(op: str, x: Tensor, normalized_shape: Sequence[int], weight: Optional[Tensor],
+                bias: Optional[Tensor], eps: Optional[float], backend: str) -> Tensor:
+    """A traced gpuparity.rms_norm (bias None) or layer_norm: a composition inline, a Triton
+    backend as an op (see the top)."""
+    is_rms = op == "rms_norm"
+    chosen = traced_backend(_norm_problem(op, x, normalized_shape, weight, bias), backend)
+    shape = list(normalized_shape)
     if chosen.forward_saving is None:
-        return chosen.fn(x, list(normalized_shape), weight, eps)
-    return _op("rms_norm", _kernels_traceable(x))(x, list(normalized_shape), weight, eps, chosen.name)[0]
-
-
-def layer_norm(x: Tensor, normalized_shape: Sequence[int], weight: Optional[Tensor], bias: Optional[Tensor],
-               eps: float, backend: str) -> Tensor:
-    chosen = traced_backend(_norm_problem("layer_norm", x, normalized_shape, weight, bias), backend)
-    if chosen.forward_saving is None:
-        return chosen.fn(x, list(normalized_shape), weight, bias, eps)
-    return _op("layer_norm", _kernels_traceable(x))(x, list(normalized_shape), weight, bias, float(eps),
-                                                     chosen.name)[0]
+        return chosen.fn(x, shape, weight, eps) if is_rms else chosen.fn(x, shape, weight, bias, eps)
+    run = _op(op, _kernels_traceable(x))
+    if is_rms:
+        return run(x, shape, weight, eps, chosen.name)[0]
+    return run(x, shape, weight, bias, float(eps), chosen.name)[0]
 
 
 # ----------------------------------------------------------------------------- attention
@@ -528,14 +525,14 @@ def apply_rotary(x, cos, sin, interleaved, seqlen_offsets, cu_seqlens, max_seqle
 
 
 def _rotary_pair_body(a) -> Tuple[Tensor, Tensor]:
-    q, k, cos, sin, interleaved = a.q, a.k, a.cos, a.sin, a.interleaved
-    chosen = select.resolve(rotary_problem(q, cos, interleaved, 0, None), a.backend)
+    chosen = select.resolve(rotary_problem(a.q, a.cos, a.interleaved, 0, None), a.backend)
     pair = getattr(chosen.fn, "pair", None)
     if pair is None:    # the backend named when the graph was traced has no pair launch
-        q_out, k_out = (chosen.fn(x, cos, -sin if a.conjugate else sin, interleaved=interleaved) for x in (q, k))
+        sin = -a.sin if a.conjugate else a.sin
+        q_out, k_out = (chosen.fn(x, a.cos, sin, interleaved=a.interleaved) for x in (a.q, a.k))
     else:
-        q_out, k_out = pair(q, k, cos, sin, interleaved=interleaved, conjugate=a.conjugate)
-    return _like(q_out, q), _like(k_out, k)
+        q_out, k_out = pair(a.q, a.k, a.cos, a.sin, interleaved=a.interleaved, conjugate=a.conjugate)
+    return _like(q_out, a.q), _like(k_out, a.k)
 
 
 def _rotary_pair_fake(a) -> Tuple[Tensor, Tensor]:
@@ -558,15 +555,3 @@ def _rotary_pair_backward(ctx, grad_q, grad_k):
 
 rotary_pair_op, rotary_pair_kernels_op = define(APPLY_ROTARY_PAIR, _rotary_pair_body, _rotary_pair_fake,
                                                 _rotary_pair_backward, _rotary_pair_setup)
-
-
-def apply_rotary_pair(q, k, cos, sin, interleaved, backend) -> Tuple[Tensor, Tensor]:
-    """A traced ops.rotary.apply_rotary_pair: one pair op where the Triton kernel serves both
-    q's and k's calls, else the two traced apply_rotary calls (a composition inline)."""
-    chosen_q = traced_backend(rotary_problem(q, cos, interleaved, 0, None), backend)
-    chosen_k = traced_backend(rotary_problem(k, cos, interleaved, 0, None), backend)
-    if chosen_q is not chosen_k or getattr(chosen_q.fn, "pair", None) is None:
-        return (apply_rotary(q, cos, sin, interleaved, 0, None, None, backend),
-                apply_rotary(k, cos, sin, interleaved, 0, None, None, backend))
-    kernels = _kernels_traceable(q, k, cos, sin)
-    return _op("apply_rotary_pair", kernels)(q, k, cos, sin, bool(interleaved), False, chosen_q.name)

@@ -60,8 +60,15 @@ def apply_rotary_pair(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: 
     if k.dtype != q.dtype:
         raise TypeError(f"k: expected q's dtype ({str(q.dtype).replace('torch.', '')}), got "
                         f"{str(k.dtype).replace('torch.', '')}")
-    if torch.compiler.is_compiling():  # traced: the pair op where the kernels serve both, chosen now
-        return library.apply_rotary_pair(q, k, cos, sin, interleaved, backend)
+    if torch.compiler.is_compiling():  # traced: the pair op where the Triton kernel serves both, chosen now
+        chosen_q = library.traced_backend(rotary_problem(q, cos, interleaved, 0, None), backend)
+        chosen_k = library.traced_backend(rotary_problem(k, cos, interleaved, 0, None), backend)
+        if chosen_q is not chosen_k or getattr(chosen_q.fn, "pair", None) is None:
+            # the two traced apply_rotary calls (a composition inline)
+            return (library.apply_rotary(q, cos, sin, interleaved, 0, None, None, backend),
+                    library.apply_rotary(k, cos, sin, interleaved, 0, None, None, backend))
+        kernels = library._kernels_traceable(q, k, cos, sin)
+        return library._op("apply_rotary_pair", kernels)(q, k, cos, sin, bool(interleaved), False, chosen_q.name)
     chosen_q = select.resolve(rotary_problem(q, cos, interleaved, 0, None), backend)
     chosen_k = select.resolve(rotary_problem(k, cos, interleaved, 0, None), backend)
     pair = getattr(chosen_q.fn, "pair", None)
