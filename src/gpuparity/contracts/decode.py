@@ -16,6 +16,21 @@ from .attention import alibi_bias, alibi_slopes, attention_floor_terms
 from .base import INDEX_DTYPES, Case, OpSpec, capturing, check_softcap, family, randn, takes, tf32_precision, view_members
 import numbers
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_same_dtype, expect_tensor
+from .signature import Arg, Signature
+
+# gpuparity.attention_decode's signature, its torch.library op's (forward only) and the backends'
+# (contracts/signature.py); block_table came after the op's first schema
+ATTENTION_DECODE = Signature("attention_decode", (
+    Arg("q", "Tensor"),
+    Arg("k_cache", "Tensor"),
+    Arg("v_cache", "Tensor"),
+    Arg("cache_seqlens", "Tensor"),
+    Arg("scale", "float?", None, keyword=True),
+    Arg("softcap", "float?", None, keyword=True),
+    Arg("block_table", "Tensor?", None, keyword=True, appended=True),
+    Arg("backend", "str", "auto", keyword=True, backend=False),
+    Arg("return_lse", "bool", False, keyword=True, library=False, backend=False),
+))
 
 
 # --------------------------------------------------------------------------- the call: arguments checked, and the Problem the dispatcher gets

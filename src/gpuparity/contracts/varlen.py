@@ -16,6 +16,25 @@ from .attention import check_window, composition, with_alibi
 from .base import INDEX_DTYPES, Case, OpSpec, capturing, takes, check_softcap, checked_once, family, randn, tf32_precision, view_members
 import numbers
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_same_dtype, expect_tensor
+from .signature import Arg, Signature
+
+# gpuparity.attention_varlen's signature, its torch.library op's (outputs: out and the fp32 lse the
+# Triton backward reads) and the backends' (contracts/signature.py)
+ATTENTION_VARLEN = Signature("attention_varlen", (
+    Arg("q", "Tensor", grad=True),
+    Arg("k", "Tensor", grad=True),
+    Arg("v", "Tensor", grad=True),
+    Arg("cu_seqlens_q", "Tensor"),
+    Arg("cu_seqlens_k", "Tensor"),
+    Arg("max_seqlen_q", "SymInt"),
+    Arg("max_seqlen_k", "SymInt"),
+    Arg("causal", "bool", False, keyword=True),
+    Arg("window", "SymInt[]?", None, keyword=True),
+    Arg("softcap", "float?", None, keyword=True),
+    Arg("scale", "float?", None, keyword=True),
+    Arg("backend", "str", "auto", keyword=True, backend=False),
+    Arg("return_lse", "bool", False, keyword=True, library=False, backend=False),
+), outputs=("out", "lse"))
 
 
 # --------------------------------------------------------------------------- the call: arguments checked, and the Problem the dispatcher gets

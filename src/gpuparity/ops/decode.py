@@ -12,9 +12,9 @@ from torch import Tensor
 from . import select
 from ..contracts.masks import gather_pages
 from ..contracts.base import capturing
-from ..contracts.decode import MAX_NEW_QUERIES, check_cache, check_pages, decode_problem, decode_reference
+from ..contracts.decode import ATTENTION_DECODE, MAX_NEW_QUERIES, check_cache, check_pages, decode_problem, decode_reference
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_same_dtype, expect_tensor
-from .library import _like
+from .library import _like, define
 
 __all__ = ["attention_decode", "kv_cache_append", "decode_problem", "decode_reference", "explain_attention_decode",
            "MAX_NEW_QUERIES"]
@@ -79,18 +79,19 @@ def _paged(block_table) -> Dict[str, Any]:
 # a fake implementation and a body that resolves the backend when it runs (as ops/library.py's
 # dense ops); forward only, as the op is (no autograd formula: the public function refuses
 # tensors that require grad before tracing reaches it).
-@torch.library.custom_op("gpuparity::attention_decode", mutates_args=())
-def attention_decode_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, scale: Optional[float],
-                        softcap: Optional[float], backend: str, block_table: Optional[Tensor] = None) -> Tensor:
-    problem = decode_problem(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap, block_table=block_table)
-    out = select.resolve(problem, backend).fn(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap,
-                                              **_paged(block_table))
-    return _like(out, q)
+def _attention_decode_body(a) -> Tensor:
+    problem = decode_problem(a.q, a.k_cache, a.v_cache, a.cache_seqlens, scale=a.scale, softcap=a.softcap,
+                             block_table=a.block_table)
+    out = select.resolve(problem, a.backend).fn(a.q, a.k_cache, a.v_cache, a.cache_seqlens, scale=a.scale,
+                                                softcap=a.softcap, **_paged(a.block_table))
+    return _like(out, a.q)
 
 
-@attention_decode_op.register_fake
-def _attention_decode_fake(q, k_cache, v_cache, cache_seqlens, scale, softcap, backend, block_table=None):
-    return torch.empty_like(q)
+def _attention_decode_fake(a) -> Tensor:
+    return torch.empty_like(a.q)
+
+
+attention_decode_op, _ = define(ATTENTION_DECODE, _attention_decode_body, _attention_decode_fake, twin=False)
 
 
 def explain_attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None,

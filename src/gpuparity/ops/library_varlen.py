@@ -15,10 +15,10 @@ from torch import Tensor
 
 from ..registry import Problem
 from ..backends.triton_attention.varlen import triton_attention_varlen, varlen_backward_from, varlen_forward_saving
-from ..contracts.varlen import attention_varlen_problem
-from .library import _like, _recomputed_grads, _serve, _served
+from ..contracts.varlen import ATTENTION_VARLEN, attention_varlen_problem
+from .library import _like, _recomputed_grads, _serve, _served, define
 
-__all__ = ["attention_varlen", "attention_varlen_problem"]
+__all__ = ["attention_varlen_op", "attention_varlen_problem"]
 
 
 # ----------------------------------------------------------------------------- the torch.library ops
@@ -42,29 +42,25 @@ def _lse_like(q: Tensor) -> Tensor:
     return q.new_zeros((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
-@torch.library.custom_op("gpuparity::attention_varlen", mutates_args=())
-def attention_varlen_op(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
-                        max_seqlen_q: int, max_seqlen_k: int, causal: bool, window: Optional[List[int]],
-                        softcap: Optional[float], scale: Optional[float], backend: str) -> Tuple[Tensor, Tensor]:
+def _attention_varlen_body(a) -> Tuple[Tensor, Tensor]:
     """(out, lse): lse (H, total_q) float32 is what the Triton backward reads (zeros otherwise)."""
     # the checks of cu_seqlens' values were skipped while tracing; they run here, on real tensors
-    problem = _problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window, softcap,
-                       scale)
-    chosen = _serve(problem, backend)
+    problem = _problem(a.q, a.k, a.v, a.cu_seqlens_q, a.cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k, a.causal,
+                       a.window, a.softcap, a.scale)
+    chosen = _serve(problem, a.backend)
     forward_saving, _ = _split(chosen)
-    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    flags = dict(causal=causal, window=problem.feature("window"), softcap=problem.feature("softcap"), scale=scale)
+    args = (a.q, a.k, a.v, a.cu_seqlens_q, a.cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k)
+    flags = dict(causal=a.causal, window=problem.feature("window"), softcap=problem.feature("softcap"),
+                 scale=a.scale)
     if forward_saving is not None:
         out, (lse,) = forward_saving(*args, **flags)
     else:
-        out, lse = chosen.fn(*args, **flags), _lse_like(q)
-    return _like(out, q), lse
+        out, lse = chosen.fn(*args, **flags), _lse_like(a.q)
+    return _like(out, a.q), lse
 
 
-@attention_varlen_op.register_fake
-def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window, softcap,
-                           scale, backend):
-    return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+def _attention_varlen_fake(a) -> Tuple[Tensor, Tensor]:
+    return torch.empty_like(a.q), a.q.new_empty((a.q.shape[1], a.q.shape[0]), dtype=torch.float32)
 
 
 @torch.library.custom_op("gpuparity::attention_varlen_backward", mutates_args=())
@@ -93,10 +89,9 @@ def _attention_varlen_backward_fake(grad, q, k, v, out, lse, cu_seqlens_q, cu_se
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-def _setup(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, max_q, max_k, causal, window, softcap, scale, backend = inputs
-    ctx.save_for_backward(q, k, v, output[0], output[1], cu_q, cu_k)
-    ctx.spec = (max_q, max_k, causal, window, softcap, scale, backend)
+def _setup(ctx, a, output, kernels):
+    ctx.save_for_backward(a.q, a.k, a.v, output[0], output[1], a.cu_seqlens_q, a.cu_seqlens_k)
+    ctx.spec = (a.max_seqlen_q, a.max_seqlen_k, a.causal, a.window, a.softcap, a.scale, a.backend)
 
 
 def _backward(ctx, grad, _grad_lse):
@@ -104,16 +99,9 @@ def _backward(ctx, grad, _grad_lse):
     max_q, max_k, causal, window, softcap, scale, backend = ctx.spec
     dq, dk, dv = torch.ops.gpuparity.attention_varlen_backward(grad.contiguous(), q, k, v, out, lse, cu_q, cu_k,
                                                                max_q, max_k, causal, window, softcap, scale, backend)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+    return {"q": dq, "k": dk, "v": dv}
 
 
-attention_varlen_op.register_autograd(_backward, setup_context=_setup)
-
-
-def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
-                     window, softcap, scale, backend: str) -> Tensor:
-    """The op's output, for gpuparity.attention_varlen while torch.compile or torch.export traces it."""
-    return torch.ops.gpuparity.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                bool(causal), None if window is None else [int(w) for w in window],
-                                                None if softcap is None else float(softcap),
-                                                None if scale is None else float(scale), backend)[0]
+# no triton_op twin: the opaque op serves every traced call
+attention_varlen_op, _ = define(ATTENTION_VARLEN, _attention_varlen_body, _attention_varlen_fake, _backward, _setup,
+                                twin=False)

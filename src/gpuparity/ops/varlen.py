@@ -45,9 +45,11 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     problem = attention_varlen_problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                        causal=causal, window=window, softcap=softcap, scale=scale)
     if torch.compiler.is_compiling():  # traced: one torch.library op that chooses its backend when it runs
-        return library_varlen.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
-                                               int(max_seqlen_k), causal, problem.feature("window"),
-                                               problem.feature("softcap"), scale, backend)
+        window, softcap = problem.feature("window"), problem.feature("softcap")
+        return torch.ops.gpuparity.attention_varlen(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), bool(causal),
+            None if window is None else [int(w) for w in window], None if softcap is None else float(softcap),
+            None if scale is None else float(scale), backend)[0]
     chosen = select.resolve(problem, backend)
     return chosen.fn(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal=causal,
                      window=problem.feature("window"), softcap=problem.feature("softcap"), scale=scale)
