@@ -10,12 +10,16 @@ import torch
 
 import gpuparity
 from gpuparity.contracts.attention import ATTENTION
+from gpuparity.contracts.decode import ATTENTION_DECODE
+from gpuparity.contracts.linear_cross_entropy import LINEAR_CROSS_ENTROPY
 from gpuparity.contracts.norms import LAYER_NORM, RMS_NORM
 from gpuparity.contracts.residual_norm import RESIDUAL_NORM
 from gpuparity.contracts.rotary import APPLY_ROTARY, APPLY_ROTARY_PAIR
 from gpuparity.contracts.signature import REQUIRED, Arg, Signature
 from gpuparity.contracts.swiglu import SWIGLU
-from gpuparity.ops import library, residual_norm, rotary, swiglu  # noqa: F401 - registers the ops
+from gpuparity.contracts.varlen import ATTENTION_VARLEN
+from gpuparity.ops import (decode, library, library_ce, library_varlen, residual_norm, rotary,  # noqa: F401
+                           swiglu)   # importing them registers the ops
 
 # the schemas as the ops had them before they were generated (a change breaks exported graphs)
 PINNED = {
@@ -33,21 +37,33 @@ PINNED = {
     "attention": "(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, Tensor? key_padding_mask, bool is_causal, "
                  "float? scale, bool mask_grad, str backend, SymInt[]? window=None, float? softcap=None, "
                  "float dropout_p=0., Tensor? seed=None) -> (Tensor, Tensor)",
+    "attention_varlen": "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, "
+                        "SymInt max_seqlen_k, bool causal, SymInt[]? window, float? softcap, float? scale, str backend) "
+                        "-> (Tensor, Tensor)",
+    "attention_decode": "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, float? scale, float? softcap, "
+                        "str backend, Tensor? block_table=None) -> Tensor",
+    "linear_cross_entropy": "(Tensor hidden, Tensor weight, Tensor target, Tensor? bias, SymInt ignore_index, "
+                            "str reduction, float? softcap, str backend, bool[] wanted) "
+                            "-> (Tensor, Tensor, Tensor, Tensor)",
 }
-DECLARED = {s.library_name: s for s in (RMS_NORM, LAYER_NORM, SWIGLU, RESIDUAL_NORM, APPLY_ROTARY,
-                                         APPLY_ROTARY_PAIR, ATTENTION)}
+NO_TWIN = {"attention_varlen", "attention_decode", "linear_cross_entropy"}   # opaque op only, as before
+DECLARED = {s.library_name: s for s in (RMS_NORM, LAYER_NORM, SWIGLU, RESIDUAL_NORM, APPLY_ROTARY, APPLY_ROTARY_PAIR,
+                                         ATTENTION, ATTENTION_VARLEN, ATTENTION_DECODE, LINEAR_CROSS_ENTROPY)}
 PUBLIC = {"rms_norm": gpuparity.rms_norm, "layer_norm": gpuparity.layer_norm, "swiglu": gpuparity.swiglu,
           "residual_norm": gpuparity.residual_norm, "apply_rotary": gpuparity.apply_rotary,
-          "apply_rotary_pair": rotary.apply_rotary_pair, "attention": gpuparity.attention}
+          "apply_rotary_pair": rotary.apply_rotary_pair, "attention": gpuparity.attention,
+          "attention_varlen": gpuparity.attention_varlen, "attention_decode": gpuparity.attention_decode,
+          "linear_cross_entropy": gpuparity.linear_cross_entropy}
 
 
 @pytest.mark.parametrize("name", sorted(PINNED))
 def test_registered_schema_is_the_declared_one_and_unchanged(name):
     for registered in (name, f"{name}_kernels"):
         packet = getattr(torch.ops.gpuparity, registered, None)
-        if packet is None:          # no triton_op in this torch: no twin
-            assert registered.endswith("_kernels") and not library.TRITON_OP
+        if packet is None:          # no triton_op in this torch (or for this op): no twin
+            assert registered.endswith("_kernels") and (name in NO_TWIN or not library.TRITON_OP)
             continue
+        assert registered == name or name not in NO_TWIN
         schema = str(packet.default._schema)
         assert schema == f"gpuparity::{registered}{PINNED[name]}"
     # the declaration's own text parses to the same schema (0.0 prints as 0.)
@@ -72,6 +88,10 @@ def test_declaration_orders_the_schema_and_refuses_repeated_names():
                             Arg("eps", "float?", None), Arg("backend", "str", "auto", keyword=True, backend=False)))
     # required ones in order, then backend, then the appended ones with their defaults
     assert sig.schema() == "(Tensor x, float? eps, str backend, bool late=False) -> Tensor"
+    # an argument after backend need not have a default (linear_cross_entropy's `wanted`)
+    assert Signature("toy", (Arg("x", "Tensor"), Arg("wanted", "bool[]", public=False, appended=True),
+                             Arg("backend", "str", "auto", keyword=True))).schema() == \
+        "(Tensor x, str backend, bool[] wanted) -> Tensor"
     assert sig.call_line() == "fn(x, late=False, eps=None)"
     a = sig.library_args((torch.zeros(1), None, "auto"))
     assert (a.eps, a.backend, a.late) == (None, "auto", False)

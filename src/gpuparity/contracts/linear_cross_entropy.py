@@ -14,6 +14,22 @@ import torch.nn.functional as F
 from ..registry import Problem
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_same_dtype, expect_tensor
 from .base import INDEX_DTYPES, Case, OpSpec, check_softcap, family, randn, view_members
+from .signature import Arg, Signature
+
+# gpuparity.linear_cross_entropy's signature, its torch.library op's (outputs: the loss and, for
+# mean/sum, the gradients computed with it; `wanted`: which of them) and the backends'
+# (contracts/signature.py)
+LINEAR_CROSS_ENTROPY = Signature("linear_cross_entropy", (
+    Arg("hidden", "Tensor", grad=True),
+    Arg("weight", "Tensor", grad=True),
+    Arg("target", "Tensor"),
+    Arg("bias", "Tensor?", None, keyword=True, grad=True),
+    Arg("ignore_index", "SymInt", -100, keyword=True),
+    Arg("reduction", "str", "mean", keyword=True),
+    Arg("softcap", "float?", None, keyword=True),
+    Arg("wanted", "bool[]", public=False, backend=False, appended=True),
+    Arg("backend", "str", "auto", keyword=True, backend=False),
+), outputs=("loss", "grad_hidden", "grad_weight", "grad_bias"))
 
 
 # --------------------------------------------------------------------------- the call: arguments checked, and the Problem the dispatcher gets

@@ -4,9 +4,9 @@ what is derived from it: the public function's parameters, the torch.library sch
 tuple (`library_args()`), the arguments a backend receives (`backend_params()`: what the
 monitor binds a captured call by), and the `fn(...)` line the battery's `--signature` prints.
 
-The library op's argument order: the declared order of its required arguments, then `backend`,
-then the arguments `appended` after the op's first schema (each with its default), so graphs
-exported with an older schema still load. Nothing here imports torch: `gpuparity check --help`
+The library op's argument order: the declared order of its arguments, then `backend`, then the
+arguments `appended` after it (those added after the op's first schema, each with its default,
+so graphs exported with an older schema still load). Nothing here imports torch: `gpuparity check --help`
 reads op names without it."""
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class Arg:
     none). `keyword`: keyword-only in the public function. `grad`: a tensor whose gradient the
     op returns. `public` / `library` / `backend`: whether the public function, the torch.library
     op and a backend's `fn` take it (`backend` on the public function is the dispatcher's, no
-    backend's). `appended`: in the library schema after `backend`, with its default."""
+    backend's). `appended`: in the library schema after `backend` (with its default, if it has one)."""
     name: str
     type: str
     default: Any = REQUIRED
@@ -72,9 +72,14 @@ class Signature:
         names = [a.name for a in self.args]
         if len(set(names)) != len(names):
             raise ValueError(f"args: names repeat in {self.op}'s signature: {names}")
+        order = self.library_order()
+        trailing = []      # the schema's defaults: the appended arguments that have one, at its end
+        for a in reversed(order):
+            if not (a.appended and not a.required):
+                break
+            trailing.insert(0, a.default)
         object.__setattr__(self, "_library_tuple", collections.namedtuple(
-            f"{self.library_name}_args", [a.name for a in self.library_order()],
-            defaults=[a.default for a in self.library_order() if a.appended]))
+            f"{self.library_name}_args", [a.name for a in order], defaults=trailing))
 
     # ------------------------------------------------------------------ views of the arguments
     @property
@@ -120,7 +125,7 @@ class Signature:
         params = []
         for a in self.library_order():
             text = f"{a.type} {a.name}"
-            if a.appended:
+            if a.appended and not a.required:
                 text += "=" + _schema_default(a.default)
             params.append(text)
         outputs = ["Tensor"] * len(self.outputs)

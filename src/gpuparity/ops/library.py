@@ -190,7 +190,7 @@ def _twin(name: str, fn: Callable, schema: Optional[str] = None):
 
 
 _SCHEMA_TYPES = {"Tensor": Tensor, "SymInt": int, "SymInt[]": List[int], "float": float, "bool": bool, "str": str,
-                 "ScalarType": torch.dtype}
+                 "ScalarType": torch.dtype, "bool[]": List[bool]}
 
 
 def _python_signature(signature: Signature) -> inspect.Signature:
@@ -202,7 +202,8 @@ def _python_signature(signature: Signature) -> inspect.Signature:
         annotation = _SCHEMA_TYPES[a.type.rstrip("?")]
         params.append(inspect.Parameter(a.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                         annotation=Optional[annotation] if optional else annotation,
-                                        default=a.default if a.appended else inspect.Parameter.empty))
+                                        default=a.default if (a.appended and not a.required)
+                                        else inspect.Parameter.empty))
     outputs = (Tensor,) * len(signature.outputs)
     return inspect.Signature(params, return_annotation=outputs[0] if len(outputs) == 1 else Tuple[outputs])
 

@@ -23,22 +23,16 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..registry import Backend
 from . import library, select
 from ..backends import ce_composition, triton_cross_entropy
-from ..contracts.linear_cross_entropy import linear_cross_entropy_problem
+from ..contracts.linear_cross_entropy import LINEAR_CROSS_ENTROPY, linear_cross_entropy_problem
 from .library import _recomputed_grads
 
 # The most bytes of whole logits (tokens x vocab, input dtype) the traced one pass makes; above,
 # the chunked op (whose chunks hold at most ce_composition.CHUNK_BYTES of fp32 logits).
 ONE_PASS_BYTES = 1 << 30
 
-__all__ = ["linear_cross_entropy"]
-
-
-def _serve(hidden, weight, target, bias, ignore_index, reduction, softcap, backend) -> Backend:
-    problem = linear_cross_entropy_problem(hidden, weight, target, bias, ignore_index, reduction, softcap)
-    return select.resolve(problem, backend)
+__all__ = ["traced"]
 
 
 def _empty(like: Tensor) -> Tensor:
@@ -49,14 +43,14 @@ def _loss_dtype(hidden: Tensor) -> torch.dtype:
     return torch.float64 if hidden.dtype == torch.float64 else torch.float32
 
 
-@torch.library.custom_op("gpuparity::linear_cross_entropy", mutates_args=())
-def linear_cross_entropy_op(hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor], ignore_index: int,
-                            reduction: str, softcap: Optional[float], backend: str,
-                            wanted: List[bool]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+def _linear_cross_entropy_body(a) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """(loss, grad_hidden, grad_weight, grad_bias) of the loss for mean/sum (unscaled by
     grad_output); a gradient not wanted, or any with reduction "none", is an empty tensor."""
-    chosen = _serve(hidden, weight, target, bias, ignore_index, reduction, softcap, backend)
-    wanted = [bool(w) for w in wanted] if reduction != "none" else [False, False, False]
+    hidden, weight, target, bias = a.hidden, a.weight, a.target, a.bias
+    ignore_index, reduction, softcap = a.ignore_index, a.reduction, a.softcap
+    chosen = select.resolve(linear_cross_entropy_problem(hidden, weight, target, bias, ignore_index, reduction,
+                                                         softcap), a.backend)
+    wanted = [bool(w) for w in a.wanted] if reduction != "none" else [False, False, False]
     if chosen.forward_saving is not None:
         loss, grads = chosen.forward_saving(hidden, weight, target, bias, ignore_index, reduction, softcap, wanted)
     else:
@@ -70,12 +64,12 @@ def linear_cross_entropy_op(hidden: Tensor, weight: Tensor, target: Tensor, bias
     return (loss.clone() if loss._base is not None else loss), *grads
 
 
-@linear_cross_entropy_op.register_fake
-def _fake(hidden, weight, target, bias, ignore_index, reduction, softcap, backend, wanted):
-    shape = tuple(target.shape) if reduction == "none" else ()
-    params = (hidden, weight, bias)
-    grads = [torch.empty(p.shape, dtype=p.dtype, device=hidden.device) if (w and p is not None and reduction != "none")
-             else _empty(hidden) for p, w in zip(params, wanted)]
+def _fake(a) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    hidden = a.hidden
+    shape = tuple(a.target.shape) if a.reduction == "none" else ()
+    grads = [torch.empty(p.shape, dtype=p.dtype, device=hidden.device)
+             if (w and p is not None and a.reduction != "none") else _empty(hidden)
+             for p, w in zip((hidden, a.weight, a.bias), a.wanted)]
     return (hidden.new_empty(shape, dtype=_loss_dtype(hidden)), *grads)
 
 
@@ -84,7 +78,8 @@ def linear_cross_entropy_backward_op(grad: Tensor, hidden: Tensor, weight: Tenso
                                      bias: Optional[Tensor], ignore_index: int, softcap: Optional[float],
                                      backend: str, wanted: List[bool]) -> Tuple[Tensor, Tensor, Tensor]:
     """reduction "none": (grad_hidden, grad_weight, grad_bias) for the per-token grad_output."""
-    chosen = _serve(hidden, weight, target, bias, ignore_index, "none", softcap, backend)
+    chosen = select.resolve(linear_cross_entropy_problem(hidden, weight, target, bias, ignore_index, "none", softcap),
+                            backend)
     wanted = [bool(w) for w in wanted]
     if chosen.backward_from is not None:
         grads = chosen.backward_from(grad, (None, None, None), hidden, weight, target, bias, ignore_index, "none",
@@ -101,11 +96,10 @@ def _backward_fake(grad, hidden, weight, target, bias, ignore_index, softcap, ba
                  else _empty(hidden) for p, w in zip((hidden, weight, bias), wanted))
 
 
-def _setup(ctx, inputs, output):
-    hidden, weight, target, bias, ignore_index, reduction, softcap, backend, wanted = inputs
-    ctx.spec = (ignore_index, reduction, softcap, backend, [bool(w) for w in wanted])
-    if reduction == "none":
-        ctx.save_for_backward(hidden, weight, target, bias)
+def _setup(ctx, a, output, kernels):
+    ctx.spec = (a.ignore_index, a.reduction, a.softcap, a.backend, [bool(w) for w in a.wanted])
+    if a.reduction == "none":
+        ctx.save_for_backward(a.hidden, a.weight, a.target, a.bias)
     else:
         ctx.save_for_backward(*output[1:])
 
@@ -119,10 +113,11 @@ def _backward(ctx, grad, *_unused):
     else:
         grads = [g * grad.to(g.dtype) for g in ctx.saved_tensors]
     gh, gw, gb = (g if w else None for g, w in zip(grads, wanted))
-    return gh, gw, None, gb, None, None, None, None, None
+    return {"hidden": gh, "weight": gw, "bias": gb}
 
 
-linear_cross_entropy_op.register_autograd(_backward, setup_context=_setup)
+linear_cross_entropy_op, _ = library.define(LINEAR_CROSS_ENTROPY, _linear_cross_entropy_body, _fake, _backward,
+                                            _setup, twin=False)
 
 
 # ----------------------------------------------------------------------------- traced one pass
@@ -182,21 +177,22 @@ class _OnePass(torch.autograd.Function):
         return gh, gw, gb, None, None, None, None
 
 
-def _one_pass(hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor], ignore_index: int,
-              reduction: str, softcap: Optional[float], backend: str) -> bool:
+def _one_pass(problem, hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor], reduction: str,
+              backend: str) -> bool:
     """Whether this traced call takes the one pass (see the top); the backend is chosen now."""
     if reduction == "none" or not library._static(hidden, weight, target, bias):
         return False
     tokens = hidden.numel() // max(1, hidden.shape[-1])
     if tokens * weight.shape[0] * hidden.element_size() > ONE_PASS_BYTES:
         return False
-    problem = linear_cross_entropy_problem(hidden, weight, target, bias, ignore_index, reduction, softcap)
     return library.traced_backend(problem, backend).name == "triton"
 
 
-def linear_cross_entropy(hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor], ignore_index: int,
-                         reduction: str, softcap: Optional[float], backend: str) -> Tensor:
-    if _one_pass(hidden, weight, target, bias, ignore_index, reduction, softcap, backend):
+def traced(problem, hidden: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor], ignore_index: int,
+           reduction: str, softcap: Optional[float], backend: str) -> Tensor:
+    """gpuparity.linear_cross_entropy while torch.compile or torch.export traces it (`problem`:
+    the call's, from the public function)."""
+    if _one_pass(problem, hidden, weight, target, bias, reduction, backend):
         return _OnePass.apply(hidden, weight, bias, target, ignore_index, reduction, softcap)
     grad_on = torch.is_grad_enabled()
     wanted = [grad_on and hidden.requires_grad, grad_on and weight.requires_grad,

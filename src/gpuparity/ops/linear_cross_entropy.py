@@ -33,8 +33,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     problem = linear_cross_entropy_problem(hidden, weight, target, bias, ignore_index, reduction, softcap)
     softcap = problem.feature("softcap")
     if torch.compiler.is_compiling():  # traced: one torch.library op that chooses its backend when it runs
-        return library_ce.linear_cross_entropy(hidden, weight, target, bias, int(ignore_index), reduction, softcap,
-                                               backend)
+        return library_ce.traced(problem, hidden, weight, target, bias, int(ignore_index), reduction, softcap,
+                                 backend)
     check_targets(target, weight.shape[0], int(ignore_index))
     chosen = select.resolve(problem, backend)
     return chosen.fn(hidden, weight, target, bias, int(ignore_index), reduction, softcap)
