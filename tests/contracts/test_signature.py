@@ -99,3 +99,20 @@ def test_declaration_orders_the_schema_and_refuses_repeated_names():
     assert sig.backend_params()[0] == ("x", REQUIRED)
     with pytest.raises(ValueError, match="names repeat"):
         Signature("bad", (Arg("x", "Tensor"), Arg("x", "Tensor?")))
+
+
+def test_the_batterys_signature_lines_come_from_the_declarations_unchanged():
+    """`gpuparity check --signature` prints OpSpec.signature: for the declared ops it is the
+    declaration's call line, the same text as before it was generated."""
+    from gpuparity.contracts import get_spec
+    assert {op: get_spec(op).signature for op in ("rms_norm", "swiglu", "attention", "rotary", "attention_varlen",
+                                                  "attention_decode", "residual_norm")} == {
+        "rms_norm": "fn(x, normalized_shape, weight=None, eps=None)",
+        "swiglu": "fn(gate, up)",
+        "attention": "fn(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None)",
+        "rotary": "fn(x, cos, sin, *, interleaved=False, seqlen_offsets=0, cu_seqlens=None, max_seqlen=None)",
+        "attention_varlen": "fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, "
+                            "window=None, softcap=None, scale=None)",
+        "attention_decode": "fn(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, block_table=None)",
+        "residual_norm": "fn(x, residual, weight, bias=None, *, eps=None, norm='rms', residual_in_fp32=False, "
+                         "rowscale=None, zero_centered_weight=False, out_dtype=None) -> (out, new_residual)"}

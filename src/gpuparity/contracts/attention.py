@@ -540,7 +540,7 @@ class AttentionSpec(OpSpec):
     # speed priors per device family, fastest first (priors.py: what they mean, the records)
     priors = {"cuda": ["triton", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_math", "flex"],
               "cpu": ["sdpa_math", "composition"]}
-    signature = "fn(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None)"
+    signature = ATTENTION.call_line(keywords=("attn_mask", "key_padding_mask", "is_causal", "scale"))
     queue_first = True   # the largest references: started first, so that none starts last
     grad_inputs = ("q", "k", "v")
     reference_fn = staticmethod(attention)

@@ -262,7 +262,7 @@ class DecodeSpec(OpSpec):
     op = "attention_decode"
     # speed priors per device family, fastest first (priors.py: what they mean, the records)
     priors = {"cuda": ["triton", "sdpa"], "cpu": ["sdpa", "composition"]}
-    signature = "fn(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, block_table=None)"
+    signature = ATTENTION_DECODE.call_line()
     grad_inputs = ()            # inference only: the op refuses tensors that require grad
     reference_fn = staticmethod(paged_decode_reference)
     # passed only to implementations that take it (an --impl without it gets the ALiBi cases as SKIP)

@@ -390,7 +390,7 @@ class RMSNormSpec(_NormSpec):
     # speed priors per device family, fastest first (priors.py: what they mean, the records)
     priors = {"cuda": {"default": ["torch", "triton", "compile"], "large": ["triton", "torch", "compile"]},
               "cpu": ["torch", "composition"]}
-    signature = "fn(x, normalized_shape, weight=None, eps=None)"
+    signature = RMS_NORM.call_line()
     grad_inputs = ("x", "weight")
 
     @staticmethod

@@ -245,8 +245,7 @@ class ResidualNormSpec(OpSpec):
     # cuda: 3-7x the composition on an H100 (docs/kernels-norms-rope.md)
     # speed priors per device family, fastest first (priors.py: what they mean, the records)
     priors = {"cuda": ["triton"], "cpu": ["composition"]}
-    signature = ("fn(x, residual, weight, bias=None, *, eps=None, norm='rms', residual_in_fp32=False, "
-                 "rowscale=None, zero_centered_weight=False, out_dtype=None) -> (out, new_residual)")
+    signature = RESIDUAL_NORM.call_line() + " -> (out, new_residual)"
     grad_inputs = ("x", "residual", "weight", "bias")
     reference_fn = staticmethod(reference_residual_norm)
 

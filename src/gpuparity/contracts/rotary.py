@@ -244,8 +244,7 @@ class RotarySpec(OpSpec):
     op = "rotary"
     # speed priors per device family, fastest first (priors.py: what they mean, the records)
     priors = {"cuda": ["triton", "compile"], "cpu": ["composition"]}
-    signature = ("fn(x, cos, sin, *, interleaved=False, seqlen_offsets=0, cu_seqlens=None, "
-                 "max_seqlen=None)")
+    signature = APPLY_ROTARY.call_line(keywords=("interleaved", "seqlen_offsets", "cu_seqlens", "max_seqlen"))
     grad_inputs = ("x",)
     reference_fn = staticmethod(apply_rotary)
 

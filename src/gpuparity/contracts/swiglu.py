@@ -75,7 +75,7 @@ class SwiGLUSpec(OpSpec):
     op = "swiglu"
     # speed priors per device family, fastest first (priors.py: what they mean, the records)
     priors = {"cuda": {"default": ["torch", "triton"], "large": ["triton", "torch"]}, "cpu": ["torch", "composition"]}
-    signature = "fn(gate, up)"
+    signature = SWIGLU.call_line()
     grad_inputs = ("gate", "up")
     reference_fn = staticmethod(reference_swiglu)
 

@@ -278,8 +278,7 @@ class VarlenSpec(OpSpec):
     op = "attention_varlen"
     # speed priors per device family, fastest first (priors.py: what they mean, the records)
     priors = {"cuda": ["triton"], "cpu": ["composition"]}
-    signature = ("fn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, "
-                 "window=None, softcap=None, scale=None)")
+    signature = ATTENTION_VARLEN.call_line()
     grad_inputs = ("q", "k", "v", "qkv")   # qkv: the one buffer of the strided-view case
     optional_keywords = ("alibi_slopes",)  # an implementation without it gets the ALiBi cases as SKIP
     reference_fn = staticmethod(_reference)
