@@ -321,7 +321,7 @@ class Monitor:
             return self._skip(f"{kind.name}: {reason}", original, args, kwargs)
         summed = any(isinstance(bound.get(name), torch.Tensor) and bound[name].requires_grad
                      for name in kind.tensors[1:])
-        size = checker.reference_elements(kind, bound, self.slice_attention_above, self.slice_rows_above, summed)
+        size = checker.float64_elements(kind, bound, self.slice_attention_above, self.slice_rows_above, summed)
         if size > self.max_reference_elements:
             return self._skip(f"{kind.name}: larger than max_reference_elements ({size} > "
                               f"{self.max_reference_elements})", original, args, kwargs)

@@ -295,7 +295,7 @@ def where_to_check(call_device: torch.device, check_device: str) -> torch.device
     return torch.device("cpu")
 
 
-def reference_elements(kind: OpKind, args: Dict[str, Any], slice_above: Optional[int],
+def float64_elements(kind: OpKind, args: Dict[str, Any], slice_above: Optional[int],
                        slice_rows_above: Optional[int], summed_grads: bool = False) -> int:
     """The size of the float64 reference's largest tensor: attention's score matrix (of one slice
     when the call is checked on slices); a row-wise op's checked rows (its whole input when a
@@ -328,7 +328,7 @@ def check_bytes(call: SampledCall) -> int:
             inputs //= max(slices.count(call.kind, call.args), 1)
         return 8 * (2 * inputs + 6 * scores)
     summed = any(name != "grad_" + call.kind.tensors[0] for name in call.grads)
-    return 8 * 6 * reference_elements(call.kind, call.args, call.slice_above, call.slice_rows_above, summed)
+    return 8 * 6 * float64_elements(call.kind, call.args, call.slice_above, call.slice_rows_above, summed)
 
 
 class Checker:
