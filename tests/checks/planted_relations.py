@@ -66,3 +66,134 @@ def uniform_padding_ignored(q, k, v, *, attn_mask=None, key_padding_mask=None, i
     if key_padding_mask is not None and bool((key_padding_mask == key_padding_mask[:1]).all()):
         key_padding_mask = None
     return _correct(q, k, v, attn_mask, key_padding_mask, is_causal, scale)
+
+
+# --------------------------------------------------------------------------- the other ops' relations
+from gpuparity.contracts.decode import decode_composition  # noqa: E402
+from gpuparity.contracts.norms import layer_norm_composition, rms_norm_composition  # noqa: E402
+from gpuparity.contracts.rotary import rotary_composition  # noqa: E402
+from gpuparity.contracts.varlen import composition_varlen  # noqa: E402
+
+PREPARED = {}   # the weight cache of the *_weight_cached_by_shape bugs (a test clears it)
+
+
+def rms_small_batch_drops_weight(x, normalized_shape, weight=None, eps=None):
+    """Fewer than 4 rows take a small-batch path that forgets the weight."""
+    if x.shape[0] < 4:
+        weight = None
+    return rms_norm_composition(x, normalized_shape, weight, eps)
+
+
+def rms_weight_cached_by_shape(x, normalized_shape, weight=None, eps=None):
+    """A 'prepared weight' cache keyed by shape and dtype: the first weight seen is used for every
+    later call (a layer's weight assumed never to change)."""
+    if weight is not None:
+        weight = PREPARED.setdefault(("rms", tuple(weight.shape), weight.dtype), weight)
+    return rms_norm_composition(x, normalized_shape, weight, eps)
+
+
+def rms_contiguous_path_shifts_weight(x, normalized_shape, weight=None, eps=None):
+    """The contiguous fast path (width % 8 == 0) reads the weight one feature late."""
+    if x.is_contiguous() and x.shape[-1] % 8 == 0 and weight is not None:
+        weight = torch.roll(weight, 1, -1)
+    return rms_norm_composition(x, normalized_shape, weight, eps)
+
+
+def ln_small_batch_drops_bias(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """Fewer than 4 rows take a small-batch path that forgets the bias."""
+    if x.shape[0] < 4:
+        bias = None
+    return layer_norm_composition(x, normalized_shape, weight, bias, eps)
+
+
+def ln_weight_cached_by_shape(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """A 'prepared weight' cache keyed by shape and dtype (the weight and bias of the first call)."""
+    if weight is not None:
+        weight = PREPARED.setdefault(("ln_w", tuple(weight.shape), weight.dtype), weight)
+    if bias is not None:
+        bias = PREPARED.setdefault(("ln_b", tuple(bias.shape), bias.dtype), bias)
+    return layer_norm_composition(x, normalized_shape, weight, bias, eps)
+
+
+def ln_contiguous_path_shifts_bias(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """The contiguous fast path (width % 8 == 0) reads the bias one feature late."""
+    if x.is_contiguous() and x.shape[-1] % 8 == 0 and bias is not None:
+        bias = torch.roll(bias, 1, -1)
+    return layer_norm_composition(x, normalized_shape, weight, bias, eps)
+
+
+def rotary_table_from_storage_start(x, cos, sin, *, interleaved=False, seqlen_offsets=0, cu_seqlens=None,
+                                    max_seqlen=None):
+    """cos/sin read from the start of their storage (a view's storage offset ignored)."""
+    cos = torch.as_strided(cos, cos.shape, cos.stride(), 0)
+    sin = torch.as_strided(sin, sin.shape, sin.stride(), 0)
+    return rotary_composition(x, cos, sin, interleaved=interleaved, seqlen_offsets=seqlen_offsets,
+                              cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+
+
+def rotary_contiguous_odd_heads(x, cos, sin, *, interleaved=False, seqlen_offsets=0, cu_seqlens=None,
+                                max_seqlen=None):
+    """The contiguous fast path with an odd number of heads leaves the last head unrotated."""
+    out = rotary_composition(x, cos, sin, interleaved=interleaved, seqlen_offsets=seqlen_offsets,
+                             cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+    if x.is_contiguous() and x.shape[-2] % 2 == 1 and x.shape[-2] > 1:
+        out = torch.cat([out[..., :-1, :], x[..., -1:, :]], -2)
+    return out
+
+
+def rotary_contiguous_first_offset(x, cos, sin, *, interleaved=False, seqlen_offsets=0, cu_seqlens=None,
+                                   max_seqlen=None):
+    """The contiguous fast path uses item 0's offset for every item."""
+    if x.is_contiguous() and isinstance(seqlen_offsets, torch.Tensor):
+        seqlen_offsets = seqlen_offsets[:1].expand_as(seqlen_offsets).clone()
+    return rotary_composition(x, cos, sin, interleaved=interleaved, seqlen_offsets=seqlen_offsets,
+                              cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
+
+
+def varlen_single_sequence_top_left(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                                    causal=False, window=None, softcap=None, scale=None):
+    """One sequence takes a dense path whose causal mask is top-left, not bottom-right."""
+    if cu_seqlens_q.numel() == 2 and causal and q.shape[0] != k.shape[0]:
+        from gpuparity.contracts.attention import composition
+        band = torch.ones(q.shape[0], k.shape[0], dtype=torch.bool, device=q.device).tril()
+        out = composition(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
+                          v.transpose(0, 1).unsqueeze(0), attn_mask=band, scale=scale, softcap=softcap)
+        return out.squeeze(0).transpose(0, 1)
+    return composition_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
+                              window=window, softcap=softcap, scale=scale)
+
+
+def varlen_contiguous_scale_over_d(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                                   causal=False, window=None, softcap=None, scale=None):
+    """The all-contiguous fast path with D % 32 == 0 scales by 1/D instead of 1/sqrt(D)."""
+    if scale is None and q.is_contiguous() and k.is_contiguous() and v.is_contiguous() and q.shape[-1] % 32 == 0:
+        scale = 1.0 / q.shape[-1]
+    return composition_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
+                              window=window, softcap=softcap, scale=scale)
+
+
+def decode_contiguous_cache_drops_softcap(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None,
+                                          block_table=None):
+    """A contiguous (not paged) cache takes a path that forgets the softcap."""
+    if block_table is None:
+        softcap = None
+    return decode_composition(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap,
+                              block_table=block_table)
+
+
+def decode_batch_of_one_full_cache(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None,
+                                   block_table=None):
+    """A batch of one reads the whole cache, its length ignored."""
+    if q.shape[0] == 1 and block_table is None:
+        cache_seqlens = torch.full_like(cache_seqlens, k_cache.shape[2])
+    return decode_composition(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap,
+                              block_table=block_table)
+
+
+def decode_contiguous_gqa_modulo(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, block_table=None):
+    """The contiguous-cache fast path maps query head h to KV head h % Hkv (not h // group)."""
+    if k_cache.is_contiguous() and v_cache.is_contiguous() and q.shape[1] != k_cache.shape[1] and block_table is None:
+        group = q.shape[1] // k_cache.shape[1]
+        k_cache, v_cache = k_cache.repeat(1, group, 1, 1), v_cache.repeat(1, group, 1, 1)
+    return decode_composition(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap,
+                              block_table=block_table)

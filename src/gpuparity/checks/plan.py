@@ -9,7 +9,7 @@ import torch
 
 from .. import dispatch
 from ..device import device_name
-from . import families
+from . import families, relations
 from .execute import dtype_from_name, dtype_name, task_seed
 from .results import NOT_RUN_HERE, CheckResult, Status
 from ..contracts import LEVELS, OPS, Case, get_spec
@@ -100,15 +100,19 @@ def plan(ops: Optional[Sequence[str]] = None, level: str = "default", device="cp
                 lambda case: _sized_reason(spec, case, level, device,
                                            _serving(spec, case, candidates, op_dtypes, device, level)))
             op_cases += members + [case for case, _ in too_big_members]
+            # the equivalence relations (checks/relations.py) on a seeded few of those cases
+            related = relations.battery_cases(spec, level, seed, [c for c in op_cases if c.name not in
+                                                                  {case.name for case, _ in too_big_members}], deep)
+            op_cases += related
             # a member that select() ruled out keeps its reason (a family of a higher level
             # would fit this level's budget, but this level does not run it)
             ruled_out = {case.name: why for case, why in too_big_members}
-            if not deep and level == "default":
-                # the doctor's sample: each family member in one dtype (seeded), not in all of them
-                for case in members:
-                    runnable = [d for d in op_dtypes if _runs_in(case, d, op_dtypes, level)]
-                    if runnable:
-                        one_dtype[case.name] = runnable[task_seed(seed, op, case.name, "") % len(runnable)]
+            # a relation check runs in one dtype (seeded); at the doctor's default level so
+            # does each family member
+            for case in related + (members if not deep and level == "default" else []):
+                runnable = [d for d in op_dtypes if _runs_in(case, d, op_dtypes, level)]
+                if runnable:
+                    one_dtype[case.name] = runnable[task_seed(seed, op, case.name, "") % len(runnable)]
         for case in op_cases:
             if case_filter and not case_filter(op, case):
                 continue
@@ -119,6 +123,8 @@ def plan(ops: Optional[Sequence[str]] = None, level: str = "default", device="cp
                     continue
                 seed_here = task_seed(seed, op, case.name, dtype_name(dtype))
                 for name, backend in candidates:
+                    if backend is not None and name == spec.baseline_backend and case.params.get("relation"):
+                        continue   # the baseline's two sides are the relation's bar: nothing to check
                     task = Task(next_id, op, name, case.name, case.params, dtype_name(dtype), str(device),
                                 seed_here, impl=impl, base_seed=seed, level=level)
                     next_id += 1

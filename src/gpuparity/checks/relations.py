@@ -4,44 +4,68 @@ Attention on a batch equals attention on each item alone; permuting the keys (wi
 columns) changes nothing; a scale folded into q (by a power of two, exact in every dtype) is the
 same call; GQA equals its KV heads repeated; the causal flag equals its band as a bool mask;
 contiguous copies equal the views; keys appended and masked out leave every output unchanged.
-Each relation is checked forward and backward (the output and the gradients of q, k and v,
-mapped back where the relation moves them).
+The norms: rows are independent (a batch against its rows in two calls), a permutation of the
+features of x, weight and bias permutes the output. Rotary: each sequence alone with its offset
+folded into the cos/sin table; heads are independent. Varlen: the packed call against each
+sequence alone. Decode: a paged cache against the same keys contiguous; the batch against its
+items. Every op: contiguous copies against the views. The second side of each lives in
+relation_defs.py.
+
+Each relation is checked forward and backward: autograd maps the second side's gradients back
+onto the first call's arguments (the second side is built from them with differentiable
+slices, permutations and exact scalings), so the gradient of each argument must agree too.
 
 The bar is the 2x rule of the tolerance policy with the baseline composition in the referee's
 place: the implementation's disagreement between the two sides must be within
-max(2 x the composition's disagreement under the same relation, the dtype's floor). A bug that
+max(2 x the composition's disagreement under the same relation, the output's floor). A bug that
 is right on the float64 cases at a size but wrong on the other side of a relation (a path only
-B = 1 takes, a kernel that assumes key padding is a suffix) is caught here.
+B = 1 takes, a kernel that assumes key padding is a suffix, one that reads a view's strides
+wrong) is caught here.
 
-`check(op, fn, relation, params, dtype, seed)` runs one relation on one case (its params as the
-battery makes them); `RELATIONS` lists them; `applicable(relation, params)` says where each holds."""
+In the battery: a relation check is a case named `relation.<relation>.<case>` (the relation on
+that case's inputs, e.g. `relation.batch_items.cover.12`), its params the case's plus
+"relation". At the default level each relation runs on RELATION_CASES cases it holds for, drawn
+by the seed from the op's covering arrays (its listed cases and families where it has none), in
+one dtype (seeded), on every implementation checked except the baseline itself; --level full
+draws more; quick none. GPUPARITY_RELATION_CASES=N sets the count per relation (0: none).
+`--case relation.batch_items.cover.12` reruns one; a failure is shrunk like any check and its
+repro runs both sides (write_repro)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, List, Optional, Tuple
+import functools
+import inspect
+import os
+import random
+import zlib
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from .. import tolerance
 from ..contracts import get_spec
-from .results import Status
+from ..contracts.base import Case
+from . import relation_defs as defs
+from .results import Comparison, Status
 
-Outputs = Dict[str, torch.Tensor]   # "out", "grad_q", "grad_k", "grad_v"
-Call = Dict[str, Any]               # q, k, v, attn_mask, key_padding_mask, is_causal, scale
+PREFIX = "relation."
+# cases per relation drawn for the battery: (level, deep) -> count; deep: one op, one
+# implementation (check --impl, check --backend X), else the doctor and every backend of an op
+RELATION_CASES = {("default", True): 2, ("default", False): 1, ("full", True): 6, ("full", False): 3}
+COUNT_ENV = "GPUPARITY_RELATION_CASES"
+# a relation's cases at the default level: at most this many elements of the op's largest
+# intermediate (spec.work), so the relations cost about what a few listed cases do
+DEFAULT_WORK = 1 << 22
 
 
 @dataclasses.dataclass(frozen=True)
 class Relation:
-    """`applies(params)`; `other(call, rng)`: the second call, and `back(outputs)` mapping its
-    outputs onto the first call's."""
+    """`applies(params)`: whether it holds for a case; `side(fn, args, kwargs, gen)`: the second
+    side (relation_defs), its output mapped onto the first call's."""
     name: str
     applies: Callable[[Dict[str, Any]], bool]
-    other: Callable[[Call, torch.Generator], Tuple[Call, Callable[[Outputs], Outputs]]]
+    side: Callable
     doc: str = ""
-
-
-def _same(outputs: Outputs) -> Outputs:
-    return outputs
 
 
 def _positional(p) -> bool:
@@ -49,113 +73,142 @@ def _positional(p) -> bool:
     return bool(p.get("causal") or p.get("window") is not None or p.get("alibi") or "causal" in p.get("mask", ""))
 
 
-# --------------------------------------------------------------------------- attention's relations
-def _batch_items(call: Call, gen) -> Tuple[Call, Callable]:
-    """Each batch item alone (B calls of B = 1), concatenated: run by _batch_run."""
-    return {**call, BATCH_ITEMS: True}, _same
+def _has_views(default_layout: str):
+    """A case whose call gets a non-contiguous tensor (an odd storage offset alone is contiguous)."""
+    return lambda p: (any(kind != "offset" for kind in (p.get("views") or {}).values())
+                      or p.get("layout", default_layout) != default_layout)
 
 
-BATCH_ITEMS = "__batch_items__"
+def _lengths(p, key):
+    return list(p.get(key) or [])
 
 
-def _key_permutation(call: Call, gen) -> Tuple[Call, Callable]:
-    Sk = call["k"].shape[-2]
-    perm = torch.randperm(Sk, generator=gen)
-    inverse = torch.argsort(perm)
-    mask, kpm = call.get("attn_mask"), call.get("key_padding_mask")
-    other = {**call, "k": call["k"][..., perm, :], "v": call["v"][..., perm, :],
-             "attn_mask": mask[..., perm] if mask is not None and mask.shape[-1] == Sk else mask,
-             "key_padding_mask": None if kpm is None else kpm[:, perm]}
+_CONTIGUOUS = "contiguous copies equal the views"
 
-    def back(outputs):
-        return {name: (value[..., inverse, :] if name in ("grad_k", "grad_v") else value)
-                for name, value in outputs.items()}
-    return other, back
-
-
-def _scale_fold(call: Call, gen) -> Tuple[Call, Callable]:
-    """q / 4 with 4x the scale: powers of two, exact in every dtype."""
-    scale = call.get("scale")
-    scale = call["q"].shape[-1] ** -0.5 if scale is None else scale
-    other = {**call, "q": call["q"] / 4, "scale": scale * 4}
-
-    def back(outputs):
-        return {name: (value / 4 if name == "grad_q" else value) for name, value in outputs.items()}
-    return other, back
-
-
-def _gqa_repeat(call: Call, gen) -> Tuple[Call, Callable]:
-    q, k, v = call["q"], call["k"], call["v"]
-    group = q.shape[1] // k.shape[1]
-    other = {**call, "k": k.repeat_interleave(group, 1), "v": v.repeat_interleave(group, 1)}
-
-    def back(outputs):
-        def fold(g):
-            return g.unflatten(1, (k.shape[1], group)).sum(2)
-        return {name: (fold(value) if name in ("grad_k", "grad_v") else value) for name, value in outputs.items()}
-    return other, back
-
-
-def _causal_band(call: Call, gen) -> Tuple[Call, Callable]:
-    band = torch.ones(call["q"].shape[-2], call["k"].shape[-2], dtype=torch.bool, device=call["q"].device).tril()
-    return {**call, "attn_mask": band, "is_causal": False}, _same
-
-
-def _contiguous(call: Call, gen) -> Tuple[Call, Callable]:
-    return {**call, **{name: call[name].contiguous() for name in ("q", "k", "v")}}, _same
-
-
-PADDING = 5
+RELATIONS: Dict[str, Tuple[Relation, ...]] = {
+    "attention": (
+        Relation("batch_items", lambda p: p["B"] >= 2, defs.attention_batch_items, "the batch equals each item alone"),
+        Relation("key_permutation", lambda p: not _positional(p), defs.attention_key_permutation,
+                 "keys, values and their mask columns permuted together"),
+        Relation("scale_fold", lambda p: not p.get("alibi"), defs.attention_scale_fold, "q / 4 with 4x the scale"),
+        Relation("gqa_repeat", lambda p: p["H"] != p["Hkv"] and not p.get("alibi"), defs.attention_gqa_repeat,
+                 "GQA equals its KV heads repeated"),
+        Relation("causal_band", lambda p: bool(p.get("causal")) and p["mask"] in ("none", "key_padding+causal")
+                 and p.get("window") is None and not p.get("alibi"), defs.attention_causal_band,
+                 "is_causal equals its band as a bool mask"),
+        Relation("contiguous_copy", lambda p: _has_views("bhsd")(p) and not p.get("alibi"), defs.contiguous_copy,
+                 _CONTIGUOUS),
+        Relation("padding_appended", lambda p: not p.get("alibi") and p.get("window") is None,
+                 defs.attention_padding_appended, "keys appended and masked out change nothing"),
+    ),
+    "rms_norm": (
+        Relation("rows_split", lambda p: len(p["shape"]) > p["norm_dims"] and p["shape"][0] >= 2, defs.norm_rows_split,
+                 "the rows in two calls equal one call"),
+        Relation("features_permuted", lambda p: True, defs.norm_features_permuted,
+                 "features permuted in x and weight permute the output"),
+        Relation("contiguous_copy", _has_views("contiguous"), defs.contiguous_copy, _CONTIGUOUS),
+    ),
+    "rotary": (
+        Relation("items_offsets_folded", lambda p: p["B"] >= 2 or bool(p.get("varlen")) or p["offsets"] not in (0, [0]),
+                 defs.rotary_items_offsets_folded, "each sequence alone with its offset folded into cos/sin"),
+        Relation("heads_permuted", lambda p: p["H"] >= 2, defs.rotary_heads_permuted,
+                 "heads permuted permute the output"),
+        Relation("contiguous_copy", _has_views("bshd"), defs.contiguous_copy, _CONTIGUOUS),
+    ),
+    "attention_varlen": (
+        Relation("sequences_alone", lambda p: sum(1 for n in _lengths(p, "q_lens") if n) >= 2,
+                 defs.varlen_sequences_alone, "the packed call equals each sequence alone"),
+        Relation("contiguous_copy", _has_views("packed"), defs.contiguous_copy, _CONTIGUOUS),
+    ),
+    "attention_decode": (
+        Relation("paged_gathered", lambda p: p.get("page") is not None, defs.decode_paged_gathered,
+                 "a paged cache equals the same keys contiguous"),
+        Relation("batch_items", lambda p: p["B"] >= 2, defs.decode_batch_items, "the batch equals each item alone"),
+        Relation("contiguous_copy", _has_views("bhsd"), defs.contiguous_copy, _CONTIGUOUS),
+    ),
+}
+RELATIONS["layer_norm"] = tuple(dataclasses.replace(r, doc=r.doc.replace("x and weight", "x, weight and bias"))
+                                for r in RELATIONS["rms_norm"])
 
 
-def _padding_appended(call: Call, gen) -> Tuple[Call, Callable]:
-    """PADDING random keys appended, masked out by the key padding mask (made where absent)."""
-    q, k, v = call["q"], call["k"], call["v"]
-    B, Sk = k.shape[0], k.shape[-2]
-
-    def extra(t):
-        noise = torch.randn(*t.shape[:-2], PADDING, t.shape[-1], generator=gen, dtype=torch.float64)
-        return torch.cat([t, noise.to(t.device, t.dtype)], -2)
-    kpm = call.get("key_padding_mask")
-    kpm = torch.zeros(B, Sk, dtype=torch.bool, device=q.device) if kpm is None else kpm
-    kpm = torch.cat([kpm, torch.ones(B, PADDING, dtype=torch.bool, device=q.device)], 1)
-    mask = call.get("attn_mask")
-    if mask is not None and mask.shape[-1] == Sk:
-        fill = torch.zeros if mask.dtype == torch.bool else torch.full
-        pad = (fill(*mask.shape[:-1], PADDING, dtype=mask.dtype, device=mask.device) if mask.dtype == torch.bool
-               else fill((*mask.shape[:-1], PADDING), float("-inf"), dtype=mask.dtype, device=mask.device))
-        mask = torch.cat([mask, pad], -1)
-    other = {**call, "k": extra(k), "v": extra(v), "attn_mask": mask, "key_padding_mask": kpm}
-
-    def back(outputs):
-        return {name: (value[..., :Sk, :] if name in ("grad_k", "grad_v") else value) for name, value in outputs.items()}
-    return other, back
+def relations_of(op: str) -> Tuple[Relation, ...]:
+    return RELATIONS.get(op, ())
 
 
-RELATIONS: Tuple[Relation, ...] = (
-    Relation("batch_items", lambda p: p["B"] >= 2, _batch_items, "the batch equals each item alone"),
-    Relation("key_permutation", lambda p: not _positional(p), _key_permutation,
-             "keys, values and their mask columns permuted together"),
-    Relation("scale_fold", lambda p: not p.get("softcap"), _scale_fold, "q / 4 with 4x the scale"),
-    Relation("gqa_repeat", lambda p: p["H"] != p["Hkv"], _gqa_repeat, "GQA equals its KV heads repeated"),
-    Relation("causal_band", lambda p: p.get("causal") and p["mask"] == "none" and p.get("window") is None
-             and not p.get("alibi"), _causal_band, "is_causal equals its band as a bool mask"),
-    Relation("contiguous_copy", lambda p: bool(p.get("views")) or p.get("layout") != "bhsd", _contiguous,
-             "contiguous copies equal the views"),
-    Relation("padding_appended", lambda p: not p.get("alibi") and p.get("window") is None, _padding_appended,
-             "keys appended and masked out change nothing"),
-)
-
-
-def relation(name: str) -> Relation:
-    for item in RELATIONS:
+def relation(name: str, op: str = "attention") -> Relation:
+    for item in relations_of(op):
         if item.name == name:
             return item
-    raise ValueError(f"relation: expected one of {', '.join(r.name for r in RELATIONS)}, got {name!r}")
+    raise ValueError(f"relation: expected one of {', '.join(r.name for r in relations_of(op)) or 'none'} "
+                     f"for {op}, got {name!r}")
 
 
 def applicable(rel: Relation, params: Dict[str, Any]) -> bool:
-    return bool(rel.applies(params))
+    try:
+        return bool(rel.applies(params))
+    except (KeyError, TypeError):
+        return False
+
+
+# --------------------------------------------------------------------------- the battery's cases
+def case_name(rel: str, base: str) -> str:
+    return f"{PREFIX}{rel}.{base}"
+
+
+def as_case(spec, rel: Relation, base: Case) -> Case:
+    return Case(case_name(rel.name, base.name), {**base.params, "relation": rel.name}, base.level, base.kind)
+
+
+def lookup_case(spec, name: str) -> Optional[Case]:
+    """`relation.<relation>.<case>` as a Case (None: no such relation or case, or it does not hold)."""
+    from .families import lookup
+    rest = name[len(PREFIX):]
+    rel_name, _, base_name = rest.partition(".")
+    rel = next((r for r in relations_of(spec.op) if r.name == rel_name), None)
+    base = lookup(spec, base_name) if rel is not None and base_name and not base_name.startswith(PREFIX) else None
+    if base is None or not applicable(rel, base.params):
+        return None
+    return as_case(spec, rel, base)
+
+
+def count(level: str, deep: bool) -> int:
+    raw = os.environ.get(COUNT_ENV)
+    if raw is not None and raw.strip():
+        try:
+            wanted = int(raw)
+        except ValueError:
+            raise ValueError(f"{COUNT_ENV}: expected a whole number of cases per relation, got {raw!r}") from None
+        if wanted < 0:
+            raise ValueError(f"{COUNT_ENV}: expected 0 or more cases per relation, got {wanted}")
+        return wanted if level != "quick" else 0
+    return RELATION_CASES.get((level, deep), 0)
+
+
+def battery_cases(spec, level: str, seed: int, cases: Sequence[Case], deep: bool) -> List[Case]:
+    """The relation checks of a run: each relation of the op on `count` of `cases` it holds
+    for, drawn by the seed: the covering array's rows where the op has one, else any."""
+    from .families import FULL_SUFFIX, covering_declaration, family_of
+    rels = relations_of(spec.op)
+    wanted = count(level, deep)
+    if not rels or wanted <= 0:
+        return []
+    # the main array's rows (not those of arrays of optional features: window, softcap and
+    # ALiBi, which an --impl without those keywords SKIPs)
+    arrays = {"cover", "cover" + FULL_SUFFIX} if covering_declaration(spec) is not None else set()
+    pool = [case for case in cases if family_of(case.name) in arrays] or list(cases)
+    if level != "full":
+        pool = [case for case in pool if (spec.work(case.params) or 0) <= DEFAULT_WORK]
+    chosen = []
+    for rel in rels:
+        holding = [case for case in pool if applicable(rel, case.params)]
+        rng = random.Random(zlib.crc32(f"{seed}/{spec.op}/{rel.name}/{level}".encode()))
+        for base in rng.sample(holding, min(wanted, len(holding))):
+            chosen.append(as_case(spec, rel, base))
+    return chosen
+
+
+def is_relation(params: Dict[str, Any]) -> bool:
+    return bool(params.get("relation"))
 
 
 # --------------------------------------------------------------------------- running one
@@ -167,99 +220,317 @@ class RelationResult:
     baseline: Dict[str, float]              # the composition's under the same relation
     allowed: Dict[str, float]
     reason: str = ""
+    comparisons: List[Comparison] = dataclasses.field(default_factory=list)
 
 
-def _call_attention(spec, fn, inputs: Dict[str, Any], params: Dict[str, Any]) -> Call:
-    """The battery's call of the case, as arguments (spec.call with a recorder)."""
+def _argument_names(spec, args: Sequence[Any]) -> List[str]:
+    try:
+        names = [p.name for p in inspect.signature(spec.reference_fn).parameters.values()
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        names = []
+    return [names[i] if i < len(names) else f"arg{i}" for i in range(len(args))]
+
+
+def record_call(spec, fn: Callable, inputs: Dict[str, Any], params: Dict[str, Any]) -> Tuple[list, dict]:
+    """(args, kwargs) of the call the battery makes of `fn` for the case (spec.call with a
+    recorder carrying fn's signature, so the optional keywords are passed as to fn)."""
     seen: Dict[str, Any] = {}
 
-    def record(q, k, v, **kwargs):
-        seen.update(q=q, k=k, v=v, **kwargs)
-        return q
+    @functools.wraps(fn)
+    def record(*args, **kwargs):
+        seen.update(args=list(args), kwargs=dict(kwargs))
+        return args[0]
     spec.call(record, inputs, params)
-    return seen
+    return seen["args"], seen["kwargs"]
 
 
-def _apply(fn, call: Call):
-    """fn called as the battery calls it: q, k, v by position, the rest by keyword."""
-    rest = {name: value for name, value in call.items() if name not in ("q", "k", "v", BATCH_ITEMS)}
-    return fn(call["q"], call["k"], call["v"], **rest)
+def _sides(spec, fn: Callable, rel: Optional[Relation], inputs: Dict[str, Any], params: Dict[str, Any],
+           grad_seed: int, side_seed: int, dtype: torch.dtype) -> Tuple[Dict[str, torch.Tensor], Any, tuple]:
+    """(first side's outputs, second side's (None without `rel`), the recorded call): "out" and
+    "grad_<argument>" for each argument that requires grad; the output's gradient is drawn in
+    `dtype` (the dtype under test, whatever precision the inputs are in)."""
+    from .families import apply_views
+    leaves = {}
+    if not params.get("forward_only"):
+        for name in spec.grad_inputs:
+            value = inputs.get(name)
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                leaves[name] = value.detach().clone().requires_grad_(True)
+    args, kwargs = record_call(spec, fn, apply_views({**inputs, **leaves}, params.get("views")), params)
+    names = _argument_names(spec, args)
+    wrt = [(f"grad_{names[i]}", a) for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+    wrt += [(f"grad_{name}", a) for name, a in kwargs.items() if isinstance(a, torch.Tensor) and a.requires_grad]
+    first = _with_grads(fn(*args, **kwargs), wrt, grad_seed, dtype)
+    if rel is None:
+        return first, None, (args, kwargs)
+    second = rel.side(fn, list(args), dict(kwargs), torch.Generator().manual_seed(side_seed))
+    return first, _with_grads(second, wrt, grad_seed, dtype), (args, kwargs)
 
 
-def _run(fn, call: Call, grad_out: torch.Tensor) -> Outputs:
-    leaves = {name: call[name].detach().clone().requires_grad_(True) for name in ("q", "k", "v")}
-    out = _apply(fn, {**call, **leaves})
-    out.backward(grad_out.to(out.dtype))
-    return {"out": out.detach(), **{f"grad_{name}": leaf.grad for name, leaf in leaves.items()}}
-
-
-def _batch_run(fn, call: Call, grad_out: torch.Tensor) -> Outputs:
-    """The call item by item (each mask sliced where it has a batch dim), concatenated."""
-    leaves = {name: call[name].detach().clone().requires_grad_(True) for name in ("q", "k", "v")}
-    mask, kpm = call.get("attn_mask"), call.get("key_padding_mask")
-    outs = []
-    for b in range(leaves["q"].shape[0]):
-        item_mask = mask[b:b + 1] if mask is not None and mask.dim() == 4 and mask.shape[0] > 1 else mask
-        outs.append(_apply(fn, {**call, "q": leaves["q"][b:b + 1], "k": leaves["k"][b:b + 1], "v": leaves["v"][b:b + 1],
-                                "attn_mask": item_mask, "key_padding_mask": None if kpm is None else kpm[b:b + 1]}))
-    out = torch.cat(outs)
-    out.backward(grad_out.to(out.dtype))
-    return {"out": out.detach(), **{f"grad_{name}": leaf.grad for name, leaf in leaves.items()}}
-
-
-def _disagreement(a: Outputs, b: Outputs) -> Dict[str, float]:
-    found = {}
-    for name, value in a.items():
-        other = b.get(name)
-        if value is None or other is None:
-            found[name] = float("inf") if (value is None) != (other is None) else 0.0
-            continue
-        finite = torch.isfinite(value.double()) & torch.isfinite(other.double())
-        if not bool(torch.equal(torch.isfinite(value.double()), torch.isfinite(other.double()))):
-            found[name] = float("inf")
-            continue
-        found[name] = tolerance.relative_error(value.masked_fill(~finite, 0), other.double().masked_fill(~finite, 0))
+def _with_grads(out, wrt, grad_seed: int, dtype: torch.dtype) -> Dict[str, torch.Tensor]:
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"returned {type(out).__name__}, expected a torch.Tensor")
+    found = {"out": out.detach()}
+    if not wrt:
+        return found
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(grad_seed), dtype=torch.float64)
+    grad_out = grad_out.to(dtype)
+    grads = [None] * len(wrt)
+    if out.requires_grad:
+        grads = torch.autograd.grad(out, [a for _, a in wrt], grad_out.to(out.device, out.dtype), allow_unused=True,
+                                    retain_graph=False)
+    for (name, arg), grad in zip(wrt, grads):
+        found[name] = torch.zeros_like(arg).detach() if grad is None else grad.detach()
     return found
 
 
-def _outputs(fn, rel: Relation, call: Call, gen_seed: int, grad_out: torch.Tensor) -> Tuple[Outputs, Outputs]:
-    gen = torch.Generator().manual_seed(gen_seed)
-    other, back = rel.other(call, gen)
-    first = _run(fn, call, grad_out)
-    second = _batch_run(fn, call, grad_out) if other.get(BATCH_ITEMS) else back(_run(fn, other, grad_out))
-    return first, second
+def _disagreement(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> Dict[str, float]:
+    found = {}
+    for name, value in a.items():
+        other = b.get(name)
+        if other is None or tuple(other.shape) != tuple(value.shape):
+            found[name] = float("inf")
+            continue
+        value, other = value.detach().cpu().double(), other.detach().cpu().double()
+        finite = torch.isfinite(value)
+        if not bool(torch.equal(finite, torch.isfinite(other))):
+            found[name] = float("inf")
+            continue
+        found[name] = tolerance.relative_error(value.masked_fill(~finite, 0), other.masked_fill(~finite, 0))
+    return found
+
+
+def evaluate(op: str, fn: Callable, rel: Relation, params: Dict[str, Any], dtype: torch.dtype,
+             device=None, seed: int = 0, baseline_fn: Optional[Callable] = None,
+             repro: Optional[Dict[str, Any]] = None) -> RelationResult:
+    """One relation on one case on `device`: the implementation's disagreement between the two
+    sides against max(2 x the baseline composition's, the output's floor), per output.
+    `repro`: as execute.run_case's: also write a standalone repro of the two sides."""
+    from ..dispatch import BackendUnavailable, get as get_backend
+    from .execute import _round_inputs, make_inputs
+    spec = get_spec(op)
+    device = torch.device(device or "cpu")
+    if not applicable(rel, params):
+        return RelationResult(rel.name, Status.SKIP, {}, {}, {}, f"{rel.name} does not hold for this case")
+    baseline_fn = baseline_fn or get_backend(op, spec.baseline_backend).fn
+    rounded = _round_inputs(make_inputs(spec, params, dtype, torch.Generator().manual_seed(seed)), spec, dtype)
+    inputs = spec.cast_inputs(rounded, dtype, device)
+    try:
+        first, second, call = _sides(spec, fn, rel, inputs, params, seed + 1, seed + 2, dtype)
+    except (BackendUnavailable, defs.NotApplicable) as exc:
+        return RelationResult(rel.name, Status.SKIP, {}, {}, {}, f"{rel.name}: {exc}")
+    except Exception as exc:  # noqa: BLE001 - an implementation that raises on one side is a result
+        return RelationResult(rel.name, Status.ERROR, {}, {}, {},
+                              f"{rel.name}: raised {type(exc).__name__}: {str(exc)[:300]}")
+    got = _disagreement(first, second)
+    try:
+        base_first, base_second, _ = _sides(spec, baseline_fn, rel, inputs, params, seed + 1, seed + 2, dtype)
+        base = _disagreement(base_first, base_second)
+    except Exception:  # noqa: BLE001 - without the baseline the floor alone decides
+        base_first, base = None, {}
+    precision = spec.precision(dtype, device)
+    allowed = {name: tolerance.allowed_error(base.get(name), dtype, precision) for name in got}
+    if any(not got[name] <= allowed[name] for name in got):
+        # Past the plain bar: what a correct computation may err here. The floor's terms (long
+        # reductions, large logits, layer_norm's means), measured on the float64 inputs as the
+        # battery's checks measure them; and the composition's own rounding error on the case
+        # (against itself one precision up): a composition that is bitwise unchanged by the
+        # relation (keys masked out add exact zeros) says nothing of an ill-conditioned output
+        # (grad_q of near one-hot rows), on which two correct computations, each off by that
+        # error, differ by up to twice it.
+        terms = spec.error_terms({**rounded, "orig_dtype": dtype}, params)
+        own = _own_error(spec, baseline_fn, base_first, rounded, params, dtype, device, seed)
+        bar = {name: max(base.get(name, 0.0), 2 * own.get(name, 0.0)) if name in base or name in own else None
+               for name in got}
+        allowed = {name: tolerance.allowed_error(bar[name], dtype, precision, **terms.get(name, {}))
+                   for name in got}
+    comparisons = [Comparison(name, got[name] <= allowed[name], err=got[name], baseline_err=base.get(name),
+                              allowed=allowed[name],
+                              reason="" if got[name] <= allowed[name] else
+                              f"{name}: the two sides differ by {got[name]:.3g} > allowed {allowed[name]:.3g} "
+                              f"(the composition's {base.get(name, float('nan')):.3g})")
+                   for name in got]
+    failed = [c for c in comparisons if not c.passed]
+    reason = f"{rel.name} ({rel.doc}): " + "; ".join(c.reason for c in failed) if failed else ""
+    result = RelationResult(rel.name, Status.FAIL if failed else Status.PASS, got, base, allowed, reason, comparisons)
+    if repro is not None:
+        write_repro(repro, op=op, rel=rel, call=call, dtype=dtype, device=device, seed=seed,
+                    bounds=allowed, reason=reason)
+    return result
+
+
+HIGHER = {torch.bfloat16: torch.float32, torch.float16: torch.float32, torch.float32: torch.float64}
+
+
+def _own_error(spec, baseline_fn, first, rounded, params, dtype, device, seed) -> Dict[str, float]:
+    """The composition's relative error on the case's first side against the composition one
+    precision up (fp32 for 16-bit dtypes, float64 for fp32), per output ({} where it cannot run)."""
+    higher = HIGHER.get(dtype)
+    if first is None or higher is None:
+        return {}
+    try:
+        up, _, _ = _sides(spec, baseline_fn, None, spec.cast_inputs(rounded, higher, device), params, seed + 1,
+                          seed + 2, dtype)
+    except Exception:  # noqa: BLE001 - no estimate: the plain bar stands
+        return {}
+    return {name: value for name, value in _disagreement(first, up).items() if value == value}
+
+
+def run_case(op: str, fn: Callable, params: Dict[str, Any], dtype: torch.dtype, device, seed: int,
+             baseline_fn: Optional[Callable] = None, repro: Optional[Dict[str, Any]] = None):
+    """A relation case of the battery (params["relation"]): (status, comparisons, reason), as
+    execute.run_case answers."""
+    rel = relation(params["relation"], op)
+    result = evaluate(op, fn, rel, params, dtype, device, seed, baseline_fn, repro)
+    return result.status, result.comparisons, result.reason
 
 
 def check(op: str, fn: Callable, rel: Relation, params: Dict[str, Any], dtype: torch.dtype, seed: int = 0,
-          baseline_fn: Optional[Callable] = None) -> RelationResult:
-    """One relation on one case: the implementation's disagreement between the two sides
-    against max(2 x the baseline composition's, the dtype's floor), per output."""
-    from ..dispatch import get as get_backend
-    from .execute import _round_inputs, make_inputs
-    from .families import apply_views
-    if op != "attention":
-        raise ValueError(f"op: relations are written for attention, got {op!r}")
-    spec = get_spec(op)
-    baseline_fn = baseline_fn or get_backend(op, spec.baseline_backend).fn
-    gen = torch.Generator().manual_seed(seed)
-    rounded = _round_inputs(make_inputs(spec, params, dtype, gen), spec, dtype)
-    inputs = apply_views(spec.cast_inputs(rounded, dtype, torch.device("cpu")), params.get("views"))
-    call = _call_attention(spec, fn, inputs, params)
-    shape = (call["q"].shape[0], call["q"].shape[1], call["q"].shape[2], call["v"].shape[-1])
-    grad_out = torch.randn(shape, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64).to(dtype)
-    try:
-        got = _disagreement(*_outputs(fn, rel, call, seed + 2, grad_out))
-    except Exception as exc:  # noqa: BLE001 - an implementation that raises on one side is a result
-        return RelationResult(rel.name, Status.ERROR, {}, {}, {}, f"raised {type(exc).__name__}: {str(exc)[:300]}")
-    base = _disagreement(*_outputs(baseline_fn, rel, call, seed + 2, grad_out))
-    allowed = {name: tolerance.allowed_error(base.get(name), dtype) for name in got}
-    failed = [name for name in got if not got[name] <= allowed[name]]
-    reason = "; ".join(f"{name}: the two sides differ by {got[name]:.3g} > allowed {allowed[name]:.3g} "
-                       f"(the composition's {base.get(name, float('nan')):.3g})" for name in failed)
-    return RelationResult(rel.name, Status.FAIL if failed else Status.PASS, got, base, allowed,
-                          f"{rel.name} ({rel.doc}): {reason}" if failed else "")
+          baseline_fn: Optional[Callable] = None, device=None) -> RelationResult:
+    """One relation on one case (its params as the battery makes them), on the CPU by default."""
+    return evaluate(op, fn, rel, params, dtype, device, seed, baseline_fn)
 
 
-def check_case(op: str, fn: Callable, params: Dict[str, Any], dtype: torch.dtype, seed: int = 0) -> List[RelationResult]:
-    """Every relation that applies to the case."""
-    return [check(op, fn, rel, params, dtype, seed) for rel in RELATIONS if applicable(rel, params)]
+def check_case(op: str, fn: Callable, params: Dict[str, Any], dtype: torch.dtype, seed: int = 0,
+               device=None) -> List[RelationResult]:
+    """Every relation of the op that holds for the case."""
+    return [check(op, fn, rel, params, dtype, seed, device=device) for rel in relations_of(op) if applicable(rel, params)]
+
+
+# --------------------------------------------------------------------------- the standalone repro
+def write_repro(repro: Dict[str, Any], *, op: str, rel: Relation, call: tuple, dtype: torch.dtype, device,
+                seed: int, bounds: Dict[str, float], reason: str) -> str:
+    """`<stem>.py` and `<stem>.pt`: the first call's exact arguments (layouts included) and a
+    script that runs both sides of the relation on the implementation (the second side's source
+    copied in) and exits 1 while they disagree beyond the bounds the check allowed."""
+    import textwrap
+    from . import repro as repro_module
+    stem = repro["stem"]
+    args, kwargs = call
+    data = {"args": repro_module._encode(list(args)), "kwargs": repro_module._encode(dict(kwargs)),
+            "names": [name for name in bounds if name != "out"], "bounds": bounds, "device": str(device),
+            "dtype": str(dtype).replace("torch.", ""), "grad_seed": seed + 1, "side_seed": seed + 2}
+    os.makedirs(os.path.dirname(os.path.abspath(stem)), exist_ok=True)
+    torch.save(data, stem + ".pt")
+    script = _REPRO.format(op=op, backend=repro.get("impl") or repro.get("backend", ""), case=repro.get("case", ""),
+                           relation=rel.name, doc=rel.doc, dtype=data["dtype"], seed=seed,
+                           reason=textwrap.shorten(reason or "", 300),
+                           impl_import=_impl_import(repro, op),
+                           side_source=repro_module._reference_source(rel.side), side_name=rel.side.__name__,
+                           data_file=os.path.basename(stem) + ".pt")
+    with open(stem + ".py", "w", encoding="utf-8") as handle:
+        handle.write(script)
+    return stem + ".py"
+
+
+def _impl_import(repro: Dict[str, Any], op: str) -> str:
+    """The implementation as checks/repro.py imports it, but gpuparity's SDPA backends as
+    themselves: the relation's two sides call the op's signature, not torch's SDPA."""
+    from . import repro as repro_module
+    backend = repro.get("backend", "")
+    if not repro.get("impl") and backend in repro_module.SDPA_KERNELS:
+        return f"from gpuparity.dispatch import get\nimpl = get({op!r}, {backend!r}).fn  # backend {backend!r}\n"
+    return repro_module._impl_import(repro.get("impl"), op, backend)
+
+
+_REPRO = '''#!/usr/bin/env python3
+"""Repro: {op} on {backend} ({dtype}) breaks the relation {relation}: {doc}.
+
+Found by gpuparity's check (case {case}, seed {seed}), shrunk to the smallest case that still
+fails: {reason}
+
+Two calls of the implementation that must agree, with no float64 referee: the first is the call
+the check made (its exact tensors, layouts included, saved in {data_file} beside this script),
+the second the same computation written another way ({side_name}, copied below), its output
+and gradients mapped back onto the first call's. Prints how far apart they are against the
+bound the check allowed (2x what a plain composition's two sides differ, or the dtype's
+floor); exits 1 while they disagree. REPRO_DEVICE=cpu|cuda:N overrides the device."""
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+{impl_import}
+
+
+class NotApplicable(Exception):
+    pass
+
+
+# ---- the second side of the relation (its source copied in)
+{side_source}
+
+
+# ---- inputs
+HERE = os.path.dirname(os.path.abspath(__file__))
+SAVED = torch.load(os.path.join(HERE, {data_file!r}), weights_only=False)
+DEVICE = os.environ.get("REPRO_DEVICE", SAVED["device"])
+
+
+def build(value, leaves):
+    """Saved arguments back to tensors: each one a view (size, stride, offset) of its storage."""
+    if isinstance(value, dict) and value.get("__tensor__"):
+        base = value["base"].to(DEVICE)
+        if value["requires_grad"]:
+            base.requires_grad_(True)
+        view = base.as_strided(value["size"], value["stride"], value["offset"])
+        if value["requires_grad"]:
+            leaves.append(view)
+        return view
+    if isinstance(value, dict) and "__tuple__" in value:
+        return tuple(build(v, leaves) for v in value["__tuple__"])
+    if isinstance(value, dict) and "__dtype__" in value:
+        return getattr(torch, value["__dtype__"])
+    if isinstance(value, list):
+        return [build(v, leaves) for v in value]
+    if isinstance(value, dict):
+        return {{k: build(v, leaves) for k, v in value.items()}}
+    return value
+
+
+def side(second):
+    leaves = []
+    args, kwargs = build(SAVED["args"], leaves), build(SAVED["kwargs"], leaves)
+    if second:
+        out = {side_name}(impl, args, kwargs, torch.Generator().manual_seed(SAVED["side_seed"]))
+    else:
+        out = impl(*args, **kwargs)
+    found = {{"out": out.detach()}}
+    if leaves:
+        grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(SAVED["grad_seed"]),
+                               dtype=torch.float64).to(out.device, out.dtype)
+        grads = (torch.autograd.grad(out, leaves, grad_out, allow_unused=True) if out.requires_grad
+                 else [None] * len(leaves))
+        for name, leaf, grad in zip(SAVED["names"], leaves, grads):
+            found[name] = torch.zeros_like(leaf) if grad is None else grad
+    return found
+
+
+def main():
+    print(f"torch {{torch.__version__}}, device {{DEVICE}}, dtype {{SAVED['dtype']}}")
+    first, second = side(False), side(True)
+    failed = False
+    for name, a in first.items():
+        a, b = a.detach().cpu().double(), second[name].detach().cpu().double()
+        finite = torch.isfinite(a)
+        if not torch.equal(finite, torch.isfinite(b)):
+            print(f"{{name}}: NaN/Inf in different places on the two sides  FAIL")
+            failed = True
+            continue
+        diff = (a - b).masked_fill(~finite, 0)
+        norm = torch.linalg.vector_norm(b.masked_fill(~finite, 0)).item()
+        err = torch.linalg.vector_norm(diff).item() / (norm or max(diff.numel(), 1) ** 0.5)
+        allowed = SAVED["bounds"].get(name)
+        ok = allowed is None or err <= allowed
+        failed |= not ok
+        print(f"{{name}}: the two sides differ by {{err:.3g}} (relative L2; allowed {{allowed:.3g}}), "
+              f"max abs {{diff.abs().max().item() if diff.numel() else 0.0:.3g}}  {{'ok' if ok else 'FAIL'}}")
+    print("FAILS: the two sides of {relation} disagree beyond the bound" if failed else "passes: within the bound")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
