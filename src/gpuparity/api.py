@@ -56,9 +56,9 @@ def check(op: str, impl: Optional[str] = None, *, backends: Optional[Sequence[st
 
 def _named_cases(op: str, cases: Sequence[str], level: str) -> list:
     """The cases named (listed cases, family members such as "tile.sq192_sk192_bool_d64", explore
-    draws such as "tile.draw3"); an unknown name, or one the level leaves out, is a usage error
+    draws such as "tile.draw3", relation checks such as "relation.batch_items.cover.20"); an unknown name, or one the level leaves out, is a usage error
     rather than a run with nothing in it."""
-    from .checks.families import lookup
+    from .checks.relations import lookup
     if level not in LEVELS:
         raise ValueError(f"level: expected one of {list(LEVELS)}, got {level!r}")
     spec = get_spec(op)

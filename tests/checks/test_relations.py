@@ -153,7 +153,7 @@ def test_a_relation_failure_reruns_by_its_case_name_shrinks_and_has_a_repro(tmp_
     tasks, _ = plan(["rms_norm"], "default", "cpu", impl=impl, seed=0)
     for task in tasks:   # every relation check the battery plans is named so that --case finds it
         if task.params.get("relation"):
-            assert families.lookup(get_spec("rms_norm"), task.case).params == task.params
+            assert relations.lookup(get_spec("rms_norm"), task.case).params == task.params
     name = "relation.contiguous_copy.strided_rows"
     run = check("rms_norm", impl, cases=[name], dtypes=["float32"], device="cpu", repro_dir=str(tmp_path),
                 shrink_seconds=20)
@@ -169,3 +169,14 @@ def test_a_relation_failure_reruns_by_its_case_name_shrinks_and_has_a_repro(tmp_
     assert "FAILS: the two sides of contiguous_copy disagree" in done.stdout
     with pytest.raises(ValueError, match="does not have"):
         check("rms_norm", impl, cases=["relation.no_such.rows_32"], device="cpu")
+
+
+def test_a_backend_that_cannot_take_the_second_call_skips_the_relation():
+    # padding_appended passes a key padding mask, causal_band a bool mask, paged_gathered a
+    # contiguous cache: the plan asks each backend's reasons() about that call too
+    assert relations.second_params("attention", {"relation": "padding_appended", "mask": "none"})["mask"] == "key_padding"
+    band = relations.second_params("attention", {"relation": "causal_band", "mask": "none", "causal": True})
+    assert band["mask"] == "bool" and band["causal"] is False
+    assert relations.second_params("attention_decode", {"relation": "paged_gathered", "page": 16})["page"] is None
+    same = {"relation": "batch_items", "B": 2}
+    assert relations.second_params("attention", same) == same

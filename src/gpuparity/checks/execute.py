@@ -119,9 +119,6 @@ def run_case(op: str, fn: Callable, params: Dict[str, Any], dtype: torch.dtype, 
              repro: Optional[Dict[str, Any]] = None) -> Tuple[Status, List[Comparison], str]:
     """One case: (status, comparisons, reason). `repro`: {"stem": path without extension, and
     op/backend/impl/case names}: also write a standalone repro of this check (checks/repro.py)."""
-    if params.get("relation"):   # an equivalence relation: two calls of fn, no float64 referee
-        from .relations import run_case as run_relation
-        return run_relation(op, fn, params, dtype, device, seed, baseline_fn, repro)
     spec = get_spec(op)
     if repro is None:
         return _run_case(spec, fn, params, dtype, device, seed, baseline_fn)[:3]

@@ -180,11 +180,7 @@ def _perturbed(rng: random.Random, fam: Family) -> Tuple[str, Dict[str, Any]]:
 
 
 def lookup(spec, name: str) -> Optional[Case]:
-    """A listed case, a family member, an explore draw ("tile.draw17") or a relation check
-    ("relation.batch_items.cover.12", checks/relations.py), by name."""
-    if name.startswith("relation."):
-        from .relations import lookup_case
-        return lookup_case(spec, name)
+    """A listed case, a family member, or an explore draw ("tile.draw17"), by name."""
     listed = {case.name: case for case in spec.cases()}
     if name in listed:
         return listed[name]

@@ -137,6 +137,9 @@ def plan(ops: Optional[Sequence[str]] = None, level: str = "default", device="cp
                         continue
                     if backend is not None:
                         reasons = backend.reasons(spec.problem(case.params, dtype, device))
+                        if not reasons and case.params.get("relation"):   # its second call too
+                            reasons = [f"the relation's second call: {why}" for why in backend.reasons(
+                                spec.problem(relations.second_params(op, case.params), dtype, device))]
                         if reasons:
                             decided.append(task.result(Status.SKIP, "; ".join(reasons)))
                             continue

@@ -66,6 +66,9 @@ class Relation:
     applies: Callable[[Dict[str, Any]], bool]
     side: Callable
     doc: str = ""
+    # the params of the second call where it is of another kind than the first (a mask added, a
+    # paged cache made contiguous): a backend that cannot take that call SKIPs the relation
+    second: Optional[Callable[[Dict[str, Any]], Dict[str, Any]]] = None
 
 
 def _positional(p) -> bool:
@@ -83,6 +86,13 @@ def _lengths(p, key):
     return list(p.get(key) or [])
 
 
+def _with_mask(kind: str):
+    def second(p):
+        kinds = [k for k in p["mask"].split("+") if k != "none"]
+        return {**p, "mask": "+".join(kinds + [kind] if kind not in kinds else kinds)}
+    return second
+
+
 _CONTIGUOUS = "contiguous copies equal the views"
 
 RELATIONS: Dict[str, Tuple[Relation, ...]] = {
@@ -95,11 +105,12 @@ RELATIONS: Dict[str, Tuple[Relation, ...]] = {
                  "GQA equals its KV heads repeated"),
         Relation("causal_band", lambda p: bool(p.get("causal")) and p["mask"] in ("none", "key_padding+causal")
                  and p.get("window") is None and not p.get("alibi"), defs.attention_causal_band,
-                 "is_causal equals its band as a bool mask"),
+                 "is_causal equals its band as a bool mask", lambda p: {**_with_mask("bool")(p), "causal": False}),
         Relation("contiguous_copy", lambda p: _has_views("bhsd")(p) and not p.get("alibi"), defs.contiguous_copy,
                  _CONTIGUOUS),
         Relation("padding_appended", lambda p: not p.get("alibi") and p.get("window") is None,
-                 defs.attention_padding_appended, "keys appended and masked out change nothing"),
+                 defs.attention_padding_appended, "keys appended and masked out change nothing",
+                 _with_mask("key_padding")),
     ),
     "rms_norm": (
         Relation("rows_split", lambda p: len(p["shape"]) > p["norm_dims"] and p["shape"][0] >= 2, defs.norm_rows_split,
@@ -122,7 +133,7 @@ RELATIONS: Dict[str, Tuple[Relation, ...]] = {
     ),
     "attention_decode": (
         Relation("paged_gathered", lambda p: p.get("page") is not None, defs.decode_paged_gathered,
-                 "a paged cache equals the same keys contiguous"),
+                 "a paged cache equals the same keys contiguous", lambda p: {**p, "page": None}),
         Relation("batch_items", lambda p: p["B"] >= 2, defs.decode_batch_items, "the batch equals each item alone"),
         Relation("contiguous_copy", _has_views("bhsd"), defs.contiguous_copy, _CONTIGUOUS),
     ),
@@ -159,6 +170,13 @@ def as_case(spec, rel: Relation, base: Case) -> Case:
     return Case(case_name(rel.name, base.name), {**base.params, "relation": rel.name}, base.level, base.kind)
 
 
+def lookup(spec, name: str) -> Optional[Case]:
+    """A case by name: a relation check (lookup_case), else families.lookup's (a listed case, a
+    family member, an explore draw)."""
+    from .families import lookup as lookup_member
+    return lookup_case(spec, name) if name.startswith(PREFIX) else lookup_member(spec, name)
+
+
 def lookup_case(spec, name: str) -> Optional[Case]:
     """`relation.<relation>.<case>` as a Case (None: no such relation or case, or it does not hold)."""
     from .families import lookup
@@ -187,15 +205,17 @@ def count(level: str, deep: bool) -> int:
 def battery_cases(spec, level: str, seed: int, cases: Sequence[Case], deep: bool) -> List[Case]:
     """The relation checks of a run: each relation of the op on `count` of `cases` it holds
     for, drawn by the seed: the covering array's rows where the op has one, else any."""
-    from .families import FULL_SUFFIX, covering_declaration, family_of
+    from .families import FULL_SUFFIX, cover_family
     rels = relations_of(spec.op)
     wanted = count(level, deep)
     if not rels or wanted <= 0:
         return []
-    # the main array's rows (not those of arrays of optional features: window, softcap and
-    # ALiBi, which an --impl without those keywords SKIPs)
-    arrays = {"cover", "cover" + FULL_SUFFIX} if covering_declaration(spec) is not None else set()
-    pool = [case for case in cases if family_of(case.name) in arrays] or list(cases)
+    # every row of the main array (not only those the level runs as float64 checks; not the
+    # arrays of optional features, window, softcap and ALiBi, which an --impl without those
+    # keywords SKIPs)
+    array = cover_family(spec, "cover" + (FULL_SUFFIX if level == "full" else ""))
+    pool = ([array.case(spec.make_case, label, params) for label, params in array.members] if array is not None
+            else list(cases))
     if level != "full":
         pool = [case for case in pool if (spec.work(case.params) or 0) <= DEFAULT_WORK]
     chosen = []
@@ -207,8 +227,11 @@ def battery_cases(spec, level: str, seed: int, cases: Sequence[Case], deep: bool
     return chosen
 
 
-def is_relation(params: Dict[str, Any]) -> bool:
-    return bool(params.get("relation"))
+def second_params(op: str, params: Dict[str, Any]) -> Dict[str, Any]:
+    """The params of a relation check's second call, as far as its kind goes (what a backend's
+    reasons() are asked about)."""
+    rel = relation(params["relation"], op)
+    return rel.second(params) if rel.second is not None else params
 
 
 # --------------------------------------------------------------------------- running one
