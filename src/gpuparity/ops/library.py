@@ -9,7 +9,9 @@ calls go straight to the backend (a custom op's dispatch costs host time on ever
 
 While tracing, the backend is chosen when the graph is traced (`traced_backend`: the verified
 dispatcher's answer for the call's Problem, which depends only on shapes, dtypes, devices and
-flags, all of which the graph's guards pin), not inside an op body at every call:
+flags, all of which the graph's guards pin), not inside an op body at every call. Under dynamic
+shapes a feature computed from a size is symbolic: the choice is then left to the opaque op's
+body, made on the real sizes when the graph runs (`_deferred`). Else:
 - a backend without its own kernels (a torch composition, torch's rms_norm, sdpa) is traced
   inline: inductor fuses it with its neighbours (for a norm or rotary that beats a separate
   kernel), and autograd differentiates it;
@@ -118,18 +120,18 @@ def _nothing(like: Tensor) -> Tensor:
 TRITON_OP = hasattr(torch.library, "triton_op") and hasattr(torch.library, "wrap_triton")
 
 
-def _constant(value):
-    """A Problem's feature values as Python constants: under dynamic shapes a feature such as
-    "large" (numel >= 4M) is symbolic; bool()/int() make dynamo guard on it instead."""
-    if isinstance(value, torch.SymBool):
-        return bool(value)
-    if isinstance(value, torch.SymInt):
-        return int(value)
-    if isinstance(value, torch.SymFloat):
-        return float(value)
+def _symbolic(value) -> bool:
+    """Whether a Problem's feature value is symbolic: under dynamic shapes (torch.compile(dynamic=True),
+    or any size dynamo marked dynamic after a recompile) a feature computed from a size, such as
+    "head_dim" or "large" (numel >= 4M), is a SymInt / SymBool. Inside dynamo such a value passes
+    isinstance(v, int) and int() / bool() leave it symbolic; has_static_value is what dynamo folds
+    to a constant."""
+    from torch.fx.experimental.symbolic_shapes import has_static_value
     if isinstance(value, tuple):
-        return tuple([_constant(v) for v in value])
-    return value
+        return any(_symbolic(v) for v in value)
+    if isinstance(value, (bool, int, float, torch.SymBool, torch.SymInt, torch.SymFloat)):
+        return not has_static_value(value)
+    return False
 
 
 class _Chosen:
@@ -155,14 +157,47 @@ def _choose(op: str, device: torch.device, dtype: torch.dtype, kind: str, featur
 _choose._dynamo_marked_constant = True
 
 
+def _refuse_deferred(*args, **kwargs):
+    raise RuntimeError("gpuparity.ops.library: a backend deferred to run time (symbolic sizes) was called while "
+                       "tracing; the traced path must route it through its custom op, whose body chooses the backend")
+
+
+# (op, backend asked for) -> its deferred stand-in, one object per pair (apply_rotary_pair compares them)
+_DEFERRED: Dict[tuple, Backend] = {}
+
+
+def _deferred(op: str, backend: str) -> Backend:
+    """A stand-in that routes a traced call through the opaque custom op with `backend` as asked
+    ("auto" or a name): the op's body chooses when the graph runs, on the real sizes. Its
+    forward_saving is set (never called) so every traced path takes the op, not an inline
+    composition; its name is what the op body resolves."""
+    key = (op, backend)
+    if key not in _DEFERRED:
+        _DEFERRED[key] = Backend(name=backend, op=op, fn=_refuse_deferred, description="chosen when the op runs",
+                                 forward_saving=_refuse_deferred, backward_from=_refuse_deferred, jit=True)
+    return _DEFERRED[key]
+
+
+def deferred(chosen: Backend) -> bool:
+    """Whether traced_backend deferred the choice to the op's body (symbolic features)."""
+    return chosen.fn is _refuse_deferred
+
+
 def traced_backend(problem: Problem, backend: str) -> Backend:
-    """The backend that serves `problem` in a graph being traced, chosen now (see _choose)."""
-    name = _choose(problem.op, problem.device, problem.dtype, problem.kind, _constant(problem.features), backend)
+    """The backend that serves `problem` in a graph being traced, chosen now (see _choose), or,
+    when a feature is symbolic (dynamic shapes), a stand-in that defers the choice to the custom
+    op's body when it runs (`_deferred`): a choice made from one size's features would be wrong
+    for the others the graph serves, and specialising every size to make it would recompile the
+    graph for each one."""
+    if _symbolic(problem.features):
+        return _deferred(problem.op, backend)
+    name = _choose(problem.op, problem.device, problem.dtype, problem.kind, problem.features, backend)
     return getattr(_Chosen, f"{problem.op}/{name}")
 
 
 def _static(*tensors: Optional[Tensor]) -> bool:
-    return all(not isinstance(size, torch.SymInt) for t in tensors if t is not None for size in t.shape)
+    """Whether every size of these tensors is a constant of the traced graph (see _symbolic)."""
+    return not any(_symbolic(size) for t in tensors if t is not None for size in t.shape)
 
 
 def _kernels_traceable(*tensors: Optional[Tensor]) -> bool:
@@ -518,7 +553,7 @@ def apply_rotary(x, cos, sin, interleaved, seqlen_offsets, cu_seqlens, max_seqle
     else:
         offset, offsets = int(seqlen_offsets), None
     plain = offsets is None and cu_seqlens is None
-    if chosen.name != "triton" and plain:
+    if chosen.name != "triton" and plain and not deferred(chosen):
         return chosen.fn(x, cos, sin, interleaved=interleaved, seqlen_offsets=offset, max_seqlen=max_seqlen)
     kernels = plain and _kernels_traceable(x, cos, sin)
     return _op("apply_rotary", kernels)(x, cos, sin, bool(interleaved), offset, offsets, cu_seqlens, max_seqlen,
