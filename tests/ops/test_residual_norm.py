@@ -31,11 +31,46 @@ DEFAULT = [c.name for c in get_spec(OP).cases() if c.level == "default"]
 PLANTED = os.path.join(os.path.dirname(__file__), "residual_norm_planted.py")
 
 
+def _index_of_one_element(self):
+    return int(self.handle.data.reshape(()))    # raises, as the interpreter's own, unless one element
+
+
+@pytest.fixture(autouse=True)
+def _interpreter_indexes_one_element_arrays(monkeypatch):
+    """Triton's interpreter before 3.9 (3.6 on the H100 test machine) indexes with a kernel scalar
+    as `int(self.handle.data)`, a 1-element array, which numpy >= 2.4 refuses ("only
+    0-dimensional arrays can be converted to Python scalars"): every loop of a kernel over a
+    runtime bound (the backward's `range(0, tiles_per_program)`) fails there. The interpreter
+    only runs on the CPU runs (device_env sets TRITON_INTERPRET=1 unless GPUPARITY_TEST_DEVICE=cuda;
+    a pytest without it on a GPU machine runs the interpreter too); the index is taken as 3.9's
+    interpreter takes it, for each test only."""
+    if ON_GPU:
+        return
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    plain = getattr(interpreter, "_patch_lang_tensor", None)
+    if plain is None:
+        return
+
+    def patched(tensor, *args, **kwargs):
+        result = plain(tensor, *args, **kwargs)
+        tensor.__index__ = _index_of_one_element   # put back (3.9) or replaced again by the next launch
+        return result
+
+    patched.plain = plain
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor", patched)
+
+
 @pytest.fixture(autouse=True)
 def _interpreter_rounds_bf16_to_nearest(monkeypatch):
     """Triton's interpreter (3.9) casts fp32 to bf16 by truncation where compiled kernels round
     to nearest even (the cast's documented default): the new_residual a bf16 stream stores
-    would be biased by up to an ulp (4 at a mean of 1000). Rounded as on a GPU here."""
+    would be biased by up to an ulp (4 at a mean of 1000). Rounded as on a GPU here (the CPU
+    runs only: a GPU run's kernels are compiled)."""
+    if ON_GPU:
+        return
     try:
         from triton.runtime import interpreter
         import triton.language as tl
@@ -59,6 +94,47 @@ def test_interpreter_rounding_matches_torch():
     _, new_residual, _ = residual_norm_forward(x, r, torch.ones(256, dtype=torch.bfloat16, device=DEVICE), None, 1e-5,
                                                True, torch.bfloat16)
     assert torch.equal(new_residual, (x.float() + r.float()).bfloat16())
+
+
+def _numpy_refuses_one_element_int() -> bool:
+    import numpy as np
+    try:
+        int(np.array([1]))
+    except TypeError:
+        return True
+    return False
+
+
+@pytest.mark.skipif(ON_GPU or not _numpy_refuses_one_element_int(),
+                    reason="the interpreter runs on the CPU runs only; this numpy converts 1-element arrays")
+def test_old_interpreter_index_fails_and_the_fixture_serves_it(monkeypatch):
+    """Triton 3.6's interpreter index (int of a 1-element array) planted: the backward's
+    runtime-bounded loop fails as on the H100 machine's pytest without GPUPARITY_TEST_DEVICE=cuda;
+    the fixture's index, set after it, serves the same call."""
+    from triton.runtime import interpreter
+    plain = interpreter._patch_lang_tensor.plain
+
+    def index_as_in_3_6(tensor, *args, **kwargs):
+        result = plain(tensor, *args, **kwargs)
+        tensor.__index__ = lambda self: int(self.handle.data)
+        return result
+
+    def index_fixed(tensor, *args, **kwargs):
+        result = index_as_in_3_6(tensor, *args, **kwargs)
+        tensor.__index__ = _index_of_one_element
+        return result
+
+    def run():
+        x, res = torch.randn(3, 64, device=DEVICE), torch.randn(3, 64, device=DEVICE)
+        weight = torch.randn(64, device=DEVICE, requires_grad=True)
+        out, _ = get_backend(OP, "triton").fn(x, res, weight)
+        return torch.autograd.grad(out.sum(), weight)[0]
+
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor", index_as_in_3_6)
+    with pytest.raises(Exception, match="only 0-dimensional arrays"):
+        run()
+    monkeypatch.setattr(interpreter, "_patch_lang_tensor", index_fixed)
+    assert torch.isfinite(run()).all()
 
 
 def run_case(fn, case_name, dtype, seed=0):
