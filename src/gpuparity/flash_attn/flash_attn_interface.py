@@ -6,9 +6,11 @@ when Sq != Sk, softcap=0.0 is off, ALiBi slopes add -slope * |i + Sk - Sq - j|. 
 maps to, and which features are composed rather than fused, is in docs/attention.md
 ("FlashAttention's API"). Also FlashAttention's module-level USE_TRITON_ROCM and _get_block_size_n.
 return_attn_probs with dropout_p > 0 returns S_dmask in FlashAttention's encoding (testing only, as
-there: a (B, H, Sq, Sk) fp32 pass). Differences a caller can see: num_splits and deterministic are
-accepted and ignored (gpuparity's Triton backward has no atomics; other backends are torch's own),
-and bad arguments raise FlashAttnArgumentError (a ValueError and a RuntimeError) naming the argument.
+there: a (B, H, Sq, Sk) fp32 pass). deterministic=True runs the call on a backend whose backward
+gives the same bits on every run (gpuparity's Triton kernels, which have no atomics, or torch math:
+auto's choice where it is one, else the first such backend verified here; `_DETERMINISTIC`).
+Differences a caller can see: num_splits is accepted and ignored, and bad arguments raise
+FlashAttnArgumentError (a ValueError and a RuntimeError) naming the argument.
 """
 from __future__ import annotations
 
@@ -113,6 +115,85 @@ def _check_dense(q, k, v):
             f"headdim), got k {describe(k)} (nheads_k={k.shape[2]})")
 
 
+# ----------------------------------------------------------------------------- deterministic
+# The backends whose backward gives the same bits on every run of a call, in the order
+# deterministic=True prefers them per device type: gpuparity's Triton kernels (no atomics: dq and
+# dk/dv in separate programs, GQA summed in a fixed order) and plain torch math (sdpa_math, the
+# composition: first on a CPU, where it needs no verification). SDPA's flash, efficient and cuDNN
+# kernels accumulate dq with atomics (torch warns about them under use_deterministic_algorithms)
+# and flex's backward is not documented deterministic; a backend registered elsewhere is not known
+# to be: deterministic=True moves auto off all of them.
+_DETERMINISTIC = {"attention": {"cuda": ("triton", "sdpa_math", "composition"),
+                                "cpu": ("composition", "sdpa_math", "triton")},
+                  "attention_varlen": {"cuda": ("triton", "composition"), "cpu": ("composition", "triton")}}
+_DETERMINISTIC_CHOSEN: Dict[tuple, str] = {}
+
+
+def _deterministic_order(op: str, device: torch.device):
+    return _DETERMINISTIC[op].get(device.type, _DETERMINISTIC[op]["cuda"])
+
+
+def _deterministic_choice(problem) -> str:
+    """The first backend of _DETERMINISTIC's order that serves `problem` and passes its verification
+    here (as auto verifies: a stored verdict, else a check now; the composition is trusted)."""
+    from .. import dispatch
+    from ..ops import select
+    key = (problem, os.environ.get("TRITON_INTERPRET"))
+    if key in _DETERMINISTIC_CHOSEN:
+        return _DETERMINISTIC_CHOSEN[key]
+    verdict = _dropout.verdict if problem.feature("dropout") is not None else select.verdict
+    order = _deterministic_order(problem.op, problem.device)
+    for name in order:
+        backend = dispatch.get(problem.op, name)
+        if backend.reasons(problem):
+            continue
+        if backend.fallback or verdict(problem, backend).get("passed"):
+            if len(_DETERMINISTIC_CHOSEN) >= 1024:
+                _DETERMINISTIC_CHOSEN.clear()
+            _DETERMINISTIC_CHOSEN[key] = name
+            return name
+    raise FlashAttnArgumentError(f"deterministic: True, but none of the deterministic {problem.op} backends "
+                                 f"{list(order)} serves this call here")
+
+
+def _deterministic_traced(op, device, dtype, kind, features) -> str:
+    """_deterministic_backend's answer while torch.compile traces: dynamo keeps it as a constant."""
+    from torch.utils._python_dispatch import _disable_current_modes
+    from ..registry import Problem
+    problem = Problem(op, device, dtype, kind, features)
+    with _disable_current_modes():
+        if _dropout.resolve(problem, "auto").name in _deterministic_order(op, device):
+            return "auto"
+        return _deterministic_choice(problem)
+
+
+_deterministic_traced._dynamo_marked_constant = True   # torch._dynamo.assume_constant_result
+
+
+def _backend(op: str, problem, deterministic: bool) -> str:
+    """The backend name a call of `op` runs on: backends()'s, and with deterministic=True one whose
+    backward is deterministic (_DETERMINISTIC): auto's choice where it is one, else the first
+    such backend verified here; a named backend that is not one is refused. `problem` is None
+    when not deterministic (nothing to decide)."""
+    name = _BACKENDS[op]
+    if not deterministic:
+        return name
+    order = _deterministic_order(op, problem.device)
+    if name != "auto":
+        if name not in order:
+            raise FlashAttnArgumentError(f"deterministic: True needs an {op} backend whose backward is deterministic "
+                                         f"({', '.join(order)}), but backends({op}={name!r}) names one that is not")
+        return name
+    if torch.compiler.is_compiling():
+        from ..ops import library
+        if library._symbolic(problem.features):   # dynamic shapes: no choice per size while tracing
+            return "composition"
+        return _deterministic_traced(op, problem.device, problem.dtype, problem.kind, problem.features)
+    if _dropout.resolve(problem, "auto").name in order:
+        return "auto"
+    return _deterministic_choice(problem)
+
+
 # ----------------------------------------------------------------------------- ALiBi
 def _on_triton(op: str, problem) -> bool:
     """Whether `problem` (a call's masks and flags, its ALiBi aside) runs on backend "triton" of `op`:
@@ -156,7 +237,8 @@ def _alibi_in_kernels(q, k, v, slopes, allowed, is_causal, window, softcap, drop
     return result if return_lse else (result, None)
 
 
-def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, return_lse, generator=None):
+def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, return_lse, generator=None,
+           deterministic=False):
     """(out (B, Sq, H, D), lse (B, H, Sq) or None) through gpuparity.attention, or with ALiBi on the
     Triton backend through its kernels (no bias tensor)."""
     _check_dense(q, k, v)
@@ -176,9 +258,12 @@ def _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alib
             return out.transpose(1, 2).contiguous(), (None if lse is None else _fa_lse(lse))
         bias = C.alibi_bias(slopes, q_len, k_len, k_len - q_len)
     mask = C.with_bias(allowed, bias)
-    result = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, is_causal=is_causal,
-                       scale=softmax_scale, window=window, softcap=C.softcap_value(softcap), dropout_p=dropout_p,
-                       generator=generator, backend=_BACKENDS["attention"], return_lse=return_lse)
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    problem = attention_problem(qt, kt, vt, attn_mask=mask, is_causal=is_causal, scale=softmax_scale, window=window,
+                                softcap=C.softcap_value(softcap), dropout_p=dropout_p) if deterministic else None
+    result = attention(qt, kt, vt, attn_mask=mask, is_causal=is_causal, scale=softmax_scale, window=window,
+                       softcap=C.softcap_value(softcap), dropout_p=dropout_p, generator=generator,
+                       backend=_backend("attention", problem, deterministic), return_lse=return_lse)
     out, lse = result if return_lse else (result, None)
     return out.transpose(1, 2).contiguous(), (None if lse is None else _fa_lse(lse))
 
@@ -226,7 +311,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     with_probs = bool(return_attn_probs) and dropout_p > 0
     generator, seed = _seeded(q.device) if with_probs else (None, None)
     out, lse = _dense(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                      bool(return_attn_probs), generator)
+                      bool(return_attn_probs), generator, bool(deterministic))
     s_dmask = None
     if with_probs:
         batch, q_len, heads, _ = q.shape
@@ -263,7 +348,7 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
 
 # ----------------------------------------------------------------------------- varlen
 def _varlen_padded(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, left, right, scale, softcap,
-                   alibi_slopes, dropout_p, want_out, want_lse, want_probs=False, causal=False):
+                   alibi_slopes, dropout_p, want_out, want_lse, want_probs=False, causal=False, deterministic=False):
     """The packed sequences padded into one dense batch with a per-item mask (bottom-right window,
     padding, ALiBi as a bias) through gpuparity.attention: the composition that serves ALiBi and
     dropout in varlen, and the log-sum-exp. Returns (out (total_q, H, D) or None, lse (H, total_q) or None,
@@ -285,8 +370,10 @@ def _varlen_padded(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     want_probs = want_probs and dropout_p > 0
     generator, seed = _seeded(q.device) if want_probs else (None, None)
     if want_out:
+        problem = attention_problem(qp, kp, vp, attn_mask=mask, scale=scale, softcap=softcap,
+                                    dropout_p=dropout_p) if deterministic else None
         out = attention(qp, kp, vp, attn_mask=mask, scale=scale, softcap=softcap, dropout_p=dropout_p,
-                        generator=generator, backend=_BACKENDS["attention"])
+                        generator=generator, backend=_backend("attention", problem, deterministic))
         out = out.transpose(1, 2).reshape(batch * max_seqlen_q, heads, q.shape[2])[rows_q]
     if want_probs:
         s_dmask = _s_dmask(qp.transpose(1, 2), kp.transpose(1, 2), dropout_p, scale, softcap, allowed, bias, seed,
@@ -354,12 +441,13 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if not composed:
         out = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=varlen_causal,
                                window=window, softcap=softcap, scale=softmax_scale,
-                               backend=_BACKENDS["attention_varlen"])
+                               backend=_backend("attention_varlen", problem, bool(deterministic)))
     lse = s_dmask = None
     if composed or return_attn_probs:
         padded_out, lse, s_dmask = _varlen_padded(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                   left, right, softmax_scale, softcap, alibi_slopes, dropout_p,
-                                                  composed, bool(return_attn_probs), bool(return_attn_probs), causal)
+                                                  composed, bool(return_attn_probs), bool(return_attn_probs), causal,
+                                                  bool(deterministic))
         out = padded_out if composed else out
     return _returned(out, lse, return_attn_probs, s_dmask)
 
