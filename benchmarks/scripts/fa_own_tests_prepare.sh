@@ -25,16 +25,9 @@ for f in "${FILES[@]}"; do
     d=$(dirname "$d")
   done
 done
-for f in "${FILES[@]}" ${CONFTESTS[@]+"${CONFTESTS[@]}"}; do
-  [ -e "$DEST/$f" ] && continue
-  mkdir -p "$DEST/$(dirname "$f")"
-  "${G[@]}" cat-file blob "$COMMIT:$f" > "$DEST/$f"
-  # byte for byte: the exported file's blob id is the one in the commit
-  want=$("${G[@]}" rev-parse "$COMMIT:$f")
-  got=$(git hash-object "$DEST/$f")
-  [ "$want" = "$got" ] || { echo "fa_own_tests_prepare: $f: exported blob $got != $want" >&2; exit 1; }
-  echo "$f $want" >> "$DEST/FILES"
-done
+# byte for byte: each exported file's blob id is the one in the commit
+source "$(dirname "$0")/fa_export_lib.sh"
+fa_export "$GIT_DIR" "$COMMIT" "$DEST" fa_own_tests_prepare "${FILES[@]}" ${CONFTESTS[@]+"${CONFTESTS[@]}"}
 echo "$COMMIT" > "$DEST/COMMIT"
 EXCLUDE="$(git rev-parse --git-path info/exclude)"
 mkdir -p "$(dirname "$EXCLUDE")"
