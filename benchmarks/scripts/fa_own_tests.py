@@ -13,6 +13,10 @@ under --out (the GPU machine returns at most 8): results.json (every case, per t
 totals, the plugin's record of each file), summary.md, junit.xml (every file's suite) and logs.txt
 (every file's pytest output); the per-file pieces are made in a temporary folder.
 
+--backend (default triton) names the gpuparity backend of every flash_attn op that has one: the
+tests then run gpuparity's own Triton kernels, with no first-call verification per new (op, dtype,
+kind) and no background timing of other backends; --backend auto tests auto's verified choice
+(which may be torch's SDPA for some calls) with that background timing off.
 --collect-only --assume-capability 9.0 is the plumbing check on a machine without CUDA (the files
 call torch.cuda.get_device_capability at import).
 """
@@ -62,7 +66,11 @@ def run_file(args, path: str, budget_s: float, work: str) -> Dict[str, Any]:
             cmd += ["--timeout", str(args.per_test_timeout_s)]
     if args.assume_capability:
         cmd += ["--fa-assume-capability", args.assume_capability]
+    cmd += ["--fa-backend", args.backend]
     env = dict(os.environ)
+    # auto: no background timing of the other backends (it competes with the tests for the GPU and
+    # may move auto's choice mid-run)
+    env.setdefault("GPUPARITY_PROBE_REFINE", "off")
     env["PYTHONPATH"] = os.pathsep.join([HERE, os.path.join(ROOT, "src")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.setdefault("PYTHONUNBUFFERED", "1")
     log = os.path.join(work, f"{stem}.log")
@@ -113,7 +121,8 @@ def per_test(record: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
 def summary_md(report: Dict[str, Any]) -> str:
     lines = [f"# FlashAttention's own tests against gpuparity.flash_attn.install()", "",
              f"FlashAttention commit {report['commit']}; budget {report['budget_s']} s; seed {report['seed']}; "
-             f"max cases per test {report['max_cases_per_test']}" + ("; collect only" if report["collect_only"] else ""),
+             f"max cases per test {report['max_cases_per_test']}; gpuparity backend {report.get('backend', 'auto')}"
+             + ("; collect only" if report["collect_only"] else ""),
              "", "| file | cases | selected | passed | failed | skipped | not run (budget) | internals (allowed skip) "
              "| collect errors | rc | wall s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for rec in report["files"]:
@@ -175,6 +184,10 @@ def main(argv: List[str] = None) -> int:
     parser.add_argument("--collect-only", action="store_true", help="collect (imports every file) without running")
     parser.add_argument("--assume-capability", default=None,
                         help="MAJOR.MINOR for torch.cuda.get_device_capability where CUDA is absent (--collect-only)")
+    parser.add_argument("--backend", default="triton",
+                        help="gpuparity backend for every flash_attn op that has one (default triton: gpuparity's "
+                             "own kernels by name, no first-call verification or background timing); auto: "
+                             "auto's verified choice, with background refinement off")
     args = parser.parse_args(argv)
     if args.budget_s <= 0:
         parser.error(f"--budget-s: expected > 0, got {args.budget_s}")
@@ -199,7 +212,7 @@ def main(argv: List[str] = None) -> int:
     commit_file = os.path.join(args.tests, "COMMIT")
     commit = open(commit_file).read().strip() if os.path.exists(commit_file) else "unknown"
     started = time.time()
-    report: Dict[str, Any] = {"commit": commit, "budget_s": args.budget_s, "seed": args.seed,
+    report: Dict[str, Any] = {"commit": commit, "budget_s": args.budget_s, "seed": args.seed, "backend": args.backend,
                               "max_cases_per_test": args.max_cases_per_test, "collect_only": args.collect_only,
                               "python": sys.version.split()[0], "files": []}
     for k, (path, weight) in enumerate(chosen):

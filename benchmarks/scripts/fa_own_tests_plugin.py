@@ -18,11 +18,19 @@ Load it with `-p fa_own_tests_plugin` (this folder on PYTHONPATH). What it does:
   results as "supplied by the harness".
 * --fa-results FILE.json: per test case outcome (passed / failed / skipped with reason /
   not_run_budget), collection errors, sampling, deselected internals.
+* --fa-backend NAME (default auto): gpuparity.flash_attn's backends (flash_attn_interface.backends())
+  set to NAME for every op of it that has a backend so named, for the whole session, and recorded
+  ("backends"). "triton" runs FlashAttention's tests on gpuparity's own Triton kernels by name:
+  no first-call verification of each new (op, dtype, kind) (the battery's cases, each compiling
+  its Triton specialisations), no background timing of the other backends competing for the GPU,
+  and no call handed by auto to torch's SDPA kernels (which FlashAttention's tests would then be
+  checking instead of gpuparity's).
 * --fa-assume-capability MAJOR.MINOR: only where CUDA is absent (the CPU plumbing check with
   --collect-only), torch.cuda.get_device_capability returns it, since the files call it at import.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
@@ -39,6 +47,7 @@ INTERNALS = re.compile(r"\b(flash_attn_gpu|flash_attn_2_cuda|flash_attn_cuda|_fl
                        r"|_wrapped_flash_attn_\w+|flash_attn_with_kvcache_cuda)\b")
 BUDGET_REASON = "fa_own_tests harness: time budget exhausted before this case"
 
+_backends = contextlib.ExitStack()   # the session's backends() (--fa-backend)
 _state: Dict[str, Any] = {"tests": {}, "collect_errors": [], "sampling": {}, "deselected_internals": [],
                           "supplied_by_harness": [], "install": None, "assumed_capability": None}
 
@@ -206,6 +215,25 @@ def pytest_addoption(parser):
     group.addoption("--fa-results", default=None, help="write the JSON record here")
     group.addoption("--fa-assume-capability", default=None,
                     help="MAJOR.MINOR returned by torch.cuda.get_device_capability where CUDA is absent")
+    group.addoption("--fa-backend", default="auto",
+                    help="gpuparity backend name for every flash_attn op that has one (default auto)")
+
+
+# flash_attn_interface._BACKENDS' keys -> the gpuparity op whose backends they name
+BACKEND_OPS = {"attention": "attention", "attention_varlen": "attention_varlen", "attention_decode": "attention_decode",
+               "rotary": "rotary", "cross_entropy": "linear_cross_entropy", "residual_norm": "residual_norm"}
+
+
+def backend_names(name: str) -> Dict[str, str]:
+    """The backends() keyword arguments that name `name` wherever the op has such a backend ("auto":
+    none); a name no op has is an error."""
+    if name == "auto":
+        return {}
+    from gpuparity import dispatch
+    names = {key: name for key, op in BACKEND_OPS.items() if name in {b.name for b in dispatch.backends(op)}}
+    if not names:
+        raise pytest.UsageError(f"--fa-backend: no gpuparity.flash_attn op has a backend named {name!r}")
+    return names
 
 
 def _reset() -> None:
@@ -235,6 +263,12 @@ def pytest_configure(config):
         _state["install"] = {"forced": True, "why": str(exc)}
     _state["install"]["flash_attn"] = getattr(sys.modules["flash_attn"], "__name__", None)
     _state["install"]["version"] = getattr(sys.modules["flash_attn"], "__version__", None)
+    _backends.enter_context(ours.backends(**backend_names(config.getoption("--fa-backend"))))
+    _state["backends"] = dict(ours.flash_attn_interface._BACKENDS)
+
+
+def pytest_unconfigure(config):
+    _backends.close()
 
 
 def _needs_supply(collector) -> bool:
