@@ -10,8 +10,10 @@ GIT_DIR=${1:-/work/.mirror/Dao-AILab+flash-attention/repo}
 REV=${2:-HEAD}
 ROOT=$(git rev-parse --show-toplevel)
 DEST="$ROOT/.fa_tests"
+# tests/test_rotary.py: not among fa_own_tests.py's files (fa_gpu_check.sh's step fa_rotary runs its
+# compiled test_rotary_emb_qkv)
 FILES=(tests/test_flash_attn.py tests/ops/triton/test_layer_norm.py tests/losses/test_cross_entropy.py
-       tests/layers/test_rotary.py)
+       tests/layers/test_rotary.py tests/test_rotary.py)
 G=(git --git-dir="$GIT_DIR")
 COMMIT=$("${G[@]}" rev-parse --verify "$REV^{commit}")
 rm -rf "$DEST"
