@@ -56,6 +56,7 @@ def auto_picks_a_nondeterministic_backend(monkeypatch):
         return resolve
 
     monkeypatch.setattr(select, "resolve", resolving(select.resolve))
+    monkeypatch.setattr(select, "resolve_waiting", resolving(select.resolve_waiting))
     monkeypatch.setattr(dropout, "resolve", resolving(dropout.resolve))
     fai._DETERMINISTIC_CHOSEN.clear()
     yield planted
@@ -130,10 +131,13 @@ def test_the_choice_and_refusals(auto_picks_a_nondeterministic_backend):
         assert fai._backend("attention", problem, True) == "composition"
 
 
-def test_auto_kept_where_its_choice_is_deterministic(monkeypatch):
-    """Where auto's choice is deterministic (here made sdpa_math: auto's own verification on this
-    CPU takes a minute), the call keeps "auto"."""
+def test_auto_choice_kept_by_name_where_it_is_deterministic(monkeypatch):
+    """Where auto's verified choice is deterministic (here made sdpa_math: auto's own verification
+    on this CPU takes a minute), the call runs on it by name (not "auto", which a later call could
+    resolve differently once a pending verdict lands); the waiting resolution is asked, not the
+    eager one (which may answer with a baseline while the check runs)."""
     sdpa_math = dispatch.get("attention", "sdpa_math")
-    monkeypatch.setattr(select, "resolve", lambda problem, backend="auto", **kwargs: sdpa_math)
+    monkeypatch.setattr(select, "resolve_waiting", lambda problem, backend="auto", **kwargs: sdpa_math)
+    monkeypatch.setattr(select, "resolve", lambda *a, **k: pytest.fail("the eager resolution was asked"))
     q, k, v = (t.transpose(1, 2) for t in _dense_inputs())
-    assert fai._backend("attention", fai.attention_problem(q, k, v), True) == "auto"
+    assert fai._backend("attention", fai.attention_problem(q, k, v), True) == "sdpa_math"

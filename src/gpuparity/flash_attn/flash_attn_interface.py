@@ -156,15 +156,24 @@ def _deterministic_choice(problem) -> str:
                                  f"{list(order)} serves this call here")
 
 
+def _deterministic_of(problem) -> str:
+    """auto's verified choice for `problem` (waiting for its verdict: an eager first call may be
+    served by a baseline while the check runs, and a later call by the verified backend, which
+    would change the bits between calls) where it is deterministic, else _deterministic_choice.
+    A name, not "auto": the call is then served by exactly this backend."""
+    from ..ops import select
+    waiting = _dropout.resolve if problem.feature("dropout") is not None else select.resolve_waiting
+    chosen = waiting(problem, "auto").name
+    return chosen if chosen in _deterministic_order(problem.op, problem.device) else _deterministic_choice(problem)
+
+
 def _deterministic_traced(op, device, dtype, kind, features) -> str:
     """_deterministic_backend's answer while torch.compile traces: dynamo keeps it as a constant."""
     from torch.utils._python_dispatch import _disable_current_modes
     from ..registry import Problem
     problem = Problem(op, device, dtype, kind, features)
     with _disable_current_modes():
-        if _dropout.resolve(problem, "auto").name in _deterministic_order(op, device):
-            return "auto"
-        return _deterministic_choice(problem)
+        return _deterministic_of(problem)
 
 
 _deterministic_traced._dynamo_marked_constant = True   # torch._dynamo.assume_constant_result
@@ -172,9 +181,9 @@ _deterministic_traced._dynamo_marked_constant = True   # torch._dynamo.assume_co
 
 def _backend(op: str, problem, deterministic: bool) -> str:
     """The backend name a call of `op` runs on: backends()'s, and with deterministic=True one whose
-    backward is deterministic (_DETERMINISTIC): auto's choice where it is one, else the first
-    such backend verified here; a named backend that is not one is refused. `problem` is None
-    when not deterministic (nothing to decide)."""
+    backward is deterministic (_DETERMINISTIC), by name: auto's verified choice where it is one,
+    else the first such backend verified here (_deterministic_of); a named backend that is not
+    one is refused. `problem` is None when not deterministic (nothing to decide)."""
     name = _BACKENDS[op]
     if not deterministic:
         return name
@@ -189,9 +198,7 @@ def _backend(op: str, problem, deterministic: bool) -> str:
         if library._symbolic(problem.features):   # dynamic shapes: no choice per size while tracing
             return "composition"
         return _deterministic_traced(op, problem.device, problem.dtype, problem.kind, problem.features)
-    if _dropout.resolve(problem, "auto").name in order:
-        return "auto"
-    return _deterministic_choice(problem)
+    return _deterministic_of(problem)
 
 
 # ----------------------------------------------------------------------------- ALiBi
