@@ -6,7 +6,8 @@ two helpers layer_norm.py imports) are loaded by path from an export of a FlashA
 (benchmarks/scripts/fa_triton_prepare.sh writes .fa_src/) under the module names fa_ref_triton_*,
 which gpuparity.flash_attn.install() does not shadow; layer_norm.py's `from flash_attn.utils...`
 imports see FlashAttention's own helper files only while it loads. The files are run as they are.
-The sides: gpuparity.flash_attn's same-named functions on their default backends ("auto") and
+The sides: gpuparity.flash_attn's same-named functions on their default backends ("auto", first calls
+waiting for their verdict: GPUPARITY_FIRST_CALLS=wait) and
 FlashAttention's functions (rotary: its apply_rotary in its ApplyRotaryEmb's forward/backward
 form, as flash_attn.layers.rotary calls it; layers/rotary.py itself needs einops).
 
@@ -399,6 +400,9 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # gpuparity's first calls wait for their verdict: else a call of "auto" could be served by the
+    # op's baseline (torch's composition) while its check runs, and that is what would be timed
+    os.environ.setdefault("GPUPARITY_FIRST_CALLS", "wait")
     import torch
     on_gpu = torch.cuda.is_available() and not args.dry_run
     if not on_gpu:

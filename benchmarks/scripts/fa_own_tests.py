@@ -16,7 +16,8 @@ totals, the plugin's record of each file), summary.md, junit.xml (every file's s
 --backend (default triton) names the gpuparity backend of every flash_attn op that has one: the
 tests then run gpuparity's own Triton kernels, with no first-call verification per new (op, dtype,
 kind) and no background timing of other backends; --backend auto tests auto's verified choice
-(which may be torch's SDPA for some calls) with that background timing off.
+(which may be torch's SDPA for some calls) with that background timing off and first calls
+waiting for their verdict (GPUPARITY_FIRST_CALLS=wait).
 --collect-only --assume-capability 9.0 is the plumbing check on a machine without CUDA (the files
 call torch.cuda.get_device_capability at import).
 """
@@ -71,6 +72,9 @@ def run_file(args, path: str, budget_s: float, work: str) -> Dict[str, Any]:
     # auto: no background timing of the other backends (it competes with the tests for the GPU and
     # may move auto's choice mid-run)
     env.setdefault("GPUPARITY_PROBE_REFINE", "off")
+    # and first calls wait for their verdict (else the op's baseline, torch's SDPA for attention,
+    # serves them while the check runs, and FlashAttention's tests would be checking that)
+    env.setdefault("GPUPARITY_FIRST_CALLS", "wait")
     env["PYTHONPATH"] = os.pathsep.join([HERE, os.path.join(ROOT, "src")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.setdefault("PYTHONUNBUFFERED", "1")
     log = os.path.join(work, f"{stem}.log")
