@@ -14,6 +14,7 @@ from device_env import TEST_DEVICE, require_device  # sets TRITON_INTERPRET=1 on
 import gpuparity.flash_attn as flash_attn
 from gpuparity import dispatch, registry
 from gpuparity.flash_attn import FlashAttnArgumentError, flash_attn_func, flash_attn_varlen_func
+from gpuparity.flash_attn import _deterministic
 from gpuparity.flash_attn import flash_attn_interface as fai
 from gpuparity.ops import dropout, select
 from gpuparity.registry import Backend
@@ -58,10 +59,10 @@ def auto_picks_a_nondeterministic_backend(monkeypatch):
     monkeypatch.setattr(select, "resolve", resolving(select.resolve))
     monkeypatch.setattr(select, "resolve_waiting", resolving(select.resolve_waiting))
     monkeypatch.setattr(dropout, "resolve", resolving(dropout.resolve))
-    fai._DETERMINISTIC_CHOSEN.clear()
+    _deterministic._CHOSEN.clear()
     yield planted
     registry.unregister("attention", PLANTED)
-    fai._DETERMINISTIC_CHOSEN.clear()
+    _deterministic._CHOSEN.clear()
 
 
 def _grads(call, *inputs, seed=0):
@@ -123,7 +124,7 @@ def test_the_choice_and_refusals(auto_picks_a_nondeterministic_backend):
     problem = fai.attention_problem(q, k, v, is_causal=True)
     assert fai._backend("attention", problem, False) == "auto"
     chosen = fai._backend("attention", problem, True)
-    assert chosen in fai._deterministic_order("attention", DEVICE)
+    assert chosen in _deterministic.order("attention", DEVICE)
     with flash_attn.backends(attention=PLANTED):   # named and not deterministic: refused, not ignored
         with pytest.raises(FlashAttnArgumentError, match="deterministic: True needs an attention backend"):
             flash_attn_func(*_dense_inputs(), deterministic=True)

@@ -8,7 +8,7 @@ maps to, and which features are composed rather than fused, is in docs/attention
 return_attn_probs with dropout_p > 0 returns S_dmask in FlashAttention's encoding (testing only, as
 there: a (B, H, Sq, Sk) fp32 pass). deterministic=True runs the call on a backend whose backward
 gives the same bits on every run (gpuparity's Triton kernels, which have no atomics, or torch math:
-auto's choice where it is one, else the first such backend verified here; `_DETERMINISTIC`).
+auto's verified choice where it is one, else the first such backend verified here: `_deterministic.py`).
 Differences a caller can see: num_splits is accepted and ignored, and bad arguments raise
 FlashAttnArgumentError (a ValueError and a RuntimeError) naming the argument.
 """
@@ -29,6 +29,7 @@ from ..ops.rotary import apply_rotary
 from ..ops.varlen import attention_varlen, attention_varlen_problem
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_same_dtype, expect_tensor
 from . import _compose as C
+from . import _deterministic
 from ._compose import FlashAttnArgumentError
 
 __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
@@ -116,89 +117,13 @@ def _check_dense(q, k, v):
 
 
 # ----------------------------------------------------------------------------- deterministic
-# The backends whose backward gives the same bits on every run of a call, in the order
-# deterministic=True prefers them per device type: gpuparity's Triton kernels (no atomics: dq and
-# dk/dv in separate programs, GQA summed in a fixed order) and plain torch math (sdpa_math, the
-# composition: first on a CPU, where it needs no verification). SDPA's flash, efficient and cuDNN
-# kernels accumulate dq with atomics (torch warns about them under use_deterministic_algorithms)
-# and flex's backward is not documented deterministic; a backend registered elsewhere is not known
-# to be: deterministic=True moves auto off all of them.
-_DETERMINISTIC = {"attention": {"cuda": ("triton", "sdpa_math", "composition"),
-                                "cpu": ("composition", "sdpa_math", "triton")},
-                  "attention_varlen": {"cuda": ("triton", "composition"), "cpu": ("composition", "triton")}}
-_DETERMINISTIC_CHOSEN: Dict[tuple, str] = {}
-
-
-def _deterministic_order(op: str, device: torch.device):
-    return _DETERMINISTIC[op].get(device.type, _DETERMINISTIC[op]["cuda"])
-
-
-def _deterministic_choice(problem) -> str:
-    """The first backend of _DETERMINISTIC's order that serves `problem` and passes its verification
-    here (as auto verifies: a stored verdict, else a check now; the composition is trusted)."""
-    from .. import dispatch
-    from ..ops import select
-    key = (problem, os.environ.get("TRITON_INTERPRET"))
-    if key in _DETERMINISTIC_CHOSEN:
-        return _DETERMINISTIC_CHOSEN[key]
-    verdict = _dropout.verdict if problem.feature("dropout") is not None else select.verdict
-    order = _deterministic_order(problem.op, problem.device)
-    for name in order:
-        backend = dispatch.get(problem.op, name)
-        if backend.reasons(problem):
-            continue
-        if backend.fallback or verdict(problem, backend).get("passed"):
-            if len(_DETERMINISTIC_CHOSEN) >= 1024:
-                _DETERMINISTIC_CHOSEN.clear()
-            _DETERMINISTIC_CHOSEN[key] = name
-            return name
-    raise FlashAttnArgumentError(f"deterministic: True, but none of the deterministic {problem.op} backends "
-                                 f"{list(order)} serves this call here")
-
-
-def _deterministic_of(problem) -> str:
-    """auto's verified choice for `problem` (waiting for its verdict: an eager first call may be
-    served by a baseline while the check runs, and a later call by the verified backend, which
-    would change the bits between calls) where it is deterministic, else _deterministic_choice.
-    A name, not "auto": the call is then served by exactly this backend."""
-    from ..ops import select
-    waiting = _dropout.resolve if problem.feature("dropout") is not None else select.resolve_waiting
-    chosen = waiting(problem, "auto").name
-    return chosen if chosen in _deterministic_order(problem.op, problem.device) else _deterministic_choice(problem)
-
-
-def _deterministic_traced(op, device, dtype, kind, features) -> str:
-    """_deterministic_backend's answer while torch.compile traces: dynamo keeps it as a constant."""
-    from torch.utils._python_dispatch import _disable_current_modes
-    from ..registry import Problem
-    problem = Problem(op, device, dtype, kind, features)
-    with _disable_current_modes():
-        return _deterministic_of(problem)
-
-
-_deterministic_traced._dynamo_marked_constant = True   # torch._dynamo.assume_constant_result
-
-
 def _backend(op: str, problem, deterministic: bool) -> str:
     """The backend name a call of `op` runs on: backends()'s, and with deterministic=True one whose
-    backward is deterministic (_DETERMINISTIC), by name: auto's verified choice where it is one,
-    else the first such backend verified here (_deterministic_of); a named backend that is not
-    one is refused. `problem` is None when not deterministic (nothing to decide)."""
+    backward is deterministic, by name (_deterministic.backend_for): auto's verified choice where
+    it is one, else the first such backend verified here; a named backend that is not one is
+    refused. `problem` is None when not deterministic (nothing to decide)."""
     name = _BACKENDS[op]
-    if not deterministic:
-        return name
-    order = _deterministic_order(op, problem.device)
-    if name != "auto":
-        if name not in order:
-            raise FlashAttnArgumentError(f"deterministic: True needs an {op} backend whose backward is deterministic "
-                                         f"({', '.join(order)}), but backends({op}={name!r}) names one that is not")
-        return name
-    if torch.compiler.is_compiling():
-        from ..ops import library
-        if library._symbolic(problem.features):   # dynamic shapes: no choice per size while tracing
-            return "composition"
-        return _deterministic_traced(op, problem.device, problem.dtype, problem.kind, problem.features)
-    return _deterministic_of(problem)
+    return _deterministic.backend_for(op, name, problem) if deterministic else name
 
 
 # ----------------------------------------------------------------------------- ALiBi

@@ -163,7 +163,7 @@ def _refuse_deferred(*args, **kwargs):
 
 
 # (op, backend asked for) -> its deferred stand-in, one object per pair (apply_rotary_pair compares them)
-_DEFERRED: Dict[tuple, Backend] = {}
+_DEFERRED: Dict[tuple, Backend] = caches.register("ops.library.deferred", {})
 
 
 def _deferred(op: str, backend: str) -> Backend:
