@@ -1,4 +1,4 @@
-# long file: the engine (~250 lines) and four ops' catalogs of triggers and faults, which read best side by side
+# long file: the engine (~250 lines) and seven ops' catalogs of triggers and faults (version 1: four ops, version 2: three), which read best side by side
 """Planted-bug implementations generated per op, to score the battery (a mutation score).
 
 A mutant is the op's trusted plain composition (contracts/<op>.py) with one fault that acts only
@@ -65,6 +65,7 @@ class OpMutants:
     faults: Tuple[Fault, ...]
     space: Callable[[random.Random], Dict[str, Any]]   # a random case's params overrides (witnesses)
     settle: Callable[[Dict[str, Any]], Dict[str, Any]] = dict   # params made consistent after a force
+    outputs: int = 1                             # tensors the op returns (residual_norm: out, new_residual)
 
     def trigger(self, name: str) -> Trigger:
         return _named(self.triggers, name, "trigger", self.op)
@@ -793,7 +794,8 @@ def _attention_base():
 
 # --------------------------------------------------------------------------- the catalog
 _CATALOG: Dict[str, OpMutants] = caches.register("checks.mutants.catalog", {})
-OPS = ("rms_norm", "layer_norm", "rotary", "attention")
+FROZEN_OPS = ("rms_norm", "layer_norm", "rotary", "attention")          # version 1: frozen at 496617f
+OPS = FROZEN_OPS + ("attention_varlen", "attention_decode", "residual_norm")   # + version 2 (below)
 
 
 def catalog(op: str) -> OpMutants:
@@ -807,9 +809,11 @@ def catalog(op: str) -> OpMutants:
         elif op == "rotary":
             family = OpMutants(op, _rotary_base(), _rotary_summary, _rotary_triggers(), _rotary_faults(),
                                _rotary_space, _rotary_settle)
-        else:
+        elif op == "attention":
             family = OpMutants(op, _attention_base(), _attention_summary, _attention_triggers(), _attention_faults(),
                                _attention_space)
+        else:
+            family = _v2_family(op)
         _CATALOG[op] = family
     return _CATALOG[op]
 
@@ -897,7 +901,7 @@ def call_summaries(family: OpMutants, spec, params, dtype, seed) -> Optional[Lis
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         calls.append(family.summarize(dict(bound.arguments)))
-        return args[0]
+        return args[0] if family.outputs == 1 else (args[0],) * family.outputs
     try:
         _inputs_and_call(spec, probe, params, dtype, seed)
     except Exception:  # noqa: BLE001 - a case the op's contract rejects is no witness
@@ -987,3 +991,765 @@ def score(judged: Sequence[Judged]) -> Dict[str, Any]:
                 killed=sum(1 for j in eff if j.killed), killed_ineffective=sum(1 for j in judged
                                                                                  if not j.effective and j.killed),
                 survivors=[j.name for j in eff if not j.killed], seconds=sum(j.seconds for j in judged))
+
+
+# =========================================================================== version 2
+# attention_varlen, attention_decode and residual_norm (added after the first four ops' part
+# above was frozen at 496617f; this part was frozen before anything was tuned on it: the commit
+# is recorded in benchmarks/records/cpu/mutation-score-2026-12-06-v2.md). The same engine:
+# triggers over the call's arguments drawn from the op's dimensions (cu_seqlens' lengths at tile
+# remainders, a sequence of length 1 or 0, Sq vs Sk per sequence, the number of sequences, cache
+# lengths at tile and page remainders, Sq == 1, the page size, the residual's dtype,
+# residual_in_fp32, rowscale, ...) x faults (a block of keys, rows or features dropped or
+# repeated, a length or boundary off by one, the wrong page or slot, an argument ignored, a
+# precision loss).
+
+
+def _lens(cu: torch.Tensor) -> List[int]:
+    bounds = cu.tolist()
+    return [end - start for start, end in zip(bounds, bounds[1:])]
+
+
+def _any_mod(lens, tile, rest):
+    return any(n > 0 and n % tile == rest for n in lens)
+
+
+def _size_mods(prefix: str, key: str, force_one):
+    """Triggers "<prefix>_mod<tile>_eq<rest>": some length in summary[key] (a list) at that remainder."""
+    specs = []
+    for tile in TILES:
+        for rest in sorted({0, 1, tile - 1, tile // 2}):
+            size_of = (lambda rng, tile=tile, rest=rest: tile * rng.choice([1, 2]) + rest if rest
+                       else tile * rng.choice([1, 2, 3]))
+            specs.append((f"{prefix}_mod{tile}_eq{rest}",
+                          (lambda c, tile=tile, rest=rest: _any_mod(c[key], tile, rest)),
+                          (lambda p, rng, size_of=size_of: force_one(p, size_of(rng), rng))))
+    return specs
+
+
+def _heads_triggers():
+    return [
+        ("gqa", lambda c: c["H"] != c["Hkv"], lambda p, rng: {**p, **rng.choice([dict(H=4, Hkv=2), dict(H=6, Hkv=2),
+                                                                                  dict(H=4, Hkv=1)])}),
+        ("group_ge3", lambda c: c["group"] >= 3, lambda p, rng: {**p, **rng.choice([dict(H=6, Hkv=2), dict(H=3, Hkv=1)])}),
+        ("mqa", lambda c: c["Hkv"] == 1 and c["H"] > 1, lambda p, rng: {**p, "H": 4, "Hkv": 1}),
+        ("h_ge4", lambda c: c["H"] >= 4, lambda p, rng: {**p, "H": 4, "Hkv": rng.choice([4, 2, 1])}),
+        ("scale_given", lambda c: c["scale_given"], lambda p, rng: {**p, "scale": rng.choice([0.3, 0.05, 1.5])}),
+        ("softcap", lambda c: c["softcap"], lambda p, rng: {**p, "softcap": rng.choice([5.0, 20.0])}),
+        ("alibi", lambda c: c["alibi"], lambda p, rng: {**p, "alibi": rng.choice(["head", "batch"])}),
+        ("large_logits", lambda c: c["peak"] > 40.0, lambda p, rng: {**p, "logit_scale": 30.0}),
+    ] + [(name, (lambda c, test=test: test(c["D"])), (lambda p, rng, sizes=sizes: {**p, "D": rng.choice(sizes)}))
+         for name, test, sizes in HEAD_DIM_TRIGGERS] + [
+        (f"dtype_{label}", (lambda c, dtype=dtype: c["dtype"] == dtype), (lambda p, rng, dtype=dtype: {**p, "_dtype": dtype}))
+        for label, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32))]
+
+
+HEAD_DIM_TRIGGERS = (("d_eq128", lambda D: D == 128, [128]), ("d_ge128", lambda D: D >= 128, [128, 160, 256]),
+                     ("d_not_pow2", lambda D: D & (D - 1) != 0, [40, 48, 80, 96]), ("d_lt32", lambda D: D < 32, [8, 16]))
+
+
+def _peak(q, k, scale):
+    if not q.numel() or not k.numel():
+        return 0.0
+    with torch.no_grad():
+        return float(q.detach().float().norm(dim=-1).max() * k.detach().float().norm(dim=-1).max()) * abs(scale)
+
+
+# --------------------------------------------------------------------------- attention_varlen
+def _varlen_summary(a):
+    q, k, v = a["q"], a["k"], a["v"]
+    q_lens, k_lens = _lens(a["cu_seqlens_q"]), _lens(a["cu_seqlens_k"])
+    H, D, Hkv = q.shape[1], q.shape[2], k.shape[1]
+    scale = a.get("scale")
+    pairs = list(zip(q_lens, k_lens))
+    return dict(n=len(q_lens), q_lens=q_lens, k_lens=k_lens, max_q=max(q_lens, default=0),
+                max_k=max(k_lens, default=0), H=H, Hkv=Hkv, group=H // max(Hkv, 1), D=D, dtype=q.dtype,
+                causal=bool(a.get("causal")), window=a.get("window") is not None, softcap=a.get("softcap") is not None,
+                scale_given=scale is not None, alibi=a.get("alibi_slopes") is not None,
+                cu64=a["cu_seqlens_q"].dtype == torch.int64,
+                peak=_peak(q, k, D ** -0.5 if scale is None else scale),
+                q_contig=q.is_contiguous(), k_contig=k.is_contiguous(), v_contig=v.is_contiguous(),
+                sq_lt_sk=any(0 < m < n for m, n in pairs), sq_gt_sk=any(m > n > 0 for m, n in pairs),
+                empty_q=any(m == 0 for m in q_lens), empty_k=any(n == 0 < m for m, n in pairs),
+                len1=any(m == 1 for m in q_lens), all_q1=bool(q_lens) and all(m == 1 for m in q_lens),
+                longest_not_first=bool(q_lens) and q_lens[0] < max(q_lens))
+
+
+def _varlen_set(p, side, value, rng):
+    """Sequence 0 of `side` ("q" or "k") given `value` tokens; the other side of it small or equal."""
+    q_lens, k_lens = list(p["q_lens"]), list(p["k_lens"])
+    other = rng.choice([value, rng.choice([1, 7, 16, 33])])
+    if side == "q":
+        q_lens[0], k_lens[0] = value, other
+    else:
+        k_lens[0], q_lens[0] = value, rng.choice([1, 7, 16, 33])
+    return {**p, "q_lens": q_lens, "k_lens": k_lens, "H": min(p["H"], 2), "Hkv": min(p["Hkv"], p["H"], 2)
+            if p["H"] % min(p["Hkv"], 2) == 0 else 1, "layout": "packed"}
+
+
+def _varlen_triggers():
+    specs = _size_mods("q_len", "q_lens", lambda p, v, rng: _varlen_set(p, "q", v, rng))
+    specs += _size_mods("k_len", "k_lens", lambda p, v, rng: _varlen_set(p, "k", v, rng))
+    for limit in (256, 1024):
+        specs.append((f"max_k_gt{limit}", (lambda c, limit=limit: c["max_k"] > limit),
+                      (lambda p, rng, limit=limit: {**p, "q_lens": [rng.choice([1, 8, 16]), 3],
+                                                    "k_lens": [limit + rng.choice([1, 64, 100]), 5], "H": 1, "Hkv": 1,
+                                                    "layout": "packed", "alibi": None})))
+    specs.append(("max_q_gt256", lambda c: c["max_q"] > 256,
+                  lambda p, rng: {**p, "q_lens": [256 + rng.choice([1, 64, 100]), 3], "k_lens": [rng.choice([16, 64]), 5],
+                                  "H": 1, "Hkv": 1, "layout": "packed", "alibi": None}))
+    specs += [
+        ("one_sequence", lambda c: c["n"] == 1,
+         lambda p, rng: {**p, "q_lens": p["q_lens"][:1], "k_lens": p["k_lens"][:1]}),
+        ("sequences_ge3", lambda c: c["n"] >= 3,
+         lambda p, rng: {**p, "q_lens": [rng.randint(1, 40) for _ in range(4)], "k_lens": [rng.randint(1, 40) for _ in range(4)]}),
+        ("sequences_ge6", lambda c: c["n"] >= 6,
+         lambda p, rng: {**p, "q_lens": [rng.randint(0, 12) for _ in range(7)], "k_lens": [rng.randint(1, 12) for _ in range(7)]}),
+        ("seq_len1", lambda c: c["len1"],
+         lambda p, rng: {**p, "q_lens": [1] + list(p["q_lens"][1:]) if len(p["q_lens"]) > 1 else [1, 9],
+                         "k_lens": list(p["k_lens"]) if len(p["k_lens"]) > 1 else [p["k_lens"][0], 9]}),
+        ("all_q_len1", lambda c: c["all_q1"], lambda p, rng: {**p, "q_lens": [1] * len(p["q_lens"]), "layout": "packed"}),
+        ("empty_q_seq", lambda c: c["empty_q"],
+         lambda p, rng: {**p, "q_lens": list(p["q_lens"]) + [0], "k_lens": list(p["k_lens"]) + [rng.randint(1, 9)],
+                         "layout": "packed"}),
+        ("empty_k_seq", lambda c: c["empty_k"],
+         lambda p, rng: {**p, "q_lens": [rng.randint(1, 9)] + list(p["q_lens"]), "k_lens": [0] + list(p["k_lens"]),
+                         "layout": "packed"}),
+        ("sq_lt_sk", lambda c: c["sq_lt_sk"],
+         lambda p, rng: {**p, "q_lens": [rng.randint(1, 20), 9], "k_lens": [rng.randint(21, 90), 9], "layout": "packed"}),
+        ("sq_gt_sk", lambda c: c["sq_gt_sk"],
+         lambda p, rng: {**p, "q_lens": [rng.randint(21, 90), 9], "k_lens": [rng.randint(1, 20), 9], "layout": "packed"}),
+        ("longest_not_first", lambda c: c["longest_not_first"],
+         lambda p, rng: {**p, "q_lens": [5, rng.randint(20, 70)], "k_lens": [rng.randint(3, 30), rng.randint(20, 70)]}),
+        ("causal", lambda c: c["causal"], lambda p, rng: {**p, "causal": True}),
+        ("causal_sq_ne_sk", lambda c: c["causal"] and (c["sq_lt_sk"] or c["sq_gt_sk"]),
+         lambda p, rng: {**p, "causal": True, "q_lens": [rng.randint(2, 30), 9], "k_lens": [rng.randint(31, 70), 4],
+                         "layout": "packed"}),
+        ("window", lambda c: c["window"], lambda p, rng: {**p, "window": rng.choice([[7, 3], [4, 0], [0, 5]])}),
+        ("cu_int64", lambda c: c["cu64"], lambda p, rng: {**p, "cu_dtype": "int64"}),
+        ("q_noncontig", lambda c: not c["q_contig"],
+         lambda p, rng: rng.choice([{**p, "layout": "qkv_view"}, {**p, "views": {"q": rng.choice(["sliced", "transposed"])}}])),
+        ("k_noncontig", lambda c: not c["k_contig"],
+         lambda p, rng: rng.choice([{**p, "layout": "qkv_view"}, {**p, "views": {"k": rng.choice(["sliced", "transposed"])}}])),
+        ("v_noncontig", lambda c: not c["v_contig"],
+         lambda p, rng: rng.choice([{**p, "layout": "qkv_view"}, {**p, "views": {"v": rng.choice(["sliced", "transposed"])}}])),
+    ]
+    specs += _heads_triggers()
+    return _triggers(specs)
+
+
+def _varlen_with_keys(a, keep):
+    """The call with each sequence b's keys cut to its first keep(b, q_len, k_len) (cu_seqlens_k rebuilt)."""
+    q_lens, k_lens = _lens(a["cu_seqlens_q"]), _lens(a["cu_seqlens_k"])
+    starts = a["cu_seqlens_k"].tolist()
+    index, kept = [], []
+    for b, (m, n) in enumerate(zip(q_lens, k_lens)):
+        count = max(0, min(n, keep(b, m, n)))
+        index += range(starts[b], starts[b] + count)
+        kept.append(count)
+    index = torch.tensor(index, dtype=torch.long, device=a["k"].device)
+    cu = torch.tensor([0] + kept, dtype=torch.long).cumsum(0).to(a["cu_seqlens_k"].dtype)
+    return {**a, "k": a["k"].index_select(0, index), "v": a["v"].index_select(0, index), "cu_seqlens_k": cu,
+            "max_seqlen_k": max(kept, default=0)}
+
+
+def _varlen_rows(a, out, fn):
+    """out with fn(rows, b) applied to each sequence b's rows (q_len, H, D)."""
+    starts = a["cu_seqlens_q"].tolist()
+    pieces = [fn(out[s:e], b) for b, (s, e) in enumerate(zip(starts, starts[1:]))]
+    return torch.cat(pieces) if pieces else out
+
+
+def _varlen_each(a, base, replace):
+    """Sequence by sequence: replace(b, call of that sequence alone) -> its rows, or None: the composition's."""
+    cq, ck = a["cu_seqlens_q"].tolist(), a["cu_seqlens_k"].tolist()
+    slopes = a.get("alibi_slopes")
+    pieces = []
+    for b in range(len(cq) - 1):
+        (qs, qe), (ks, ke) = cq[b:b + 2], ck[b:b + 2]
+        one = {**a, "q": a["q"][qs:qe], "k": a["k"][ks:ke], "v": a["v"][ks:ke],
+               "cu_seqlens_q": a["cu_seqlens_q"].new_tensor([0, qe - qs]),
+               "cu_seqlens_k": a["cu_seqlens_k"].new_tensor([0, ke - ks]), "max_seqlen_q": qe - qs,
+               "max_seqlen_k": ke - ks}
+        if slopes is not None and slopes.dim() == 2 and slopes.shape[0] > 1:
+            one["alibi_slopes"] = slopes[b:b + 1]
+        rows = replace(b, one) if qe > qs else None
+        pieces.append(base(one) if rows is None else rows)
+    return torch.cat(pieces) if pieces else base(a)
+
+
+def _varlen_faults():
+    def with_arg(name, fn=lambda a: None):
+        return lambda base, a: base({**a, name: fn(a)})
+
+    def cu_shift(cu):
+        if cu.numel() < 3:
+            return cu
+        moved = cu.clone()
+        moved[1:-1] = torch.minimum(moved[1:-1] + 1, moved[2:])
+        return moved
+
+    def last_row_repeats(base, a):
+        return _varlen_rows(a, base(a), lambda rows, b: torch.cat([rows[:-1], rows[-2:-1]]) if rows.shape[0] > 1
+                            else rows)
+
+    def last_sequence_unwritten(base, a):
+        n = a["cu_seqlens_q"].numel() - 1
+        return _varlen_rows(a, base(a), lambda rows, b: torch.zeros_like(rows) if b == n - 1 and n > 1 else rows)
+
+    def longest_row_unwritten(base, a):   # the grid sized from max_seqlen_q - 1
+        longest = int(a["max_seqlen_q"])
+        return _varlen_rows(a, base(a), lambda rows, b: torch.cat([rows[:-1], torch.zeros_like(rows[-1:])])
+                            if rows.shape[0] == longest and longest > 0 else rows)
+
+    def causal_top_left(base, a):
+        if not a.get("causal") or a.get("window") is not None or a.get("alibi_slopes") is not None:
+            return base(a)
+        dense = _composition("attention")
+
+        def top_left(b, one):
+            m, n = one["q"].shape[0], one["k"].shape[0]
+            if m == n or n == 0:
+                return None
+            q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (one["q"], one["k"], one["v"]))
+            if q.shape[1] != k.shape[1]:
+                group = q.shape[1] // k.shape[1]
+                k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+            mask = torch.ones(m, n, dtype=torch.bool, device=q.device).tril()
+            kwargs = {"softcap": one["softcap"]} if one.get("softcap") is not None else {}
+            return dense(q, k, v, attn_mask=mask, scale=one.get("scale"), **kwargs)[0].transpose(0, 1)
+        return _varlen_each(a, base, top_left)
+
+    def empty_keys_read_next(base, a):
+        k_lens = _lens(a["cu_seqlens_k"])
+        ck = a["cu_seqlens_k"].tolist()
+
+        def read_next(b, one):
+            if k_lens[b] or b + 1 >= len(k_lens) or not k_lens[b + 1]:
+                return None
+            ks, ke = ck[b + 1], ck[b + 2]
+            return base({**one, "k": a["k"][ks:ke], "v": a["v"][ks:ke],
+                         "cu_seqlens_k": one["cu_seqlens_k"].new_tensor([0, ke - ks]), "max_seqlen_k": ke - ks})
+        return _varlen_each(a, base, read_next)
+
+    def gqa_modulo(base, a):
+        group = a["q"].shape[1] // a["k"].shape[1]
+        if group == 1:
+            return base(a)
+        return base({**a, "k": a["k"].repeat(1, group, 1), "v": a["v"].repeat(1, group, 1)})
+
+    def window_off_by_one(a):
+        window = a.get("window")
+        return None if window is None else (window[0] + 1, window[1])
+
+    def precision(base, a):
+        return base({**a, **{name: _round_to(a[name], torch.bfloat16) for name in ("q", "k", "v")}})
+
+    def last_features_zeroed(base, a):
+        out = base(a)
+        cut = max(1, min(8, out.shape[-1] // 4))
+        return torch.cat([out[..., :-cut], torch.zeros_like(out[..., -cut:])], -1)
+
+    return (
+        Fault("drop_last_keys", lambda base, a: base(_varlen_with_keys(a, lambda b, m, n: n - min(16, n - 1)))),
+        Fault("partial_key_tile_dropped", lambda base, a: base(_varlen_with_keys(
+            a, lambda b, m, n: n - n % 16 if n > 16 else n))),
+        Fault("key_length_off_by_one", lambda base, a: base(_varlen_with_keys(a, lambda b, m, n: n - 1 if n > 1 else n))),
+        Fault("keys_capped_at_max_seqlen_q", lambda base, a: base(_varlen_with_keys(
+            a, lambda b, m, n: min(n, max(1, int(a["max_seqlen_q"])))))),
+        Fault("cu_k_off_by_one", with_arg("cu_seqlens_k", lambda a: cu_shift(a["cu_seqlens_k"]))),
+        Fault("cu_q_off_by_one", with_arg("cu_seqlens_q", lambda a: cu_shift(a["cu_seqlens_q"]))),
+        Fault("last_row_repeats", last_row_repeats),
+        Fault("last_sequence_unwritten", last_sequence_unwritten),
+        Fault("longest_row_unwritten", longest_row_unwritten),
+        Fault("causal_top_left", causal_top_left),
+        Fault("empty_keys_read_next", empty_keys_read_next),
+        Fault("ignore_causal", with_arg("causal", lambda a: False)),
+        Fault("ignore_scale", with_arg("scale")),
+        Fault("ignore_window", with_arg("window")),
+        Fault("window_off_by_one", with_arg("window", window_off_by_one)),
+        Fault("ignore_softcap", with_arg("softcap")),
+        Fault("ignore_alibi", with_arg("alibi_slopes")),
+        Fault("gqa_modulo_heads", gqa_modulo),
+        Fault("v_as_contiguous", with_arg("v", lambda a: _as_if_contiguous(a["v"]))),
+        Fault("qk_as_contiguous", lambda base, a: base({**a, "q": _as_if_contiguous(a["q"]),
+                                                        "k": _as_if_contiguous(a["k"])})),
+        Fault("inputs_through_bf16", precision),
+        Fault("output_through_bf16", lambda base, a: _round_to(base(a), torch.bfloat16)),
+        Fault("last_features_zeroed", last_features_zeroed),
+        Fault("scale_one_over_d", lambda base, a: base({**a, "scale": a["q"].shape[-1] ** -1.0
+                                                        if a.get("scale") is None else a["scale"]})),
+    )
+
+
+VARLEN_SIZES = (0, 1, 1, 5, 7, 16, 17, 31, 32, 33, 48, 63, 64, 65, 96, 127, 128, 129)
+
+
+def _varlen_space(rng: random.Random) -> Dict[str, Any]:
+    n = rng.choice([1, 2, 2, 3, 5])
+    H, Hkv = rng.choice([(1, 1), (2, 2), (2, 1), (4, 2), (4, 1), (3, 3)])
+    q_lens = [rng.choice(VARLEN_SIZES[1:]) if i == 0 else rng.choice(VARLEN_SIZES) for i in range(n)]
+    k_lens = [m if rng.random() < 0.5 else rng.choice(VARLEN_SIZES[1:]) for m in q_lens]
+    p: Dict[str, Any] = dict(q_lens=q_lens, k_lens=k_lens, H=H, Hkv=Hkv, D=rng.choice([16, 32, 40, 64, 128]),
+                             causal=rng.random() < 0.4, window=rng.choice([None, None, None, [7, 3], [16, 0]]),
+                             softcap=rng.choice([None, None, 20.0]), scale=rng.choice([None, None, 0.3]),
+                             logit_scale=rng.choice([1.0, 1.0, 1.0, 30.0]), cu_dtype=rng.choice(["int32", "int64"]),
+                             layout=rng.choice(["packed"] * 6 + ["qkv_view"]), alibi=rng.choice([None, None, None, "head"]))
+    if rng.random() < 0.15:
+        p["views"] = {rng.choice(["q", "k", "v"]): rng.choice(["offset", "sliced", "transposed"])}
+    return p
+
+
+def _varlen_settle(p: Dict[str, Any]) -> Dict[str, Any]:
+    """k_lens as many as q_lens; the one-buffer layout's k and v are q's tokens and heads; a
+    window no wider than the longest sequence; a first sequence with tokens."""
+    p = dict(p)
+    q_lens, k_lens = list(p["q_lens"]), list(p["k_lens"])
+    k_lens = (k_lens + q_lens[len(k_lens):])[:len(q_lens)]
+    if p.get("layout") == "qkv_view":
+        k_lens, p["Hkv"] = list(q_lens), p["H"]
+    if p["H"] % p["Hkv"]:
+        p["Hkv"] = 1
+    if max(q_lens + [0]) == 0:
+        q_lens[0] = 1
+    p["q_lens"], p["k_lens"] = q_lens, k_lens
+    if p.get("window") is not None:
+        longest = max(q_lens + k_lens)
+        p["window"] = [min(int(w), longest) for w in p["window"]]
+    return p
+
+
+def _varlen_base():
+    composition = _composition("attention_varlen")
+
+    def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
+                         window=None, softcap=None, scale=None, alibi_slopes=None):
+        return composition(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
+                           window=window, softcap=softcap, scale=scale, alibi_slopes=alibi_slopes)
+    return attention_varlen
+
+
+# --------------------------------------------------------------------------- attention_decode
+def _decode_summary(a):
+    q, k_cache, table = a["q"], a["k_cache"], a.get("block_table")
+    B, H, Sq, D = q.shape
+    paged = table is not None
+    page = k_cache.shape[2] if paged else None
+    s_max = table.shape[1] * page if paged else k_cache.shape[2]
+    lengths = [min(max(int(n), 0), s_max) for n in a["cache_seqlens"].tolist()]
+    scale = a.get("scale")
+    return dict(B=B, H=H, Hkv=k_cache.shape[1], group=H // max(k_cache.shape[1], 1), Sq=Sq, D=D, S_max=s_max,
+                lengths=lengths, max_len=max(lengths, default=0), dtype=q.dtype, paged=paged, page=page,
+                softcap=a.get("softcap") is not None, scale_given=scale is not None,
+                alibi=a.get("alibi_slopes") is not None, seqlens64=a["cache_seqlens"].dtype == torch.int64,
+                peak=_peak(q, k_cache, D ** -0.5 if scale is None else scale),
+                q_contig=q.is_contiguous(), cache_contig=k_cache.is_contiguous() and a["v_cache"].is_contiguous(),
+                len0=0 in lengths, len_lt_sq=any(0 < n < Sq for n in lengths), len_full=s_max in lengths,
+                page_edge=paged and any(n > 0 and n % page == 0 for n in lengths),
+                page_partial=paged and any(n > page and n % page for n in lengths))
+
+
+def _decode_set(p, value, rng):
+    lengths = list(p.get("lengths") or [p["S_max"]])[:max(1, min(p["B"], 3))]
+    lengths[0] = value
+    return {**p, "B": len(lengths), "lengths": lengths, "S_max": max(value, max(lengths)) + rng.choice([0, 0, 7]),
+            "H": min(p["H"], 4), "Hkv": min(p["Hkv"], p["H"], 4) if min(p["H"], 4) % min(p["Hkv"], 4) == 0 else 1}
+
+
+def _decode_triggers():
+    specs = _size_mods("len", "lengths", _decode_set)
+    for limit in (512, 2048):
+        specs.append((f"len_gt{limit}", (lambda c, limit=limit: c["max_len"] > limit),
+                      (lambda p, rng, limit=limit: _decode_set({**p, "B": 1, "H": 2, "Hkv": 1},
+                                                               limit + rng.choice([1, 64, 100]), rng))))
+
+    def paged(p, rng, page=None):
+        page = page or rng.choice([1, 5, 16, 64])
+        return {**p, "page": page, "S_max": max(p["S_max"], 2 * page + 3)}
+    specs += [
+        ("sq_eq1", lambda c: c["Sq"] == 1, lambda p, rng: {**p, "Sq": 1}),
+        ("sq_ge2", lambda c: c["Sq"] >= 2, lambda p, rng: {**p, "Sq": rng.randint(2, 8)}),
+        ("sq_ge8", lambda c: c["Sq"] >= 8, lambda p, rng: {**p, "Sq": rng.randint(8, 16)}),
+        ("len_zero", lambda c: c["len0"], lambda p, rng: {**p, "B": max(p["B"], 2), "lengths": [p["S_max"], 0]}),
+        ("len_lt_sq", lambda c: c["len_lt_sq"],
+         lambda p, rng: {**p, "Sq": rng.randint(3, 8), "B": max(p["B"], 2), "lengths": [p["S_max"], rng.randint(1, 2)]}),
+        ("len_full", lambda c: c["len_full"], lambda p, rng: {**p, "lengths": [p["S_max"]] + list(p.get("lengths") or [])[1:]}),
+        ("b_ge3", lambda c: c["B"] >= 3, lambda p, rng: {**p, "B": rng.randint(3, 5), "lengths": None}),
+        ("b_eq1", lambda c: c["B"] == 1, lambda p, rng: {**p, "B": 1, "lengths": [rng.randint(1, p["S_max"])]}),
+        ("paged", lambda c: c["paged"], paged),
+        ("page_lt16", lambda c: c["paged"] and c["page"] < 16, lambda p, rng: paged(p, rng, rng.choice([1, 5, 7]))),
+        ("page_ge64", lambda c: c["paged"] and c["page"] >= 64, lambda p, rng: paged(p, rng, rng.choice([64, 128]))),
+        ("page_not_pow2", lambda c: c["paged"] and c["page"] & (c["page"] - 1) != 0,
+         lambda p, rng: paged(p, rng, rng.choice([5, 7, 24]))),
+        ("len_on_page_edge", lambda c: c["page_edge"],
+         lambda p, rng: (lambda q: {**q, "lengths": [2 * q["page"]] + list(q.get("lengths") or [])[1:]})(
+             paged({**p, "S_max": max(p["S_max"], 40)}, rng, rng.choice([5, 16])))),
+        ("len_partial_page", lambda c: c["page_partial"],
+         lambda p, rng: (lambda q: {**q, "lengths": [q["page"] + 1 + rng.randint(0, q["page"] - 2 if q["page"] > 2 else 0)]
+                                    + list(q.get("lengths") or [])[1:]})(paged({**p, "S_max": max(p["S_max"], 40)},
+                                                                                rng, rng.choice([5, 16])))),
+        ("seqlens_int64", lambda c: c["seqlens64"], lambda p, rng: {**p, "seqlens_dtype": "int64"}),
+        ("q_noncontig", lambda c: not c["q_contig"], lambda p, rng: {**p, "views": {"q": rng.choice(["sliced", "transposed"])}}),
+        ("cache_noncontig", lambda c: not c["cache_contig"],
+         lambda p, rng: rng.choice([{**p, "layout": "bshd"},
+                                    {**p, "page": None, "views": {rng.choice(["k_cache", "v_cache"]): "sliced"}}])),
+    ]
+    specs += _heads_triggers()
+    return _triggers(specs)
+
+
+def _decode_faults():
+    def with_arg(name, fn=lambda a: None):
+        return lambda base, a: base({**a, name: fn(a)})
+
+    def s_max(a):
+        table = a.get("block_table")
+        return table.shape[1] * a["k_cache"].shape[2] if table is not None else a["k_cache"].shape[2]
+
+    def lengths(fn):
+        def moved(a):
+            n = a["cache_seqlens"].long().clamp(0, s_max(a))
+            return fn(n, a).clamp(0, s_max(a)).to(a["cache_seqlens"].dtype)
+        return with_arg("cache_seqlens", moved)
+
+    def per_query(visible):
+        """Query i of each item sees visible(L, Sq, i) keys (the correct count: L - Sq + 1 + i)."""
+        def run(base, a):
+            q, n = a["q"], a["cache_seqlens"].long()
+            rows = []
+            for i in range(q.shape[2]):
+                seen = visible(n, q.shape[2], i).clamp(0, s_max(a)).to(a["cache_seqlens"].dtype)
+                rows.append(base({**a, "q": q[:, :, i:i + 1], "cache_seqlens": seen}))
+            return torch.cat(rows, dim=2)
+        return run
+
+    def paged_only(fn):
+        return lambda base, a: base(a) if a.get("block_table") is None else fn(base, a)
+
+    def table_shift(base, a):
+        table = a["block_table"]
+        return base({**a, "block_table": torch.roll(table, -1, dims=1) if table.shape[1] > 1 else table})
+
+    def slot_shift(base, a):
+        return base({**a, "k_cache": torch.roll(a["k_cache"], -1, dims=2), "v_cache": torch.roll(a["v_cache"], -1, dims=2)})
+
+    def ignore_table(base, a):
+        table = a["block_table"]
+        flat = torch.arange(table.numel(), device=table.device).clamp(max=a["k_cache"].shape[0] - 1)
+        return base({**a, "block_table": flat.view(table.shape).to(table.dtype)})
+
+    def item2_reads_item1(base, a):
+        if a["q"].shape[0] < 3:
+            return base(a)
+        table = a.get("block_table")
+        if table is not None:
+            return base({**a, "block_table": torch.cat([table[:2], table[1:2].expand_as(table[2:])])})
+        k, v = a["k_cache"], a["v_cache"]
+        return base({**a, "k_cache": torch.cat([k[:2], k[1:2].expand_as(k[2:])]),
+                     "v_cache": torch.cat([v[:2], v[1:2].expand_as(v[2:])])})
+
+    def gqa_modulo(base, a):
+        group = a["q"].shape[1] // a["k_cache"].shape[1]
+        if group == 1:
+            return base(a)
+        return base({**a, "k_cache": a["k_cache"].repeat(1, group, 1, 1), "v_cache": a["v_cache"].repeat(1, group, 1, 1)})
+
+    def precision(base, a):
+        return base({**a, **{name: _round_to(a[name], torch.bfloat16) for name in ("q", "k_cache", "v_cache")}})
+
+    def last_query_repeats(base, a):
+        out = base(a)
+        return torch.cat([out[..., :-1, :], out[..., -2:-1, :]], -2) if out.shape[-2] > 1 else out
+
+    def last_features_zeroed(base, a):
+        out = base(a)
+        cut = max(1, min(8, out.shape[-1] // 4))
+        return torch.cat([out[..., :-cut], torch.zeros_like(out[..., -cut:])], -1)
+
+    return (
+        Fault("length_minus_one", lengths(lambda n, a: n - 1)),
+        Fault("length_plus_one", lengths(lambda n, a: n + 1)),
+        Fault("partial_tile_dropped", lengths(lambda n, a: torch.where(n > 16, n - n % 16, n))),
+        Fault("partial_page_dropped", lengths(lambda n, a: n if a.get("block_table") is None else torch.where(
+            n > a["k_cache"].shape[2], n - n % a["k_cache"].shape[2], n))),
+        Fault("lengths_of_item0", lengths(lambda n, a: n[:1].expand_as(n))),
+        Fault("empty_cache_reads_key0", lengths(lambda n, a: n.clamp(min=1))),
+        Fault("new_queries_see_all_keys", per_query(lambda n, sq, i: n)),
+        Fault("query_position_off_by_one", per_query(lambda n, sq, i: n - sq + 2 + i)),
+        Fault("page_table_off_by_one", paged_only(table_shift)),
+        Fault("page_slot_off_by_one", paged_only(slot_shift)),
+        Fault("ignore_block_table", paged_only(ignore_table)),
+        Fault("item2_reads_item1", item2_reads_item1),
+        Fault("ignore_scale", with_arg("scale")),
+        Fault("ignore_softcap", with_arg("softcap")),
+        Fault("ignore_alibi", with_arg("alibi_slopes")),
+        Fault("scale_one_over_d", lambda base, a: base({**a, "scale": a["q"].shape[-1] ** -1.0
+                                                        if a.get("scale") is None else a["scale"]})),
+        Fault("gqa_modulo_heads", gqa_modulo),
+        Fault("cache_as_contiguous", lambda base, a: base({**a, "k_cache": _as_if_contiguous(a["k_cache"]),
+                                                           "v_cache": _as_if_contiguous(a["v_cache"])})),
+        Fault("q_as_contiguous", with_arg("q", lambda a: _as_if_contiguous(a["q"]))),
+        Fault("inputs_through_bf16", precision),
+        Fault("output_through_bf16", lambda base, a: _round_to(base(a), torch.bfloat16)),
+        Fault("last_query_repeats", last_query_repeats),
+        Fault("last_features_zeroed", last_features_zeroed),
+    )
+
+
+DECODE_LENGTHS = (0, 1, 2, 7, 16, 17, 31, 32, 33, 63, 64, 65, 100, 127, 128, 129)
+
+
+def _decode_space(rng: random.Random) -> Dict[str, Any]:
+    B = rng.choice([1, 2, 3, 4])
+    H, Hkv = rng.choice([(1, 1), (2, 2), (2, 1), (4, 2), (4, 1), (6, 3), (8, 2)])
+    lengths = [rng.choice(DECODE_LENGTHS) for _ in range(B)]
+    lengths[0] = max(lengths[0], 1)
+    p: Dict[str, Any] = dict(B=B, H=H, Hkv=Hkv, Sq=rng.choice([1, 1, 2, 3, 5, 8, 16]), D=rng.choice([16, 32, 40, 64, 128]),
+                             S_max=max(lengths) + rng.choice([0, 0, 9]), lengths=lengths,
+                             softcap=rng.choice([None, None, 20.0]), scale=rng.choice([None, None, 0.2]),
+                             logit_scale=rng.choice([1.0, 1.0, 1.0, 30.0]), seqlens_dtype=rng.choice(["int32", "int64"]),
+                             layout=rng.choice(["bhsd", "bhsd", "bshd"]), page=rng.choice([None, None, 1, 5, 16, 64]),
+                             alibi=rng.choice([None, None, None, "head", "batch"]))
+    if rng.random() < 0.15:
+        p["views"] = {rng.choice(["q", "k_cache", "v_cache"]): rng.choice(["offset", "sliced"])}
+    return p
+
+
+def _decode_settle(p: Dict[str, Any]) -> Dict[str, Any]:
+    """Lengths as many as the batch items, within the cache; a view of the cache only when it is not paged."""
+    p = dict(p)
+    if p.get("lengths") is not None:
+        lengths = list(p["lengths"])[:p["B"]]
+        p["lengths"] = lengths + [min(p["S_max"], 5)] * (p["B"] - len(lengths))
+        p["S_max"] = max([p["S_max"]] + p["lengths"])
+    if p["H"] % p["Hkv"]:
+        p["Hkv"] = 1
+    if p.get("page") is not None and p.get("views") and set(p["views"]) & {"k_cache", "v_cache"}:
+        p["views"] = None
+    return p
+
+
+def _decode_base():
+    composition = _composition("attention_decode")
+
+    def attention_decode(q, k_cache, v_cache, cache_seqlens, *, scale=None, softcap=None, block_table=None,
+                         alibi_slopes=None):
+        return composition(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap, block_table=block_table,
+                           alibi_slopes=alibi_slopes)
+    return attention_decode
+
+
+# --------------------------------------------------------------------------- residual_norm
+def _rn_summary(a):
+    x, residual, weight, rowscale = a["x"], a.get("residual"), a["weight"], a.get("rowscale")
+    W = x.shape[-1] if x.dim() else 1
+    s = x.detach().float() + (residual.detach().float() if residual is not None else 0.0)
+    return dict(W=W, rows=x.numel() // max(W, 1), dim=x.dim(), dtype=x.dtype, norm=a.get("norm", "rms"),
+                residual=residual is not None, fp32_stream=residual is not None and residual.dtype != x.dtype,
+                in_fp32=bool(a.get("residual_in_fp32")), bias=a.get("bias") is not None,
+                eps=a.get("eps") is not None, rowscale=rowscale is not None,
+                rowscale_zeros=rowscale is not None and bool((rowscale == 0).any()),
+                zero_centered=bool(a.get("zero_centered_weight")), out_dtype=a.get("out_dtype") is not None,
+                x_contig=x.is_contiguous(), x_offset=x.storage_offset() != 0, x_stride0=0 in x.stride(),
+                residual_contig=_contiguous(residual), weight_contig=_contiguous(weight),
+                mean=float(s.mean(dim=-1).abs().max()) if s.numel() else 0.0)
+
+
+def _rn_width(p, width):
+    return {**p, "shape": tuple(p["shape"][:-1]) + (width,)}
+
+
+def _rn_triggers():
+    specs = []
+    for name, fires, force in _mods("W"):
+        specs.append((name, fires, (lambda p, rng, force=force: _rn_width(p, force({"W": 0}, rng)["W"]))))
+    specs += [
+        ("w_gt1024", lambda c: c["W"] > 1024,
+         lambda p, rng: {**p, "shape": (2, 1024 + rng.choice([1, 63, 128])), "layout": "contiguous"}),
+        ("rows_ge64", lambda c: c["rows"] >= 64,
+         lambda p, rng: {**p, "shape": (64 + rng.choice([0, 1, 31]), 32), "layout": "contiguous"}),
+        ("rows_eq1", lambda c: c["rows"] == 1, lambda p, rng: {**p, "shape": (1, p["shape"][-1]), "layout": "contiguous"}),
+        ("rows_mod16_eq1", lambda c: c["rows"] % 16 == 1 and c["rows"] > 1,
+         lambda p, rng: {**p, "shape": (16 * rng.choice([1, 2]) + 1, p["shape"][-1])}),
+        ("w_odd", lambda c: c["W"] % 2 == 1, lambda p, rng: _rn_width(p, 2 * rng.randint(2, 60) + 1)),
+        ("w_lt16", lambda c: c["W"] < 16, lambda p, rng: _rn_width(p, rng.randint(2, 15))),
+        ("x_3d", lambda c: c["dim"] >= 3,
+         lambda p, rng: {**p, "shape": (rng.randint(2, 4), rng.randint(2, 9), p["shape"][-1]), "layout": "contiguous"}),
+        ("norm_rms", lambda c: c["norm"] == "rms", lambda p, rng: {**p, "norm": "rms"}),
+        ("norm_layer", lambda c: c["norm"] == "layer", lambda p, rng: {**p, "norm": "layer"}),
+        ("no_residual", lambda c: not c["residual"], lambda p, rng: {**p, "residual": False, "residual_fp32": False}),
+        ("with_residual", lambda c: c["residual"], lambda p, rng: {**p, "residual": True}),
+        ("fp32_residual_stream", lambda c: c["fp32_stream"],
+         lambda p, rng: {**p, "residual": True, "residual_fp32": True, "_dtype": torch.bfloat16}),
+        ("residual_in_fp32", lambda c: c["in_fp32"], lambda p, rng: {**p, "residual_in_fp32": True}),
+        ("in_fp32_16bit", lambda c: c["in_fp32"] and c["dtype"] != torch.float32,
+         lambda p, rng: {**p, "residual_in_fp32": True, "_dtype": torch.bfloat16}),
+        ("dtype_bf16", lambda c: c["dtype"] == torch.bfloat16, lambda p, rng: {**p, "_dtype": torch.bfloat16}),
+        ("dtype_fp32", lambda c: c["dtype"] == torch.float32, lambda p, rng: {**p, "_dtype": torch.float32}),
+        ("bias", lambda c: c["bias"], lambda p, rng: {**p, "bias": True}),
+        ("no_bias", lambda c: not c["bias"], lambda p, rng: {**p, "bias": False}),
+        ("eps_explicit", lambda c: c["eps"], lambda p, rng: {**p, "eps": rng.choice([1e-3, 1e-2])}),
+        ("rowscale", lambda c: c["rowscale"], lambda p, rng: {**p, "rowscale": rng.choice(["random", "zeros"])}),
+        ("rowscale_zero_rows", lambda c: c["rowscale_zeros"],
+         lambda p, rng: {**p, "rowscale": "zeros", "shape": (max(2, p["shape"][0]),) + tuple(p["shape"][1:])}),
+        ("zero_centered", lambda c: c["zero_centered"], lambda p, rng: {**p, "zero_centered": True}),
+        ("out_dtype", lambda c: c["out_dtype"], lambda p, rng: {**p, "out_fp32": True}),
+        ("x_noncontig", lambda c: not c["x_contig"],
+         lambda p, rng: rng.choice([{**p, "layout": rng.choice(["row_stride", "transposed"]),
+                                     "shape": (p["shape"][0], p["shape"][-1])},
+                                    {**p, "views": {"x": "sliced"}}])),
+        ("x_offset", lambda c: c["x_offset"], lambda p, rng: {**p, "views": {"x": "offset"}}),
+        ("x_stride0", lambda c: c["x_stride0"], lambda p, rng: {**p, "views": {"x": "expanded"}}),
+        ("residual_noncontig", lambda c: not c["residual_contig"],
+         lambda p, rng: {**p, "residual": True, "views": {"residual": rng.choice(["sliced", "transposed"])}}),
+        ("weight_noncontig", lambda c: not c["weight_contig"], lambda p, rng: {**p, "views": {"weight": "sliced"}}),
+        ("large_mean", lambda c: c["mean"] > 20.0, lambda p, rng: {**p, "offset": rng.choice([30.0, 100.0])}),
+    ]
+    return _triggers(specs)
+
+
+def _rn_math(a, *, stats_cols=None, divisor_delta=0, stats_dtype=None, shift_rows=False, eps=None, norm=None,
+             sum_dtype=None, norm_of_x=False, rowscale_on_sum=False, centered=None, new_residual_x=False):
+    """residual_norm's composition with a fault: the statistics over the first `stats_cols`
+    features, divided by width + divisor_delta, from values rounded to stats_dtype, or from the row
+    before; another eps or norm; the sum in sum_dtype; the norm of x alone (norm_of_x); rowscale
+    applied to the sum; the weight's +1 of zero_centered_weight forced (centered); x returned as
+    new_residual."""
+    x, residual, weight, bias, rowscale = a["x"], a.get("residual"), a["weight"], a.get("bias"), a.get("rowscale")
+    if sum_dtype is None:
+        sum_dtype = torch.float32 if a.get("residual_in_fp32") else (x.dtype if residual is None else residual.dtype)
+    out_dtype = a.get("out_dtype") or x.dtype
+    xs = x
+    if rowscale is not None and not rowscale_on_sum:
+        xs = x.float() * rowscale.detach().float()[..., None]
+    s = xs.to(sum_dtype) if residual is None else xs.to(sum_dtype) + residual.to(sum_dtype)
+    if rowscale is not None and rowscale_on_sum:
+        s = (s.float() * rowscale.detach().float()[..., None]).to(sum_dtype)
+    norm = norm or a.get("norm", "rms")
+    if eps is None:
+        eps = a.get("eps")
+        if eps is None:
+            eps = default_rms_eps(x.dtype) if norm == "rms" else 1e-5
+    W = x.shape[-1]
+    f = (x.float() if norm_of_x else s.float()).reshape(-1, W)
+    fs = _round_to(f, stats_dtype) if stats_dtype is not None else f
+    cols = fs[:, :stats_cols] if stats_cols else fs
+    n = cols.shape[-1] + divisor_delta
+    if norm == "rms":
+        inv = torch.rsqrt(cols.pow(2).sum(-1, keepdim=True) / n + eps)
+        mean = torch.zeros_like(inv)
+    else:
+        mean = cols.sum(-1, keepdim=True) / n
+        inv = torch.rsqrt((cols - mean).pow(2).sum(-1, keepdim=True) / n + eps)
+    if shift_rows and inv.shape[0] > 1:
+        mean, inv = torch.cat([mean[:1], mean[:-1]]), torch.cat([inv[:1], inv[:-1]])
+    y = ((f - mean) * inv).reshape(x.shape)
+    plus_one = bool(a.get("zero_centered_weight")) if centered is None else centered
+    y = y * (weight.float() + 1.0 if plus_one else weight.float())
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(out_dtype), (x.to(s.dtype) if new_residual_x else s)
+
+
+def _rn_faults():
+    def with_arg(name, fn=lambda a: None):
+        return lambda base, a: base({**a, name: fn(a)})
+
+    def on_out(fn):
+        def run(base, a):
+            out, new_residual = base(a)
+            return fn(out, a), new_residual
+        return run
+
+    def rows(fn):
+        return on_out(lambda out, a: fn(out.reshape(-1, out.shape[-1]), a).reshape(out.shape))
+
+    def last_row_repeats(flat, a):
+        return torch.cat([flat[:-1], flat[-2:-1]]) if flat.shape[0] > 1 else flat
+
+    def residual_rounded(base, a):
+        residual = a.get("residual")
+        if residual is None or residual.dtype == a["x"].dtype:
+            return base(a)
+        return base({**a, "residual": _round_to(residual, a["x"].dtype)})
+
+    def width(a):
+        return a["x"].shape[-1]
+
+    return (
+        Fault("residual_not_in_norm", lambda base, a: _rn_math(a, norm_of_x=True)),
+        Fault("new_residual_is_x", lambda base, a: _rn_math(a, new_residual_x=True)),
+        Fault("ignore_residual", with_arg("residual")),
+        Fault("ignore_residual_in_fp32", lambda base, a: _rn_math(
+            a, sum_dtype=a["x"].dtype if a.get("residual") is None else a["residual"].dtype)),
+        Fault("sum_in_x_dtype", lambda base, a: _rn_math(a, sum_dtype=a["x"].dtype)),
+        Fault("fp32_residual_read_as_x_dtype", residual_rounded),
+        Fault("drop_last_features", lambda base, a: _rn_math(a, stats_cols=max(1, width(a) - max(1, min(16, width(a) // 4))))),
+        Fault("divisor_off_by_one", lambda base, a: _rn_math(a, divisor_delta=-1 if width(a) > 1 else 1)),
+        Fault("stats_in_bf16", lambda base, a: _rn_math(a, stats_dtype=torch.bfloat16)),
+        Fault("stats_from_row_before", lambda base, a: _rn_math(a, shift_rows=True)),
+        Fault("ignore_eps", lambda base, a: _rn_math(a, eps=default_rms_eps(a["x"].dtype) if a.get("norm") == "rms" else 1e-5)),
+        Fault("eps_squared_default", lambda base, a: _rn_math(a, eps=1e-10)),
+        Fault("norm_swapped", lambda base, a: _rn_math(a, norm="layer" if a.get("norm", "rms") == "rms" else "rms")),
+        Fault("ignore_weight", with_arg("weight", lambda a: torch.ones_like(a["weight"]) - (
+            1.0 if a.get("zero_centered_weight") else 0.0))),
+        Fault("ignore_bias", with_arg("bias")),
+        Fault("ignore_zero_centered", lambda base, a: _rn_math(a, centered=False)),
+        Fault("ignore_rowscale", with_arg("rowscale")),
+        Fault("rowscale_on_sum", lambda base, a: _rn_math(a, rowscale_on_sum=True)),
+        Fault("output_through_bf16", on_out(lambda out, a: _round_to(out, torch.bfloat16))),
+        Fault("last_row_repeats", rows(last_row_repeats)),
+        Fault("x_as_contiguous", with_arg("x", lambda a: _as_if_contiguous(a["x"]))),
+        Fault("residual_as_contiguous", with_arg("residual", lambda a: None if a.get("residual") is None
+                                                 else _as_if_contiguous(a["residual"]))),
+        Fault("weight_as_contiguous", with_arg("weight", lambda a: _as_if_contiguous(a["weight"]))),
+    )
+
+
+def _rn_space(rng: random.Random) -> Dict[str, Any]:
+    rows, width = rng.choice([1, 2, 4, 7, 16, 17, 33]), rng.choice(NORM_WIDTHS)
+    p: Dict[str, Any] = dict(shape=(rows, width), norm=rng.choice(["rms", "layer"]), residual=rng.random() < 0.85,
+                             residual_fp32=rng.random() < 0.25, residual_in_fp32=rng.random() < 0.3,
+                             bias=rng.random() < 0.7, eps=rng.choice([None, None, 1e-3]), offset=rng.choice([0.0, 0.0, 3.0]),
+                             layout="contiguous", rowscale=rng.choice([None, None, None, "random", "zeros"]),
+                             zero_centered=rng.random() < 0.2, out_fp32=rng.random() < 0.15)
+    shape_kind = rng.random()
+    if shape_kind < 0.15:
+        p.update(shape=(rng.randint(2, 4), rows, width))
+    elif shape_kind < 0.3:
+        p.update(layout=rng.choice(["row_stride", "transposed"]))
+    if rng.random() < 0.15:
+        p["views"] = {rng.choice(["x", "residual", "weight"]): rng.choice(["offset", "sliced", "expanded"])}
+    return p
+
+
+def _rn_settle(p: Dict[str, Any]) -> Dict[str, Any]:
+    """A float32 residual stream needs a residual; row_stride and transposed x are 2-D."""
+    p = dict(p)
+    if not p.get("residual"):
+        p["residual_fp32"] = False
+        if p.get("views") and "residual" in p["views"]:
+            p["views"] = None
+    if p.get("layout") in ("row_stride", "transposed") and len(p["shape"]) != 2:
+        p["layout"] = "contiguous"
+    return p
+
+
+def _rn_base():
+    composition = _composition("residual_norm")
+
+    def residual_norm(x, residual, weight, bias=None, eps=None, norm="rms", residual_in_fp32=False, rowscale=None,
+                      zero_centered_weight=False, out_dtype=None):
+        return composition(x, residual, weight, bias, eps=eps, norm=norm, residual_in_fp32=residual_in_fp32,
+                           rowscale=rowscale, zero_centered_weight=zero_centered_weight, out_dtype=out_dtype)
+    return residual_norm
+
+
+def _v2_family(op: str) -> OpMutants:
+    if op == "attention_varlen":
+        return OpMutants(op, _varlen_base(), _varlen_summary, _varlen_triggers(), _varlen_faults(), _varlen_space,
+                         _varlen_settle)
+    if op == "attention_decode":
+        return OpMutants(op, _decode_base(), _decode_summary, _decode_triggers(), _decode_faults(), _decode_space,
+                         _decode_settle)
+    return OpMutants(op, _rn_base(), _rn_summary, _rn_triggers(), _rn_faults(), _rn_space, _rn_settle, outputs=2)
