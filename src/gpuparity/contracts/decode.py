@@ -13,7 +13,8 @@ from ..registry import Backend, BackendUnavailable, Problem
 from .masks import decode_allowed, expand_kv, gather_pages
 from ..numerics import matmul_tf32
 from .attention import alibi_bias, alibi_slopes, attention_floor_terms
-from .base import INDEX_DTYPES, Case, OpSpec, capturing, check_softcap, family, randn, takes, tf32_precision, view_members
+from .base import (INDEX_DTYPES, TILE_OFFSETS, TILES, Case, Covering, OpSpec, capturing, check_softcap, family, randn, takes,
+                   tf32_precision, tile_size, view_members)
 import numbers
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_same_dtype, expect_tensor
 from .signature import Arg, Signature
@@ -374,6 +375,56 @@ FAMILIES = [
     family("long", [("cache_16448", dict(B=2, H=2, Hkv=1, S_max=16448, lengths=[16448, 4097])),
                         ("cache_131136", dict(B=1, H=2, Hkv=1, S_max=131136, lengths=[131136]))], sized=True),
 ]
+
+
+# The argument space as dimensions: the `cover` family is a covering array over them
+# (checks/covering.py). The longest cache length sits on and off every tile of 16/32/64/128
+# (`cache`: the cache exactly that long, with spare slots, or long, ~2048 + the offset);
+# `others` the other items' lengths (the batch: 0 and 1, distinct, fewer than the new queries,
+# equal, none, many); the page size (none: a contiguous cache) with the lengths at and off its
+# edges as they fall. ALiBi, an optional keyword, is left to the listed cases.
+DECODE_HEADS = {"h1": (1, 1), "h2": (2, 2), "h4_kv2": (4, 2), "h4_kv1": (4, 1), "h6_kv3": (6, 3), "h8_kv2": (8, 2)}
+DECODE_MODIFIERS = {"plain": {}, "scale": dict(scale=0.2), "softcap": dict(softcap=20.0),
+                    "softcap_x30": dict(softcap=20.0, logit_scale=30.0), "x30": dict(logit_scale=30.0)}
+DECODE_LAYOUTS = {"bhsd": {}, "bshd": dict(layout="bshd"), "q_sliced": dict(views={"q": "sliced"}),
+                  "q_transposed": dict(views={"q": "transposed"}), "k_cache_offset": dict(views={"k_cache": "offset"}),
+                  "v_cache_sliced": dict(views={"v_cache": "sliced"})}
+DECODE_DIMENSIONS = (
+    ("len_tile", TILES), ("len_offset", TILE_OFFSETS), ("cache", ("exact", "spare", "long")),
+    ("others", ("single", "zero_one", "distinct", "lt_sq", "equal", "many")), ("sq", (1, 2, 5, 16)),
+    ("heads", tuple(DECODE_HEADS)), ("head_dim", (32, 64, 80, 128)), ("page", (None, 1, 5, 16, 64)),
+    ("modifier", tuple(DECODE_MODIFIERS)), ("seqlens_dtype", ("int32", "int64")), ("layout", tuple(DECODE_LAYOUTS)),
+    ("values", ("normal", "denormal_cache")))
+
+
+def _decode_allowed(row):
+    if row.get("page") is not None and row.get("layout") in ("k_cache_offset", "v_cache_sliced"):
+        return False   # a view of the page pool: the layouts family's, of a contiguous cache
+    if row.get("cache") == "long":
+        if row.get("others", "single") == "many" or row.get("heads", "h1") in ("h6_kv3", "h8_kv2"):
+            return False
+        if row.get("page") == 1 or row.get("modifier") in ("x30", "softcap_x30"):
+            return False
+    return True
+
+
+def _decode_cover_params(row):
+    long = row["cache"] == "long"
+    length = tile_size(row["len_tile"], row["len_offset"], 2048 // row["len_tile"] if long else 1 + (row["len_tile"] < 64))
+    lengths = {"single": [length], "zero_one": [length, 0, 1], "distinct": [length, length // 2 + 1, 3],
+               "lt_sq": [length, 2], "equal": [length, length, length],
+               "many": [length, 0, 17, 1, max(0, length - 1)]}[row["others"]]
+    H, Hkv = DECODE_HEADS[row["heads"]]
+    p = {**dict(B=len(lengths), H=H, Hkv=Hkv, Sq=row["sq"], D=row["head_dim"], lengths=lengths,
+                S_max=length + (37 if row["cache"] == "spare" else 0), page=row["page"],
+                seqlens_dtype=row["seqlens_dtype"]),
+         **DECODE_MODIFIERS[row["modifier"]], **DECODE_LAYOUTS[row["layout"]]}
+    if row["values"] == "denormal_cache":
+        p["values"] = {"k_cache": "denormal_mix", "v_cache": "denormal_mix"}
+    return p
+
+
+COVERING = {"attention_decode": Covering(DECODE_DIMENSIONS, _decode_cover_params, _decode_allowed, seed=45)}
 
 
 SPEC = DecodeSpec()

@@ -30,7 +30,7 @@ import torch
 from ..numerics import default_rms_eps
 from ..registry import Backend, Problem
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_tensor
-from .base import LARGE_NORM, Case, OpSpec, family, randn, view_members
+from .base import LARGE_NORM, TILE_OFFSETS, TILES, Case, Covering, OpSpec, family, randn, tile_size, view_members
 from .norms import RMS_SPEC as NORM_SPEC
 from .signature import Arg, Signature
 
@@ -238,6 +238,57 @@ FAMILIES = [
     family("layouts", view_members(("x", "residual", "weight"), ("offset", "sliced", "transposed", "expanded"),
                                    base=dict(shape=(6, 40)))),
 ]
+
+
+# The argument space as dimensions: the `cover` family is a covering array over them
+# (checks/covering.py): the hidden size on and off every tile of 16/32/64/128 (long: ~4096 +
+# the offset, few rows), the rows, the norm, the residual (none, x's dtype, a float32 stream),
+# residual_in_fp32, bias, eps, FlashAttention's extra arguments, each input's layout and the
+# value regimes the norms' array has (a mean of 5 on the residual stream).
+RESIDUAL_EXTRAS = {"none": {}, "rowscale": dict(rowscale="random"), "rowscale_zeros": dict(rowscale="zeros"),
+                   "zero_centered": dict(zero_centered=True), "out_fp32": dict(out_fp32=True)}
+RESIDUAL_VALUES = {"normal": {}, "mean_5": dict(offset=5.0), "denormal": dict(values={"x": "denormal_mix"}),
+                   "weight_denormal": dict(values={"weight": "denormal_mix"})}
+RESIDUAL_DIMENSIONS = (
+    ("width_tile", TILES), ("width_offset", TILE_OFFSETS), ("long_width", (False, True)), ("rows", (1, 2, 17, 65)),
+    ("shape", ("2d", "3d")), ("norm", NORMS), ("residual", ("same", "none", "fp32_stream")),
+    ("residual_in_fp32", (False, True)), ("bias", (True, False)), ("eps", (None, 1e-3)),
+    ("extras", tuple(RESIDUAL_EXTRAS)), ("x_layout", ("contiguous", "row_stride", "transposed", "offset", "expanded")),
+    ("other_layout", ("contiguous", "residual_sliced", "residual_offset", "residual_transposed", "weight_sliced",
+                      "weight_offset")),
+    ("values", tuple(RESIDUAL_VALUES)))
+
+
+def _residual_allowed(row):
+    if row.get("long_width") and (row.get("rows", 1) > 2 or row.get("shape", "2d") != "2d"):
+        return False   # a long row: few of them
+    if row.get("x_layout") in ("transposed", "row_stride") and row.get("shape", "2d") != "2d":
+        return False   # those layouts are of 2-D x
+    if row.get("residual") == "none" and str(row.get("other_layout", "")).startswith("residual"):
+        return False
+    return True
+
+
+def _residual_cover_params(row):
+    width = tile_size(row["width_tile"], row["width_offset"], 32 if row["long_width"] else 1 + (row["width_tile"] < 64))
+    shape = (row["rows"], width) if row["shape"] == "2d" else (2, row["rows"], width)
+    p = dict(shape=shape, norm=row["norm"], residual=row["residual"] != "none",
+             residual_fp32=row["residual"] == "fp32_stream", residual_in_fp32=row["residual_in_fp32"], bias=row["bias"],
+             eps=row["eps"], **RESIDUAL_EXTRAS[row["extras"]], **RESIDUAL_VALUES[row["values"]])
+    if row["x_layout"] in ("row_stride", "transposed"):
+        p["layout"] = row["x_layout"]
+    views = {}
+    if row["x_layout"] in ("offset", "expanded"):
+        views["x"] = row["x_layout"]
+    if row["other_layout"] != "contiguous":
+        name, kind = row["other_layout"].split("_")
+        views[name] = kind
+    if views:
+        p["views"] = views
+    return p
+
+
+COVERING = {"residual_norm": Covering(RESIDUAL_DIMENSIONS, _residual_cover_params, _residual_allowed, seed=45)}
 
 
 class ResidualNormSpec(OpSpec):

@@ -13,7 +13,8 @@ from ..registry import Backend, BackendUnavailable, Problem
 from ..numerics import matmul_tf32
 from .attention import alibi_bias, alibi_slopes, attention as reference_attention, attention_logit_peak
 from .attention import check_window, composition, with_alibi
-from .base import INDEX_DTYPES, Case, OpSpec, capturing, takes, check_softcap, checked_once, family, randn, tf32_precision, view_members
+from .base import (INDEX_DTYPES, TILE_OFFSETS, TILES, Case, Covering, OpSpec, capturing, takes, check_softcap, checked_once,
+                   family, randn, tf32_precision, tile_size, view_members)
 import numbers
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_same_dtype, expect_tensor
 from .signature import Arg, Signature
@@ -390,6 +391,67 @@ FAMILIES = [
     family("long", [("one_4160", dict(q_lens=[4160], H=1, D=32, causal=True)),
                         ("sk_16448", dict(q_lens=[64, 8], k_lens=[16448, 100], H=1, D=32))], sized=True),
 ]
+
+
+# The argument space as dimensions: the `cover` family is a covering array over them
+# (checks/covering.py). The first sequence's lengths sit on and off every tile of 16/32/64/128;
+# `ratio` sets its Sq against its Sk (a long key length, ~2048 + the offset, pairs with few query
+# rows); `others` the sequences packed after it (none, one of length 1, empty ones, many short
+# distinct ones, a copy). window and softcap are in every implementation's signature; ALiBi,
+# an optional keyword, is left to the listed cases.
+VARLEN_HEADS = {"h1": (1, 1), "h2": (2, 2), "h4_kv2": (4, 2), "h4_kv1": (4, 1), "h6_kv3": (6, 3)}
+VARLEN_MODIFIERS = {"plain": {}, "causal": dict(causal=True), "scale": dict(scale=0.3),
+                    "causal_scale": dict(causal=True, scale=1.5), "window": dict(window=[7, 3]),
+                    "causal_window": dict(causal=True, window=[16, 0]), "softcap": dict(softcap=20.0),
+                    "causal_softcap_x30": dict(causal=True, softcap=5.0, logit_scale=30.0)}
+VARLEN_VALUES = {"normal": {}, "x30": dict(logit_scale=30.0),
+                 "denormal_kv": dict(values={"k": "denormal_mix", "v": "denormal_mix"}),
+                 "v_large": dict(values={"v": {"peak": 3e3, "max_frac": 0.05}})}
+VARLEN_LAYOUTS = {"packed": {}, "qkv_view": dict(layout="qkv_view"), "q_offset": dict(views={"q": "offset"}),
+                  "q_sliced": dict(views={"q": "sliced"}), "k_sliced": dict(views={"k": "sliced"}),
+                  "v_transposed": dict(views={"v": "transposed"})}
+VARLEN_DIMENSIONS = (
+    ("len_tile", TILES), ("len_offset", TILE_OFFSETS),
+    ("ratio", ("equal", "sq_lt_sk", "sq_gt_sk", "q_one", "long_k")),
+    ("others", ("none", "len1", "empty", "many", "same")),
+    ("heads", tuple(VARLEN_HEADS)), ("head_dim", (16, 40, 64, 80, 128)), ("modifier", tuple(VARLEN_MODIFIERS)),
+    ("cu_dtype", ("int32", "int64")), ("layout", tuple(VARLEN_LAYOUTS)), ("values", tuple(VARLEN_VALUES)))
+
+
+def _varlen_allowed(row):
+    if row.get("layout") == "qkv_view":
+        # one (total, 3, H, D) buffer: k and v have q's tokens and heads
+        if row.get("ratio", "equal") != "equal" or row.get("heads", "h1") not in ("h1", "h2"):
+            return False
+    if row.get("ratio") == "long_k":
+        # few query rows, few sequences and heads, ordinary logits
+        if row.get("others", "none") in ("many", "same") or row.get("heads", "h1") not in ("h1", "h2", "h4_kv1"):
+            return False
+        if row.get("values") in ("x30", "v_large") or row.get("modifier") == "causal_softcap_x30":
+            return False
+    return True
+
+
+def _varlen_cover_params(row):
+    length = tile_size(row["len_tile"], row["len_offset"], 1 + (row["len_tile"] < 64))
+    third = max(1, length // 3)
+    q0, k0 = {"equal": (length, length), "sq_lt_sk": (third, length), "sq_gt_sk": (length, third),
+              "q_one": (1, length),
+              "long_k": (min(17, third), tile_size(row["len_tile"], row["len_offset"], 2048 // row["len_tile"]))
+              }[row["ratio"]]
+    q_lens, k_lens = {"none": ([q0], [k0]), "len1": ([q0, 1], [k0, 9]), "empty": ([q0, 0, 5], [k0, 3, 0]),
+                      "many": ([q0, 1, 17, 2, 0, 9], [k0, 33, 17, 1, 4, 9]), "same": ([q0, q0], [k0, k0])}[row["others"]]
+    if row["ratio"] == "q_one":
+        q_lens = [min(n, 1) for n in q_lens]
+    H, Hkv = VARLEN_HEADS[row["heads"]]
+    p = {**dict(q_lens=q_lens, k_lens=k_lens, H=H, Hkv=Hkv, D=row["head_dim"], cu_dtype=row["cu_dtype"]),
+         **VARLEN_VALUES[row["values"]], **VARLEN_MODIFIERS[row["modifier"]], **VARLEN_LAYOUTS[row["layout"]]}
+    if p.get("layout") == "qkv_view":
+        p["k_lens"] = list(q_lens)
+    return p
+
+
+COVERING = {"attention_varlen": Covering(VARLEN_DIMENSIONS, _varlen_cover_params, _varlen_allowed, seed=45)}
 
 
 SPEC = VarlenSpec()
