@@ -211,6 +211,14 @@ def tile_size(tile: int, offset: str, multiple: int = 1) -> int:
     return max(1, tile * multiple + moved)
 
 
+def named_view(value: str) -> Dict[str, str]:
+    """A covering row's "<input>_<view kind>" value as a case's views ({} for "contiguous")."""
+    if value == "contiguous":
+        return {}
+    name, kind = value.rsplit("_", 1)
+    return {name: kind}
+
+
 VIEW_KINDS = ("offset", "sliced", "transposed", "expanded")
 
 

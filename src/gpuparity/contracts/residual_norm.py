@@ -30,7 +30,8 @@ import torch
 from ..numerics import default_rms_eps
 from ..registry import Backend, Problem
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_tensor
-from .base import LARGE_NORM, TILE_OFFSETS, TILES, Case, Covering, OpSpec, family, randn, tile_size, view_members
+from .base import (LARGE_NORM, TILE_OFFSETS, TILES, Case, Covering, OpSpec, family, named_view, randn, tile_size,
+                   view_members)
 from .norms import RMS_SPEC as NORM_SPEC
 from .signature import Arg, Signature
 
@@ -277,12 +278,8 @@ def _residual_cover_params(row):
              eps=row["eps"], **RESIDUAL_EXTRAS[row["extras"]], **RESIDUAL_VALUES[row["values"]])
     if row["x_layout"] in ("row_stride", "transposed"):
         p["layout"] = row["x_layout"]
-    views = {}
-    if row["x_layout"] in ("offset", "expanded"):
-        views["x"] = row["x_layout"]
-    if row["other_layout"] != "contiguous":
-        name, kind = row["other_layout"].split("_")
-        views[name] = kind
+    views = {"x": row["x_layout"]} if row["x_layout"] in ("offset", "expanded") else {}
+    views.update(named_view(row["other_layout"]))
     if views:
         p["views"] = views
     return p

@@ -13,7 +13,7 @@ from ..registry import Backend, Problem
 from ..numerics import rotate
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_tensor
 from .base import (INDEX_DTYPES, TILE_OFFSETS, TILES, Case, Covering, OpSpec, capturing, checked_once, family, randn,
-                   tile_size, view_members)
+                   named_view, tile_size, view_members)
 from .signature import Arg, Signature
 
 # gpuparity.apply_rotary's signature, its torch.library op's and the backends' (contracts/signature.py).
@@ -355,12 +355,8 @@ def _rotary_cover_params(row):
         if isinstance(p["offsets"], list):
             p["offsets"] = [0, 5, 11, 2, 31][:len(p["varlen"])]
         p["B"] = len(p["varlen"])
-    views = {}
-    if row["x_layout"] in ("offset", "sliced", "expanded"):
-        views["x"] = row["x_layout"]
-    if row["table_layout"] != "contiguous":
-        name, kind = row["table_layout"].split("_")
-        views[name] = kind
+    views = {"x": row["x_layout"]} if row["x_layout"] in ("offset", "sliced", "expanded") else {}
+    views.update(named_view(row["table_layout"]))
     if views:
         p["views"] = views
     return p
