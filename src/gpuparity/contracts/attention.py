@@ -895,7 +895,7 @@ ATTENTION_VALUES = {"normal": {}, "x30": dict(logit_scale=30.0), "massive_neg": 
                     "massive_pos": dict(value="massive_pos"),
                     "denormal_kv": dict(values={"k": "denormal_mix", "v": "denormal_mix"})}
 ATTENTION_DIMENSIONS = (
-    ("sq_tile", TILES), ("sq_offset", TILE_OFFSETS), ("sq_kind", ("tile", "one")),
+    ("sq_tile", TILES), ("sq_offset", TILE_OFFSETS), ("sq_kind", ("tile", "one", "long")),
     ("sk_tile", TILES), ("sk_offset", TILE_OFFSETS), ("sk_kind", ("tile", "long")),
     ("batch", (1, 2, 3)), ("heads", tuple(ATTENTION_HEADS)), ("head_dim", (16, 40, 64, 80, 128)),
     ("mask", tuple(ATTENTION_MASKS)), ("modifier", tuple(ATTENTION_MODIFIERS)),
@@ -906,6 +906,12 @@ ATTENTION_DIMENSIONS = (
 
 
 def _attention_allowed(row):
+    if row.get("sq_kind") == "long":
+        # ~1024 query rows (+ the offset) against one or two tiles of keys, one or two items, few heads
+        if row.get("sk_kind") == "long" or row.get("sk_tile", 16) == 128:
+            return False
+        if row.get("batch", 1) > 2 or row.get("heads", "h1") not in ("h1", "h2", "h4_kv1"):
+            return False
     if row.get("sk_kind") == "long":
         # few query rows (Sq = 1 or at most 17), one or two items, few heads
         if row.get("sq_kind") == "tile" and (row.get("sq_tile", 16) != 16 or row.get("sq_offset") == "half_more"):
@@ -920,7 +926,8 @@ def _attention_allowed(row):
 
 
 def _attention_cover_params(row):
-    Sq = 1 if row["sq_kind"] == "one" else tile_size(row["sq_tile"], row["sq_offset"], 1 + (row["sq_tile"] < 64))
+    Sq = {"one": 1, "tile": tile_size(row["sq_tile"], row["sq_offset"], 1 + (row["sq_tile"] < 64)),
+          "long": tile_size(row["sq_tile"], row["sq_offset"], 1024 // row["sq_tile"])}[row["sq_kind"]]
     Sk = (tile_size(row["sk_tile"], row["sk_offset"], 4096 // row["sk_tile"]) if row["sk_kind"] == "long"
           else tile_size(row["sk_tile"], row["sk_offset"], 1 + (row["sk_tile"] < 64)))
     H, Hkv = ATTENTION_HEADS[row["heads"]]

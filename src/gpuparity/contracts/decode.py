@@ -424,7 +424,25 @@ def _decode_cover_params(row):
     return p
 
 
-COVERING = {"attention_decode": Covering(DECODE_DIMENSIONS, _decode_cover_params, _decode_allowed, seed=45)}
+# A second array for ALiBi (an optional keyword: its rows SKIP for an implementation without
+# alibi_slopes, and only they do): per-head and per-item slopes paired with the lengths, Sq,
+# heads, pages, softcap, the lengths' dtype and layouts.
+DECODE_ALIBI_DIMENSIONS = (
+    ("alibi", ("head", "batch")), ("len_tile", TILES), ("len_offset", TILE_OFFSETS),
+    ("others", ("single", "zero_one", "distinct", "lt_sq")), ("sq", (1, 2, 5)), ("heads", ("h2", "h4_kv2", "h4_kv1")),
+    ("page", (None, 5, 16)), ("modifier", ("plain", "scale", "softcap")), ("seqlens_dtype", ("int32", "int64")),
+    ("layout", ("bhsd", "bshd", "q_sliced")))
+
+
+def _decode_alibi_params(row):
+    p = _decode_cover_params({**row, "cache": "exact", "head_dim": 64, "values": "normal"})
+    p["alibi"] = row["alibi"]
+    return p
+
+
+COVERING = {"attention_decode": {
+    "cover": Covering(DECODE_DIMENSIONS, _decode_cover_params, _decode_allowed, seed=45),
+    "cover_alibi": Covering(DECODE_ALIBI_DIMENSIONS, _decode_alibi_params, seed=45)}}
 
 
 SPEC = DecodeSpec()

@@ -264,16 +264,18 @@ FAMILIES = [
 
 
 # The argument space as dimensions: the `cover` family is a covering array over them
-# (checks/covering.py). Value regimes whose correct results a different correct algorithm
-# misses by more than 2x the composition's (near-constant rows, means of 100+: see the
-# values family) are left to the families until the floor models them.
+# (checks/covering.py). The width sits on and off every tile, at one tile, at one or two tiles
+# (two for tiles under 64) and long (32 tiles). Near-constant rows and means of 30 are in since
+# the floor models centering (layer_norm_floor_terms); means of 100+ stay with the families.
 NORM_VALUES = {"normal": {}, "mean_5": dict(offset=5.0, spread=1.0), "denormal": dict(values={"x": "denormal_mix"}),
                "large": dict(values={"x": {"peak": 1e15, "max_frac": 0.125}}), "tiny": dict(spread=1e-4),
-               "weight_denormal": dict(values={"weight": "denormal_mix"})}
+               "weight_denormal": dict(values={"weight": "denormal_mix"}),
+               "near_constant": dict(offset=5.0, spread=1e-3), "mean_30": dict(offset=30.0, spread=1.0)}
+WIDTH_SCALES = {"one": lambda tile: 1, "more": lambda tile: 1 + (tile < 64), "long": lambda tile: 32}
 
 
 def _norm_dimensions(op):
-    dims = [("width_tile", TILES), ("width_offset", TILE_OFFSETS), ("long_width", (False, True)),
+    dims = [("width_tile", TILES), ("width_offset", TILE_OFFSETS), ("width_scale", tuple(WIDTH_SCALES)),
             ("rows", (1, 2, 17, 65)), ("shape", ("2d", "3d", "two_norm_dims")),
             ("x_layout", ("contiguous", "row_stride", "transposed", "offset", "expanded")),
             ("weight", ("affine", "none", "sliced", "offset")), ("eps", (None, 1e-3)),
@@ -284,7 +286,7 @@ def _norm_dimensions(op):
 
 
 def _norm_allowed(row):
-    if row.get("long_width") and (row.get("rows", 1) > 2 or row.get("shape", "2d") != "2d"):
+    if row.get("width_scale") == "long" and (row.get("rows", 1) > 2 or row.get("shape", "2d") != "2d"):
         return False   # a long row: few of them
     if row.get("x_layout") in ("transposed", "row_stride") and row.get("shape", "2d") != "2d":
         return False   # those layouts are of 2-D x
@@ -298,7 +300,7 @@ def _norm_cover_params(op):
 
 
 def _norm_row_params(op, row):
-    width = tile_size(row["width_tile"], row["width_offset"], 32 if row["long_width"] else 1 + (row["width_tile"] < 64))
+    width = tile_size(row["width_tile"], row["width_offset"], WIDTH_SCALES[row["width_scale"]](row["width_tile"]))
     rows = row["rows"]
     p: dict = dict(shape=(rows, width), norm_dims=1, affine=row["weight"] != "none", bias=row.get("bias", True),
                    eps=row["eps"], **NORM_VALUES[row["values"]])
@@ -316,7 +318,7 @@ def _norm_row_params(op, row):
     if views:
         p["views"] = views
     rows_in_all = p["shape"][0] * (p["shape"][1] if row["shape"] == "3d" else 1)
-    if op == "layer_norm" and (rows_in_all >= 64 or row["values"] == "mean_5"):
+    if op == "layer_norm" and (rows_in_all >= 64 or row["values"] in ("mean_5", "near_constant", "mean_30")):
         # torch 2.13's CPU 16-bit layer_norm sums the weight and bias gradients in low precision,
         # worse as mean/std grows (known issue TORCH-CPU-BF16-LN-GRAD; the rows family and the
         # large-mean cases do the same)

@@ -32,7 +32,7 @@ from ..registry import Backend, Problem
 from ..validation import FLOAT_DTYPES, describe, expect_same_device, expect_tensor
 from .base import (LARGE_NORM, TILE_OFFSETS, TILES, Case, Covering, OpSpec, family, named_view, randn, tile_size,
                    view_members)
-from .norms import RMS_SPEC as NORM_SPEC
+from .norms import RMS_SPEC as NORM_SPEC, WIDTH_SCALES
 from .signature import Arg, Signature
 
 # gpuparity.residual_norm's signature, its torch.library op's (outputs: out, new_residual and the
@@ -242,8 +242,8 @@ FAMILIES = [
 
 
 # The argument space as dimensions: the `cover` family is a covering array over them
-# (checks/covering.py): the hidden size on and off every tile of 16/32/64/128 (long: ~4096 +
-# the offset, few rows), the rows, the norm, the residual (none, x's dtype, a float32 stream),
+# (checks/covering.py): the hidden size on and off every tile of 16/32/64/128, at one, one or
+# two, or 32 tiles (the norms' WIDTH_SCALES; long rows are few), the rows, the norm, the residual (none, x's dtype, a float32 stream),
 # residual_in_fp32, bias, eps, FlashAttention's extra arguments, each input's layout and the
 # value regimes the norms' array has (a mean of 5 on the residual stream).
 RESIDUAL_EXTRAS = {"none": {}, "rowscale": dict(rowscale="random"), "rowscale_zeros": dict(rowscale="zeros"),
@@ -251,7 +251,7 @@ RESIDUAL_EXTRAS = {"none": {}, "rowscale": dict(rowscale="random"), "rowscale_ze
 RESIDUAL_VALUES = {"normal": {}, "mean_5": dict(offset=5.0), "denormal": dict(values={"x": "denormal_mix"}),
                    "weight_denormal": dict(values={"weight": "denormal_mix"})}
 RESIDUAL_DIMENSIONS = (
-    ("width_tile", TILES), ("width_offset", TILE_OFFSETS), ("long_width", (False, True)), ("rows", (1, 2, 17, 65)),
+    ("width_tile", TILES), ("width_offset", TILE_OFFSETS), ("width_scale", tuple(WIDTH_SCALES)), ("rows", (1, 2, 17, 65)),
     ("shape", ("2d", "3d")), ("norm", NORMS), ("residual", ("same", "none", "fp32_stream")),
     ("residual_in_fp32", (False, True)), ("bias", (True, False)), ("eps", (None, 1e-3)),
     ("extras", tuple(RESIDUAL_EXTRAS)), ("x_layout", ("contiguous", "row_stride", "transposed", "offset", "expanded")),
@@ -261,7 +261,7 @@ RESIDUAL_DIMENSIONS = (
 
 
 def _residual_allowed(row):
-    if row.get("long_width") and (row.get("rows", 1) > 2 or row.get("shape", "2d") != "2d"):
+    if row.get("width_scale") == "long" and (row.get("rows", 1) > 2 or row.get("shape", "2d") != "2d"):
         return False   # a long row: few of them
     if row.get("x_layout") in ("transposed", "row_stride") and row.get("shape", "2d") != "2d":
         return False   # those layouts are of 2-D x
@@ -271,7 +271,7 @@ def _residual_allowed(row):
 
 
 def _residual_cover_params(row):
-    width = tile_size(row["width_tile"], row["width_offset"], 32 if row["long_width"] else 1 + (row["width_tile"] < 64))
+    width = tile_size(row["width_tile"], row["width_offset"], WIDTH_SCALES[row["width_scale"]](row["width_tile"]))
     shape = (row["rows"], width) if row["shape"] == "2d" else (2, row["rows"], width)
     p = dict(shape=shape, norm=row["norm"], residual=row["residual"] != "none",
              residual_fp32=row["residual"] == "fp32_stream", residual_in_fp32=row["residual_in_fp32"], bias=row["bias"],

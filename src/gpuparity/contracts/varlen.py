@@ -451,7 +451,25 @@ def _varlen_cover_params(row):
     return p
 
 
-COVERING = {"attention_varlen": Covering(VARLEN_DIMENSIONS, _varlen_cover_params, _varlen_allowed, seed=45)}
+# A second array for ALiBi (an optional keyword: its rows SKIP for an implementation without
+# alibi_slopes, and only they do): per-head and per-sequence slopes paired with the lengths,
+# Sq against Sk, the packed sequences, heads, causal/window/softcap, cu dtype and layouts.
+VARLEN_ALIBI_DIMENSIONS = (
+    ("alibi", ("head", "batch")), ("len_tile", TILES), ("len_offset", TILE_OFFSETS),
+    ("ratio", ("equal", "sq_lt_sk", "sq_gt_sk", "q_one")), ("others", ("none", "len1", "empty", "many")),
+    ("heads", ("h2", "h4_kv2", "h4_kv1")), ("modifier", ("plain", "causal", "window", "softcap", "causal_scale")),
+    ("cu_dtype", ("int32", "int64")), ("layout", ("packed", "q_sliced", "k_sliced")))
+
+
+def _varlen_alibi_params(row):
+    p = _varlen_cover_params({**row, "head_dim": 64, "values": "normal"})
+    p["alibi"] = row["alibi"]
+    return p
+
+
+COVERING = {"attention_varlen": {
+    "cover": Covering(VARLEN_DIMENSIONS, _varlen_cover_params, _varlen_allowed, seed=45),
+    "cover_alibi": Covering(VARLEN_ALIBI_DIMENSIONS, _varlen_alibi_params, seed=45)}}
 
 
 SPEC = VarlenSpec()
