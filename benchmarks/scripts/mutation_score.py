@@ -2,8 +2,9 @@
 (gpuparity.checks.mutants: a trigger over the call's arguments x a fault), each run through the
 op's battery at a level; prints killed / effective mutants per op and the time taken.
 
-    python benchmarks/scripts/mutation_score.py --ops rms_norm,layer_norm,rotary,attention \\
-        --seeds 101,102 --count 20 --level default [--json out.json] [--markdown out.md]
+    python benchmarks/scripts/mutation_score.py --ops rms_norm,layer_norm,rotary,attention,attention_varlen,\\
+        attention_decode,residual_norm --seeds 401 --count 20 --level default --role held-out \\
+        [--json out.json] [--markdown out.md]
 
 Each mutant is also an --impl target (`gpuparity check --op rms_norm --impl
 gpuparity.checks.mutants:<name>`), so a survivor's line reruns the whole battery on it."""
@@ -28,6 +29,8 @@ def main(argv=None) -> int:
     parser.add_argument("--level", default="default")
     parser.add_argument("--battery-seed", type=int, default=0, help="the battery's --seed")
     parser.add_argument("--witnesses", type=int, default=8, help="witness cases per mutant (effectiveness)")
+    parser.add_argument("--role", default="held-out", choices=("tuning", "held-out"),
+                        help="what the seeds were to the battery: tuned on, or held out (the markdown says which)")
     parser.add_argument("--json")
     parser.add_argument("--markdown")
     args = parser.parse_args(argv)
@@ -35,7 +38,9 @@ def main(argv=None) -> int:
     seeds = [int(s) for s in args.seeds.split(",") if s]
     report = {"command": " ".join(["python", "benchmarks/scripts/mutation_score.py"] + (argv or sys.argv[1:])),
               "torch": torch.__version__, "python": platform.python_version(), "level": args.level,
-              "battery_seed": args.battery_seed, "count": args.count, "seeds": seeds, "ops": {}}
+              "battery_seed": args.battery_seed, "count": args.count, "seeds": seeds, "role": args.role,
+              "generator": {op: "version 1 (frozen at 496617f)" if op in mutants.FROZEN_OPS else
+                            "version 2 (frozen at d96d8c1)" for op in ops}, "ops": {}}
     for op in ops:
         started = time.monotonic()
         battery = mutants.BatteryCalls.plan(op, args.level, args.battery_seed)
@@ -67,11 +72,16 @@ def main(argv=None) -> int:
 
 
 def markdown(report) -> str:
-    lines = ["| op | mutants | effective | killed | score | ineffective | time |", "|---|---|---|---|---|---|---|"]
+    seeds = ", ".join(str(seed) for seed in report["seeds"])
+    lines = [f"Level {report['level']}, battery seed {report['battery_seed']}, mutant seeds {seeds} "
+             f"({report.get('role', 'held-out')}), {report['count']} mutants per op and seed; torch {report['torch']}.",
+             "", f"    {report['command']}", "",
+             "| op | generator | mutants | effective | killed | score | below the tolerance (ineffective) | time |",
+             "|---|---|---|---|---|---|---|---|"]
     for op, s in report["ops"].items():
         pct = f"{100.0 * s['killed'] / s['effective']:.0f}%" if s["effective"] else "-"
-        lines.append(f"| {op} | {s['mutants']} | {s['effective']} | {s['killed']} | {pct} | {s['ineffective']} | "
-                     f"{s['seconds']:.0f} s |")
+        lines.append(f"| {op} | {report.get('generator', {}).get(op, '')} | {s['mutants']} | {s['effective']} | "
+                     f"{s['killed']} | {pct} | {s['ineffective']} | {s['seconds']:.0f} s |")
     lines.append("")
     for op, s in report["ops"].items():
         if s["survivors"]:
