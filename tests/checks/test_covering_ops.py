@@ -41,13 +41,15 @@ def test_every_pair_of_the_dimensions_is_in_a_row(op):
 
 
 def _every_value(op):
-    """Row labels that together hold every value of every dimension (greedy)."""
+    """Row labels that together hold every value of every dimension (greedy, the cheaper row of equal gain)."""
     declared, rows = _rows(op)
+    spec = get_spec(op)
+    work = [spec.work(spec.make_case("row", **declared.params(row)).params) or 0 for row in rows]
     wanted = {(name, repr(value)) for name, values in declared.dimensions for value in values
               if any(repr(row[name]) == repr(value) for row in rows)}
     chosen = []
     while wanted:
-        best = max(range(len(rows)), key=lambda i: len({(n, repr(v)) for n, v in rows[i].items()} & wanted))
+        best = max(range(len(rows)), key=lambda i: (len({(n, repr(v)) for n, v in rows[i].items()} & wanted), -work[i]))
         chosen.append(str(best))
         wanted -= {(n, repr(v)) for n, v in rows[best].items()}
     return chosen

@@ -264,19 +264,20 @@ FAMILIES = [
 
 
 # The argument space as dimensions: the `cover` family is a covering array over them
-# (checks/covering.py). The width sits on and off every tile, at one tile, at one or two tiles
-# (two for tiles under 64) and long (32 tiles). Near-constant rows and means of 30 are in since
-# the floor models centering (layer_norm_floor_terms); means of 100+ stay with the families.
+# (checks/covering.py). The width sits on and off every tile, at one, two and 32 tiles (long:
+# few rows); the rows on and off the tiles too, up to 257. Near-constant rows and means of 30
+# are in since the floor models centering (layer_norm_floor_terms); means of 100+ stay with the
+# families.
 NORM_VALUES = {"normal": {}, "mean_5": dict(offset=5.0, spread=1.0), "denormal": dict(values={"x": "denormal_mix"}),
                "large": dict(values={"x": {"peak": 1e15, "max_frac": 0.125}}), "tiny": dict(spread=1e-4),
                "weight_denormal": dict(values={"weight": "denormal_mix"}),
                "near_constant": dict(offset=5.0, spread=1e-3), "mean_30": dict(offset=30.0, spread=1.0)}
-WIDTH_SCALES = {"one": lambda tile: 1, "more": lambda tile: 1 + (tile < 64), "long": lambda tile: 32}
+WIDTH_SCALES = {"one": lambda tile: 1, "two": lambda tile: 2, "long": lambda tile: 32}
 
 
 def _norm_dimensions(op):
     dims = [("width_tile", TILES), ("width_offset", TILE_OFFSETS), ("width_scale", tuple(WIDTH_SCALES)),
-            ("rows", (1, 2, 17, 65)), ("shape", ("2d", "3d", "two_norm_dims")),
+            ("rows", (1, 2, 17, 65, 257)), ("shape", ("2d", "3d", "two_norm_dims")),
             ("x_layout", ("contiguous", "row_stride", "transposed", "offset", "expanded")),
             ("weight", ("affine", "none", "sliced", "offset")), ("eps", (None, 1e-3)),
             ("values", tuple(NORM_VALUES))]

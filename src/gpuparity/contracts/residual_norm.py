@@ -242,16 +242,17 @@ FAMILIES = [
 
 
 # The argument space as dimensions: the `cover` family is a covering array over them
-# (checks/covering.py): the hidden size on and off every tile of 16/32/64/128, at one, one or
-# two, or 32 tiles (the norms' WIDTH_SCALES; long rows are few), the rows, the norm, the residual (none, x's dtype, a float32 stream),
-# residual_in_fp32, bias, eps, FlashAttention's extra arguments, each input's layout and the
-# value regimes the norms' array has (a mean of 5 on the residual stream).
+# (checks/covering.py): the hidden size on and off every tile of 16/32/64/128, at one, two or
+# 32 tiles (the norms' WIDTH_SCALES; long rows are few), the rows (up to 257), the norm, the
+# residual (none, x's dtype, a float32 stream), residual_in_fp32, bias, eps, FlashAttention's
+# extra arguments, each input's layout and the value regimes the norms' array has (a mean of 5
+# on the residual stream).
 RESIDUAL_EXTRAS = {"none": {}, "rowscale": dict(rowscale="random"), "rowscale_zeros": dict(rowscale="zeros"),
                    "zero_centered": dict(zero_centered=True), "out_fp32": dict(out_fp32=True)}
 RESIDUAL_VALUES = {"normal": {}, "mean_5": dict(offset=5.0), "denormal": dict(values={"x": "denormal_mix"}),
                    "weight_denormal": dict(values={"weight": "denormal_mix"})}
 RESIDUAL_DIMENSIONS = (
-    ("width_tile", TILES), ("width_offset", TILE_OFFSETS), ("width_scale", tuple(WIDTH_SCALES)), ("rows", (1, 2, 17, 65)),
+    ("width_tile", TILES), ("width_offset", TILE_OFFSETS), ("width_scale", tuple(WIDTH_SCALES)), ("rows", (1, 2, 17, 65, 257)),
     ("shape", ("2d", "3d")), ("norm", NORMS), ("residual", ("same", "none", "fp32_stream")),
     ("residual_in_fp32", (False, True)), ("bias", (True, False)), ("eps", (None, 1e-3)),
     ("extras", tuple(RESIDUAL_EXTRAS)), ("x_layout", ("contiguous", "row_stride", "transposed", "offset", "expanded")),
