@@ -40,6 +40,11 @@ def test_battery_kills_a_mutant_and_runs_only_checks_where_it_fires():
     killed, where, ran = mutants.killed_by_battery(strided, battery)
     # killed by a check whose x is not contiguous (strided_rows, transposed_view, a layouts or cover member)
     assert killed and ran >= 1 and where.split("/")[0] in {task.case for task in battery.fired(strided)}, where
-    quiet = mutants.mutant("rms_norm__rows_ge256__ignore_weight")   # no default-level rms_norm case has 256 rows
+    # every rms_norm trigger fires on some default-level check (rows of 257 since the array has them):
+    # a trigger over widths past 2^20 fires on none
+    family = mutants.catalog("rms_norm")
+    huge = mutants.Trigger("w_gt1048576", lambda c: c["W"] > 2 ** 20, lambda p, rng: None)
+    quiet = mutants.Mutant(family, huge, family.fault("ignore_weight"))
     assert battery.fired(quiet) == []
+    assert battery.fired(mutants.mutant("rms_norm__rows_ge256__ignore_weight"))
     assert mutants.killed_by_battery(quiet, battery) == (False, "", 0)

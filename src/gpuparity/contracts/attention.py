@@ -954,7 +954,7 @@ ATTENTION_FEATURE_DIMENSIONS = (
     ("sk_tile", TILES), ("sk_offset", TILE_OFFSETS),
     ("feature", tuple(ATTENTION_FEATURES)), ("mask", ("none", "key_padding", "bool_b1qk", "float_qk")),
     ("modifier", ("plain", "causal", "scale")), ("batch", (1, 2, 3)), ("heads", ("h2", "h4_kv2", "h4_kv1")),
-    ("head_dim", (32, 64, 128)), ("layout", ("contiguous", "q_transposed", "k_sliced", "v_sliced")))
+    ("head_dim", (32, 40, 64, 80, 128)), ("layout", ("contiguous", "q_transposed", "k_sliced", "v_sliced")))
 
 
 def _attention_feature_params(row):
