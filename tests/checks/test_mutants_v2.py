@@ -64,16 +64,20 @@ def test_varlen_faults_keep_the_packing():
         assert out.shape == q.shape, fault.name
 
 
-def test_a_mutant_whose_fault_stays_under_the_tolerance_is_ineffective():
+@pytest.fixture(scope="module")
+def residual_battery():
+    return mutants.BatteryCalls.plan("residual_norm")
+
+
+def test_a_mutant_whose_fault_stays_under_the_tolerance_is_ineffective(residual_battery):
     # a float32 residual stream beside 16-bit x: the 16-bit output rounded through bf16 again changes nothing
     m = mutants.mutant("residual_norm__fp32_residual_stream__output_through_bf16")
-    judged = mutants.judge(m, mutants.BatteryCalls.plan("residual_norm"), witness_count=3)
+    judged = mutants.judge(m, residual_battery, witness_count=3)
     assert not judged.effective and not judged.killed and judged.witnesses == 3
 
 
-def test_drawn_mutants_survive_only_below_the_tolerance():
-    battery = mutants.BatteryCalls.plan("residual_norm")
-    judged = [mutants.judge(m, battery, witness_count=4) for m in mutants.sample("residual_norm", 11, 4)]
+def test_drawn_mutants_survive_only_below_the_tolerance(residual_battery):
+    judged = [mutants.judge(m, residual_battery, witness_count=4) for m in mutants.sample("residual_norm", 11, 4)]
     assert all(j.killed or not j.effective for j in judged), [(j.name, j.detail) for j in judged]
     assert any(j.killed for j in judged)
 
