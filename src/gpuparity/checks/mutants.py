@@ -996,7 +996,7 @@ def score(judged: Sequence[Judged]) -> Dict[str, Any]:
 # =========================================================================== version 2
 # attention_varlen, attention_decode and residual_norm (added after the first four ops' part
 # above was frozen at 496617f; this part was frozen before anything was tuned on it: the commit
-# is recorded in benchmarks/records/cpu/mutation-score-2026-12-06-v2.md). The same engine:
+# is recorded in benchmarks/records/cpu/mutation-score-2026-12-06.md). The same engine:
 # triggers over the call's arguments drawn from the op's dimensions (cu_seqlens' lengths at tile
 # remainders, a sequence of length 1 or 0, Sq vs Sk per sequence, the number of sequences, cache
 # lengths at tile and page remainders, Sq == 1, the page size, the residual's dtype,
