@@ -180,3 +180,15 @@ def test_a_backend_that_cannot_take_the_second_call_skips_the_relation():
     assert relations.second_params("attention_decode", {"relation": "paged_gathered", "page": 16})["page"] is None
     same = {"relation": "batch_items", "B": 2}
     assert relations.second_params("attention", same) == same
+
+
+def test_an_exactly_zero_side_is_the_reference():
+    # grad_q of a query that sees one key vanishes: one side exactly zero, the other rounding noise
+    # must agree (as against a float64 zero in the battery), whichever side is the zero one; a
+    # wrong nonzero gradient still disagrees
+    from gpuparity.checks.relations import _disagreement
+    zero, noise = torch.zeros(4, 8), torch.full((4, 8), 1e-7)
+    assert _disagreement({"g": zero}, {"g": noise})["g"] < 1e-6
+    assert _disagreement({"g": noise}, {"g": zero})["g"] < 1e-6
+    assert _disagreement({"g": zero}, {"g": torch.full((4, 8), 0.1)})["g"] > 0.05
+    assert _disagreement({"g": torch.ones(4, 8)}, {"g": torch.ones(4, 8) * 1.5})["g"] > 0.3
