@@ -1,6 +1,7 @@
 """The layout's rules, checked: imports among src/gpuparity modules form no cycle (static imports
-anywhere in a file, and the modules a package imports by name through importlib), and no
-source file grows past ~600 lines without saying why at its top (a "# long file: <reason>" line)."""
+anywhere in a file, and the modules a package imports by name through importlib, those the op
+manifest names among them), and no source file grows past ~600 lines without saying why at its
+top (a "# long file: <reason>" line)."""
 from __future__ import annotations
 
 import ast
@@ -63,7 +64,20 @@ def _build_graph(names):
                 # a package that imports its modules by name (backends.MODULES through importlib)
                 targets = [node.value] if node.value in names else []
             graph[name].update(t for t in targets if t in names and t not in (name, "gpuparity"))
+    for name, targets in manifest_imports().items():
+        if name in graph:
+            graph[name].update(t for t in targets if t in names and t not in (name, "gpuparity"))
     return graph
+
+
+def manifest_imports():
+    """The modules packages import by name from the op manifest (src/gpuparity/manifest.py):
+    backends.load_all its registration order, contracts.get_spec each contract, gpuparity's lazy
+    facade each op's public module."""
+    from gpuparity import manifest
+    return {"gpuparity.backends": set(manifest.registration_order()),
+            "gpuparity.contracts": {module for module, _ in manifest.contracts().values()},
+            "gpuparity": set(manifest.exports().values())}
 
 
 def cycles(graph):
@@ -108,6 +122,7 @@ def test_the_cycle_finder_finds_a_planted_cycle():
 def test_no_import_cycle_among_src_modules():
     graph = import_graph()
     assert "gpuparity.registry" in graph["gpuparity.dispatch"]   # the graph sees real edges
+    assert {"gpuparity.backends.sdpa", "gpuparity.contracts.norms"} <= graph["gpuparity.backends"]   # by name
     found = cycles(graph)
     assert not found, "import cycles (each list imports itself round): " + "; ".join(" -> ".join(c) for c in found)
 
@@ -228,7 +243,8 @@ def test_importing_gpuparity_and_its_ops_starts_no_process_and_loads_no_checks()
 
 # The base layer (docs/architecture.md): what every floor above may take, importing nothing above it.
 BASE = ("gpuparity.platform", "gpuparity.numerics", "gpuparity.validation", "gpuparity.cachedir",
-        "gpuparity.caches", "gpuparity.isolate", "gpuparity.tolerance", "gpuparity.targets", "gpuparity.registry")
+        "gpuparity.caches", "gpuparity.isolate", "gpuparity.tolerance", "gpuparity.targets", "gpuparity.registry",
+        "gpuparity.manifest")
 
 
 def base_violations(graph):

@@ -4,8 +4,10 @@ and its public exports, as they stood before the manifest (at 1a586e9, from cont
 backends.MODULES and gpuparity._LAZY written by hand)."""
 from __future__ import annotations
 
+import pytest
+
 import gpuparity
-from gpuparity import backends, contracts, dispatch
+from gpuparity import backends, contracts, dispatch, manifest
 
 OPS = ("attention", "softmax", "layer_norm", "rms_norm", "rotary", "matmul", "conv2d", "cross_entropy",
        "attention_varlen", "attention_decode", "linear_cross_entropy", "swiglu", "residual_norm")
@@ -84,3 +86,85 @@ def test_load_all_imports_the_same_modules():
 def test_gpuparity_exports_the_same_names_from_the_same_modules():
     assert gpuparity._LAZY == {**EXPORTS, **OTHER_EXPORTS}
     assert set(gpuparity.__all__) == {"__version__", *EXPORTS, *OTHER_EXPORTS, "nn", "trace", "profile"}
+
+
+# --------------------------------------------------------------------------- the manifest itself
+def _registered_from(backend, modules):
+    """The index in `modules` of the module (or package) whose code the backend runs, else None."""
+    source = getattr(backend.fn, "__module__", "") or ""
+    return next((i for i, m in enumerate(modules) if source == m or source.startswith(m + ".")), None)
+
+
+def test_each_op_line_names_the_modules_that_register_its_backends_in_its_order():
+    """dispatch.backends(op) lists each backend from a module its manifest line names, in the line's
+    order: the line, not another op's or an import accident, decides the order."""
+    for line in manifest.OPS:
+        modules = manifest.backend_modules(line)
+        slots = [_registered_from(backend, modules) for backend in dispatch.backends(line.name)]
+        assert None not in slots and slots == sorted(slots), (line.name, modules, slots)
+        assert set(slots) == set(range(len(modules))), f"{line.name}: a module on its line registers none of it"
+
+
+def test_registration_order_keeps_every_line_and_refuses_two_that_disagree():
+    planted = (manifest.Op("a", "x:SPEC", "m1 contract m2", ""), manifest.Op("b", "y:SPEC", "m0 m2", ""),
+               manifest.Op("c", "z:SPEC", "m3 m1", ""))
+    order = manifest.registration_order(planted)
+    for line in planted:
+        positions = [order.index(m) for m in manifest.backend_modules(line)]
+        assert positions == sorted(positions), (line, order)
+    # each line kept; where none orders two modules, the one the manifest names first comes first
+    assert order == ("gpuparity.backends.m0", "gpuparity.backends.m3", "gpuparity.backends.m1",
+                     "gpuparity.contracts.x", "gpuparity.backends.m2")
+    backwards = planted + (manifest.Op("d", "w:SPEC", "m2 m1", ""),)
+    with pytest.raises(ValueError, match="both ways: gpuparity.backends.m1, gpuparity.backends.m2"):
+        manifest.registration_order(backwards)
+    assert backends.MODULES == manifest.registration_order()
+
+
+def test_every_registering_module_is_on_a_manifest_line(tmp_path):
+    """A module under backends/ or contracts/ that registers backends (register(Backend(...)) or
+    COMPOSITIONS) is imported by load_all only if the manifest names it: one that is not would
+    register nothing, silently."""
+    planted = tmp_path / "planted.py"
+    planted.write_text("from gpuparity.registry import Backend, register\nregister(Backend('x', 'softmax', len))\n")
+    assert unlisted_registering({"gpuparity.backends.planted": planted}) == ["gpuparity.backends.planted"]
+    found = unlisted_registering()
+    assert not found, "modules that register backends but are on no line of src/gpuparity/manifest.py: " + ", ".join(found)
+
+
+def unlisted_registering(names=None):
+    import ast
+    import pathlib
+    if names is None:
+        src = pathlib.Path(gpuparity.__file__).resolve().parents[1]
+        names = {}
+        for folder in ("backends", "contracts"):
+            for path in (src / "gpuparity" / folder).rglob("*.py"):
+                parts = list(path.relative_to(src).with_suffix("").parts)
+                names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    found = []
+    for module, path in sorted(names.items()):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        registers = any(isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] == "register"
+                        and node.args and isinstance(node.args[0], ast.Call)
+                        and ast.unparse(node.args[0].func).split(".")[-1] == "Backend" for node in ast.walk(tree))
+        registers |= any(isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "COMPOSITIONS" for t in node.targets)
+                         for node in tree.body)
+        if registers and not any(module == m or module.startswith(m + ".") for m in backends.MODULES):
+            found.append(module)
+    return found
+
+
+def test_import_gpuparity_reads_the_manifest_and_nothing_else():
+    """The lazy facade's op exports come from the manifest, which imports nothing: `import gpuparity`
+    loads these two modules of gpuparity's and no torch (a fresh interpreter)."""
+    import os
+    import subprocess
+    import sys
+    src = os.path.dirname(os.path.dirname(gpuparity.__file__))
+    probe = ("import sys, gpuparity\n"
+             "print(sorted(m for m in sys.modules if m.startswith('gpuparity')), 'torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": src})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["['gpuparity',", "'gpuparity.manifest']", "False"]

@@ -13,20 +13,15 @@ from __future__ import annotations
 
 import importlib
 
+from . import manifest
+
 __version__ = "0.1.0"
 
 # Public name -> module that defines it; imported on first use so `import gpuparity` stays
-# light (and so a missing optional piece does not break the rest).
+# light (and so a missing optional piece does not break the rest). The ops' public functions come
+# from their lines in the op manifest (src/gpuparity/manifest.py, which imports nothing).
 _LAZY = {
-    "attention": "gpuparity.ops.attention", "attention_dropout_mask": "gpuparity.ops.attention",
-    "attention_decode": "gpuparity.ops.decode", "kv_cache_append": "gpuparity.ops.decode",
-    "attention_varlen": "gpuparity.ops.varlen",
-    "rms_norm": "gpuparity.ops.norms",
-    "layer_norm": "gpuparity.ops.norms",
-    "apply_rotary": "gpuparity.ops.rotary",
-    "linear_cross_entropy": "gpuparity.ops.linear_cross_entropy",
-    "swiglu": "gpuparity.ops.swiglu",
-    "residual_norm": "gpuparity.ops.residual_norm",
+    **manifest.exports(),
     "check": "gpuparity.api",
     "get_device": "gpuparity.device",
     "patch": "gpuparity.patching",

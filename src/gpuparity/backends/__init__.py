@@ -1,39 +1,21 @@
 """One module per backend family. Importing a module registers its backends with
-`gpuparity.dispatch`; `load_all` is the one list of them. The op contracts' plain compositions
-(`COMPOSITIONS` in contracts/<op>.py) are registered here too, each in its slot of MODULES, so
-the registration order (what `dispatch.backends(op)` lists) does not depend on which contract an
-earlier call imported first."""
+`gpuparity.dispatch`; `load_all` imports them, once. Which modules, and in which order, comes
+from the op manifest (src/gpuparity/manifest.py: each op's line names the modules that register its
+backends, in its order, the contract among them in the slot where its `COMPOSITIONS` are
+registered here), so the registration order (what `dispatch.backends(op)` lists) depends neither
+on which contract an earlier call imported first nor on a hand-ordered list."""
 from __future__ import annotations
 
 import importlib
 import threading
 
+from .. import manifest
 from ..registry import register
 
-# Each entry is imported once; a module whose optional dependency is missing registers
-# backends whose availability() says so, so it must import without that dependency.
-MODULES = (
-    "gpuparity.backends.sdpa",
-    "gpuparity.contracts.attention",
-    "gpuparity.backends.torch_ops",
-    "gpuparity.contracts.norms",
-    "gpuparity.contracts.rotary",
-    "gpuparity.contracts.basic",
-    "gpuparity.contracts.swiglu",
-    "gpuparity.backends.triton_attention",
-    "gpuparity.backends.triton_decode",
-    "gpuparity.contracts.decode",
-    "gpuparity.contracts.varlen",
-    "gpuparity.backends.triton_norms",
-    "gpuparity.backends.triton_rotary",
-    "gpuparity.backends.ce_composition",
-    "gpuparity.backends.triton_cross_entropy",
-    "gpuparity.backends.triton_swiglu",
-    "gpuparity.contracts.residual_norm",
-    "gpuparity.backends.triton_residual_norm",
-    "gpuparity.backends.flex",
-    "gpuparity.backends.compiled",
-)
+# Each entry is imported once, in one order that keeps every op's line of the manifest; a module
+# whose optional dependency is missing registers backends whose availability() says so, so it
+# must import without that dependency.
+MODULES = manifest.registration_order()
 
 _LOADED = False
 _LOAD_LOCK = threading.Lock()   # another thread's first call waits here until every module registered

@@ -6,12 +6,14 @@ the op's "composition" backend), and the battery's cases and regime families (it
 Backends (backends/) implement the op; the check engine (checks/) runs any contract by name
 from this registry and knows no op itself; ops/ is the public layer over both.
 
-Adding an op: its contract module, one line below, its backends and its tests.
+Adding an op: its contract module, its line in src/gpuparity/manifest.py, its backends and its tests.
 """
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Dict, Tuple
+
+from .. import manifest
 
 if TYPE_CHECKING:
     from .base import LEVELS, Case, OpSpec
@@ -24,25 +26,12 @@ def __getattr__(name: str):
         return getattr(importlib.import_module(".base", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-# op -> (contract module, the OpSpec's name in it), in the battery's order. A contract is
-# imported the first time its op is asked for, so a call of one op loads one contract.
-CONTRACTS: Dict[str, Tuple[str, str]] = {
-    "attention": ("gpuparity.contracts.attention", "SPEC"),
-    "softmax": ("gpuparity.contracts.basic", "SOFTMAX_SPEC"),
-    "layer_norm": ("gpuparity.contracts.norms", "LN_SPEC"),
-    "rms_norm": ("gpuparity.contracts.norms", "RMS_SPEC"),
-    "rotary": ("gpuparity.contracts.rotary", "SPEC"),
-    "matmul": ("gpuparity.contracts.basic", "MATMUL_SPEC"),
-    "conv2d": ("gpuparity.contracts.basic", "CONV2D_SPEC"),
-    "cross_entropy": ("gpuparity.contracts.basic", "CROSS_ENTROPY_SPEC"),
-    "attention_varlen": ("gpuparity.contracts.varlen", "SPEC"),
-    "attention_decode": ("gpuparity.contracts.decode", "SPEC"),
-    "linear_cross_entropy": ("gpuparity.contracts.linear_cross_entropy", "SPEC"),
-    "swiglu": ("gpuparity.contracts.swiglu", "SPEC"),
-    "residual_norm": ("gpuparity.contracts.residual_norm", "SPEC"),
-}
+# op -> (contract module, the OpSpec's name in it), in the battery's order: the manifest's
+# (src/gpuparity/manifest.py, one line per op). A contract is imported the first time its op is asked
+# for, so a call of one op loads one contract.
+CONTRACTS: Dict[str, Tuple[str, str]] = manifest.contracts()
 OPS = tuple(CONTRACTS)
-# the contract modules, each once (imported by backends.load_all: they register compositions)
+# the contract modules, each once (contracts/reference.py gathers their REFERENCES)
 MODULES = tuple(dict.fromkeys(module for module, _ in CONTRACTS.values()))
 
 
