@@ -75,8 +75,15 @@ def test_the_battery_lists_the_same_ops_in_the_same_order():
     assert contracts.CONTRACTS == CONTRACTS and list(contracts.CONTRACTS) == list(CONTRACTS)
 
 
+def builtin_backends(op):
+    """dispatch.backends(op), less those a module outside backends/ and contracts/ registered (a
+    planted one: gpuparity.workloads.planted registers one for attention when a test imports it)."""
+    return [b for b in dispatch.backends(op)
+            if getattr(b.fn, "__module__", "").startswith(("gpuparity.backends.", "gpuparity.contracts."))]
+
+
 def test_each_op_lists_the_same_backends_in_the_same_order():
-    assert {op: [b.name for b in dispatch.backends(op)] for op in OPS} == BACKENDS
+    assert {op: [b.name for b in builtin_backends(op)] for op in OPS} == BACKENDS
 
 
 def test_load_all_imports_the_same_modules():
@@ -100,7 +107,7 @@ def test_each_op_line_names_the_modules_that_register_its_backends_in_its_order(
     order: the line, not another op's or an import accident, decides the order."""
     for line in manifest.OPS:
         modules = manifest.backend_modules(line)
-        slots = [_registered_from(backend, modules) for backend in dispatch.backends(line.name)]
+        slots = [_registered_from(backend, modules) for backend in builtin_backends(line.name)]
         assert None not in slots and slots == sorted(slots), (line.name, modules, slots)
         assert set(slots) == set(range(len(modules))), f"{line.name}: a module on its line registers none of it"
 
@@ -168,3 +175,20 @@ def test_import_gpuparity_reads_the_manifest_and_nothing_else():
                           env={**os.environ, "PYTHONPATH": src})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["['gpuparity',", "'gpuparity.manifest']", "False"]
+
+
+def test_a_backend_module_imported_before_load_all_keeps_its_place():
+    """Import order does not decide: triton_attention imported first (as an import of every module
+    does) registers its backends before sdpa's, and load_all puts them back in attention's line
+    order (a fresh interpreter: here the registry is filled already)."""
+    import os
+    import subprocess
+    import sys
+    src = os.path.dirname(os.path.dirname(gpuparity.__file__))
+    probe = ("import gpuparity.backends.triton_attention, gpuparity.backends.compiled\n"
+             "from gpuparity import dispatch\n"
+             "print([b.name for b in dispatch.backends('attention')], [b.name for b in dispatch.backends('rms_norm')])\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": src})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == f"{BACKENDS['attention']} {BACKENDS['rms_norm']}"

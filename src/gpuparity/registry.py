@@ -5,6 +5,7 @@ from here, and it imports nothing of gpuparity's."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
@@ -14,6 +15,9 @@ _REGISTRY: Dict[str, Dict[str, "Backend"]] = {}
 _LOCK = threading.Lock()
 # Called after every registration: dispatch forgets the resolutions it remembered.
 _LISTENERS: List[Callable[[], None]] = []
+# (op, backend name) -> the module that registered it: backends.load_all orders each op's backends
+# by the modules of its line in the op manifest, whichever module was imported first
+_SOURCES: Dict[Tuple[str, str], str] = {}
 
 
 # Features a backend serves only when it says so (Backend.opt_in): "dropout" (attention dropout p > 0),
@@ -117,9 +121,14 @@ class BackendUnavailable(RuntimeError):
     """A named backend cannot serve this call; the message lists why."""
 
 
-def register(backend: Backend) -> Backend:
+def register(backend: Backend, source: Optional[str] = None) -> Backend:
+    """Add `backend` to its op's table (last, or in its place if the name is there). `source`: the
+    module registering it (default: the caller's)."""
+    if source is None:
+        source = sys._getframe(1).f_globals.get("__name__", "")
     with _LOCK:
         _REGISTRY.setdefault(backend.op, {})[backend.name] = backend
+        _SOURCES[(backend.op, backend.name)] = source
     for listener in list(_LISTENERS):
         listener()
     return backend
@@ -129,6 +138,21 @@ def unregister(op: str, name: str) -> None:
     """Remove a backend (tests and planted backends); a no-op if it is not there."""
     with _LOCK:
         _REGISTRY.get(op, {}).pop(name, None)
+    for listener in list(_LISTENERS):
+        listener()
+
+
+def order_by_source(op: str, modules: Tuple[str, ...]) -> None:
+    """Reorder `op`'s backends: those registered by `modules` in that order (one module's in the
+    order it registered them), then any other as registered."""
+    with _LOCK:
+        table = _REGISTRY.get(op, {})
+        rank = {module: i for i, module in enumerate(modules)}
+        names = sorted(table, key=lambda name, order=list(table): (
+            rank.get(_SOURCES.get((op, name), ""), len(modules)), order.index(name)))
+        if names == list(table):
+            return
+        _REGISTRY[op] = {name: table[name] for name in names}
     for listener in list(_LISTENERS):
         listener()
 

@@ -10,12 +10,14 @@ import importlib
 import threading
 
 from .. import manifest
-from ..registry import register
+from ..registry import order_by_source, register
 
 # Each entry is imported once, in one order that keeps every op's line of the manifest; a module
 # whose optional dependency is missing registers backends whose availability() says so, so it
 # must import without that dependency.
 MODULES = manifest.registration_order()
+# op -> the modules that register its backends, in its order (its line of the manifest)
+_LINES = {line.name: manifest.backend_modules(line) for line in manifest.OPS}
 
 _LOADED = False
 _LOAD_LOCK = threading.Lock()   # another thread's first call waits here until every module registered
@@ -57,4 +59,8 @@ def _load_modules() -> None:
                 raise
             continue
         for backend in getattr(module, "COMPOSITIONS", ()):   # a contract's composition
-            register(backend)
+            register(backend, source=name)
+    # each op's backends in its line's order, also where a module was imported before load_all
+    # (its backends registered then, ahead of the modules before it)
+    for op, modules in _LINES.items():
+        order_by_source(op, modules)
