@@ -22,11 +22,22 @@ def _gqa_and_strided_v(params) -> bool:
     return params["H"] != params["Hkv"] and strided
 
 
-def test_every_pair_of_the_attention_dimensions_is_in_a_row():
-    declared = families.covering_declaration(get_spec("attention"))
-    rows = covering.build(declared.dimensions, 2, declared.seed, declared.allowed)
-    assert covering.missing(rows, declared.dimensions, 2, declared.allowed) == []
-    assert len(families.cover_family(get_spec("attention"), "cover").members) == len(rows)
+def test_attention_arrays_hold_every_triple_of_their_groups_and_every_pair():
+    # mixed strength: the key length's class with the mask form, Sq/Sk kinds with causal, each
+    # optional feature with the key length and with causal (contracts/attention.py's groups)
+    for name, declared in families.covering_declarations(get_spec("attention")).items():
+        assert declared.groups, name
+        rows = covering.build(declared.dimensions, 2, declared.seed, declared.allowed, groups=declared.groups)
+        assert covering.missing(rows, declared.dimensions, 2, declared.allowed, groups=declared.groups) == [], name
+        assert len(families.cover_family(get_spec("attention"), name).members) == len(rows)
+    # e.g. a key length on a multiple of every tile (4096 keys) with key padding, and an ALiBi row with
+    # causal and Sq != Sk
+    spec = get_spec("attention")
+    cover = [params for _, params in families.cover_family(spec, "cover").members]
+    assert any(p["Sk"] % 128 == 0 and "key_padding" in p["mask"] and min(p["lengths"]) < p["Sk"] for p in cover)
+    features = [params for _, params in families.cover_family(spec, "cover_features").members]
+    assert any(p.get("alibi") and p.get("causal") and p["Sq"] != p["Sk"] and p["Sq"] > 1 for p in features)
+    assert any(p.get("window") and p["Sk"] % 128 == 0 for p in features)
 
 
 def test_default_level_runs_every_row_and_names_rerun_them():

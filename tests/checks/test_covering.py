@@ -47,3 +47,37 @@ def test_bad_dimensions_are_named():
         covering.build(DIMS, 7)
     with pytest.raises(ValueError, match="names must differ"):
         covering.build([("a", [1]), ("a", [2])], 1)
+
+
+GROUP = (("sk", "mask", "causal"), 3)
+
+
+def test_mixed_strength_covers_every_triple_of_the_group_and_every_pair():
+    rows = covering.build(DIMS, 2, seed=5, allowed=allowed, groups=[GROUP])
+    assert all(allowed(row) for row in rows)
+    assert covering.missing(rows, DIMS, 2, allowed, groups=[GROUP]) == covering.impossible(DIMS, 2, allowed,
+                                                                                          groups=[GROUP])
+    # every (sk, mask, causal) the constraints allow, checked here by hand
+    held = {(row["sk"], row["mask"], row["causal"]) for row in rows}
+    wanted = {(sk, mask, causal) for sk in (16, 17, 4160) for mask in ("none", "bool", "float", "padding")
+              for causal in (False, True) if not (causal and mask == "float")}
+    assert wanted <= held
+    assert rows == covering.build(DIMS, 2, seed=5, allowed=allowed, groups=[GROUP])
+    # more rows than the pairs alone, far fewer than every triple
+    assert len(covering.build(DIMS, 2, seed=5, allowed=allowed)) < len(rows) < len(covering.build(DIMS, 3, seed=5,
+                                                                                                  allowed=allowed))
+
+
+def test_a_pairwise_array_misses_a_triple_of_the_group():
+    rows = covering.build(DIMS, 2, seed=5, allowed=allowed)
+    assert covering.missing(rows, DIMS, 2, allowed) == []
+    assert covering.missing(rows, DIMS, 2, allowed, groups=[GROUP])   # some (sk, mask, causal) triple is absent
+
+
+def test_interactions_drop_the_pairs_a_group_holds():
+    combos = covering.interactions(DIMS, 2, [GROUP])
+    assert (1, 2, 4) in combos and (1, 2) not in combos and (0, 1) in combos
+    with pytest.raises(ValueError, match="unknown dimension"):
+        covering.interactions(DIMS, 2, [(("sk", "nope"), 2)])
+    with pytest.raises(ValueError, match="strength of"):
+        covering.interactions(DIMS, 2, [(("sk", "mask"), 3)])

@@ -25,13 +25,13 @@ HERE = __file__
 
 def _rows(op):
     declared = families.covering_declaration(get_spec(op))
-    return declared, covering.build(declared.dimensions, 2, declared.seed, declared.allowed)
+    return declared, covering.build(declared.dimensions, 2, declared.seed, declared.allowed, groups=declared.groups)
 
 
 @pytest.mark.parametrize("op", OPS)
 def test_every_pair_of_the_dimensions_is_in_a_row(op):
     declared, rows = _rows(op)
-    assert covering.missing(rows, declared.dimensions, 2, declared.allowed) == []
+    assert covering.missing(rows, declared.dimensions, 2, declared.allowed, groups=declared.groups) == []
     assert all(declared.allowed(row) for row in rows)
     spec = get_spec(op)
     members = families.cover_family(spec, "cover").members

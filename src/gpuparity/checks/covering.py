@@ -11,7 +11,13 @@ a t-tuple not covered yet and fills the other dimensions, one at a time in a see
 the value that covers the most uncovered t-tuples, among a few candidate rows; `allowed`
 prunes impossible combinations (it is asked about partial rows: it must answer True while the
 dimensions it needs are unset). A t-tuple no allowed row can hold is reported by `impossible`
-rather than left silently uncovered. Deterministic for a seed."""
+rather than left silently uncovered. Deterministic for a seed.
+
+Mixed strength: `groups` names sets of dimensions that interact inside kernels (the key length
+against the tiles, the mask or window form, Sq against Sk) with a higher strength each, e.g.
+`groups=((("sk_tile", "sk_offset", "mask"), 3),)`: every triple of values of every three
+dimensions of the group appears in a row, every pair overall; a few dozen rows more than the
+pairwise array instead of the hundreds of a strength-3 array over everything."""
 from __future__ import annotations
 
 import itertools
@@ -22,6 +28,7 @@ Dimensions = Sequence[Tuple[str, Sequence[Any]]]
 Row = Dict[str, Any]
 Allowed = Callable[[Row], bool]
 TTuple = Tuple[Tuple[int, ...], Tuple[int, ...]]   # (dimension indices, value indices)
+Groups = Sequence[Tuple[Sequence[str], int]]         # (dimension names, strength among them)
 
 CANDIDATES = 8
 
@@ -36,14 +43,32 @@ def _check(dimensions: Dimensions, strength: int) -> None:
         raise ValueError(f"strength: expected 1..{len(dimensions)} (the number of dimensions), got {strength}")
 
 
+def interactions(dimensions: Dimensions, strength: int, groups: Groups = ()) -> List[Tuple[int, ...]]:
+    """The sets of dimensions (as sorted indices) whose values must appear together: every
+    `strength` of them, and every t of each group's dimensions (t its strength); a set inside a
+    larger one is left out (covering the larger covers it)."""
+    _check(dimensions, strength)
+    index = {name: d for d, (name, _) in enumerate(dimensions)}
+    combos = set(itertools.combinations(range(len(dimensions)), strength))
+    for names, t in groups:
+        unknown = [name for name in names if name not in index]
+        if unknown:
+            raise ValueError(f"groups: unknown dimension(s) {unknown}, expected some of {list(index)}")
+        if not 1 <= t <= len(names):
+            raise ValueError(f"groups: strength of {tuple(names)} must be 1..{len(names)}, got {t}")
+        combos.update(itertools.combinations(sorted(index[name] for name in names), t))
+    return sorted(c for c in combos if not any(len(o) > len(c) and set(c) <= set(o) for o in combos))
+
+
 def _partial(dimensions: Dimensions, dims: Sequence[int], values: Sequence[int]) -> Row:
     return {dimensions[d][0]: dimensions[d][1][v] for d, v in zip(dims, values)}
 
 
-def tuples(dimensions: Dimensions, strength: int, allowed: Optional[Allowed] = None) -> List[TTuple]:
-    """Every t-tuple of values the constraints do not rule out on their own."""
+def tuples(dimensions: Dimensions, strength: int, allowed: Optional[Allowed] = None,
+           groups: Groups = ()) -> List[TTuple]:
+    """Every t-tuple of values (of `interactions`) the constraints do not rule out on their own."""
     out = []
-    for dims in itertools.combinations(range(len(dimensions)), strength):
+    for dims in interactions(dimensions, strength, groups):
         for values in itertools.product(*(range(len(dimensions[d][1])) for d in dims)):
             if allowed is None or allowed(_partial(dimensions, dims, values)):
                 out.append((dims, values))
@@ -51,16 +76,17 @@ def tuples(dimensions: Dimensions, strength: int, allowed: Optional[Allowed] = N
 
 
 def build(dimensions: Dimensions, strength: int = 2, seed: int = 0,
-          allowed: Optional[Allowed] = None, candidates: int = CANDIDATES) -> List[Row]:
-    """Rows (dimension name -> value) covering every allowed t-tuple of values."""
-    _check(dimensions, strength)
+          allowed: Optional[Allowed] = None, candidates: int = CANDIDATES, groups: Groups = ()) -> List[Row]:
+    """Rows (dimension name -> value) covering every allowed t-tuple of values (and every
+    tuple of each group at its strength)."""
+    combos = interactions(dimensions, strength, groups)
     allowed = allowed or (lambda row: True)
     rng = random.Random(seed)
     n = len(dimensions)
-    pending = tuples(dimensions, strength, allowed)
+    pending = tuples(dimensions, strength, allowed, groups)
     rng.shuffle(pending)
     uncovered: Set[TTuple] = set(pending)
-    combos_of = {d: [c for c in itertools.combinations(range(n), strength) if d in c] for d in range(n)}
+    combos_of = {d: [c for c in combos if d in c] for d in range(n)}
     rows: List[Row] = []
     cursor = 0
     while uncovered:
@@ -72,20 +98,20 @@ def build(dimensions: Dimensions, strength: int = 2, seed: int = 0,
             row = _fill(dimensions, start, uncovered, combos_of, allowed, rng)
             if row is None:
                 continue
-            gain = len(_covered(row, strength, uncovered))
+            gain = len(_covered(row, combos, uncovered))
             if gain > best_gain:
                 best, best_gain = row, gain
         if best is None:
             uncovered.discard(start)     # no allowed row holds it (impossible() reports it)
             continue
-        uncovered -= _covered(best, strength, uncovered)
+        uncovered -= _covered(best, combos, uncovered)
         rows.append({dimensions[d][0]: dimensions[d][1][v] for d, v in sorted(best.items())})
     return rows
 
 
-def _covered(row: Dict[int, int], strength: int, uncovered: Set[TTuple]) -> Set[TTuple]:
+def _covered(row: Dict[int, int], combos: Sequence[Tuple[int, ...]], uncovered: Set[TTuple]) -> Set[TTuple]:
     found = set()
-    for dims in itertools.combinations(sorted(row), strength):
+    for dims in combos:
         key = (dims, tuple(row[d] for d in dims))
         if key in uncovered:
             found.add(key)
@@ -125,24 +151,25 @@ def _named(dimensions: Dimensions, row: Dict[int, int]) -> Row:
 
 
 def missing(rows: Sequence[Row], dimensions: Dimensions, strength: int,
-            allowed: Optional[Allowed] = None) -> List[Row]:
+            allowed: Optional[Allowed] = None, groups: Groups = ()) -> List[Row]:
     """The allowed t-tuples (as partial rows) that no row holds: [] for a covering array
     (impossible tuples, which no allowed whole row can hold, are listed too: see impossible)."""
     index = {name: {repr(v): i for i, v in enumerate(values)} for name, values in dimensions}
     have = set()
     for row in rows:
         coded = {d: index[name][repr(row[name])] for d, (name, _) in enumerate(dimensions)}
-        for dims in itertools.combinations(range(len(dimensions)), strength):
+        for dims in interactions(dimensions, strength, groups):
             have.add((dims, tuple(coded[d] for d in dims)))
-    return [_partial(dimensions, dims, values) for dims, values in tuples(dimensions, strength, allowed)
+    return [_partial(dimensions, dims, values) for dims, values in tuples(dimensions, strength, allowed, groups)
             if (dims, values) not in have]
 
 
-def impossible(dimensions: Dimensions, strength: int, allowed: Allowed, seed: int = 0) -> List[Row]:
+def impossible(dimensions: Dimensions, strength: int, allowed: Allowed, seed: int = 0,
+               groups: Groups = ()) -> List[Row]:
     """The allowed-looking t-tuples that no whole allowed row holds, by exhaustive search of
     the rest (small spaces only: tests)."""
     out = []
-    for dims, values in tuples(dimensions, strength, allowed):
+    for dims, values in tuples(dimensions, strength, allowed, groups):
         rest = [d for d in range(len(dimensions)) if d not in dims]
         fixed = dict(zip(dims, values))
         if not any(allowed(_named(dimensions, {**fixed, **dict(zip(rest, choice))}))

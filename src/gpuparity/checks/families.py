@@ -117,7 +117,7 @@ def cover_family(spec, name: str) -> Optional[Family]:
         fam = None
         if declared is not None:
             from .covering import build
-            rows = build(declared.dimensions, strength, declared.seed, declared.allowed)
+            rows = build(declared.dimensions, strength, declared.seed, declared.allowed, groups=declared.groups)
             members = tuple((str(number), declared.params(row)) for number, row in enumerate(rows))
             fam = Family(name, members, anchors=len(members), level="default" if strength == 2 else "full")
         _COVER_CACHE[key] = fam

@@ -935,7 +935,8 @@ def _attention_cover_params(row):
     p = dict(B=B, H=H, Hkv=Hkv, Sq=Sq, Sk=Sk, D=row["head_dim"], **ATTENTION_MASKS[row["mask"]],
              **ATTENTION_MODIFIERS[row["modifier"]], **ATTENTION_VALUES[row["values"]])
     if "key_padding" in p["mask"]:
-        p["lengths"] = [Sk, max(1, Sk // 2 - 1), 0][:B]   # a full item, a part, an empty one
+        # a full item, a part, an empty one; one item alone is a part (a row with padding pads)
+        p["lengths"] = [Sk, max(1, Sk // 2 - 1), 0][:B] if B > 1 else [max(1, Sk // 2 - 1)]
     views = {name: row[f"{name}_layout"] for name in ("q", "k", "v") if row[f"{name}_layout"] != "contiguous"}
     if views:
         p["views"] = views
@@ -967,9 +968,19 @@ def _attention_feature_params(row):
     return p
 
 
+# Mixed strength: pairs everywhere, triples among the dimensions that meet inside a kernel's
+# loops (checks/covering.py `groups`): the key length's class against the tiles (offset, tile or
+# long) with the mask form; Sq's and Sk's kinds with causal/scale; in `cover_features`, the key
+# length (tile, offset) with each optional feature, and Sq's kind with causal/scale and each
+# feature. +22 rows in `cover` (64 -> 86), +70 in `cover_features` (42 -> 112).
+ATTENTION_GROUPS = ((("sk_offset", "sk_kind", "mask"), 3), (("sq_kind", "sk_kind", "modifier"), 3))
+ATTENTION_FEATURE_GROUPS = ((("sk_tile", "sk_offset", "feature"), 3), (("sq_kind", "modifier", "feature"), 3))
+
 COVERING = {"attention": {
-    "cover": Covering(ATTENTION_DIMENSIONS, _attention_cover_params, _attention_allowed, seed=45),
-    "cover_features": Covering(ATTENTION_FEATURE_DIMENSIONS, _attention_feature_params, seed=45)}}
+    "cover": Covering(ATTENTION_DIMENSIONS, _attention_cover_params, _attention_allowed, seed=45,
+                      groups=ATTENTION_GROUPS),
+    "cover_features": Covering(ATTENTION_FEATURE_DIMENSIONS, _attention_feature_params, seed=45,
+                               groups=ATTENTION_FEATURE_GROUPS)}}
 
 # what `gpuparity.reference` (contracts/reference.py) exports from this contract
 REFERENCES = ("attention", "attention_allowed", "attention_dropout", "empty_query_rows", "window_allowed")

@@ -193,11 +193,14 @@ class Covering:
     dimensions in some case at the default level, every triple at --level full). `params` maps
     a row (dimension -> value) to the case's params overrides; `allowed` rules out impossible
     or too costly combinations (asked about partial rows: True while its dimensions are unset).
-    The dtype is not a dimension: every case runs in each of the level's dtypes."""
+    The dtype is not a dimension: every case runs in each of the level's dtypes. `groups`:
+    (dimension names, strength) of dimensions that interact inside kernels, covered at that
+    strength at the default level too (mixed strength, checks/covering.py)."""
     dimensions: Tuple[Tuple[str, Tuple[Any, ...]], ...]
     params: Callable[[Dict[str, Any]], Dict[str, Any]]
     allowed: Callable[[Dict[str, Any]], bool] = (lambda row: True)
     seed: int = 0
+    groups: Tuple[Tuple[Tuple[str, ...], int], ...] = ()
 
 
 # Sizes relative to a tile (covering arrays' size dimensions): a multiple, one more, one less, half a tile more.
