@@ -90,7 +90,7 @@ on_change(forget)
 
 
 def _load_builtin_backends() -> None:
-    # Importing the modules registers their backends; backends.MODULES is the one list of them.
+    # Importing the modules registers their backends; backends.MODULES, built from gpuparity.manifest, is the one list of them.
     from .backends import load_all
     load_all()
 
