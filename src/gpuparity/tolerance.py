@@ -8,8 +8,9 @@ must be empty (fully masked attention rows) are checked separately: exactly zero
 
 The floor is the error a correct computation cannot avoid, so it rises where rounding provably
 grows (error_floor): with the length of a reduction a kernel may carry in the output dtype, with
-the size of the logits an exponential is taken of, and with how badly a row's mean cancels in
-x - mean (layer_norm's rows of large |mean| / std). Each term is a rounding-error model
+the size of the logits an exponential is taken of (and, in attention's grad_q and grad_k, with
+how badly the softmax backward cancels on near one-hot rows), and with how badly a row's mean
+cancels in x - mean (layer_norm's rows of large |mean| / std). Each term is a rounding-error model
 with the factor 2 of the baseline rule, derived in docs/verification.md.
 """
 from __future__ import annotations
@@ -68,6 +69,17 @@ ACCUMULATION_TILE = 256
 # baseline rounds them once: 4 roundings x the baseline factor 2, of the largest logit.
 LOGIT_ROUNDINGS = 4
 LOGIT_UNIT_ROUNDOFF = 2.0 ** -24
+# Near one-hot rows (attention's grad_q, grad_k): dS = P * (dP - D), D = sum_j P_j dP_j, cancels
+# where one key takes nearly all of a row's weight (dP - D ~ (1 - P_max) dP). A flash kernel
+# normalizes each row by its logsumexp, held in fp32 at the size of the row's max logit m, so its
+# recomputed P and the D it forms from its output carry a common relative error delta ~ u |m|,
+# which shifts grad_q by delta * scale * D * (P K) and grad_k by delta * scale * P^T (D q): up to
+# 1 / (1 - P_max) times the gradient's own size (the composition, normalizing by a sum of
+# exp(s - m) with its max term exactly 1, does not pay it). The spec gives each such gradient
+# `logit_condition` = ||scale |m| D (P K)|| / ||grad_q|| (the same for grad_k), the floor is the
+# baseline factor 2 times u times it: one rounding of the logsumexp, worst case. torch 2.13's
+# CPU flash SDPA erred 1/13 to 1/50 of u times it on Sq = 1 rows of x30 logits (2.8e-4 to 0.53;
+# docs/verification.md), the composition 1/70 to 1/800 of it.
 # Centering (layer_norm): a correct kernel forms each row's mean m by a reduction over the row's
 # n terms in its statistics dtype (fp32 for 16-bit inputs: a 16-bit mean would be a bug, and the
 # composition baseline uses fp32 too). The result is rounded at |m|'s magnitude once per level of
@@ -100,13 +112,15 @@ def mean_rounding(dtype, terms: int) -> float:
 
 def error_floor(dtype, precision: Optional[str] = None, reduction: Optional[int] = None,
                 logit_peak: Optional[float] = None, mean_condition: Optional[float] = None,
-                mean_terms: Optional[int] = None) -> float:
+                mean_terms: Optional[int] = None, logit_condition: Optional[float] = None) -> float:
     """The floor of one output: the dtype's (floor_for), raised where a correct computation errs
     more. reduction: how many terms each element of the output sums (attention's grad_v: the
     query rows, times the heads sharing a KV head); logit_peak: the largest |logit| the output
     takes an exponential of (attention's scaled scores, mask included); mean_condition: the
     output's relative condition number with respect to its rows' means (layer_norm: |mean| /
-    sqrt(var + eps) of the rows, weighted as the output is), over rows of mean_terms values."""
+    sqrt(var + eps) of the rows, weighted as the output is), over rows of mean_terms values;
+    logit_condition: the gradient's shift per unit relative error of its rows' normalization,
+    in logits (attention's grad_q and grad_k on near one-hot rows, LOGIT_UNIT_ROUNDOFF above)."""
     floor = floor_for(dtype, precision)
     rounding = ROUNDING.get(dtype, ROUNDING[torch.float32])
     if reduction:
@@ -115,13 +129,16 @@ def error_floor(dtype, precision: Optional[str] = None, reduction: Optional[int]
         floor = max(floor, BASELINE_FACTOR * LOGIT_ROUNDINGS * LOGIT_UNIT_ROUNDOFF * abs(logit_peak))
     if mean_condition is not None and math.isfinite(mean_condition) and mean_terms:
         floor = max(floor, BASELINE_FACTOR * mean_rounding(dtype, mean_terms) * abs(mean_condition))
+    if logit_condition is not None and math.isfinite(logit_condition):
+        floor = max(floor, BASELINE_FACTOR * LOGIT_UNIT_ROUNDOFF * abs(logit_condition))
     return floor
 
 
 def allowed_error(baseline_err: Optional[float], dtype: torch.dtype, precision: Optional[str] = None,
                   reduction: Optional[int] = None, logit_peak: Optional[float] = None,
-                  mean_condition: Optional[float] = None, mean_terms: Optional[int] = None) -> float:
-    floor = error_floor(dtype, precision, reduction, logit_peak, mean_condition, mean_terms)
+                  mean_condition: Optional[float] = None, mean_terms: Optional[int] = None,
+                  logit_condition: Optional[float] = None) -> float:
+    floor = error_floor(dtype, precision, reduction, logit_peak, mean_condition, mean_terms, logit_condition)
     if baseline_err is None or not math.isfinite(baseline_err):
         return floor
     return max(BASELINE_FACTOR * baseline_err, floor)
@@ -159,13 +176,14 @@ def judge(name: str, out, ref: torch.Tensor, baseline: Optional[torch.Tensor], d
           valid: Optional[torch.Tensor] = None, must_be_zero: Optional[torch.Tensor] = None,
           precision: Optional[str] = None, reduction: Optional[int] = None,
           logit_peak: Optional[float] = None, mean_condition: Optional[float] = None,
-          mean_terms: Optional[int] = None) -> Comparison:
+          mean_terms: Optional[int] = None, logit_condition: Optional[float] = None) -> Comparison:
     """Judge one output (or gradient) against the float64 reference under the policy.
 
     valid: bool mask (broadcastable to ref) of the meaningful elements.
     must_be_zero: bool mask of the elements that must be exactly 0 (fully masked rows).
     precision: "tf32" when fp32 inputs may run on TF32 units (raises the floor accordingly).
-    reduction, logit_peak, mean_condition, mean_terms: what raises the floor of this output (error_floor).
+    reduction, logit_peak, mean_condition, mean_terms, logit_condition: what raises the floor of
+    this output (error_floor).
     Computed where the reference is: the battery's float64 reference is on the CPU; the monitor's
     is on the GPU that ran the call, where copying outputs of 10^7 elements to the host and judging
     them there took most of a check's time.
@@ -204,7 +222,8 @@ def judge(name: str, out, ref: torch.Tensor, baseline: Optional[torch.Tensor], d
     baseline_err = None
     if baseline is not None and isinstance(baseline, torch.Tensor) and tuple(baseline.shape) == tuple(ref.shape):
         baseline_err = relative_error(baseline, ref64, valid_full)
-    allowed = allowed_error(baseline_err, dtype, precision, reduction, logit_peak, mean_condition, mean_terms)
+    allowed = allowed_error(baseline_err, dtype, precision, reduction, logit_peak, mean_condition, mean_terms,
+                            logit_condition)
     diff = (out64 - ref64).abs().masked_fill(~valid_full, 0.0)
     if diff.numel():
         flat = int(torch.argmax(diff).item())

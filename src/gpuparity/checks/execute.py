@@ -199,7 +199,8 @@ def _run_case(spec: OpSpec, fn: Callable, params: Dict[str, Any], dtype: torch.d
     zero = spec.zero_masks(ref_inputs, params)
     valid = spec.valid_masks(ref_inputs, params)
     precision = spec.precision(dtype, device)
-    terms = spec.error_terms(ref_inputs, params)   # what raises each output's floor (tolerance.error_floor)
+    # what raises each output's floor (tolerance.error_floor)
+    terms = spec.error_terms(ref_inputs if grad_out is None else {**ref_inputs, "grad_out": grad_out}, params)
     comparisons = [tolerance.judge("out", out, ref_out, base_out, dtype, valid.get("out"), zero.get("out"), precision,
                                     **terms.get("out", {}))]
     for name, ref_grad in ref_grads.items():

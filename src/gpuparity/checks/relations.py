@@ -297,8 +297,7 @@ def _with_grads(out, wrt, grad_seed: int, dtype: torch.dtype) -> Dict[str, torch
     found = {"out": out.detach()}
     if not wrt:
         return found
-    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(grad_seed), dtype=torch.float64)
-    grad_out = grad_out.to(dtype)
+    grad_out = _grad_out(out.shape, grad_seed, dtype)
     grads = [None] * len(wrt)
     if out.requires_grad:
         grads = torch.autograd.grad(out, [a for _, a in wrt], grad_out.to(out.device, out.dtype), allow_unused=True,
@@ -306,6 +305,11 @@ def _with_grads(out, wrt, grad_seed: int, dtype: torch.dtype) -> Dict[str, torch
     for (name, arg), grad in zip(wrt, grads):
         found[name] = torch.zeros_like(arg).detach() if grad is None else grad.detach()
     return found
+
+
+def _grad_out(shape, grad_seed: int, dtype: torch.dtype) -> torch.Tensor:
+    """The output's gradient both sides get: drawn in float64, rounded to `dtype`."""
+    return torch.randn(shape, generator=torch.Generator().manual_seed(grad_seed), dtype=torch.float64).to(dtype)
 
 
 def _disagreement(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> Dict[str, float]:
@@ -362,13 +366,16 @@ def evaluate(op: str, fn: Callable, rel: Relation, params: Dict[str, Any], dtype
     allowed = {name: tolerance.allowed_error(base.get(name), dtype, precision) for name in got}
     if any(not got[name] <= allowed[name] for name in got):
         # Past the plain bar: what a correct computation may err here. The floor's terms (long
-        # reductions, large logits, layer_norm's means), measured on the float64 inputs as the
-        # battery's checks measure them; and the composition's own rounding error on the case
-        # (against the float64 referee): a composition that is bitwise unchanged by the
-        # relation (keys masked out add exact zeros) says nothing of an ill-conditioned output
-        # (grad_q of near one-hot rows), on which two correct computations, each off by that
-        # error, differ by up to twice it.
-        terms = spec.error_terms({**rounded, "orig_dtype": dtype}, params)
+        # reductions, large logits, near one-hot rows, layer_norm's means), measured on the
+        # float64 inputs as the battery's checks measure them; and the composition's own rounding
+        # error on the case (against the float64 referee): a composition that is bitwise
+        # unchanged by the relation (keys masked out add exact zeros) says nothing of an
+        # ill-conditioned output (grad_q of near one-hot rows), on which two correct
+        # computations, each off by that error, differ by up to twice it.
+        floor_inputs = {**rounded, "orig_dtype": dtype}
+        if len(first) > 1:   # gradients were compared: the floor's gradient terms (near one-hot rows)
+            floor_inputs["grad_out"] = _grad_out(first["out"].shape, seed + 1, dtype).to(torch.float64)
+        terms = spec.error_terms(floor_inputs, params)
         own = _own_error(spec, base_first, rounded, params, dtype, device, seed)
         bar = {name: max(base.get(name, 0.0), 2 * own.get(name, 0.0)) if name in base or name in own else None
                for name in got}

@@ -378,6 +378,52 @@ def attention_floor_terms(q, k, **masks) -> Tuple[Dict[str, Any], Dict[str, Any]
     return keys, rows
 
 
+def attention_logit_conditions(q, k, v, grad_out, *, attn_mask=None, key_padding_mask=None, is_causal=False,
+                               scale=None, window=None, softcap=None, block_scores: int = 2 ** 25
+                               ) -> Tuple[Optional[float], Optional[float]]:
+    """(grad_q's, grad_k's) logit_condition (tolerance.error_floor): how far each gradient moves,
+    relative to its own size, when every row's normalization errs by a relative u |m| (m: the
+    row's max logit), in units of u. dS = P (dP - D) cancels on near one-hot rows, so the shift,
+    scale |m| D (P K) for grad_q and scale P^T (|m| D q) for grad_k (summed over the heads that
+    share a KV head), can be orders of magnitude larger than the gradient. q (B, H, Sq, D), k and
+    v (B, Hkv, Sk, D), grad_out the output's gradient; masks as attention's (softcap's tanh
+    factor included). In blocks of rows, without gradients; None where a gradient is 0."""
+    batch, heads, q_len, head_dim = q.shape
+    kv_heads, k_len = k.shape[1], k.shape[2]
+    scale = head_dim ** -0.5 if scale is None else scale
+    k, v = expand_kv(q, k, v)
+    rows = attention_block_rows(batch * heads, q_len, k_len, block_scores)
+    shift_q = grad_q = 0.0
+    shift_k = torch.zeros(batch, heads, k_len, head_dim, dtype=q.dtype, device=q.device)
+    grad_k = torch.zeros_like(shift_k)
+    with torch.no_grad():
+        for start in range(0, q_len, rows):
+            stop = min(start + rows, q_len)
+            rows_q = q[:, :, start:stop]
+            scores, empty = attention_scores(rows_q, k, mask_rows(attn_mask, start, stop), key_padding_mask,
+                                             is_causal, scale, window, softcap, start)
+            probs = torch.softmax(scores, dim=-1).masked_fill(empty, 0.0)
+            peak = scores.amax(-1, keepdim=True).masked_fill(empty, 0.0).abs()
+            dp = torch.matmul(grad_out[:, :, start:stop].to(q.dtype), v.transpose(-2, -1))
+            total = (probs * dp).sum(-1, keepdim=True)
+            chain = probs
+            if softcap is not None:
+                chain = probs * (1 - torch.tanh(torch.matmul(rows_q, k.transpose(-2, -1)) * scale / softcap) ** 2)
+            d_scores = scale * chain * (dp - total)
+            moved = scale * chain * (peak * total)
+            shift_q += float(torch.matmul(moved, k).square().sum())
+            grad_q += float(torch.matmul(d_scores, k).square().sum())
+            shift_k += torch.matmul(moved.transpose(-2, -1), rows_q)
+            grad_k += torch.matmul(d_scores.transpose(-2, -1), rows_q)
+    group = heads // kv_heads
+    shift_k = shift_k.view(batch, kv_heads, group, k_len, head_dim).sum(2)
+    grad_k = grad_k.view(batch, kv_heads, group, k_len, head_dim).sum(2)
+
+    def ratio(shift: float, grad: float) -> Optional[float]:
+        return (shift / grad) ** 0.5 if grad > 0 else None
+    return ratio(shift_q, grad_q), ratio(float(shift_k.square().sum()), float(grad_k.square().sum()))
+
+
 def attention_dropout(q, k, v, keep, dropout_p: float, **masks):
     """`attention` with dropout on the probabilities: those where `keep` (bool, broadcastable
     to (B, H, Sq, Sk), True = kept) is False are zeroed, the rest scaled by 1 / (1 - dropout_p).
@@ -575,15 +621,22 @@ class AttentionSpec(OpSpec):
 
     def error_terms(self, inputs, p):
         """Each output's floor terms: attention_floor_terms of the case's views and masks, ALiBi's
-        bias included (the logits the kernels exponentiate are the biased ones, as the referee's)."""
+        bias included (the logits the kernels exponentiate are the biased ones, as the referee's);
+        with the output's gradient in inputs["grad_out"], grad_q's and grad_k's logit_condition
+        (attention_logit_conditions: near one-hot rows)."""
         q, k, _ = self._views(inputs, p)
         attn_mask = inputs.get("attn_mask")
         if p.get("alibi"):
             attn_mask = with_alibi(attn_mask, alibi_bias(alibi_slopes(p, q.device), p["Sq"], p["Sk"]))
-        keys, rows = attention_floor_terms(q, k, attn_mask=attn_mask,
-                                           key_padding_mask=inputs.get("key_padding_mask"), is_causal=p["causal"],
-                                           scale=p["scale"], window=p.get("window"), softcap=p.get("softcap"))
-        return {"out": keys, "grad_q": keys, "grad_k": rows, "grad_v": rows}
+        masks = dict(attn_mask=attn_mask, key_padding_mask=inputs.get("key_padding_mask"), is_causal=p["causal"],
+                     scale=p["scale"], window=p.get("window"), softcap=p.get("softcap"))
+        keys, rows = attention_floor_terms(q, k, **masks)
+        terms = {"out": keys, "grad_q": dict(keys), "grad_k": dict(rows), "grad_v": rows}
+        if isinstance(inputs.get("grad_out"), torch.Tensor):
+            _, _, v = self._views(inputs, p)
+            terms["grad_q"]["logit_condition"], terms["grad_k"]["logit_condition"] = attention_logit_conditions(
+                q, k, v, inputs["grad_out"], **masks)
+        return terms
 
     def kind(self, params):
         masks = self._mask_tensors_meta(params)

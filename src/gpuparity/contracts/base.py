@@ -92,7 +92,9 @@ class OpSpec:
 
     def error_terms(self, inputs: Dict[str, Any], params: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
         """Per output name: what raises its tolerance floor (tolerance.error_floor's reduction=,
-        the terms each element sums, and logit_peak=, the largest logit exponentiated)."""
+        the terms each element sums, and logit_peak=, the largest logit exponentiated). inputs:
+        the case's float64 inputs, "orig_dtype" the dtype under test, and "grad_out" the
+        output's gradient where the check has drawn one."""
         return {}
 
     def dtypes(self, device: torch.device, level: str = "default") -> List[torch.dtype]:
