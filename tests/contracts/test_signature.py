@@ -9,15 +9,15 @@ import pytest
 import torch
 
 import gpuparity
-from gpuparity.contracts.attention import ATTENTION
+from gpuparity.contracts.attention import ATTENTION, ATTENTION_BACKWARD
 from gpuparity.contracts.decode import ATTENTION_DECODE
-from gpuparity.contracts.linear_cross_entropy import LINEAR_CROSS_ENTROPY
-from gpuparity.contracts.norms import LAYER_NORM, RMS_NORM
-from gpuparity.contracts.residual_norm import RESIDUAL_NORM
+from gpuparity.contracts.linear_cross_entropy import LINEAR_CROSS_ENTROPY, LINEAR_CROSS_ENTROPY_BACKWARD
+from gpuparity.contracts.norms import LAYER_NORM, NORM_BACKWARD, RMS_NORM
+from gpuparity.contracts.residual_norm import RESIDUAL_NORM, RESIDUAL_NORM_BACKWARD
 from gpuparity.contracts.rotary import APPLY_ROTARY, APPLY_ROTARY_PAIR
 from gpuparity.contracts.signature import REQUIRED, Arg, Signature
-from gpuparity.contracts.swiglu import SWIGLU
-from gpuparity.contracts.varlen import ATTENTION_VARLEN
+from gpuparity.contracts.swiglu import SWIGLU, SWIGLU_BACKWARD
+from gpuparity.contracts.varlen import ATTENTION_VARLEN, ATTENTION_VARLEN_BACKWARD
 from gpuparity.ops import (decode, library, library_ce, library_varlen, residual_norm, rotary,  # noqa: F401
                            swiglu)   # importing them registers the ops
 
@@ -68,7 +68,9 @@ PINNED = {
 NO_TWIN = {"attention_varlen", "attention_decode", "linear_cross_entropy",   # opaque op only, as before
            "attention_varlen_backward", "linear_cross_entropy_backward"}
 DECLARED = {s.library_name: s for s in (RMS_NORM, LAYER_NORM, SWIGLU, RESIDUAL_NORM, APPLY_ROTARY, APPLY_ROTARY_PAIR,
-                                         ATTENTION, ATTENTION_VARLEN, ATTENTION_DECODE, LINEAR_CROSS_ENTROPY)}
+                                         ATTENTION, ATTENTION_VARLEN, ATTENTION_DECODE, LINEAR_CROSS_ENTROPY,
+                                         NORM_BACKWARD, ATTENTION_BACKWARD, SWIGLU_BACKWARD, RESIDUAL_NORM_BACKWARD,
+                                         LINEAR_CROSS_ENTROPY_BACKWARD, ATTENTION_VARLEN_BACKWARD)}
 PUBLIC = {"rms_norm": gpuparity.rms_norm, "layer_norm": gpuparity.layer_norm, "swiglu": gpuparity.swiglu,
           "residual_norm": gpuparity.residual_norm, "apply_rotary": gpuparity.apply_rotary,
           "apply_rotary_pair": rotary.apply_rotary_pair, "attention": gpuparity.attention,
@@ -86,10 +88,25 @@ def test_registered_schema_is_the_declared_one_and_unchanged(name):
         assert registered == name or name not in NO_TWIN
         schema = str(packet.default._schema)
         assert schema == f"gpuparity::{registered}{PINNED[name]}"
-    if name not in DECLARED:        # a backward op spelled by hand (before its declaration)
-        return
     # the declaration's own text parses to the same schema (0.0 prints as 0.)
     assert DECLARED[name].schema().replace("=0.0)", "=0.)").replace("=0.0,", "=0.,") == PINNED[name]
+
+
+def test_every_declared_op_is_pinned_and_only_the_public_ones_have_public_arguments():
+    """Each Signature a contract module declares has its schema pinned above; a backward op
+    (public=False) has no public function, so no public parameters, positional ones, gradients
+    or backend call convention."""
+    import importlib
+
+    from gpuparity.contracts import MODULES
+    declared = {v.library_name for m in MODULES for v in vars(importlib.import_module(m)).values()
+                if isinstance(v, Signature)}
+    assert declared == set(DECLARED) == set(PINNED)
+    for name, signature in DECLARED.items():
+        assert signature.public == (name in PUBLIC), name
+        if not signature.public:
+            assert (signature.public_args(), signature.positional(), signature.tensors(),
+                    signature.backend_args()) == ((), (), (), ()), name
 
 
 @pytest.mark.parametrize("name", sorted(PUBLIC))

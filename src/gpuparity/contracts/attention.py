@@ -40,6 +40,26 @@ ATTENTION = Signature("attention", (
     Arg("backend", "str", "auto", keyword=True, backend=False),
     Arg("return_lse", "bool", False, keyword=True, library=False, backend=False),
 ), outputs=("out", "lse"))
+# An attention backward op's first arguments (attention_varlen's too): out's gradient, q, k, v and
+# what the forward returned (out, lse).
+BACKWARD_ARGS = (Arg("grad", "Tensor"), Arg("q", "Tensor"), Arg("k", "Tensor"), Arg("v", "Tensor"),
+                 Arg("out", "Tensor"), Arg("lse", "Tensor"))
+# gpuparity::attention_backward (and its triton_op twin), the backward op attention's autograd
+# formula calls; the mask's gradient an empty tensor unless mask_grad. window, softcap, dropout_p
+# and seed came after its first schema.
+ATTENTION_BACKWARD = Signature("attention_backward", (
+    *BACKWARD_ARGS,
+    Arg("attn_mask", "Tensor?"),
+    Arg("key_padding_mask", "Tensor?"),
+    Arg("is_causal", "bool"),
+    Arg("scale", "float?"),
+    Arg("mask_grad", "bool"),
+    Arg("backend", "str"),
+    Arg("window", "SymInt[]?", None, appended=True),
+    Arg("softcap", "float?", None, appended=True),
+    Arg("dropout_p", "float", 0.0, appended=True),
+    Arg("seed", "Tensor?", None, appended=True),
+), outputs=("dq", "dk", "dv", "dmask"), public=False)
 
 
 # --------------------------------------------------------------------------- the call: arguments checked, and the Problem the dispatcher gets

@@ -30,6 +30,19 @@ LINEAR_CROSS_ENTROPY = Signature("linear_cross_entropy", (
     Arg("wanted", "bool[]", public=False, backend=False, appended=True),
     Arg("backend", "str", "auto", keyword=True, backend=False),
 ), outputs=("loss", "grad_hidden", "grad_weight", "grad_bias"))
+# gpuparity::linear_cross_entropy_backward, the backward op of reduction "none" (its gradients
+# recomputed from grad, the per-row losses' gradient; `wanted`: which of them)
+LINEAR_CROSS_ENTROPY_BACKWARD = Signature("linear_cross_entropy_backward", (
+    Arg("grad", "Tensor"),
+    Arg("hidden", "Tensor"),
+    Arg("weight", "Tensor"),
+    Arg("target", "Tensor"),
+    Arg("bias", "Tensor?"),
+    Arg("ignore_index", "SymInt"),
+    Arg("softcap", "float?"),
+    Arg("backend", "str"),
+    Arg("wanted", "bool[]", appended=True),
+), outputs=("grad_hidden", "grad_weight", "grad_bias"), public=False)
 
 
 # --------------------------------------------------------------------------- the call: arguments checked, and the Problem the dispatcher gets

@@ -34,6 +34,21 @@ LAYER_NORM = Signature("layer_norm", (
     Arg("eps", "float", 1e-5),
     Arg("backend", "str", "auto", keyword=True, backend=False),
 ), outputs=("out", "stats"))
+# gpuparity::norm_backward (and its triton_op twin), the backward op both norms' autograd formulas
+# call: bias None for rms_norm; `stats` what the forward saved; `wanted` which of the gradients
+# (x, weight, bias) to compute, one not wanted (or of an absent parameter) an empty tensor.
+NORM_BACKWARD = Signature("norm_backward", (
+    Arg("grad", "Tensor"),
+    Arg("x", "Tensor"),
+    Arg("normalized_shape", "SymInt[]"),
+    Arg("weight", "Tensor?"),
+    Arg("bias", "Tensor?"),
+    Arg("eps", "float?"),
+    Arg("stats", "Tensor"),
+    Arg("is_rms", "bool"),
+    Arg("backend", "str"),
+    Arg("wanted", "bool[]", appended=True),
+), outputs=("dx", "dweight", "dbias"), public=False)
 
 
 # --------------------------------------------------------------------------- the call: arguments checked, and the Problem the dispatcher gets

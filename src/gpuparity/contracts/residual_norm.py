@@ -51,6 +51,25 @@ RESIDUAL_NORM = Signature("residual_norm", (
     Arg("out_dtype", "ScalarType?", None, keyword=True, appended=True),
     Arg("backend", "str", "auto", keyword=True, backend=False),
 ), outputs=("out", "new_residual", "stats"))
+# gpuparity::residual_norm_backward (and its triton_op twin), the backward op residual_norm's
+# autograd formula calls with the gradients of out and new_residual (None: zero) and what the
+# forward saved; x_dtype and has_residual what dx and dresidual are. rowscale and
+# zero_centered_weight came after its first schema.
+RESIDUAL_NORM_BACKWARD = Signature("residual_norm_backward", (
+    Arg("grad_out", "Tensor?"),
+    Arg("grad_new_residual", "Tensor?"),
+    Arg("new_residual", "Tensor"),
+    Arg("weight", "Tensor"),
+    Arg("bias", "Tensor?"),
+    Arg("stats", "Tensor"),
+    Arg("eps", "float?"),
+    Arg("norm", "str"),
+    Arg("x_dtype", "ScalarType"),
+    Arg("has_residual", "bool"),
+    Arg("backend", "str"),
+    Arg("rowscale", "Tensor?", None, appended=True),
+    Arg("zero_centered_weight", "bool", False, appended=True),
+), outputs=("dx", "dresidual", "dweight", "dbias"), public=False)
 
 NORMS = ("rms", "layer")
 LAYER_NORM_EPS = 1e-5   # F.layer_norm's default, as gpuparity.layer_norm's

@@ -62,11 +62,14 @@ def _schema_default(value: Any) -> str:
 class Signature:
     """An op's declared signature. `op`: the public name (gpuparity.<op>) and the torch.library
     op's (gpuparity::<library_op>, the same unless given). `outputs`: the library op's outputs
-    ((name, type) pairs; "Tensor" each, unless the op declares otherwise)."""
+    ((name, type) pairs; "Tensor" each, unless the op declares otherwise). public=False: a
+    library op with no public function (a backward op the autograd formulas call): none of its
+    arguments is a public one."""
     op: str
     args: Tuple[Arg, ...]
     outputs: Tuple[str, ...] = ("out",)
     library_op: Optional[str] = None
+    public: bool = True
 
     def __post_init__(self):
         names = [a.name for a in self.args]
@@ -87,7 +90,7 @@ class Signature:
         return self.library_op or self.op
 
     def public_args(self) -> Tuple[Arg, ...]:
-        return tuple(a for a in self.args if a.public)
+        return tuple(a for a in self.args if a.public) if self.public else ()
 
     def names(self) -> Tuple[str, ...]:
         """The public function's parameter names, in order."""
@@ -95,7 +98,7 @@ class Signature:
 
     def backend_args(self) -> Tuple[Arg, ...]:
         """What a backend's fn takes, in the public order (no `backend`)."""
-        return tuple(a for a in self.args if a.public and a.backend and a.name != "backend")
+        return tuple(a for a in self.public_args() if a.backend and a.name != "backend")
 
     def backend_params(self) -> Tuple[Tuple[str, Any], ...]:
         """(name, default) of a backend's arguments: how a captured backend call binds."""

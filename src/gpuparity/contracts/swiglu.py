@@ -19,6 +19,13 @@ SWIGLU = Signature("swiglu", (
     Arg("up", "Tensor", grad=True),
     Arg("backend", "str", "auto", keyword=True, backend=False),
 ))
+# gpuparity::swiglu_backward (and its triton_op twin), the backward op swiglu's autograd formula calls
+SWIGLU_BACKWARD = Signature("swiglu_backward", (
+    Arg("grad", "Tensor"),
+    Arg("gate", "Tensor"),
+    Arg("up", "Tensor"),
+    Arg("backend", "str"),
+), outputs=("dgate", "dup"), public=False)
 
 
 # --------------------------------------------------------------------------- the call: arguments checked, and the Problem the dispatcher gets

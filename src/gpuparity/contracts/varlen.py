@@ -12,7 +12,7 @@ from .masks import attention_kind
 from ..registry import Backend, BackendUnavailable, Problem
 from ..numerics import matmul_tf32
 from .attention import alibi_bias, alibi_slopes, attention as reference_attention, attention_logit_peak
-from .attention import check_window, composition, with_alibi
+from .attention import BACKWARD_ARGS, check_window, composition, with_alibi
 from .base import (INDEX_DTYPES, TILE_OFFSETS, TILES, Case, Covering, OpSpec, capturing, takes, check_softcap, checked_once,
                    family, randn, tf32_precision, tile_size, view_members)
 import numbers
@@ -36,6 +36,19 @@ ATTENTION_VARLEN = Signature("attention_varlen", (
     Arg("backend", "str", "auto", keyword=True, backend=False),
     Arg("return_lse", "bool", False, keyword=True, library=False, backend=False),
 ), outputs=("out", "lse"))
+# gpuparity::attention_varlen_backward, the backward op attention_varlen's autograd formula calls
+ATTENTION_VARLEN_BACKWARD = Signature("attention_varlen_backward", (
+    *BACKWARD_ARGS,
+    Arg("cu_seqlens_q", "Tensor"),
+    Arg("cu_seqlens_k", "Tensor"),
+    Arg("max_seqlen_q", "SymInt"),
+    Arg("max_seqlen_k", "SymInt"),
+    Arg("causal", "bool"),
+    Arg("window", "SymInt[]?"),
+    Arg("softcap", "float?"),
+    Arg("scale", "float?"),
+    Arg("backend", "str"),
+), outputs=("dq", "dk", "dv"), public=False)
 
 
 # --------------------------------------------------------------------------- the call: arguments checked, and the Problem the dispatcher gets

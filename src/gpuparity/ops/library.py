@@ -44,8 +44,8 @@ from .. import caches
 from ..backends import triton_common
 from ..registry import Backend, Problem
 from . import dropout, kernel_analysis, select
-from ..contracts.attention import ATTENTION, attention_extras, attention_problem
-from ..contracts.norms import LAYER_NORM, RMS_NORM, norm_problem
+from ..contracts.attention import ATTENTION, ATTENTION_BACKWARD, attention_extras, attention_problem
+from ..contracts.norms import LAYER_NORM, NORM_BACKWARD, RMS_NORM, norm_problem
 from ..contracts.rotary import APPLY_ROTARY, APPLY_ROTARY_PAIR, check_rotary_inputs, rotary_problem
 from ..contracts.signature import Signature
 
@@ -321,34 +321,30 @@ def _norm_fake(a) -> Tuple[Tensor, Tensor]:
 
 # The Triton backward counts its programs' arrivals in the last element of `stats` and its last
 # program sets it back to zero: the op leaves `stats` as it found them, so it declares no mutation.
-def _norm_backward_body(grad: Tensor, x: Tensor, normalized_shape: List[int], weight: Optional[Tensor],
-                     bias: Optional[Tensor], eps: Optional[float], stats: Tensor, is_rms: bool, backend: str,
-                     wanted: List[bool]) -> Tuple[Tensor, Tensor, Tensor]:
+def _norm_backward_body(a) -> Tuple[Tensor, Tensor, Tensor]:
     """(dx, dweight, dbias); a gradient not wanted (or of an absent parameter) is an empty tensor."""
+    x, weight, bias, eps, is_rms = a.x, a.weight, a.bias, a.eps, a.is_rms
+    shape = list(a.normalized_shape)
     op = "rms_norm" if is_rms else "layer_norm"
-    chosen = _served(_norm_problem(op, x, normalized_shape, weight, bias), backend)
-    args = [x, list(normalized_shape), weight, eps] if is_rms else [x, list(normalized_shape), weight, bias, eps]
+    chosen = _served(_norm_problem(op, x, shape, weight, bias), a.backend)
+    args = [x, shape, weight, eps] if is_rms else [x, shape, weight, bias, eps]
     if chosen.backward_from is not None:
-        grads = list(chosen.backward_from(grad, (stats,), *args))
+        grads = list(chosen.backward_from(a.grad, (a.stats,), *args))
     else:
         def forward(x_, weight_, bias_):
-            return chosen.fn(x_, list(normalized_shape), weight_, eps) if is_rms else \
-                chosen.fn(x_, list(normalized_shape), weight_, bias_, eps)
-        grads = _recomputed_grads(forward, [x, weight, bias], wanted, grad)
+            return chosen.fn(x_, shape, weight_, eps) if is_rms else chosen.fn(x_, shape, weight_, bias_, eps)
+        grads = _recomputed_grads(forward, [x, weight, bias], a.wanted, a.grad)
     grads += [None] * (3 - len(grads))
     return tuple(g.contiguous() if (g is not None and w) else _nothing(x)
-                 for g, w in zip(grads, wanted))
+                 for g, w in zip(grads, a.wanted))
 
 
-norm_backward_op = torch.library.custom_op("gpuparity::norm_backward", _norm_backward_body, mutates_args=())
-norm_backward_kernels_op = _twin("norm_backward", _norm_backward_body)
+def _norm_backward_fake(a) -> Tuple[Tensor, Tensor, Tensor]:
+    return tuple(torch.empty(p.shape, dtype=p.dtype, device=a.x.device) if (w and p is not None)
+                 else a.x.new_empty(0, dtype=torch.float32) for p, w in zip((a.x, a.weight, a.bias), a.wanted))
 
 
-@norm_backward_op.register_fake
-def _norm_backward_fake(grad, x, normalized_shape, weight, bias, eps, stats, is_rms, backend, wanted):
-    params = (x, weight, bias)
-    return tuple(torch.empty(p.shape, dtype=p.dtype, device=x.device) if (w and p is not None)
-                 else x.new_empty(0, dtype=torch.float32) for p, w in zip(params, wanted))
+norm_backward_op, norm_backward_kernels_op = define(NORM_BACKWARD, _norm_backward_body, _norm_backward_fake)
 
 
 def _norm_setup(ctx, a, output, kernels):
@@ -430,41 +426,35 @@ def _attention_fake(a) -> Tuple[Tensor, Tensor]:
     return torch.empty_like(a.q), a.q.new_empty(a.q.shape[:3], dtype=torch.float32)
 
 
-def _attention_backward_body(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                          attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], is_causal: bool,
-                          scale: Optional[float], mask_grad: bool, backend: str,
-                          window: Optional[List[int]] = None, softcap: Optional[float] = None,
-                          dropout_p: float = 0.0, seed: Optional[Tensor] = None
-                          ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+def _attention_backward_body(a) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dv, d attn_mask); the mask's gradient is an empty tensor unless mask_grad."""
-    problem = _attention_problem(q, k, v, attn_mask, key_padding_mask, is_causal, scale, mask_grad, window, softcap,
-                                 dropout_p)
-    chosen = _served(problem, backend)
-    extras = _attention_extras(problem, seed)
+    q, k, v, mask_grad = a.q, a.k, a.v, a.mask_grad
+    problem = _attention_problem(q, k, v, a.attn_mask, a.key_padding_mask, a.is_causal, a.scale, mask_grad, a.window,
+                                 a.softcap, a.dropout_p)
+    chosen = _served(problem, a.backend)
+    extras = _attention_extras(problem, a.seed)
     if chosen.backward_from is not None and not mask_grad:
-        dq, dk, dv = chosen.backward_from(grad, (out, lse), q, k, v, attn_mask, key_padding_mask, is_causal, scale,
-                                          **extras)
+        dq, dk, dv = chosen.backward_from(a.grad, (a.out, a.lse), q, k, v, a.attn_mask, a.key_padding_mask,
+                                          a.is_causal, a.scale, **extras)
         dmask = None
     else:
         def forward(q_, k_, v_, mask_):
-            return chosen.fn(q_, k_, v_, attn_mask=mask_, key_padding_mask=key_padding_mask, is_causal=is_causal,
-                             scale=scale, **extras)
-        dq, dk, dv, dmask = _recomputed_grads(forward, [q, k, v, attn_mask], [True, True, True, mask_grad], grad)
+            return chosen.fn(q_, k_, v_, attn_mask=mask_, key_padding_mask=a.key_padding_mask, is_causal=a.is_causal,
+                             scale=a.scale, **extras)
+        dq, dk, dv, dmask = _recomputed_grads(forward, [q, k, v, a.attn_mask], [True, True, True, mask_grad], a.grad)
     return (_like(dq, q), _like(dk, k), _like(dv, v),
             dmask.contiguous() if mask_grad else _nothing(q))
 
 
-attention_backward_op = torch.library.custom_op("gpuparity::attention_backward", _attention_backward_body,
-                                                mutates_args=())
-attention_backward_kernels_op = _twin("attention_backward", _attention_backward_body)
-
-
-@attention_backward_op.register_fake
-def _attention_backward_fake(grad, q, k, v, out, lse, attn_mask, key_padding_mask, is_causal, scale, mask_grad,
-                             backend, window=None, softcap=None, dropout_p=0.0, seed=None):
-    dmask = (torch.empty(attn_mask.shape, dtype=attn_mask.dtype, device=q.device) if mask_grad
+def _attention_backward_fake(a) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    q = a.q
+    dmask = (torch.empty(a.attn_mask.shape, dtype=a.attn_mask.dtype, device=q.device) if a.mask_grad
              else q.new_empty(0, dtype=torch.float32))
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dmask
+    return torch.empty_like(q), torch.empty_like(a.k), torch.empty_like(a.v), dmask
+
+
+attention_backward_op, attention_backward_kernels_op = define(ATTENTION_BACKWARD, _attention_backward_body,
+                                                              _attention_backward_fake)
 
 
 def _attention_setup(ctx, a, output, kernels):

@@ -18,14 +18,15 @@ autograd formula scales them by grad_output. With reduction "none" the backward 
 `::linear_cross_entropy_backward` recomputes in chunks."""
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from . import library, select
 from ..backends import ce_composition, triton_cross_entropy
-from ..contracts.linear_cross_entropy import LINEAR_CROSS_ENTROPY, linear_cross_entropy_problem
+from ..contracts.linear_cross_entropy import (LINEAR_CROSS_ENTROPY, LINEAR_CROSS_ENTROPY_BACKWARD,
+                                              linear_cross_entropy_problem)
 from .library import _recomputed_grads
 
 # The most bytes of whole logits (tokens x vocab, input dtype) the traced one pass makes; above,
@@ -73,27 +74,29 @@ def _fake(a) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     return (hidden.new_empty(shape, dtype=_loss_dtype(hidden)), *grads)
 
 
-@torch.library.custom_op("gpuparity::linear_cross_entropy_backward", mutates_args=())
-def linear_cross_entropy_backward_op(grad: Tensor, hidden: Tensor, weight: Tensor, target: Tensor,
-                                     bias: Optional[Tensor], ignore_index: int, softcap: Optional[float],
-                                     backend: str, wanted: List[bool]) -> Tuple[Tensor, Tensor, Tensor]:
+def _backward_body(a) -> Tuple[Tensor, Tensor, Tensor]:
     """reduction "none": (grad_hidden, grad_weight, grad_bias) for the per-token grad_output."""
-    chosen = select.resolve(linear_cross_entropy_problem(hidden, weight, target, bias, ignore_index, "none", softcap),
-                            backend)
-    wanted = [bool(w) for w in wanted]
+    hidden, weight, target, bias = a.hidden, a.weight, a.target, a.bias
+    chosen = select.resolve(linear_cross_entropy_problem(hidden, weight, target, bias, a.ignore_index, "none",
+                                                         a.softcap), a.backend)
+    wanted = [bool(w) for w in a.wanted]
     if chosen.backward_from is not None:
-        grads = chosen.backward_from(grad, (None, None, None), hidden, weight, target, bias, ignore_index, "none",
-                                     softcap, wanted)
+        grads = chosen.backward_from(a.grad, (None, None, None), hidden, weight, target, bias, a.ignore_index, "none",
+                                     a.softcap, wanted)
     else:
-        grads = _recomputed_grads(lambda h, w, b: chosen.fn(h, w, target, b, ignore_index, "none", softcap),
-                                  [hidden, weight, bias], wanted, grad)
+        grads = _recomputed_grads(lambda h, w, b: chosen.fn(h, w, target, b, a.ignore_index, "none", a.softcap),
+                                  [hidden, weight, bias], wanted, a.grad)
     return tuple(g.contiguous() if (g is not None and w) else _empty(hidden) for g, w in zip(grads, wanted))
 
 
-@linear_cross_entropy_backward_op.register_fake
-def _backward_fake(grad, hidden, weight, target, bias, ignore_index, softcap, backend, wanted):
-    return tuple(torch.empty(p.shape, dtype=p.dtype, device=hidden.device) if (w and p is not None)
-                 else _empty(hidden) for p, w in zip((hidden, weight, bias), wanted))
+def _backward_fake(a) -> Tuple[Tensor, Tensor, Tensor]:
+    return tuple(torch.empty(p.shape, dtype=p.dtype, device=a.hidden.device) if (w and p is not None)
+                 else _empty(a.hidden) for p, w in zip((a.hidden, a.weight, a.bias), a.wanted))
+
+
+# opaque op only, as the forward
+linear_cross_entropy_backward_op, _ = library.define(LINEAR_CROSS_ENTROPY_BACKWARD, _backward_body, _backward_fake,
+                                                     twin=False)
 
 
 def _setup(ctx, a, output, kernels):

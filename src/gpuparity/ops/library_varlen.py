@@ -8,14 +8,14 @@ dense ops). Its argument checks, which the public function shares, are the op's 
 # the backward op, as ops/library.py does for the dense ops.
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import Tuple
 
 import torch
 from torch import Tensor
 
 from ..registry import Problem
 from ..backends.triton_attention.varlen import triton_attention_varlen, varlen_backward_from, varlen_forward_saving
-from ..contracts.varlen import ATTENTION_VARLEN, attention_varlen_problem
+from ..contracts.varlen import ATTENTION_VARLEN, ATTENTION_VARLEN_BACKWARD, attention_varlen_problem
 from .library import _like, _recomputed_grads, _serve, _served, define
 
 __all__ = ["attention_varlen_op", "attention_varlen_problem"]
@@ -63,30 +63,31 @@ def _attention_varlen_fake(a) -> Tuple[Tensor, Tensor]:
     return torch.empty_like(a.q), a.q.new_empty((a.q.shape[1], a.q.shape[0]), dtype=torch.float32)
 
 
-@torch.library.custom_op("gpuparity::attention_varlen_backward", mutates_args=())
-def attention_varlen_backward_op(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                                 cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
-                                 causal: bool, window: Optional[List[int]], softcap: Optional[float],
-                                 scale: Optional[float], backend: str) -> Tuple[Tensor, Tensor, Tensor]:
+def _attention_varlen_backward_body(a) -> Tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) with the backend the forward served this call with."""
-    problem = _problem(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window, softcap,
-                       scale, check_values=False)
-    chosen = _served(problem, backend)
+    q, k, v = a.q, a.k, a.v
+    problem = _problem(q, k, v, a.cu_seqlens_q, a.cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k, a.causal, a.window,
+                       a.softcap, a.scale, check_values=False)
+    chosen = _served(problem, a.backend)
     _, backward_from = _split(chosen)
-    args = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    flags = dict(causal=causal, window=problem.feature("window"), softcap=problem.feature("softcap"), scale=scale)
+    args = (a.cu_seqlens_q, a.cu_seqlens_k, a.max_seqlen_q, a.max_seqlen_k)
+    flags = dict(causal=a.causal, window=problem.feature("window"), softcap=problem.feature("softcap"),
+                 scale=a.scale)
     if backward_from is not None:
-        dq, dk, dv = backward_from(grad, (out, lse), q, k, v, *args, **flags)
+        dq, dk, dv = backward_from(a.grad, (a.out, a.lse), q, k, v, *args, **flags)
     else:
         dq, dk, dv = _recomputed_grads(lambda q_, k_, v_: chosen.fn(q_, k_, v_, *args, **flags), [q, k, v],
-                                       [True, True, True], grad)
+                                       [True, True, True], a.grad)
     return _like(dq, q), _like(dk, k), _like(dv, v)
 
 
-@attention_varlen_backward_op.register_fake
-def _attention_varlen_backward_fake(grad, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                    causal, window, softcap, scale, backend):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+def _attention_varlen_backward_fake(a) -> Tuple[Tensor, Tensor, Tensor]:
+    return torch.empty_like(a.q), torch.empty_like(a.k), torch.empty_like(a.v)
+
+
+# no triton_op twin for the backward op either
+attention_varlen_backward_op, _ = define(ATTENTION_VARLEN_BACKWARD, _attention_varlen_backward_body,
+                                         _attention_varlen_backward_fake, twin=False)
 
 
 def _setup(ctx, a, output, kernels):

@@ -13,8 +13,8 @@ import torch
 from torch import Tensor
 
 from . import library, select
-from ..contracts.residual_norm import (RESIDUAL_NORM, check_residual_norm_inputs, new_residual_dtype, problem_of,
-                                       residual_norm_composition, residual_norm_problem)
+from ..contracts.residual_norm import (RESIDUAL_NORM, RESIDUAL_NORM_BACKWARD, check_residual_norm_inputs,
+                                       new_residual_dtype, problem_of, residual_norm_composition, residual_norm_problem)
 
 __all__ = ["residual_norm"]
 
@@ -83,53 +83,48 @@ def _residual_norm_fake(a) -> Tuple[Tensor, Tensor, Tensor]:
             _stats_like(x, a.norm))
 
 
-def _residual_norm_backward_body(grad_out: Optional[Tensor], grad_new_residual: Optional[Tensor],
-                                 new_residual: Tensor, weight: Tensor, bias: Optional[Tensor], stats: Tensor,
-                                 eps: Optional[float], norm: str, x_dtype: torch.dtype, has_residual: bool,
-                                 backend: str, rowscale: Optional[Tensor] = None,
-                                 zero_centered_weight: bool = False) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+def _residual_norm_backward_body(a) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dx, dresidual, dweight, dbias); dresidual without a residual and dbias without a bias are
     empty tensors. `backend` is the one the forward named (the traced path passes the chosen
     backend's name). A backend without a fused backward: out recomputed from new_residual (the
     norm's input) by the composition, differentiated."""
-    rdtype = new_residual.dtype if has_residual else None
-    problem = problem_of(new_residual.device, x_dtype, new_residual.shape, has_residual, new_residual.dtype,
-                         bias is not None, norm)
-    chosen = select.resolve(problem, backend)
+    new_residual, weight, bias, x_dtype, rowscale = a.new_residual, a.weight, a.bias, a.x_dtype, a.rowscale
+    rdtype = new_residual.dtype if a.has_residual else None
+    problem = problem_of(new_residual.device, x_dtype, new_residual.shape, a.has_residual, new_residual.dtype,
+                         bias is not None, a.norm)
+    chosen = select.resolve(problem, a.backend)
     if chosen.backward_from is not None:
-        dx, dres, dw, db = chosen.backward_from((grad_out, grad_new_residual), (stats,), new_residual, weight, bias,
-                                                norm, x_dtype, rdtype, rowscale, zero_centered_weight)
+        dx, dres, dw, db = chosen.backward_from((a.grad_out, a.grad_new_residual), (a.stats,), new_residual, weight,
+                                                bias, a.norm, x_dtype, rdtype, rowscale, a.zero_centered_weight)
     else:
         def forward(s, weight_, bias_):
-            return residual_norm_composition(s, None, weight_, bias_, eps=eps, norm=norm,
-                                             zero_centered_weight=zero_centered_weight)[0]
+            return residual_norm_composition(s, None, weight_, bias_, eps=a.eps, norm=a.norm,
+                                             zero_centered_weight=a.zero_centered_weight)[0]
+        grad_out = a.grad_out
         if grad_out is None:
             grad_out = torch.zeros(new_residual.shape, dtype=new_residual.dtype, device=new_residual.device)
         ds, dw, db = library._recomputed_grads(forward, [new_residual, weight, bias], [True, True, bias is not None],
                                                grad_out.to(new_residual.dtype))
-        if grad_new_residual is not None:
-            ds = ds + grad_new_residual.to(ds.dtype)
+        if a.grad_new_residual is not None:
+            ds = ds + a.grad_new_residual.to(ds.dtype)
         dres = None if rdtype is None else ds.to(rdtype, copy=True)   # outputs may not alias
         dx = ds.to(x_dtype) if rowscale is None else (ds.float() * rowscale.float()[..., None]).to(x_dtype)
     return (dx.contiguous(), library._nothing(new_residual) if dres is None else dres.contiguous(), dw.contiguous(),
             library._nothing(new_residual) if db is None else db.contiguous())
 
 
-residual_norm_backward_op = torch.library.custom_op("gpuparity::residual_norm_backward", _residual_norm_backward_body,
-                                                    mutates_args=())
-residual_norm_backward_kernels_op = library._twin("residual_norm_backward", _residual_norm_backward_body)
-
-
-@residual_norm_backward_op.register_fake
-def _residual_norm_backward_fake(grad_out, grad_new_residual, new_residual, weight, bias, stats, eps, norm, x_dtype,
-                                 has_residual, backend, rowscale=None, zero_centered_weight=False):
-    shape, device = new_residual.shape, new_residual.device
-    return (torch.empty(shape, dtype=x_dtype, device=device),
-            torch.empty(shape, dtype=new_residual.dtype, device=device) if has_residual
+def _residual_norm_backward_fake(a) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    shape, device, new_residual = a.new_residual.shape, a.new_residual.device, a.new_residual
+    return (torch.empty(shape, dtype=a.x_dtype, device=device),
+            torch.empty(shape, dtype=new_residual.dtype, device=device) if a.has_residual
             else new_residual.new_empty(0, dtype=torch.float32),
-            torch.empty(weight.shape, dtype=weight.dtype, device=device),
-            torch.empty(bias.shape, dtype=bias.dtype, device=device) if bias is not None
+            torch.empty(a.weight.shape, dtype=a.weight.dtype, device=device),
+            torch.empty(a.bias.shape, dtype=a.bias.dtype, device=device) if a.bias is not None
             else new_residual.new_empty(0, dtype=torch.float32))
+
+
+residual_norm_backward_op, residual_norm_backward_kernels_op = library.define(
+    RESIDUAL_NORM_BACKWARD, _residual_norm_backward_body, _residual_norm_backward_fake)
 
 
 def _setup(ctx, a, output, kernels):

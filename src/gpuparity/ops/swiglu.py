@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from . import library, select
-from ..contracts.swiglu import SWIGLU, swiglu_problem
+from ..contracts.swiglu import SWIGLU, SWIGLU_BACKWARD, swiglu_problem
 from .library import _recomputed_grads
 
 __all__ = ["swiglu"]
@@ -45,23 +45,22 @@ def _swiglu_fake(a) -> Tensor:
     return torch.empty(a.gate.shape, dtype=a.gate.dtype, device=a.gate.device)
 
 
-def _swiglu_backward_body(grad: Tensor, gate: Tensor, up: Tensor, backend: str) -> Tuple[Tensor, Tensor]:
-    chosen = select.resolve(swiglu_problem(gate, up), backend)
+def _swiglu_backward_body(a) -> Tuple[Tensor, Tensor]:
+    chosen = select.resolve(swiglu_problem(a.gate, a.up), a.backend)
     if chosen.backward_from is not None:
-        dgate, dup = chosen.backward_from(grad, (), gate, up)
+        dgate, dup = chosen.backward_from(a.grad, (), a.gate, a.up)
     else:
-        dgate, dup = _recomputed_grads(chosen.fn, [gate, up], [True, True], grad)
+        dgate, dup = _recomputed_grads(chosen.fn, [a.gate, a.up], [True, True], a.grad)
     return dgate.contiguous(), dup.contiguous()
 
 
-swiglu_backward_op = torch.library.custom_op("gpuparity::swiglu_backward", _swiglu_backward_body, mutates_args=())
-swiglu_backward_kernels_op = library._twin("swiglu_backward", _swiglu_backward_body)
+def _swiglu_backward_fake(a) -> Tuple[Tensor, Tensor]:
+    return (torch.empty(a.gate.shape, dtype=a.gate.dtype, device=a.gate.device),
+            torch.empty(a.up.shape, dtype=a.up.dtype, device=a.up.device))
 
 
-@swiglu_backward_op.register_fake
-def _swiglu_backward_fake(grad, gate, up, backend):
-    return (torch.empty(gate.shape, dtype=gate.dtype, device=gate.device),
-            torch.empty(up.shape, dtype=up.dtype, device=up.device))
+swiglu_backward_op, swiglu_backward_kernels_op = library.define(SWIGLU_BACKWARD, _swiglu_backward_body,
+                                                                _swiglu_backward_fake)
 
 
 def _setup(ctx, a, output, kernels):
