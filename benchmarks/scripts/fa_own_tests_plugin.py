@@ -25,6 +25,10 @@ Load it with `-p fa_own_tests_plugin` (this folder on PYTHONPATH). What it does:
   its Triton specialisations), no background timing of the other backends competing for the GPU,
   and no call handed by auto to torch's SDPA kernels (which FlashAttention's tests would then be
   checking instead of gpuparity's).
+* --fa-select FILE: run only the node ids listed in FILE (one a line) among the sampled cases, in
+  the sampled order (fa_own_tests.py's shards of a file); a listed id not collected is recorded
+  in "select_missing". Every selected case's parameters (repr of each value) are recorded in
+  "params", which the driver's sharding groups on.
 * --fa-assume-capability MAJOR.MINOR: only where CUDA is absent (the CPU plumbing check with
   --collect-only), torch.cuda.get_device_capability returns it, since the files call it at import.
 """
@@ -213,6 +217,8 @@ def pytest_addoption(parser):
     group.addoption("--fa-deadline", type=float, default=0.0,
                     help="epoch seconds after which remaining cases are skipped as not_run_budget")
     group.addoption("--fa-results", default=None, help="write the JSON record here")
+    group.addoption("--fa-select", default=None,
+                    help="file of node ids (one a line): run only these among the sampled cases")
     group.addoption("--fa-assume-capability", default=None,
                     help="MAJOR.MINOR returned by torch.cuda.get_device_capability where CUDA is absent")
     group.addoption("--fa-backend", default="auto",
@@ -239,7 +245,8 @@ def backend_names(name: str) -> Dict[str, str]:
 def _reset() -> None:
     _state.update({"tests": {}, "collect_errors": [], "sampling": {}, "deselected_internals": [],
                    "supplied_by_harness": [], "install": None, "assumed_capability": None})
-    _state.pop("selected", None)
+    for key in ("selected", "params", "select_missing"):
+        _state.pop(key, None)
     _covering_ids.clear()
 
 
@@ -363,9 +370,19 @@ def pytest_collection_modifyitems(session, config, items):
     for k in range(max((len(e) for e in extras.values()), default=0)):
         rounds.extend(e[k] for e in extras.values() if k < len(e))
     items[:] = covering + rounds
+    select = config.getoption("--fa-select")
+    if select:
+        with open(select) as f:
+            wanted = [line.rstrip("\n") for line in f if line.strip()]
+        keep = set(wanted)
+        deselected += [item for item in items if item.nodeid not in keep]
+        items[:] = [item for item in items if item.nodeid in keep]
+        _state["select_missing"] = sorted(keep - {item.nodeid for item in items})
     if deselected:
         config.hook.pytest_deselected(items=deselected)
     _state["selected"] = [item.nodeid for item in items]
+    _state["params"] = {item.nodeid: {arg: repr(value) for arg, value in item.callspec.params.items()}
+                        for item in items if getattr(item, "callspec", None) is not None}
 
 
 @pytest.hookimpl(tryfirst=True)
