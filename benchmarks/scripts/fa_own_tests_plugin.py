@@ -25,6 +25,10 @@ Load it with `-p fa_own_tests_plugin` (this folder on PYTHONPATH). What it does:
   its Triton specialisations), no background timing of the other backends competing for the GPU,
   and no call handed by auto to torch's SDPA kernels (which FlashAttention's tests would then be
   checking instead of gpuparity's).
+* --fa-select FILE: run only the node ids listed in FILE (one a line), in that order (fa_own_tests.py's
+  shards of a file, from its collection's sample): the sampling is not redone, the listed cases
+  are kept where pytest makes them; a listed id not collected is recorded in "select_missing". Every selected case's parameters (repr of each value) are recorded in
+  "params", which the driver's sharding groups on.
 * --fa-assume-capability MAJOR.MINOR: only where CUDA is absent (the CPU plumbing check with
   --collect-only), torch.cuda.get_device_capability returns it, since the files call it at import.
 """
@@ -213,6 +217,8 @@ def pytest_addoption(parser):
     group.addoption("--fa-deadline", type=float, default=0.0,
                     help="epoch seconds after which remaining cases are skipped as not_run_budget")
     group.addoption("--fa-results", default=None, help="write the JSON record here")
+    group.addoption("--fa-select", default=None,
+                    help="file of node ids (one a line): run only these among the sampled cases")
     group.addoption("--fa-assume-capability", default=None,
                     help="MAJOR.MINOR returned by torch.cuda.get_device_capability where CUDA is absent")
     group.addoption("--fa-backend", default="auto",
@@ -239,8 +245,10 @@ def backend_names(name: str) -> Dict[str, str]:
 def _reset() -> None:
     _state.update({"tests": {}, "collect_errors": [], "sampling": {}, "deselected_internals": [],
                    "supplied_by_harness": [], "install": None, "assumed_capability": None})
-    _state.pop("selected", None)
+    for key in ("selected", "params", "select_missing"):
+        _state.pop(key, None)
     _covering_ids.clear()
+    _select.clear()
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -327,6 +335,11 @@ def pytest_generate_tests(metafunc):
     if not calls:
         return
     config = metafunc.config
+    wanted = _select_ids(config)
+    if wanted is not None:     # a shard: the driver's collection sampled; only its ids here (no covering to redo)
+        ids = wanted.get(metafunc.definition.nodeid, set())
+        metafunc._calls = [call for call in calls if call.id in ids] or calls[:1]    # calls[:1]: deselected later
+        return
     keys = [{arg: repr(value) for arg, value in call.params.items()} for call in calls]
     picked, cover = covering_sample(keys, config.getoption("--fa-max-cases-per-test"),
                                     _seed_for(config.getoption("--fa-seed"), name))
@@ -341,6 +354,23 @@ def pytest_generate_tests(metafunc):
 
 
 _covering_ids: Dict[str, set] = {}
+_select: Dict[str, Any] = {}     # --fa-select's file, read once: "order" (node ids) and "ids" (test -> call ids)
+
+
+def _select_ids(config) -> Optional[Dict[str, set]]:
+    path = config.getoption("--fa-select")
+    if not path:
+        return None
+    if _select.get("path") != path:
+        with open(path) as f:
+            order = [line.rstrip("\n") for line in f if line.strip()]
+        ids: Dict[str, set] = {}
+        for nodeid in order:
+            name, _, rest = nodeid.partition("[")
+            if rest:
+                ids.setdefault(name, set()).add(rest[:-1])
+        _select.update(path=path, order=order, ids=ids)
+    return _select["ids"]
 _config: List[Any] = [None]     # the session's config, for _dump after each case
 
 
@@ -363,9 +393,16 @@ def pytest_collection_modifyitems(session, config, items):
     for k in range(max((len(e) for e in extras.values()), default=0)):
         rounds.extend(e[k] for e in extras.values() if k < len(e))
     items[:] = covering + rounds
+    if _select_ids(config) is not None:      # a shard: its ids, in the order listed
+        position = {nodeid: k for k, nodeid in enumerate(_select["order"])}
+        deselected += [item for item in items if item.nodeid not in position]
+        items[:] = sorted((item for item in items if item.nodeid in position), key=lambda item: position[item.nodeid])
+        _state["select_missing"] = sorted(set(position) - {item.nodeid for item in items})
     if deselected:
         config.hook.pytest_deselected(items=deselected)
     _state["selected"] = [item.nodeid for item in items]
+    _state["params"] = {item.nodeid: {arg: repr(value) for arg, value in item.callspec.params.items()}
+                        for item in items if getattr(item, "callspec", None) is not None}
 
 
 @pytest.hookimpl(tryfirst=True)

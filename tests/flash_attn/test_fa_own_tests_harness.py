@@ -178,3 +178,34 @@ def test_record_written_after_each_case(tmp_path, monkeypatch):
         plugin.pytest_runtest_logreport(SimpleNamespace(nodeid="t.py::test_a", when=when, duration=0.5, skipped=False,
                                                         failed=False, passed=True, longrepr=None))
     assert json.loads(path.read_text())["tests"]["t.py::test_a"] == {"outcome": "passed", "duration_s": 1.5}
+
+
+def test_select_keeps_only_the_listed_cases_in_their_order(pytester):
+    pytester.makepyfile(test_sel="""
+        import pytest
+
+        @pytest.mark.parametrize("d", [32, 64, 128])
+        @pytest.mark.parametrize("causal", [False, True])
+        def test_grid(causal, d):
+            pass
+
+        @pytest.mark.parametrize("x", [1, 2])
+        def test_other(x):
+            pass
+
+        def test_plain():
+            pass
+        """)
+    wanted = ["test_sel.py::test_grid[True-64]", "test_sel.py::test_plain", "test_sel.py::test_grid[False-32]",
+              "test_sel.py::test_grid[True-7]"]
+    select = pytester.path / "select.txt"
+    select.write_text("".join(n + "\n" for n in wanted))
+    out = pytester.path / "fa.json"
+    result = pytester.runpytest_inprocess("-p", "fa_own_tests_plugin", "-p", "no:cacheprovider", "-q",
+                                          "--fa-select", str(select), "--fa-results", str(out))
+    result.assert_outcomes(passed=3)
+    record = json.loads(out.read_text())
+    assert record["selected"] == wanted[:3]
+    assert record["select_missing"] == ["test_sel.py::test_grid[True-7]"]
+    assert record["params"]["test_sel.py::test_grid[True-64]"] == {"causal": "True", "d": "64"}
+    assert list(record["tests"]) == wanted[:3]
