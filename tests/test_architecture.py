@@ -411,6 +411,8 @@ NOT_CACHES = {
                            "_LISTENERS": "callbacks told when the registry changes",
                            "_SOURCES": "the module that registered each backend, filled with the registry"},
     "gpuparity.known.probes.base": {"PROBES": "the probe registry, filled at import"},
+    "gpuparity.backends": {"_LOADED_OPS": "the ops whose backends are registered, filled with the registry",
+                           "_IMPORTED": "the modules imported to fill it (a contract's compositions registered once)"},
     "gpuparity.backends.triton_attention": {"_IMPORT_ERROR": "why the kernels did not import, set once",
                                             "_UNAVAILABLE": "the same, for the backend's reason"},
     "gpuparity.backends.triton_attention.tiles": {"_OVERRIDES_LOADED": "a one-shot flag: tile overrides read"},

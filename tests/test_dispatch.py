@@ -166,12 +166,15 @@ REENTRY = """
 import sys, threading
 sys.path.insert(0, {folder!r})
 from gpuparity import backends, dispatch
+line = backends._LINES["softmax"]
 backends.MODULES = backends.MODULES[:3] + ("planted_reentry",) + backends.MODULES[3:]
+backends._LINES["softmax"] = line[:1] + ("planted_reentry",) + line[1:]
 try:
     dispatch.backends("softmax")
 except backends.RegistrationError as exc:
     print("refused:", "half filled" in str(exc))
 backends.MODULES = tuple(m for m in backends.MODULES if m != "planted_reentry")
+backends._LINES["softmax"] = line
 seen = []
 worker = threading.Thread(target=lambda: seen.append(len(dispatch.backends("rms_norm"))))
 worker.start(); seen.append(len(dispatch.backends("rms_norm"))); worker.join()

@@ -192,3 +192,28 @@ def test_a_backend_module_imported_before_load_all_keeps_its_place():
                           env={**os.environ, "PYTHONPATH": src})
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == f"{BACKENDS['attention']} {BACKENDS['rms_norm']}"
+
+
+def test_a_first_call_loads_its_ops_line_only_and_any_load_order_gives_the_same_backends():
+    """dispatch.backends(op) imports the modules of op's line, not every op's: after a first
+    attention lookup no module that only other ops' lines name (the norms' kernels, torch.compile's,
+    the other contracts) is imported. Whichever op comes first, each op then lists the backends of
+    BACKENDS in that order (fresh interpreters: here the registry is filled already)."""
+    import os
+    import subprocess
+    import sys
+    src = os.path.dirname(os.path.dirname(gpuparity.__file__))
+    probe = ("import sys\n"
+             "from gpuparity import backends, dispatch\n"
+             "first = [b.name for b in dispatch.backends('attention')]\n"
+             "line = set(backends._LINES['attention'])\n"
+             "print(sorted(m for m in backends.MODULES if m not in line and m in sys.modules))\n"
+             "print(sorted(backends._LOADED_OPS))\n"
+             "print({op: [b.name for b in dispatch.backends(op)] for op in sys.argv[1:]}, first)\n")
+    for ops in (OPS[::-1], ("attention_varlen", "rms_norm", "attention_decode", *OPS)):
+        done = subprocess.run([sys.executable, "-c", probe, *ops], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": src})
+        assert done.returncode == 0, done.stderr[-2000:]
+        others, loaded, listed = done.stdout.splitlines()
+        assert others == "[]" and loaded == "['attention']", done.stdout
+        assert listed == f"{ {op: BACKENDS[op] for op in ops} } {BACKENDS['attention']}", (ops, listed)

@@ -89,19 +89,20 @@ forget = _MEMO.forget
 on_change(forget)
 
 
-def _load_builtin_backends() -> None:
-    # Importing the modules registers their backends; backends.MODULES, built from gpuparity.manifest, is the one list of them.
-    from .backends import load_all
-    load_all()
+def _load_builtin_backends(op: str) -> None:
+    # Importing the modules of op's line in gpuparity.manifest registers its backends (backends.load:
+    # only that op's modules, so a first attention call imports no norm kernels).
+    from .backends import load
+    load((op,))
 
 
 def backends(op: str) -> List[Backend]:
-    _load_builtin_backends()
+    _load_builtin_backends(op)
     return list(registered(op).values())
 
 
 def get(op: str, name: str) -> Backend:
-    _load_builtin_backends()
+    _load_builtin_backends(op)
     table = registered(op)
     if name not in table:
         raise ValueError(f"backend: expected one of {sorted(table) + ['auto']} for {op}, got {name!r}")

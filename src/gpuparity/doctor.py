@@ -245,7 +245,7 @@ def run_doctor(options: DoctorOptions, *, progress: Optional[Callable[[int, int,
     known_thread.start()  # probes run in their own processes, alongside the battery
     on_gpu = normalize_device(device).type == "cuda"
     # the timing worker imports torch while the battery runs
-    timing_pool = WorkerPool().start() if options.fill_cache else None
+    timing_pool = WorkerPool(ops=options.ops).start() if options.fill_cache else None
     try:
         phase("battery", finished="platform")
         # timing warm-ups compile kernels alongside the checks; on the CPU there is nothing to compile

@@ -5,9 +5,9 @@ that register its backends, in the op's order (the order `dispatch.backends(op)`
 order that breaks ties when auto ranks them; "contract" is the slot where its contract's
 `COMPOSITIONS` are registered), and its public functions (their module under ops/ and their names;
 empty for the ops the battery alone runs). From it come `contracts.CONTRACTS` (the battery's ops, in
-the manifest's order), `backends.MODULES` (what `backends.load_all` imports, once, under its lock:
-one order that keeps every line's, `registration_order`) and the op exports of `gpuparity`'s lazy
-facade. A base piece: it imports nothing, so `import gpuparity` reads it at no cost.
+the manifest's order), `backends.MODULES` (one order that keeps every line's, `registration_order`:
+`backends.load` imports the lines of the ops asked for in it, each module once, under its lock)
+and the op exports of `gpuparity`'s lazy facade. A base piece: it imports nothing, so `import gpuparity` reads it at no cost.
 
 Adding an op: its contract, its kernel module, its public function in ops/, and one line here.
 """

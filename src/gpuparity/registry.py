@@ -15,7 +15,7 @@ _REGISTRY: Dict[str, Dict[str, "Backend"]] = {}
 _LOCK = threading.Lock()
 # Called after every registration: dispatch forgets the resolutions it remembered.
 _LISTENERS: List[Callable[[], None]] = []
-# (op, backend name) -> the module that registered it: backends.load_all orders each op's backends
+# (op, backend name) -> the module that registered it: backends.load orders each op's backends
 # by the modules of its line in the op manifest, whichever module was imported first
 _SOURCES: Dict[Tuple[str, str], str] = {}
 

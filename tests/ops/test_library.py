@@ -12,6 +12,8 @@ from gpuparity import dispatch
 from gpuparity.checks import selection
 from gpuparity.ops import library
 from gpuparity.ops import swiglu as _swiglu  # noqa: F401 - registers gpuparity::swiglu and its twin
+from gpuparity.ops import norms as _norms  # noqa: F401 - registers gpuparity::rms_norm, ::layer_norm and twins
+from gpuparity.ops import rotary as _rotary  # noqa: F401 - registers gpuparity::apply_rotary(_pair) and twins
 
 from device_env import TEST_DEVICE
 

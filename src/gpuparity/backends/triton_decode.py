@@ -2,7 +2,7 @@
 kernel, SDPA with a bool mask, the plain composition that is the trusted fallback, and the op's
 float64 reference (the battery's)."""
 # The Triton kernels are defined on first launch (`_build`), so this module, imported by
-# backends.load_all, imports without triton and does not pay for importing it.
+# backends.load, imports without triton and does not pay for importing it.
 #
 # Flash-decoding: a decode step has 1-16 queries per head and a long cache, so one program per
 # query block (FlashAttention) leaves most of the GPU idle at small batch. Here the grid is

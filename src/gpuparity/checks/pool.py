@@ -89,8 +89,11 @@ class Breaker:
 class WorkerPool:
     """One worker subprocess at a time; restarted after a crash or a timeout."""
 
-    def __init__(self, env: Optional[Dict[str, str]] = None):
+    def __init__(self, env: Optional[Dict[str, str]] = None, ops: Optional[Iterable[str]] = None):
         self.env = env
+        # the ops whose backends the worker imports before its first task (None: every op's); a
+        # task of another op imports its own when it arrives
+        self.ops = None if ops is None else tuple(dict.fromkeys(ops))
         self.proc: Optional[subprocess.Popen] = None
         self.lines: "queue.Queue[Optional[str]]" = queue.Queue()
         self.stderr_file = None
@@ -107,7 +110,7 @@ class WorkerPool:
         self.stderr_file = tempfile.TemporaryFile(mode="w+")
         self.lines = queue.Queue()
         self.ready = threading.Event()
-        self.proc = spawn([sys.executable, "-m", "gpuparity.checks.worker"], stdin=subprocess.PIPE,
+        self.proc = spawn([sys.executable, "-m", "gpuparity.checks.worker", *(self.ops or ())], stdin=subprocess.PIPE,
                           stdout=subprocess.PIPE, stderr=self.stderr_file, text=True,
                           env=child_env(self.env), bufsize=1)
         reader = threading.Thread(target=self._read, args=(self.proc, self.lines, self.ready), daemon=True)
@@ -302,11 +305,12 @@ def run_tasks(tasks: Iterable[Task], *, isolate: bool = True, timeout: Optional[
         pending.put(task)
     done: Dict[int, CheckResult] = {}
     lock = threading.Lock()
+    ops = [task.op for task in tasks]   # what a worker started here imports ahead
 
     given = pool
 
     def drain() -> None:
-        pool = (given if given is not None and workers == 1 else WorkerPool(env)) if isolate else None
+        pool = (given if given is not None and workers == 1 else WorkerPool(env, ops=ops)) if isolate else None
         try:
             while True:
                 try:

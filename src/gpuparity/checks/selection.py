@@ -439,10 +439,10 @@ def prepare(problems: Sequence[Problem], resolve: Callable[[Problem], Any]) -> i
         return 0
     wanted = [p for p in problems if _isolate(normalize_device(p.device))]
     own = _prepare_workers(wanted)
-    if wanted:
-        # the backends' registration, here in the caller's thread (a module that fails to import
-        # fails the caller's patch, not a background thread; load_all lets no one see it half filled)
-        dispatch.backends(wanted[0].op)
+    # each wanted op's backends registered here, in the caller's thread (a module that fails to import
+    # fails the caller's patch, not a background thread; backends.load lets no one see a table half filled)
+    for op in dict.fromkeys(p.op for p in wanted):
+        dispatch.backends(op)
     queued = 0
     with _POOLS_LOCK:
         if _STOP.is_set():

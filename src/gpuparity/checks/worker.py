@@ -59,15 +59,16 @@ def _preimport_autograd_helpers() -> None:
 
 
 def main() -> int:
-    # Import torch and every backend module (Triton's among them) before the first task
-    # arrives: a worker started ahead of its tasks (the doctor's timing worker) is ready then.
+    # Import torch and the backend modules (Triton's among them) of the ops named on the command
+    # line (every op's when none is) before the first task arrives: a worker started ahead of its
+    # tasks (the doctor's timing worker) is ready then. A task of another op imports its own.
     import os
 
-    from ..backends import load_all
+    from ..backends import load
     from ..isolate import TF32_ENV, apply_fp32_switches, die_with_parent
     die_with_parent()   # a worker does not outlive the run that started it
     apply_fp32_switches(os.environ.get(TF32_ENV))  # fp32 as the parent computes it
-    load_all()
+    load(sys.argv[1:] or None)
     _preimport_autograd_helpers()
     sys.stdout.write(READY + "\n")
     sys.stdout.flush()

@@ -490,7 +490,7 @@ def composition(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=Fal
     return torch.matmul(probs.to(q.dtype), v)
 
 
-# registered by backends.load_all in the order its line of gpuparity.manifest gives (after sdpa's backends)
+# registered by backends.load in the order its line of gpuparity.manifest gives (after sdpa's backends)
 COMPOSITIONS = (Backend("composition", "attention", composition, "matmul-softmax-matmul, fp32 softmax (trusted baseline)",
                         dtypes=(torch.float16, torch.bfloat16, torch.float32, torch.float64), fallback=True,
                         opt_in=("dropout",)),)

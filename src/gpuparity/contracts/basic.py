@@ -93,7 +93,7 @@ def cross_entropy_composition(logits, target, *, ignore_index=-100, label_smooth
     return (loss.sum() / valid.sum()).to(logits.dtype)
 
 
-# registered by backends.load_all in the order its line of gpuparity.manifest gives (after torch's own)
+# registered by backends.load in the order its line of gpuparity.manifest gives (after torch's own)
 COMPOSITIONS = tuple(Backend("composition", op, fn, "plain composition in the input dtype (trusted baseline)",
                              fallback=True)
                      for op, fn in (("softmax", softmax_composition), ("matmul", matmul_composition),

@@ -202,7 +202,7 @@ def decode_composition(q, k_cache, v_cache, cache_seqlens, *, scale=None, softca
     return torch.matmul(probs.to(q.dtype), v)
 
 
-# registered by backends.load_all in the order its line of gpuparity.manifest gives (after triton and sdpa)
+# registered by backends.load in the order its line of gpuparity.manifest gives (after triton and sdpa)
 COMPOSITIONS = (Backend("composition", "attention_decode", decode_composition,
                         "repeat_kv, masked softmax in fp32 over the whole cache: the trusted fallback (paged caches "
                         "gathered first)", fallback=True),)

@@ -202,7 +202,7 @@ def layer_norm_composition(x, normalized_shape, weight=None, bias=None, eps=1e-5
     return y
 
 
-# registered by backends.load_all in the order its line of gpuparity.manifest gives (after torch's own)
+# registered by backends.load in the order its line of gpuparity.manifest gives (after torch's own)
 COMPOSITIONS = (
     Backend("composition", "rms_norm", rms_norm_composition, "plain composition in the input dtype (trusted baseline)",
             fallback=True),

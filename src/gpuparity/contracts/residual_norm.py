@@ -183,7 +183,7 @@ def residual_norm_composition(x, residual, weight, bias=None, eps=None, norm="rm
     return y.to(out_dtype), s
 
 
-# registered by backends.load_all in the order its line of gpuparity.manifest gives
+# registered by backends.load in the order its line of gpuparity.manifest gives
 COMPOSITIONS = (Backend("composition", "residual_norm", residual_norm_composition,
                         "plain composition: the sum in the residual's dtype, fp32 statistics (trusted baseline)",
                         fallback=True),)

@@ -211,7 +211,7 @@ def rotary_composition(x, cos, sin, *, interleaved=False, seqlen_offsets=0, cu_s
                         cu_seqlens=cu_seqlens, max_seqlen=max_seqlen)
 
 
-# registered by backends.load_all in the order its line of gpuparity.manifest gives
+# registered by backends.load in the order its line of gpuparity.manifest gives
 COMPOSITIONS = (Backend("composition", "rotary", rotary_composition, "eager rotary in the input dtype", fallback=True),)
 
 

@@ -52,7 +52,7 @@ def swiglu_composition(gate, up):
     return gate * torch.sigmoid(gate) * up
 
 
-# registered by backends.load_all in the order its line of gpuparity.manifest gives (after torch's own)
+# registered by backends.load in the order its line of gpuparity.manifest gives (after torch's own)
 COMPOSITIONS = (Backend("composition", "swiglu", swiglu_composition,
                         "plain composition in the input dtype (trusted baseline)", fallback=True),)
 

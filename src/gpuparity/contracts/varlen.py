@@ -210,7 +210,7 @@ def empty_rows(cu_seqlens_q, cu_seqlens_k, *, causal=False, window=None) -> torc
     return torch.cat(rows) if rows else torch.zeros(0, dtype=torch.bool)
 
 
-# registered by backends.load_all in the order its line of gpuparity.manifest gives (after the varlen kernel)
+# registered by backends.load in the order its line of gpuparity.manifest gives (after the varlen kernel)
 COMPOSITIONS = (Backend("composition", "attention_varlen", composition_varlen,
                  "each packed sequence through the dense matmul-softmax-matmul composition (one host sync)",
                  fallback=True),)

@@ -1,8 +1,10 @@
-"""gpuparity's ops as torch.library ops, for torch.compile(fullgraph=True) and torch.export:
-`gpuparity::attention`, `::rms_norm`, `::layer_norm`, `::apply_rotary` and `::apply_rotary_pair`
-(an attention's q and k in one launch), each with a fake (meta) implementation and a registered
-autograd formula that calls a backward op (`::attention_backward`, `::norm_backward`; rotary's
-backward is itself rotated by -theta).
+"""gpuparity's ops as torch.library ops, for torch.compile(fullgraph=True) and torch.export: how
+one is defined from its op's declared signature (`define`) and chooses its backend (below), and
+`gpuparity::attention`, with a fake (meta) implementation and a registered autograd formula that
+calls its backward op `::attention_backward`. The other ops' are defined beside their public
+functions, each in its op's own module, so that a process loads only the ops it uses:
+ops/library_norms.py (`::rms_norm`, `::layer_norm`), ops/library_rotary.py (`::apply_rotary`,
+`::apply_rotary_pair`), ops/library_varlen.py, ops/library_ce.py, ops/swiglu.py, ops/residual_norm.py.
 
 The public functions take this path only while torch.compile or torch.export traces them; eager
 calls go straight to the backend (a custom op's dispatch costs host time on every call).
@@ -34,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import math
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -45,11 +46,9 @@ from ..backends import triton_common
 from ..registry import Backend, Problem
 from . import dropout, kernel_analysis, select
 from ..contracts.attention import ATTENTION, ATTENTION_BACKWARD, attention_extras, attention_problem
-from ..contracts.norms import LAYER_NORM, NORM_BACKWARD, RMS_NORM, norm_problem
-from ..contracts.rotary import APPLY_ROTARY, APPLY_ROTARY_PAIR, check_rotary_inputs, rotary_problem
 from ..contracts.signature import Signature
 
-__all__ = ["attention", "traced_norm", "apply_rotary", "define", "traced_backend"]
+__all__ = ["attention", "define", "traced_backend"]
 
 # (problem, backend asked for) -> the backend the forward served it with. Bounded: problems
 # carry sequence lengths.
@@ -280,111 +279,6 @@ def _op(name: str, kernels: bool):
     return getattr(torch.ops.gpuparity, f"{name}_kernels" if kernels else name)
 
 
-# ----------------------------------------------------------------------------- norms
-def _rows(x: Tensor, normalized_shape: Sequence[int]) -> int:
-    return math.prod(x.shape[:x.dim() - len(normalized_shape)])
-
-
-def _stats_like(x: Tensor, normalized_shape: Sequence[int], is_rms: bool) -> Tensor:
-    """The saved statistics' buffer (the Triton norm kernels' layout: rstd per row, for
-    LayerNorm a mean per row too, and the backward's arrival counter)."""
-    rows = _rows(x, normalized_shape)
-    return x.new_zeros((rows if is_rms else 2 * rows) + 1, dtype=torch.float32)
-
-
-def _norm_problem(op: str, x: Tensor, normalized_shape: Sequence[int], weight, bias) -> Problem:
-    return norm_problem(op, x, tuple(normalized_shape), weight, bias)
-
-
-def _norm_forward(op: str, x, normalized_shape, weight, bias, eps, backend) -> Tuple[Tensor, Tensor]:
-    is_rms = op == "rms_norm"
-    args = (x, list(normalized_shape), weight, eps) if is_rms else (x, list(normalized_shape), weight, bias, eps)
-    chosen = _serve(_norm_problem(op, x, normalized_shape, weight, bias), backend)
-    if chosen.forward_saving is not None:
-        out, (stats,) = chosen.forward_saving(*args)
-    else:
-        out, stats = chosen.fn(*args), _stats_like(x, normalized_shape, is_rms)
-    return _like(out, x), stats
-
-
-def _rms_norm_body(a) -> Tuple[Tensor, Tensor]:
-    return _norm_forward("rms_norm", a.x, a.normalized_shape, a.weight, None, a.eps, a.backend)
-
-
-def _layer_norm_body(a) -> Tuple[Tensor, Tensor]:
-    return _norm_forward("layer_norm", a.x, a.normalized_shape, a.weight, a.bias, a.eps, a.backend)
-
-
-def _norm_fake(a) -> Tuple[Tensor, Tensor]:
-    return torch.empty_like(a.x), _stats_like(a.x, a.normalized_shape, not hasattr(a, "bias"))
-
-
-# The Triton backward counts its programs' arrivals in the last element of `stats` and its last
-# program sets it back to zero: the op leaves `stats` as it found them, so it declares no mutation.
-def _norm_backward_body(a) -> Tuple[Tensor, Tensor, Tensor]:
-    """(dx, dweight, dbias); a gradient not wanted (or of an absent parameter) is an empty tensor."""
-    x, weight, bias, eps, is_rms = a.x, a.weight, a.bias, a.eps, a.is_rms
-    shape = list(a.normalized_shape)
-    op = "rms_norm" if is_rms else "layer_norm"
-    chosen = _served(_norm_problem(op, x, shape, weight, bias), a.backend)
-    args = [x, shape, weight, eps] if is_rms else [x, shape, weight, bias, eps]
-    if chosen.backward_from is not None:
-        grads = list(chosen.backward_from(a.grad, (a.stats,), *args))
-    else:
-        def forward(x_, weight_, bias_):
-            return chosen.fn(x_, shape, weight_, eps) if is_rms else chosen.fn(x_, shape, weight_, bias_, eps)
-        grads = _recomputed_grads(forward, [x, weight, bias], a.wanted, a.grad)
-    grads += [None] * (3 - len(grads))
-    return tuple(g.contiguous() if (g is not None and w) else _nothing(x)
-                 for g, w in zip(grads, a.wanted))
-
-
-def _norm_backward_fake(a) -> Tuple[Tensor, Tensor, Tensor]:
-    return tuple(torch.empty(p.shape, dtype=p.dtype, device=a.x.device) if (w and p is not None)
-                 else a.x.new_empty(0, dtype=torch.float32) for p, w in zip((a.x, a.weight, a.bias), a.wanted))
-
-
-norm_backward_op, norm_backward_kernels_op = define(NORM_BACKWARD, _norm_backward_body, _norm_backward_fake)
-
-
-def _norm_setup(ctx, a, output, kernels):
-    ctx.kernels = kernels
-    is_rms = not hasattr(a, "bias")
-    bias = None if is_rms else a.bias
-    ctx.save_for_backward(a.x, a.weight, bias, output[1])
-    ctx.spec = (list(a.normalized_shape), a.eps, is_rms, a.backend)
-    ctx.order = a._fields
-
-
-def _norm_backward(ctx, grad, _grad_stats):
-    x, weight, bias, stats = ctx.saved_tensors
-    shape, eps, is_rms, backend = ctx.spec
-    needs = dict(zip(ctx.order, ctx.needs_input_grad))
-    wanted = [bool(needs["x"]), bool(needs["weight"]) and weight is not None,
-              bool(needs.get("bias")) and bias is not None]
-    dx, dw, db = _op("norm_backward", ctx.kernels)(grad, x, shape, weight, bias, eps, stats, is_rms, backend, wanted)
-    return {name: (g if w else None) for name, g, w in zip(("x", "weight", "bias"), (dx, dw, db), wanted)}
-
-
-rms_norm_op, rms_norm_kernels_op = define(RMS_NORM, _rms_norm_body, _norm_fake, _norm_backward, _norm_setup)
-layer_norm_op, layer_norm_kernels_op = define(LAYER_NORM, _layer_norm_body, _norm_fake, _norm_backward, _norm_setup)
-
-
-def traced_norm(op: str, x: Tensor, normalized_shape: Sequence[int], weight: Optional[Tensor],
-                bias: Optional[Tensor], eps: Optional[float], backend: str) -> Tensor:
-    """A traced gpuparity.rms_norm (bias None) or layer_norm: a composition inline, a Triton
-    backend as an op (see the top)."""
-    is_rms = op == "rms_norm"
-    chosen = traced_backend(_norm_problem(op, x, normalized_shape, weight, bias), backend)
-    shape = list(normalized_shape)
-    if chosen.forward_saving is None:
-        return chosen.fn(x, shape, weight, eps) if is_rms else chosen.fn(x, shape, weight, bias, eps)
-    run = _op(op, _kernels_traceable(x))
-    if is_rms:
-        return run(x, shape, weight, eps, chosen.name)[0]
-    return run(x, shape, weight, bias, float(eps), chosen.name)[0]
-
-
 # ----------------------------------------------------------------------------- attention
 def _attention_problem(q, k, v, attn_mask, key_padding_mask, is_causal, scale, mask_grad, window, softcap,
                        dropout_p=0.0) -> Problem:
@@ -495,89 +389,3 @@ def attention(q, k, v, attn_mask, key_padding_mask, is_causal, scale, backend, w
                                      None if scale is None else float(scale), bool(mask_grad), chosen.name,
                                      None if window is None else [int(w) for w in window],
                                      None if softcap is None else float(softcap), float(dropout_p), seed)[0]
-
-
-# ----------------------------------------------------------------------------- rotary
-def _rotary_body(a) -> Tensor:
-    x, cos, sin = a.x, a.cos, a.sin
-    seqlen_offsets = a.offset if a.offsets is None else a.offsets
-    # the checks that read device values (cu_seqlens order, offsets within the table) were
-    # skipped while tracing; they run here on the real tensors
-    max_seqlen = check_rotary_inputs(x, cos, sin, interleaved=a.interleaved, seqlen_offsets=seqlen_offsets,
-                                     cu_seqlens=a.cu_seqlens, max_seqlen=a.max_seqlen, inplace=False)
-    chosen = select.resolve(rotary_problem(x, cos, a.interleaved, seqlen_offsets, a.cu_seqlens), a.backend)
-    out = chosen.fn(x, cos, sin, interleaved=a.interleaved, seqlen_offsets=seqlen_offsets, cu_seqlens=a.cu_seqlens,
-                    max_seqlen=max_seqlen)
-    return _like(out, x)
-
-
-def _rotary_fake(a) -> Tensor:
-    return torch.empty_like(a.x)
-
-
-def _rotary_setup(ctx, a, output, kernels):
-    ctx.kernels = kernels
-    ctx.save_for_backward(a.cos, a.sin, a.offsets, a.cu_seqlens)
-    ctx.spec = (a.interleaved, a.offset, a.max_seqlen, a.backend)
-
-
-def _rotary_backward(ctx, grad):
-    cos, sin, offsets, cu_seqlens = ctx.saved_tensors
-    interleaved, offset, max_seqlen, backend = ctx.spec
-    # a rotation's transpose is the rotation by -theta; the pass-through features pass through
-    dx = _op("apply_rotary", ctx.kernels)(grad, cos, -sin, interleaved, offset, offsets, cu_seqlens, max_seqlen,
-                                          backend)
-    return {"x": dx}
-
-
-rotary_op, rotary_kernels_op = define(APPLY_ROTARY, _rotary_body, _rotary_fake, _rotary_backward, _rotary_setup)
-
-
-def apply_rotary(x, cos, sin, interleaved, seqlen_offsets, cu_seqlens, max_seqlen, backend) -> Tensor:
-    """A traced gpuparity.apply_rotary: a composition inline, the Triton kernel as an op. With
-    cu_seqlens or an offsets tensor, always the opaque op: its body checks their values (order,
-    positions within the table) when it runs, which a traced composition could not."""
-    chosen = traced_backend(rotary_problem(x, cos, interleaved, seqlen_offsets, cu_seqlens), backend)
-    if isinstance(seqlen_offsets, Tensor):
-        offset, offsets = 0, seqlen_offsets
-    else:
-        offset, offsets = int(seqlen_offsets), None
-    plain = offsets is None and cu_seqlens is None
-    if chosen.name != "triton" and plain and not deferred(chosen):
-        return chosen.fn(x, cos, sin, interleaved=interleaved, seqlen_offsets=offset, max_seqlen=max_seqlen)
-    kernels = plain and _kernels_traceable(x, cos, sin)
-    return _op("apply_rotary", kernels)(x, cos, sin, bool(interleaved), offset, offsets, cu_seqlens, max_seqlen,
-                                        chosen.name)
-
-
-def _rotary_pair_body(a) -> Tuple[Tensor, Tensor]:
-    chosen = select.resolve(rotary_problem(a.q, a.cos, a.interleaved, 0, None), a.backend)
-    pair = getattr(chosen.fn, "pair", None)
-    if pair is None:    # the backend named when the graph was traced has no pair launch
-        sin = -a.sin if a.conjugate else a.sin
-        q_out, k_out = (chosen.fn(x, a.cos, sin, interleaved=a.interleaved) for x in (a.q, a.k))
-    else:
-        q_out, k_out = pair(a.q, a.k, a.cos, a.sin, interleaved=a.interleaved, conjugate=a.conjugate)
-    return _like(q_out, a.q), _like(k_out, a.k)
-
-
-def _rotary_pair_fake(a) -> Tuple[Tensor, Tensor]:
-    return torch.empty_like(a.q), torch.empty_like(a.k)
-
-
-def _rotary_pair_setup(ctx, a, output, kernels):
-    ctx.kernels = kernels
-    ctx.save_for_backward(a.cos, a.sin)
-    ctx.spec = (a.interleaved, a.conjugate, a.backend)
-
-
-def _rotary_pair_backward(ctx, grad_q, grad_k):
-    cos, sin = ctx.saved_tensors
-    interleaved, conjugate, backend = ctx.spec
-    # the transpose of a rotation by theta is the rotation by -theta (the kernel negates sin)
-    dq, dk = _op("apply_rotary_pair", ctx.kernels)(grad_q, grad_k, cos, sin, interleaved, not conjugate, backend)
-    return {"q": dq, "k": dk}
-
-
-rotary_pair_op, rotary_pair_kernels_op = define(APPLY_ROTARY_PAIR, _rotary_pair_body, _rotary_pair_fake,
-                                                _rotary_pair_backward, _rotary_pair_setup)

@@ -6,7 +6,7 @@ from typing import Optional
 
 import torch
 
-from . import library, select
+from . import library_norms, select
 from ..contracts.norms import ShapeLike, check_norm_inputs, norm_problem, normalized_tuple
 
 __all__ = ["rms_norm", "layer_norm", "check_norm_inputs", "normalized_tuple"]
@@ -18,7 +18,7 @@ def rms_norm(x: torch.Tensor, normalized_shape: ShapeLike, weight: Optional[torc
     torch.finfo(x.dtype).eps. Statistics in fp32 on every backend that has a kernel."""
     shape = check_norm_inputs(x, normalized_shape, weight, None, eps, eps_may_be_none=True)
     if torch.compiler.is_compiling():  # traced: one torch.library op that chooses its backend when it runs
-        return library.traced_norm("rms_norm", x, shape, weight, None, eps, backend)
+        return library_norms.traced_norm("rms_norm", x, shape, weight, None, eps, backend)
     chosen = select.resolve(norm_problem("rms_norm", x, shape, weight, None), backend)
     return chosen.fn(x, shape, weight, eps)
 
@@ -28,6 +28,6 @@ def layer_norm(x: torch.Tensor, normalized_shape: ShapeLike, weight: Optional[to
     """F.layer_norm: (x - mean) / sqrt(var + eps) * weight + bias (biased variance)."""
     shape = check_norm_inputs(x, normalized_shape, weight, bias, eps, eps_may_be_none=False)
     if torch.compiler.is_compiling():
-        return library.traced_norm("layer_norm", x, shape, weight, bias, eps, backend)
+        return library_norms.traced_norm("layer_norm", x, shape, weight, bias, eps, backend)
     chosen = select.resolve(norm_problem("layer_norm", x, shape, weight, bias), backend)
     return chosen.fn(x, shape, weight, bias, eps)

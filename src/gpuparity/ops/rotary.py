@@ -6,7 +6,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from . import library, select
+from . import library, library_rotary, select
 from ..contracts.rotary import check_rotary_inputs, rotary_kind, rotary_problem
 
 __all__ = ["apply_rotary", "apply_rotary_pair", "check_rotary_inputs", "rotary_kind"]
@@ -25,7 +25,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, inter
     max_seqlen = check_rotary_inputs(x, cos, sin, interleaved=interleaved, seqlen_offsets=seqlen_offsets,
                                      cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, inplace=inplace)
     if torch.compiler.is_compiling():  # traced: one torch.library op that chooses its backend when it runs
-        out = library.apply_rotary(x, cos, sin, interleaved, seqlen_offsets, cu_seqlens, max_seqlen, backend)
+        out = library_rotary.apply_rotary(x, cos, sin, interleaved, seqlen_offsets, cu_seqlens, max_seqlen, backend)
         if inplace:
             x.copy_(out)
             return x
@@ -65,8 +65,8 @@ def apply_rotary_pair(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: 
         chosen_k = library.traced_backend(rotary_problem(k, cos, interleaved, 0, None), backend)
         if chosen_q is not chosen_k or getattr(chosen_q.fn, "pair", None) is None:
             # the two traced apply_rotary calls (a composition inline)
-            return (library.apply_rotary(q, cos, sin, interleaved, 0, None, None, backend),
-                    library.apply_rotary(k, cos, sin, interleaved, 0, None, None, backend))
+            return (library_rotary.apply_rotary(q, cos, sin, interleaved, 0, None, None, backend),
+                    library_rotary.apply_rotary(k, cos, sin, interleaved, 0, None, None, backend))
         kernels = library._kernels_traceable(q, k, cos, sin)
         return library._op("apply_rotary_pair", kernels)(q, k, cos, sin, bool(interleaved), False, chosen_q.name)
     chosen_q = select.resolve(rotary_problem(q, cos, interleaved, 0, None), backend)
