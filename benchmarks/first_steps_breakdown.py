@@ -344,9 +344,10 @@ PHASES = ("_compile.compile_inner", "bytecode_tracing", "aot_collect_metadata", 
 
 
 def compile_phases(text):
-    """The lines of torch._dynamo's compile_times table that say where a compile went."""
-    return ["  compile: " + " ".join(line.split()) for line in text.splitlines() if line.split()[:1]
-            and line.split()[0] in PHASES]
+    """The lines of torch._dynamo's compile_times table that say where a compile went (torch 2.11
+    aligns its columns with spaces, 2.13 separates them with commas)."""
+    rows = [line.replace(",", " ").split() for line in text.splitlines()]
+    return ["  compile: " + " ".join(row) for row in rows if row and row[0] in PHASES]
 
 
 def main(argv=None):

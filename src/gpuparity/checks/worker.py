@@ -79,21 +79,9 @@ def warm_target(value: Optional[str]) -> Optional[str]:
     return value
 
 
-def _tiny_kernel():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def gpuparity_worker_touch(x_ptr, n, BLOCK: tl.constexpr):
-        offsets = tl.arange(0, BLOCK)
-        tl.store(x_ptr + offsets, tl.load(x_ptr + offsets, mask=offsets < n) + 1, mask=offsets < n)
-
-    return gpuparity_worker_touch
-
-
 def warm_device(name: str) -> Dict[str, float]:
     """Set up `name` (a CUDA device) as a first check would: the CUDA context and the caching
-    allocator, a tiny Triton kernel (Triton's driver, its launcher, the cache lookups), cuBLAS
+    allocator, a small Triton launch (Triton's driver, its launcher, the cache lookups), cuBLAS
     (float64 and bfloat16 matmuls: the reference and the kernels' dtype) and autograd's device
     thread (a backward). Seconds per part; a part that fails is skipped (the check then pays it)."""
     import torch
@@ -116,9 +104,10 @@ def warm_device(name: str) -> Dict[str, float]:
             torch.cuda.set_device(device)
         torch.zeros(1, device=device)
 
-    def triton_kernel():
-        x = torch.zeros(16, device=device)
-        _tiny_kernel()[(1,)](x, 16, BLOCK=16)
+    def triton_kernel():   # a small launch of one of the kernels (SwiGLU's: one short kernel)
+        from ..dispatch import get as get_backend
+        x = torch.ones(4, 64, device=device, dtype=torch.bfloat16)
+        get_backend("swiglu", "triton").fn(x, x)
 
     def matmuls():
         for dtype in (torch.float64, torch.bfloat16, torch.float32):
