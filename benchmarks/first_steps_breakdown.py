@@ -24,7 +24,12 @@ calls cross and writes a timeline:
 
 With `--compile` both variants wrap the model in `torch.compile` after the patch (the first
 step's time then includes the compilation); `--first-calls wait|baseline` sets
-GPUPARITY_FIRST_CALLS for the patched runs (unset: the code's default).
+GPUPARITY_FIRST_CALLS for the patched runs (unset: the code's default). `--define NAME:K=V,...`
+adds a patched variant NAME run with those environment variables (an A/B of switches such as
+GPUPARITY_COMPILED_KERNELS=opaque or GPUPARITY_WORKER_WARM=1 in one call; list it in
+--variants); `--fresh-inductor-cache` gives every run an empty TORCHINDUCTOR_CACHE_DIR of its own
+(each compiled run cold, none warmed by the one before); `--compile-times` keeps torch's
+compile phases; `--budget-s` starts no run that would likely end past that many seconds.
 
     python benchmarks/first_steps_breakdown.py                      # unpatched vs patched, 2 repeats
     python benchmarks/first_steps_breakdown.py --repeats 3 --json out/first-steps.json
@@ -63,7 +68,7 @@ def note(what, start, **fields):
 args = json.loads(sys.argv[1])
 import torch
 import transformers
-if args["variant"] == "patched" and not args["late_import"]:
+if args["patched"] and not args["late_import"]:
     # `import gpuparity` where a script has it, at the top, beside torch: on a GPU machine it
     # starts the first-call worker, whose start then overlaps the model's construction
     import gpuparity
@@ -76,7 +81,7 @@ config = transformers.LlamaConfig(hidden_size=args["hidden"], intermediate_size=
                                   max_position_embeddings=max(2048, args["seq"]), attn_implementation="sdpa")
 model = transformers.LlamaForCausalLM(config).to(device=device, dtype=dtype)
 imported = now()
-patched = args["variant"] == "patched"
+patched = args["patched"]
 if patched:
     import gpuparity
     from gpuparity import dispatch
@@ -85,6 +90,9 @@ if patched:
     real_start, real_run = pool.WorkerPool._start, pool.WorkerPool.run
     def _start(self):
         t = now(); real_start(self); note("worker-spawn", t, pid=self.proc.pid)
+        def ready(pool=self, pid=self.proc.pid, t=t, event=self.ready):
+            event.wait(); note("worker-ready", t, pid=pid, info=dict(getattr(pool, "ready_info", {}) or {}))
+        threading.Thread(target=ready, daemon=True).start()
     def run(self, task, timeout):
         t = now(); answer = real_run(self, task, timeout)
         note("task", t, op=task.op, backend=task.backend, case=task.case, mode=task.mode,
@@ -163,6 +171,12 @@ for i in range(args["steps"]):
     losses.append(float(loss.detach()))
 out = {"events": events, "losses": losses, "import_and_model_s": imported,
        "torch": torch.__version__, "transformers": transformers.__version__}
+if args["compile"] and args["compile_times"]:
+    from torch._dynamo.utils import compile_times
+    out["compile_times"] = compile_times(repr="str")
+if patched:
+    from gpuparity.ops import kernel_analysis
+    out["kernel_analysis"] = kernel_analysis.stats() if hasattr(kernel_analysis, "stats") else None
 if patched:
     from gpuparity.checks import verdicts
     out["verdicts"] = sorted(verdicts.load(verdicts.cache_path(device)))
@@ -198,6 +212,13 @@ def parse_args(argv=None):
                    help="GPUPARITY_FIRST_CALLS for the patched runs (baseline: a first call runs on the op's baseline "
                         "while its verdict is pending; wait: it waits for it); unset: the code's default")
     p.add_argument("--repeats", type=int, default=2, help="runs of each variant, alternated")
+    p.add_argument("--define", action="append", default=[], metavar="NAME:K=V[,K=V]",
+                   help="a patched variant NAME run with these environment variables (list NAME in --variants)")
+    p.add_argument("--fresh-inductor-cache", action="store_true",
+                   help="an empty TORCHINDUCTOR_CACHE_DIR for every run (each compiled run cold)")
+    p.add_argument("--compile-times", action="store_true", help="keep torch._dynamo's compile phases per run")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="start no run once the elapsed time plus the longest run so far would pass this")
     p.add_argument("--variants", default="unpatched,patched")
     p.add_argument("--src", default=SRC, help="PYTHONPATH for the child (another checkout's src to compare)")
     p.add_argument("--json", default=None, help="write every run's events here")
@@ -205,11 +226,33 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def definitions(args):
+    """--define NAME:K=V,K=V -> {NAME: {K: V}}; "patched" is the plain patched variant."""
+    found = {"patched": {}}
+    for text in args.define:
+        name, _, pairs = text.partition(":")
+        if not name or name == "unpatched" or not pairs:
+            raise SystemExit(f"--define: expected NAME:K=V[,K=V] with NAME not 'unpatched', got {text!r}")
+        env = {}
+        for pair in pairs.split(","):
+            key, eq, value = pair.partition("=")
+            if not eq or not key:
+                raise SystemExit(f"--define {name}: expected K=V, got {pair!r}")
+            env[key] = value
+        found[name] = env
+    return found
+
+
 def one(args, variant):
     spec = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "kv_heads", "vocab", "seq", "batch", "steps",
-                                           "device", "dtype", "user_setup_s", "late_import", "compile")}
+                                           "device", "dtype", "user_setup_s", "late_import", "compile",
+                                           "compile_times")}
     spec["intermediate"] = args.intermediate or int(args.hidden * 2.75)
     spec["variant"] = variant
+    defined = definitions(args)
+    if variant != "unpatched" and variant not in defined:
+        raise SystemExit(f"variant {variant!r}: not 'unpatched', 'patched' or one named by --define")
+    spec["patched"] = variant != "unpatched"
     with tempfile.TemporaryDirectory(prefix="gpuparity-first-steps-") as cache:
         env = {**os.environ, "GPUPARITY_CACHE_DIR": cache, "PYTHONPATH": args.src,
                "GPUPARITY_PROBE": args.probe, "GPUPARITY_PROBE_REFINE": args.refine}
@@ -217,6 +260,9 @@ def one(args, variant):
         env.pop("GPUPARITY_FIRST_CALLS", None)
         if args.first_calls:
             env["GPUPARITY_FIRST_CALLS"] = args.first_calls
+        if args.fresh_inductor_cache:
+            env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(cache, "inductor")
+        env.update(defined.get(variant, {}))
         started = time.perf_counter()
         proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec)], env=env, capture_output=True,
                               text=True, timeout=args.timeout)
@@ -244,6 +290,11 @@ def describe(row):
     for e in ev:
         if e["what"] == "worker-spawn":
             lines.append(f"  worker spawned at t={e['start']:.2f} (pid {e['pid']}, Popen {e['s']:.3f} s)")
+        if e["what"] == "worker-ready":
+            info = e.get("info") or {}
+            spent = ", ".join(f"{k} {v:.2f} s" for k, v in (info.get("spent") or {}).items())
+            lines.append(f"  worker pid {e['pid']} READY {e['s']:.2f} s after its spawn (t={e['start'] + e['s']:.2f})"
+                         + (f"; set up {info.get('warm')}: {spent}" if info.get("warm") else ""))
         if e["what"] == "prepare-queued":
             lines.append(f"  prepare queued at t={e['start']:.2f} ({e['s']:.3f} s in the caller)")
     tasks = [e for e in ev if e["what"] == "task"]
@@ -287,14 +338,34 @@ def describe(row):
     return lines
 
 
+PHASES = ("_compile.compile_inner", "bytecode_tracing", "aot_collect_metadata", "aot_trace_joint_graph",
+          "compile_fx.<locals>.fw_compiler_base", "compile_fx.<locals>.bw_compiler", "async_compile.wait",
+          "PyCodeCache.load_by_key_path")
+
+
+def compile_phases(text):
+    """The lines of torch._dynamo's compile_times table that say where a compile went (torch 2.11
+    aligns its columns with spaces, 2.13 separates them with commas)."""
+    rows = [line.replace(",", " ").split() for line in text.splitlines()]
+    return ["  compile: " + " ".join(row) for row in rows if row and row[0] in PHASES]
+
+
 def main(argv=None):
     args = parse_args(argv)
     variants = args.variants.split(",")
     print(f"load average before: {os.getloadavg()}; cores: {os.cpu_count()}", flush=True)
+    for variant in variants:   # a misspelt variant fails here, before any run
+        if variant != "unpatched" and variant not in definitions(args):
+            raise SystemExit(f"variant {variant!r}: not 'unpatched', 'patched' or one named by --define")
     rows = []
+    started, longest = time.perf_counter(), 0.0
     for repeat in range(args.repeats):
         for variant in (variants if repeat % 2 == 0 else variants[::-1]):
+            if args.budget_s is not None and time.perf_counter() - started + longest > args.budget_s:
+                print(f"{variant} repeat {repeat}: not run (--budget-s {args.budget_s:g} would be passed)", flush=True)
+                continue
             row = one(args, variant)
+            longest = max(longest, row["wall_s"])
             row["repeat"] = repeat
             rows.append(row)
             if "error" in row:
@@ -303,14 +374,18 @@ def main(argv=None):
             s = steps_s(row)
             print(f"{variant} repeat {repeat}: first {len(s)} steps {sum(s):.2f} s ({', '.join(f'{x:.2f}' for x in s)}); "
                   f"import + model {row['import_and_model_s']:.2f} s; stderr lines {len(row['stderr'])}", flush=True)
-            if variant == "patched":
+            if variant != "unpatched":
                 print("\n".join(describe(row)), flush=True)
+            if row.get("compile_times"):
+                print("\n".join(compile_phases(row["compile_times"])), flush=True)
     print(f"load average after: {os.getloadavg()}")
     for variant in variants:
         totals = [sum(steps_s(r)) for r in rows if r["variant"] == variant and "error" not in r]
         if totals:
+            later = [x for r in rows if r["variant"] == variant and "error" not in r for x in steps_s(r)[1:]]
             print(f"{variant}: first {args.steps} steps median {statistics.median(totals):.2f} s "
-                  f"(min {min(totals):.2f}, max {max(totals):.2f}, {len(totals)} runs)")
+                  f"(min {min(totals):.2f}, max {max(totals):.2f}, {len(totals)} runs)"
+                  + (f"; the steps after the first: median {1000 * statistics.median(later):.1f} ms" if later else ""))
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as handle:

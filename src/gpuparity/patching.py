@@ -207,8 +207,25 @@ def patch(model: nn.Module, *, backend: str = "auto", include=None, mode: str = 
         except Exception as exc:  # noqa: BLE001 - a guess that fails costs only the head start: first calls verify
             LOG.debug("gpuparity: patch() did not guess its first calls: %s: %s", type(exc).__name__, exc)
             calls = []
-        select.prepare(calls)
+        select.prepare(compiled_first(calls, plan))
     return summary
+
+
+# op of a first call -> its kind in PRIORS
+_OP_KINDS = {"attention": "attention", "rms_norm": "rms_norm", "layer_norm": "layer_norm", "rotary": "rotary",
+             "swiglu": "swiglu", "linear_cross_entropy": "loss"}
+
+
+def compiled_first(calls: List[Problem], plan: Plan) -> List[Problem]:
+    """`calls` with those a torch.compile'd forward resolves (the kinds the plan swaps under
+    compile) ahead of the eager-only ones, each group in its own order (a decoder's forward
+    order). While dynamo traces, a gpuparity op's choice waits for its verdict (ops/select.py
+    resolve_waiting); an eager first call does not wait (the op's baseline serves it meanwhile),
+    so the checks a trace waits for go first where the workers are fewer than the checks."""
+    def eager_only(problem: Problem) -> bool:
+        kind = _OP_KINDS.get(problem.op)
+        return kind is not None and not plan.serves(kind)[1]
+    return sorted(calls, key=eager_only)
 
 
 # Token counts of the calls first_calls describes: a training batch (the issue's 2 x 2048 tokens,

@@ -391,6 +391,55 @@ def traced_launches():
         TRACED.on = previous
 
 
+# The Triton cache directory this process's launches compile into and load from, as it was when
+# this module was imported (None: Triton's default, ~/.triton/cache). Inductor points
+# TRITON_CACHE_DIR at a directory of its own (<inductor cache>/triton/<device>) the first time it
+# builds a kernel in a process (torch/_inductor/runtime/triton_heuristics.py CachingAutotuner):
+# from then on a kernel's first launch through Triton's JIT in that process (an op served
+# eagerly after a torch.compile, or the opaque op in a compiled graph: ops/library.py
+# GPUPARITY_COMPILED_KERNELS) would miss the cache the eager calls and the checks filled and
+# compile the kernel again. `_home_cache` points such a launch back at the directory of the import.
+_HOME_TRITON_CACHE = os.environ.get("TRITON_CACHE_DIR")
+
+
+def _triton_default_cache_dir() -> Optional[str]:
+    try:
+        from triton import knobs
+        return knobs.cache.get_triton_dir("cache")
+    except Exception:  # noqa: BLE001 - a Triton without knobs (< 3.4): its own default, not redirected
+        return None
+
+
+def home_cache_dir() -> Optional[str]:
+    """The Triton cache directory a first launch should use when inductor redirected
+    TRITON_CACHE_DIR since this module's import; None when it did not (the current one serves)."""
+    current = os.environ.get("TRITON_CACHE_DIR")
+    if current is None or current == _HOME_TRITON_CACHE:
+        return None
+    inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not inductor or os.path.dirname(os.path.abspath(current)) != os.path.join(os.path.abspath(inductor), "triton"):
+        return None   # the caller's own choice, not inductor's: left as it is
+    return _HOME_TRITON_CACHE or _triton_default_cache_dir()
+
+
+@contextlib.contextmanager
+def _home_cache():
+    """Triton's cache pointed back at `home_cache_dir()` for a launch that may compile or load a
+    kernel, where inductor redirected it; put back on exit (the knobs' scope restores the
+    environment variable too)."""
+    home = home_cache_dir()
+    if home is None:
+        yield
+        return
+    from triton import knobs
+    if not hasattr(getattr(knobs, "cache", None), "scope"):
+        yield
+        return
+    with knobs.cache.scope():
+        knobs.cache.dir = home
+        yield
+
+
 def launch(kernel, grid, args, *, num_warps: int, num_stages: Optional[int] = None, **constexprs):
     """`kernel[grid](*args, num_warps=..., num_stages=..., **constexprs)`, with the per-call
     specialization work done once per distinct key (see above). `args` are the runtime
@@ -402,7 +451,8 @@ def launch(kernel, grid, args, *, num_warps: int, num_stages: Optional[int] = No
         torch.library.wrap_triton(kernel)[grid](*args, **options, **constexprs)
         return None
     if _fast_launch_state() is None:
-        kernel[grid](*args, **options, **constexprs)
+        with _home_cache():
+            kernel[grid](*args, **options, **constexprs)
         return None
     device = torch.cuda.current_device()
     key = (id(kernel), device, num_warps, num_stages, tuple(constexprs.items()), specialization_key(args))
@@ -410,7 +460,8 @@ def launch(kernel, grid, args, *, num_warps: int, num_stages: Optional[int] = No
     if entry is not None:
         _run_entry(entry, grid, device, args)
         return entry
-    compiled = kernel[grid](*args, **options, **constexprs)
+    with _home_cache():
+        compiled = kernel[grid](*args, **options, **constexprs)
     try:
         names = list(kernel.arg_names)[len(args):]
         tail = tuple(constexprs[name] for name in names)

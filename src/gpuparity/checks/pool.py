@@ -98,6 +98,7 @@ class WorkerPool:
         self.lines: "queue.Queue[Optional[str]]" = queue.Queue()
         self.stderr_file = None
         self.ready = threading.Event()   # set when the worker said READY, or ended
+        self.ready_info: Dict[str, Any] = {}   # what the worker said it set up before READY (worker.py)
 
     def start(self) -> "WorkerPool":
         """Start the worker now (it imports torch while the caller does other work)."""
@@ -113,13 +114,21 @@ class WorkerPool:
         self.proc = spawn([sys.executable, "-m", "gpuparity.checks.worker", *(self.ops or ())], stdin=subprocess.PIPE,
                           stdout=subprocess.PIPE, stderr=self.stderr_file, text=True,
                           env=child_env(self.env), bufsize=1)
-        reader = threading.Thread(target=self._read, args=(self.proc, self.lines, self.ready), daemon=True)
+        self.ready_info = {}
+        reader = threading.Thread(target=self._read, args=(self.proc, self.lines, self.ready, self.ready_info),
+                                  daemon=True)
         reader.start()
 
     @staticmethod
-    def _read(proc: subprocess.Popen, lines: "queue.Queue[Optional[str]]", ready: threading.Event) -> None:
+    def _read(proc: subprocess.Popen, lines: "queue.Queue[Optional[str]]", ready: threading.Event,
+              info: Optional[Dict[str, Any]] = None) -> None:
         for line in proc.stdout:
             if line.startswith(READY):
+                if info is not None:
+                    try:
+                        info.update(json.loads(line[len(READY):].strip() or "{}"))
+                    except ValueError:   # an older worker's bare READY, or noise: nothing to keep
+                        pass
                 ready.set()
                 continue
             lines.put(line)

@@ -199,13 +199,20 @@ def _static(*tensors: Optional[Tensor]) -> bool:
     return not any(_symbolic(size) for t in tensors if t is not None for size in t.shape)
 
 
+# GPUPARITY_COMPILED_KERNELS: "twin" (default) or "opaque". Inductor compiles a twin's kernels itself
+# from their source, in its own Triton cache (torch/_inductor/codegen/wrapper.py
+# define_user_defined_triton_kernel); the opaque op's body launches them as an eager call does, from
+# the Triton cache the eager calls and the checks filled (nothing for inductor to compile; Python per call).
+COMPILED_KERNELS, COMPILED_KERNEL_MODES = "GPUPARITY_COMPILED_KERNELS", ("twin", "opaque")
+compiled_kernels = functools.partial(select.env_mode, COMPILED_KERNELS, COMPILED_KERNEL_MODES)
+
+
 def _kernels_traceable(*tensors: Optional[Tensor]) -> bool:
     """Whether the triton_op twin serves this traced call: torch has triton_op, the kernels are
-    compiled ones (the interpreter's cannot be wrapped) and the shapes are static (a Triton
-    backend's launch plans are keyed by concrete sizes). Else the opaque custom op serves it.
-    (Inductor passes a Python float to a user kernel as fp64 by default: the kernels cast their
-    float arguments to fp32 on entry.)"""
-    return TRITON_OP and not triton_common.interpreting() and _static(*tensors)
+    compiled ones (the interpreter's cannot be wrapped), the shapes are static (launch plans key
+    on sizes), GPUPARITY_COMPILED_KERNELS is not "opaque"; else the opaque op. (Inductor passes a
+    Python float to a user kernel as fp64: the kernels cast their float arguments to fp32.)"""
+    return TRITON_OP and compiled_kernels() == "twin" and not triton_common.interpreting() and _static(*tensors)
 
 
 def _twin(name: str, fn: Callable, schema: Optional[str] = None):

@@ -111,11 +111,16 @@ FIRST_CALLS = "GPUPARITY_FIRST_CALLS"   # "baseline" (default): first calls do n
 FIRST_CALL_MODES = ("baseline", "wait")
 
 
-def _first_calls() -> str:
-    mode = os.environ.get(FIRST_CALLS, "baseline")
-    if mode not in FIRST_CALL_MODES:
-        raise ValueError(f"{FIRST_CALLS}: expected one of {FIRST_CALL_MODES}, got {mode!r}")
+def env_mode(name: str, modes: Sequence[str]) -> str:
+    """The environment variable `name`, one of `modes` (unset: the first); ValueError otherwise."""
+    mode = os.environ.get(name, modes[0])
+    if mode not in modes:
+        raise ValueError(f"{name}: expected one of {tuple(modes)}, got {mode!r}")
     return mode
+
+
+def _first_calls() -> str:
+    return env_mode(FIRST_CALLS, FIRST_CALL_MODES)
 
 
 def baseline(problem: Problem) -> Optional[Backend]:
