@@ -287,7 +287,7 @@ def test_loss_backward_writes_into_the_logits_and_fp16():
 
 def test_cross_entropy_loss_runs_the_loss_kernels_on_the_triton_backend(monkeypatch):
     """On the Triton backend the loss is the two loss kernels (no row-step call), strided logits
-    made contiguous first."""
+    made contiguous first, strided int32 labels read right."""
     from gpuparity.backends import triton_cross_entropy as kernels
     calls = []
     for fn in ("loss_forward", "loss_backward", "triton_rows"):
@@ -298,8 +298,9 @@ def test_cross_entropy_loss_runs_the_loss_kernels_on_the_triton_backend(monkeypa
     pairs = torch.stack([logits, logits], dim=-1).to(DEVICE).requires_grad_()
     strided = pairs[..., 0]
     assert strided.stride(-1) == 2
+    strided_labels = torch.stack([labels, labels + 1], dim=-1).int().to(DEVICE)[:, 0]   # int32, stride 2
     with flash_attn.backends(cross_entropy="triton"):
-        losses, _ = cross_entropy_loss(strided, labels.to(DEVICE), label_smoothing=0.05, logit_scale=0.8)
+        losses, _ = cross_entropy_loss(strided, strided_labels, label_smoothing=0.05, logit_scale=0.8)
         losses.backward(grad.to(DEVICE))
     mine = [losses.detach(), pairs.grad[..., 0]]
     assert not pairs.grad[..., 1].any()

@@ -273,11 +273,12 @@ def loss_bwd_config(vocab: int) -> Tuple[int, int]:
 def loss_forward(logits, labels, smoothing: float, logit_scale: float, lse_square_scale: float, ignore_index: int,
                  precomputed_lse=None, config: Optional[Tuple[int, int]] = None):
     """(losses, lse, z_losses), fp32 per row, of cross_entropy_loss on the forward kernel (logits
-    fp32/bf16/fp16 with unit column stride). precomputed_lse (taken only with logit_scale == 1 and
+    fp32/bf16/fp16 with unit column stride; labels int32/int64, any stride). precomputed_lse (taken only with logit_scale == 1 and
     smoothing == 0): the lse used, not computed. config: (BLOCK, num_warps), else loss_fwd_config."""
     rows, vocab = logits.shape
     if precomputed_lse is not None and (smoothing != 0 or logit_scale != 1):
         raise ValueError("precomputed_lse: only taken with label_smoothing == 0 and logit_scale == 1")
+    labels = labels.contiguous()
     losses = torch.empty(rows, dtype=torch.float32, device=logits.device)
     z_losses = torch.empty_like(losses)
     lse = (torch.empty_like(losses) if precomputed_lse is None
@@ -302,7 +303,7 @@ def loss_backward(grad_losses, logits, lse, labels, smoothing: float, logit_scal
         return out
     block, warps = config or loss_bwd_config(vocab)
     launch(_ce_loss_bwd_kernel, (rows, triton.cdiv(vocab, block)), (
-        logits, out, grad_losses, lse, labels, logits.stride(0), out.stride(0), grad_losses.stride(0), vocab,
+        logits, out, grad_losses, lse, labels.contiguous(), logits.stride(0), out.stride(0), grad_losses.stride(0), vocab,
         int(ignore_index), float(smoothing), float(logit_scale), float(lse_square_scale)),
         num_warps=warps, HAS_SMOOTHING=smoothing != 0, BLOCK=block)
     return out
