@@ -308,3 +308,21 @@ def test_cross_entropy_loss_runs_the_loss_kernels_on_the_triton_backend(monkeypa
     ref, _ = losses_and_grad(lambda t: reference(t, labels, 0.05, 0.8), logits.double(), grad.double())
     torch.testing.assert_close(mine[0].cpu().double(), ref[0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(mine[1].cpu().double(), ref[1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad_label", [-1, 19, 1000])
+def test_the_forward_kernel_flags_labels_outside_the_vocabulary(bad_label):
+    """The forward kernel's own label check (on a GPU a device-side assert after the kernel, the
+    cross_entropy_loss call's only one there; a ValueError on the CPU), with or without a
+    precomputed lse; a label equal to ignore_index is not flagged."""
+    from gpuparity.backends import triton_cross_entropy as kernels
+    logits, labels, _ = inputs(4, 19, ignored=(0,), seed=14)
+    if DEVICE.type == "cuda":
+        pytest.skip("a device-side assert ends the process's CUDA context")
+    labels[2] = bad_label
+    for lse in (None, torch.logsumexp(logits, dim=-1)):
+        with pytest.raises(ValueError, match=r"labels: a class index outside \[0, 19\) that is not ignore_index=-100"):
+            kernels.loss_forward(logits, labels, 0.0, 1.0, 0.0, IGNORE, lse, config=(8, 1))
+    labels[0] = 3
+    losses, _, _ = kernels.loss_forward(logits, labels, 0.0, 1.0, 0.0, bad_label, config=(8, 1))
+    assert losses[2] == 0 and losses[0] > 0

@@ -132,7 +132,7 @@ if triton is not None:
 
 
     @triton.jit
-    def _ce_loss_fwd_kernel(LOGITS, LABELS, LOSS, LSE, ZLOSS, stride_row, n_cols, ignore_index, smoothing,
+    def _ce_loss_fwd_kernel(LOGITS, LABELS, LOSS, LSE, ZLOSS, BAD, stride_row, n_cols, ignore_index, smoothing,
                             logit_scale, lse_square_scale, HAS_SMOOTHING: tl.constexpr,
                             PRECOMPUTED_LSE: tl.constexpr, BLOCK: tl.constexpr):
         """cross_entropy_loss's forward, one row per program: s = logit_scale, eps = smoothing,
@@ -140,7 +140,8 @@ if triton is not None:
         against the running row maximum: one cross-lane reduction, the maximum, per block, the
         sums reduced once at the end), loss = lse - (1 - eps) s z_y - eps mean(s z) + c lse^2,
         z-loss c lse^2. PRECOMPUTED_LSE: LSE is read (s = 1, eps = 0), not computed. Ignored rows:
-        loss, z-loss (and a computed lse) 0, without reading the logits."""
+        loss, z-loss (and a computed lse) 0, without reading the logits. A label outside
+        [0, n_cols) that is not ignore_index sets BAD (its logit is not read)."""
         row = tl.program_id(0).to(tl.int64)
         base = LOGITS + row * stride_row
         label = tl.load(LABELS + row).to(tl.int64)
@@ -163,6 +164,9 @@ if triton is not None:
                         totals += tl.where(ok, z, 0.0)
                 lse = run_max + tl.log(tl.sum(sums, axis=0))
                 tl.store(LSE + row, lse)
+            if (label < 0) | (label >= n_cols):
+                tl.store(BAD, 1)
+                label = label * 0
             picked = tl.load(base + label).to(tl.float32) * logit_scale
             if HAS_SMOOTHING:
                 loss = lse - (1.0 - smoothing) * picked - smoothing * (tl.sum(totals, axis=0) / n_cols)
@@ -273,24 +277,39 @@ def loss_bwd_config(vocab: int) -> Tuple[int, int]:
 def loss_forward(logits, labels, smoothing: float, logit_scale: float, lse_square_scale: float, ignore_index: int,
                  precomputed_lse=None, config: Optional[Tuple[int, int]] = None):
     """(losses, lse, z_losses), fp32 per row, of cross_entropy_loss on the forward kernel (logits
-    fp32/bf16/fp16 with unit column stride; labels int32/int64, any stride). precomputed_lse (taken only with logit_scale == 1 and
-    smoothing == 0): the lse used, not computed. config: (BLOCK, num_warps), else loss_fwd_config."""
+    fp32/bf16/fp16 with unit column stride; labels int32/int64, any stride). precomputed_lse
+    (taken only with logit_scale == 1 and smoothing == 0): the lse used, not computed. config:
+    (BLOCK, num_warps), else loss_fwd_config. Labels outside [0, vocab) other than ignore_index:
+    _check_labels."""
     rows, vocab = logits.shape
     if precomputed_lse is not None and (smoothing != 0 or logit_scale != 1):
         raise ValueError("precomputed_lse: only taken with label_smoothing == 0 and logit_scale == 1")
     labels = labels.contiguous()
     losses = torch.empty(rows, dtype=torch.float32, device=logits.device)
     z_losses = torch.empty_like(losses)
+    bad = torch.zeros((), dtype=torch.int32, device=logits.device)
     lse = (torch.empty_like(losses) if precomputed_lse is None
            else precomputed_lse.to(device=logits.device, dtype=torch.float32).contiguous())
     if rows == 0:
         return losses, lse, z_losses
     block, warps = config or loss_fwd_config(vocab)
     launch(_ce_loss_fwd_kernel, (rows,), (
-        logits, labels, losses, lse, z_losses, logits.stride(0), vocab, int(ignore_index), float(smoothing),
+        logits, labels, losses, lse, z_losses, bad, logits.stride(0), vocab, int(ignore_index), float(smoothing),
         float(logit_scale), float(lse_square_scale)),
         num_warps=warps, HAS_SMOOTHING=smoothing != 0, PRECOMPUTED_LSE=precomputed_lse is not None, BLOCK=block)
+    _check_labels(bad, vocab, ignore_index)
     return losses, lse, z_losses
+
+
+def _check_labels(bad, vocab: int, ignore_index: int) -> None:
+    """The forward kernel's label check: a device-side assert on a GPU (no wait for the GPU; none
+    while a CUDA graph is captured), a ValueError elsewhere (the interpreter)."""
+    message = f"labels: a class index outside [0, {vocab}) that is not ignore_index={ignore_index}"
+    if bad.device.type != "cuda":
+        if int(bad):
+            raise ValueError(message)
+    elif not torch.cuda.is_current_stream_capturing():
+        torch._assert_async(bad == 0, message)
 
 
 def loss_backward(grad_losses, logits, lse, labels, smoothing: float, logit_scale: float, lse_square_scale: float,
@@ -346,7 +365,7 @@ def aot_specs():
         tag = "precomputed_lse" if precomputed else ("smoothing" if smoothing else "plain")
         fwd_const = {"HAS_SMOOTHING": smoothing, "PRECOMPUTED_LSE": precomputed, "BLOCK": fwd_block}
         fwd_sig = {"LOGITS": "*bf16", "LABELS": "*i64", "LOSS": "*fp32", "LSE": "*fp32", "ZLOSS": "*fp32",
-                   "stride_row": "i64", "n_cols": "i32", **scalars, **{k: "constexpr" for k in fwd_const}}
+                   "BAD": "*i32", "stride_row": "i64", "n_cols": "i32", **scalars, **{k: "constexpr" for k in fwd_const}}
         specs.append(AotSpec(f"cross_entropy_loss.fwd.{tag}", _ce_loss_fwd_kernel, fwd_sig, fwd_const,
                              num_warps=fwd_warps))
         if precomputed:

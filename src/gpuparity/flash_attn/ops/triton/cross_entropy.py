@@ -57,6 +57,7 @@ def row_steps(logits: Tensor) -> ce_composition.Steps:
 
 
 def _check(logits, labels, precomputed_lse, smoothing, logit_scale, lse_square_scale, ignore_index) -> None:
+    """The arguments, with FlashAttention-shaped errors; the labels' range apart (_check_label_range)."""
     expect_tensor("logits", logits, ndim=(2,), dtypes=FLOAT_DTYPES)
     expect_tensor("labels", labels, ndim=(1,), dtypes=(torch.int32, torch.int64))
     if labels.shape[0] != logits.shape[0]:
@@ -81,6 +82,12 @@ def _check(logits, labels, precomputed_lse, smoothing, logit_scale, lse_square_s
                                          f"row of logits), got {describe(precomputed_lse)}")
     if logits.shape[1] == 0:
         raise FlashAttnArgumentError(f"logits: expected at least one class, got {describe(logits)}")
+
+
+def _check_label_range(logits, labels, ignore_index) -> None:
+    """Every label a class of logits or ignore_index (skipped while capturing: it reads the device);
+    on the Triton loss kernels on a GPU the forward kernel checks instead (a device-side assert after
+    it, not a few torch passes before)."""
     if not capturing(logits.device):
         try:
             check_targets(labels, logits.shape[1], int(ignore_index))
@@ -108,6 +115,8 @@ class CrossEntropyLossFunction(torch.autograd.Function):
         _check(logits, labels, precomputed_lse, smoothing, logit_scale, lse_square_scale, ignore_index)
         use_lse = precomputed_lse is not None and logit_scale == 1.0 and smoothing == 0.0
         steps = row_steps(logits)
+        if not (steps.native and logits.device.type == "cuda" and logits.dtype != torch.float64):
+            _check_label_range(logits, labels, ignore_index)
         ctx.spec = (float(smoothing), float(logit_scale), float(lse_square_scale), int(ignore_index),
                     bool(inplace_backward), use_lse)
         ctx.kernels = steps.native and logits.dtype != torch.float64
