@@ -87,29 +87,32 @@ def errors(got, want, dtype, valid) -> Dict[str, Any]:
     import torch
     losses, lse, grad = got
     want_losses, want_lse, want_grad = want
-    rounding = {torch.bfloat16: 2 ** -8, torch.float16: 2 ** -11, torch.float32: 2 ** -20}[dtype]
+    # one rounding to the gradient's dtype (fp32: the kernels' exp and sums, ~1e-6 relative)
+    rounding = {torch.bfloat16: 2 ** -8, torch.float16: 2 ** -11, torch.float32: 2 ** -16}[dtype]
     out = {"losses": float((losses.double() - want_losses).abs().max()),
            "lse": float((lse.double() - want_lse)[valid].abs().max()) if bool(valid.any()) else 0.0,
            "grad": float((grad.double() - want_grad).abs().max())}
     out["ok"] = bool(out["losses"] <= 1e-4 * max(1.0, float(want_losses.abs().max()))
                      and out["lse"] <= 1e-4 * max(1.0, float(want_lse.abs().max()))
-                     and bool(((grad.double() - want_grad).abs() <= 2 * rounding * want_grad.abs() + 1e-6).all()))
+                     and bool(((grad.double() - want_grad).abs()
+                               <= 2 * rounding * want_grad.abs() + 1e-6 * want_grad.abs().max()).all()))
     return out
 
 
 def sweep_shape(rows: int, vocab: int, dtype, device, fa, args, fwd_cands, bwd_cands) -> Dict[str, Any]:
     import torch
     from gpuparity.backends import triton_cross_entropy as kernels
-    gen = torch.Generator(device="cpu").manual_seed(rows + vocab)
-    logits = (torch.randn(rows, vocab, generator=gen) * 2.0).to(device=device, dtype=dtype)
-    labels = torch.randint(0, vocab, (rows,), generator=gen).to(device)
+    gen = torch.Generator(device=device).manual_seed(rows + vocab)
+    logits = (torch.randn(rows, vocab, generator=gen, device=device) * 2.0).to(dtype)
+    labels = torch.randint(0, vocab, (rows,), generator=gen, device=device)
     labels[::7] = IGNORE
     count = int((labels != IGNORE).sum())
     grad_losses = torch.full((), 1.0 / count, device=device).expand(rows)
     check = min(rows, args.check_rows)
     want = reference(logits[:check], labels[:check], grad_losses[:check])
     valid = (labels[:check] != IGNORE)
-    fwd_default, bwd_default = kernels.loss_fwd_config(vocab), kernels.loss_bwd_config(vocab)
+    hip = torch.version.hip is not None and device.type == "cuda"
+    fwd_default, bwd_default = kernels.loss_fwd_config(vocab, hip), kernels.loss_bwd_config(vocab, hip)
     fwd_cands = sorted(set(fwd_cands) | {fwd_default})
     bwd_cands = sorted(set(bwd_cands) | {bwd_default})
     out: Dict[str, Any] = {"rows": rows, "vocab": vocab, "dtype": str(dtype).replace("torch.", ""),

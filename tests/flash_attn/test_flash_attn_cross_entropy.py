@@ -326,3 +326,15 @@ def test_the_forward_kernel_flags_labels_outside_the_vocabulary(bad_label):
     labels[0] = 3
     losses, _, _ = kernels.loss_forward(logits, labels, 0.0, 1.0, 0.0, bad_label, config=(8, 1))
     assert losses[2] == 0 and losses[0] > 0
+
+
+def test_loss_kernel_configs_keep_columns_per_thread_and_fit_the_vendor():
+    from gpuparity.backends import triton_cross_entropy as kernels
+    assert kernels.loss_fwd_config(32000) == kernels.LOSS_FWD == kernels.loss_fwd_config(128256)
+    assert kernels.loss_bwd_config(128256) == kernels.LOSS_BWD
+    assert kernels.loss_fwd_config(50) == (64, 1) and kernels.loss_bwd_config(1) == (1, 1)
+    for fn in (kernels.loss_fwd_config, kernels.loss_bwd_config):
+        for vocab in (1, 7, 1000, 4096, 32000, 128256, 1 << 20):
+            block, warps = fn(vocab)
+            assert block <= max(1, 1 << (vocab - 1).bit_length()) and warps * 32 <= 1024
+            assert fn(vocab, hip=True)[1] * 64 <= 1024

@@ -253,25 +253,35 @@ def triton_cols(logits, target, lse, scale, ignore_index, softcap, start) -> Non
         num_warps=4, HAS_SOFTCAP=softcap is not None, BLOCK=block)
 
 
-# cross_entropy_loss's kernels (FlashAttention's loss; gpuparity.flash_attn.ops.triton.cross_entropy).
-# Forward: a row per program over blocks of LOSS_FWD_BLOCK columns, 16 per thread (16 warps of 32 on
-# NVIDIA). Backward: (row, column block) programs of LOSS_BWD_BLOCK columns, 16 per thread. Both are
-# one read of the logits (the backward also one write) against ~3.3 TB/s on an H100; these are the
-# starting points benchmarks/ce_sweep.py measures against the other candidates.
-LOSS_FWD_BLOCK = 8192
-LOSS_BWD_BLOCK = 4096
+# cross_entropy_loss's kernels (FlashAttention's loss; gpuparity.flash_attn.ops.triton.cross_entropy):
+# (BLOCK, num_warps) at the widest rows, 16 columns a thread (16 warps of 32 lanes on NVIDIA).
+# Forward: a row per program over blocks of BLOCK columns; backward: (row, column block) programs.
+# Both are one read of the logits (the backward also one write) against ~3.3 TB/s on an H100; these
+# are the starting points benchmarks/ce_sweep.py measures against the other candidates.
+LOSS_FWD = (8192, 16)
+LOSS_BWD = (4096, 8)
 
 
-def loss_fwd_config(vocab: int) -> Tuple[int, int]:
+def _loss_config(vocab: int, widest: Tuple[int, int], hip: bool) -> Tuple[int, int]:
+    """(BLOCK, num_warps) for rows of `vocab` columns: the widest config's columns per thread at
+    a narrower block, at most 1024 threads (16 warps of 64 lanes on ROCm)."""
+    block = min(next_pow2(vocab), widest[0])
+    warps = max(1, widest[1] * block // widest[0])
+    return block, min(warps, 16 if hip else 32)
+
+
+def loss_fwd_config(vocab: int, hip: bool = False) -> Tuple[int, int]:
     """(BLOCK, num_warps) of the forward kernel for rows of `vocab` columns."""
-    block = min(next_pow2(vocab), LOSS_FWD_BLOCK)
-    return block, max(1, min(16, block // 512))
+    return _loss_config(vocab, LOSS_FWD, hip)
 
 
-def loss_bwd_config(vocab: int) -> Tuple[int, int]:
+def loss_bwd_config(vocab: int, hip: bool = False) -> Tuple[int, int]:
     """(BLOCK, num_warps) of the backward kernel for rows of `vocab` columns."""
-    block = min(next_pow2(vocab), LOSS_BWD_BLOCK)
-    return block, max(1, min(16, block // 512))
+    return _loss_config(vocab, LOSS_BWD, hip)
+
+
+def _on_hip(t) -> bool:
+    return torch.version.hip is not None and t.is_cuda
 
 
 def loss_forward(logits, labels, smoothing: float, logit_scale: float, lse_square_scale: float, ignore_index: int,
@@ -292,7 +302,7 @@ def loss_forward(logits, labels, smoothing: float, logit_scale: float, lse_squar
            else precomputed_lse.to(device=logits.device, dtype=torch.float32).contiguous())
     if rows == 0:
         return losses, lse, z_losses
-    block, warps = config or loss_fwd_config(vocab)
+    block, warps = config or loss_fwd_config(vocab, _on_hip(logits))
     launch(_ce_loss_fwd_kernel, (rows,), (
         logits, labels, losses, lse, z_losses, bad, logits.stride(0), vocab, int(ignore_index), float(smoothing),
         float(logit_scale), float(lse_square_scale)),
@@ -320,7 +330,7 @@ def loss_backward(grad_losses, logits, lse, labels, smoothing: float, logit_scal
     rows, vocab = logits.shape
     if rows == 0:
         return out
-    block, warps = config or loss_bwd_config(vocab)
+    block, warps = config or loss_bwd_config(vocab, _on_hip(logits))
     launch(_ce_loss_bwd_kernel, (rows, triton.cdiv(vocab, block)), (
         logits, out, grad_losses, lse, labels.contiguous(), logits.stride(0), out.stride(0), grad_losses.stride(0), vocab,
         int(ignore_index), float(smoothing), float(logit_scale), float(lse_square_scale)),
@@ -335,7 +345,8 @@ def aot_specs():
     """linear_cross_entropy's two kernels on bf16 chunks (the native steps' dtype in training),
     softcap on and off, at their largest blocks (the row kernel's looping and whole-row forms);
     cross_entropy_loss's forward (plain, smoothing, precomputed lse) and backward (plain,
-    smoothing) on bf16 logits at their default blocks; for every AOT target."""
+    smoothing) on bf16 logits at their widest blocks (warps within ROCm's 1024 threads, which
+    NVIDIA's default also is); for every AOT target."""
     if triton is None:
         return []
     specs = []
@@ -359,8 +370,8 @@ def aot_specs():
                                  targets=tuple(t for t in AOT_TARGETS if t.startswith(vendor))))
         specs.append(AotSpec(f"linear_cross_entropy.cols.{tag}", _ce_cols_kernel, cols_sig, cols_const, num_warps=4))
     scalars = {"ignore_index": "i32", "smoothing": "fp32", "logit_scale": "fp32", "lse_square_scale": "fp32"}
-    fwd_block, fwd_warps = loss_fwd_config(LOSS_FWD_BLOCK)
-    bwd_block, bwd_warps = loss_bwd_config(LOSS_BWD_BLOCK)
+    fwd_block, fwd_warps = loss_fwd_config(LOSS_FWD[0], hip=True)
+    bwd_block, bwd_warps = loss_bwd_config(LOSS_BWD[0], hip=True)
     for smoothing, precomputed in ((False, False), (True, False), (False, True)):
         tag = "precomputed_lse" if precomputed else ("smoothing" if smoothing else "plain")
         fwd_const = {"HAS_SMOOTHING": smoothing, "PRECOMPUTED_LSE": precomputed, "BLOCK": fwd_block}
