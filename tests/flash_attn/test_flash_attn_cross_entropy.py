@@ -338,3 +338,15 @@ def test_loss_kernel_configs_keep_columns_per_thread_and_fit_the_vendor():
             block, warps = fn(vocab)
             assert block <= max(1, 1 << (vocab - 1).bit_length()) and warps * 32 <= 1024
             assert fn(vocab, hip=True)[1] * 64 <= 1024
+
+
+def test_labels_outside_the_vocabulary_on_the_triton_backend():
+    """On the CPU (the interpreter) the Triton backend keeps the host check and its message."""
+    if DEVICE.type == "cuda":
+        pytest.skip("on a GPU the check is the forward kernel's device-side assert")
+    logits, labels, _ = inputs(4, 6, seed=15)
+    labels[3] = -2
+    with flash_attn.backends(cross_entropy="triton"):
+        with pytest.raises(RuntimeError, match=r"labels: expected class indices in \[0, 6\) or ignore_index=-100, "
+                                               r"got -2 at 3"):
+            cross_entropy_loss(logits, labels)

@@ -115,11 +115,11 @@ class CrossEntropyLossFunction(torch.autograd.Function):
         _check(logits, labels, precomputed_lse, smoothing, logit_scale, lse_square_scale, ignore_index)
         use_lse = precomputed_lse is not None and logit_scale == 1.0 and smoothing == 0.0
         steps = row_steps(logits)
-        if not (steps.native and logits.device.type == "cuda" and logits.dtype != torch.float64):
+        ctx.kernels = steps.native and logits.dtype != torch.float64
+        if not (ctx.kernels and logits.device.type == "cuda"):
             _check_label_range(logits, labels, ignore_index)
         ctx.spec = (float(smoothing), float(logit_scale), float(lse_square_scale), int(ignore_index),
                     bool(inplace_backward), use_lse)
-        ctx.kernels = steps.native and logits.dtype != torch.float64
         if ctx.kernels:   # the loss kernels: one read forward, one read and one write backward
             from ....backends import triton_cross_entropy
             logits = logits if logits.stride(-1) == 1 else logits.contiguous()
