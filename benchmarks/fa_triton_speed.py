@@ -398,20 +398,40 @@ def parse_args(argv=None):
     return args
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    # gpuparity's first calls wait for their verdict: else a call of "auto" could be served by the
-    # op's baseline (torch's composition) while its check runs, and that is what would be timed
+def write_outputs(out: Optional[str], name: str, table: str, payload: Dict[str, Any]) -> None:
+    """<name>.md (the table) and <name>.json under `out` when given; the table printed."""
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, f"{name}.md"), "w") as f:
+            f.write(table)
+        with open(os.path.join(out, f"{name}.json"), "w") as f:
+            json.dump(payload, f, indent=1)
+    print(table)
+
+
+def pick_device(dry_run: bool, script: str, stand_ins: bool = True):
+    """The GPU, or with --dry-run the CPU under Triton's interpreter (with cpu_stand_ins() for
+    FlashAttention's files unless stand_ins is False); gpuparity's
+    first calls wait for their verdict (else a call of "auto" could be served by the op's baseline,
+    torch's composition, while its check runs, and that is what would be timed)."""
     os.environ.setdefault("GPUPARITY_FIRST_CALLS", "wait")
     import torch
-    on_gpu = torch.cuda.is_available() and not args.dry_run
-    if not on_gpu:
-        if not args.dry_run:
-            raise SystemExit("fa_triton_speed: no CUDA device; FlashAttention's kernels need a GPU (--dry-run runs "
-                             "tiny shapes under Triton's interpreter on the CPU)")
-        os.environ.setdefault("TRITON_INTERPRET", "1")   # before anything imports triton
+    if torch.cuda.is_available() and not dry_run:
+        return torch.device("cuda")
+    if not dry_run:
+        raise SystemExit(f"{script}: no CUDA device; FlashAttention's kernels need a GPU (--dry-run runs "
+                         "tiny shapes under Triton's interpreter on the CPU)")
+    os.environ.setdefault("TRITON_INTERPRET", "1")   # before anything imports triton
+    if stand_ins:
         cpu_stand_ins()
-    device = torch.device("cuda" if on_gpu else "cpu")
+    return torch.device("cpu")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device = pick_device(args.dry_run, "fa_triton_speed")
+    on_gpu = device.type == "cuda"
+    import torch
     dtype = torch.bfloat16 if on_gpu else torch.float32   # the interpreter's bf16 is not the GPU's
     fa = load_flash_attention(args.fa_src)
     import triton
@@ -428,14 +448,7 @@ def main(argv=None) -> int:
             "device_name": torch.cuda.get_device_name(device) if on_gpu else "CPU (Triton interpreter, --dry-run)",
             "dtype": str(dtype).replace("torch.", ""), "rounds": rounds, "iters": iters,
             "command": " ".join(["python", "benchmarks/fa_triton_speed.py", *(argv if argv is not None else sys.argv[1:])])}
-    table = markdown(rows, meta)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "fa_triton_speed.md"), "w") as f:
-            f.write(table)
-        with open(os.path.join(args.out, "fa_triton_speed.json"), "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    print(table)
+    write_outputs(args.out, "fa_triton_speed", markdown(rows, meta), {"meta": meta, "rows": rows})
     return 0 if all(row["check"] for row in rows) else 1
 
 

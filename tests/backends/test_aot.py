@@ -39,7 +39,8 @@ REQUIRED = tuple(name for name in MODULES if name.startswith("gpuparity.backends
 REQUIRED_KERNELS = ("attention.fwd.", "attention.dq.", "attention.dkdv.", "attention.bwd.", "attention_varlen.fwd.",
                     "attention_varlen.dq.", "attention_varlen.dkdv.", "attention_decode.split.",
                     "attention_decode.combine.", "swiglu.fwd", "swiglu.bwd", "linear_cross_entropy.rows.",
-                    "linear_cross_entropy.cols.", "residual_norm.")
+                    "linear_cross_entropy.cols.", "cross_entropy_loss.fwd.", "cross_entropy_loss.bwd.",
+                    "residual_norm.")
 
 
 def _kernel_modules():
@@ -216,7 +217,7 @@ def test_varlen_decode_swiglu_and_cross_entropy_kernels_are_listed_for_every_tar
             assert any(s.name.startswith(kernel) and target in s.targets for s in specs), (kernel, target)
     for spec in specs:
         if spec.name.startswith(("attention_varlen.", "attention_decode.", "swiglu.", "linear_cross_entropy.",
-                                 "residual_norm.")):
+                                 "cross_entropy_loss.", "residual_norm.")):
             params = inspect.signature(getattr(spec.kernel, "fn", spec.kernel)).parameters
             assert set(spec.signature) == set(params), spec.name
             assert {n for n, t in spec.signature.items() if t == "constexpr"} == set(spec.constexprs), spec.name

@@ -216,3 +216,137 @@ def test_cross_entropy_module_under_torch_compile_fullgraph():
         got.backward()
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(eager[1].grad, eager[0].grad)
+
+
+# ----------------------------------------------------------------------------- the loss kernels themselves
+# Small blocks make the forward loop over several blocks with a ragged tail and the backward run
+# several column blocks; (None) is the default configuration.
+KERNEL_CONFIGS = {"default": (None, None), "looping": ((16, 1), (8, 1)), "wide": ((64, 2), (32, 2))}
+KERNEL_CASES = {
+    "plain": dict(rows=6, vocab=37, ignored=(2,)),
+    "vocab_1": dict(rows=4, vocab=1, ignored=(3,)),
+    "smoothing": dict(rows=5, vocab=53, ignored=(0, 4), smoothing=0.15),
+    "z_loss": dict(rows=5, vocab=29, lse_square_scale=2e-2),
+    "logit_scale": dict(rows=4, vocab=41, logit_scale=0.6),
+    "everything": dict(rows=7, vocab=67, ignored=(1, 6), smoothing=0.25, logit_scale=1.9, lse_square_scale=5e-3),
+    "precomputed_lse": dict(rows=5, vocab=31, ignored=(1,), precomputed=True, lse_square_scale=1e-2),
+    "all_ignored": dict(rows=3, vocab=19, ignored=(0, 1, 2), smoothing=0.1),
+}
+
+
+@pytest.mark.parametrize("config", list(KERNEL_CONFIGS))
+@pytest.mark.parametrize("name", list(KERNEL_CASES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_loss_kernels_match_float64(name, config, dtype):
+    """loss_forward and loss_backward at each configuration: losses, lse, z-losses and the
+    gradient (in the logits' dtype, grad_losses expanded from a scalar and given per row) against
+    float64, int32 labels as well as int64."""
+    from gpuparity.backends import triton_cross_entropy as kernels
+    case = dict(KERNEL_CASES[name])
+    rows, vocab = case.pop("rows"), case.pop("vocab")
+    logits, labels, grad = inputs(rows, vocab, case.pop("ignored", ()), seed=11, dtype=dtype)
+    eps, s, c = case.get("smoothing", 0.0), case.get("logit_scale", 1.0), case.get("lse_square_scale", 0.0)
+    lse_given = torch.logsumexp(logits.double(), dim=-1) if case.get("precomputed") else None
+    fwd, bwd = KERNEL_CONFIGS[config]
+    valid = labels != IGNORE
+    for label_dtype, dloss in ((torch.int64, grad), (torch.int32, torch.tensor(0.7).expand(rows))):
+        losses, lse, z_losses = kernels.loss_forward(
+            logits.to(DEVICE), labels.to(label_dtype).to(DEVICE), eps, s, c, IGNORE,
+            None if lse_given is None else lse_given.float().to(DEVICE), config=fwd)
+        leaf = logits.double().requires_grad_()
+        want, want_z = reference(leaf, labels, eps, s, c, precomputed_lse=lse_given)
+        want.backward(dloss.double())
+        grad_out = torch.empty_like(logits).to(DEVICE)
+        got = kernels.loss_backward(dloss.to(DEVICE), logits.to(DEVICE), lse, labels.to(label_dtype).to(DEVICE),
+                                    eps, s, c, IGNORE, grad_out, config=bwd)
+        assert got.dtype == dtype and got.data_ptr() == grad_out.data_ptr()
+        torch.testing.assert_close(losses.cpu().double(), want.detach(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(z_losses.cpu().double(), want_z, rtol=1e-5, atol=1e-6)
+        want_lse = (torch.logsumexp(logits.double() * s, dim=-1) if lse_given is None else lse_given)
+        torch.testing.assert_close(lse.cpu().double()[valid], want_lse[valid], rtol=1e-5, atol=1e-5)
+        tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-3)
+        torch.testing.assert_close(got.cpu().double(), leaf.grad.to(dtype).double(), **tol)
+        assert not got.cpu()[~valid].any() and not losses.cpu()[~valid].any()
+
+
+def test_loss_backward_writes_into_the_logits_and_fp16():
+    """inplace_backward's form (out is the logits) on fp16 logits wider than one block."""
+    from gpuparity.backends import triton_cross_entropy as kernels
+    logits, labels, grad = inputs(4, 45, ignored=(1,), seed=12, dtype=torch.float16)
+    device_logits = logits.clone().to(DEVICE)
+    losses, lse, _ = kernels.loss_forward(device_logits, labels.to(DEVICE), 0.1, 1.3, 1e-3, IGNORE, config=(16, 1))
+    got = kernels.loss_backward(grad.to(DEVICE), device_logits, lse, labels.to(DEVICE), 0.1, 1.3, 1e-3, IGNORE,
+                                device_logits, config=(16, 1))
+    assert got.data_ptr() == device_logits.data_ptr()
+    leaf = logits.double().requires_grad_()
+    want, _ = reference(leaf, labels, 0.1, 1.3, 1e-3)
+    want.backward(grad.double())
+    torch.testing.assert_close(losses.cpu().double(), want.detach(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(device_logits.cpu().double(), leaf.grad.half().double(), rtol=2e-3, atol=1e-4)
+
+
+def test_cross_entropy_loss_runs_the_loss_kernels_on_the_triton_backend(monkeypatch):
+    """On the Triton backend the loss is the two loss kernels (no row-step call), strided logits
+    made contiguous first, strided int32 labels read right."""
+    from gpuparity.backends import triton_cross_entropy as kernels
+    calls = []
+    for fn in ("loss_forward", "loss_backward", "triton_rows"):
+        original = getattr(kernels, fn)
+        monkeypatch.setattr(kernels, fn, lambda *a, _f=original, _n=fn, **k: calls.append(_n) or _f(*a, **k))
+    monkeypatch.setattr(kernels, "STEPS", kernels.STEPS._replace(rows=kernels.triton_rows))
+    logits, labels, grad = inputs(5, 26, ignored=(0,), seed=13)
+    pairs = torch.stack([logits, logits], dim=-1).to(DEVICE).requires_grad_()
+    strided = pairs[..., 0]
+    assert strided.stride(-1) == 2
+    strided_labels = torch.stack([labels, labels + 1], dim=-1).int().to(DEVICE)[:, 0]   # int32, stride 2
+    with flash_attn.backends(cross_entropy="triton"):
+        losses, _ = cross_entropy_loss(strided, strided_labels, label_smoothing=0.05, logit_scale=0.8)
+        losses.backward(grad.to(DEVICE))
+    mine = [losses.detach(), pairs.grad[..., 0]]
+    assert not pairs.grad[..., 1].any()
+    assert calls == ["loss_forward", "loss_backward"]
+    ref, _ = losses_and_grad(lambda t: reference(t, labels, 0.05, 0.8), logits.double(), grad.double())
+    torch.testing.assert_close(mine[0].cpu().double(), ref[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mine[1].cpu().double(), ref[1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad_label", [-1, 19, 1000])
+def test_the_forward_kernel_flags_labels_outside_the_vocabulary(bad_label):
+    """The forward kernel's own label check (on a GPU a device-side assert after the kernel, the
+    cross_entropy_loss call's only one there; a ValueError on the CPU), with or without a
+    precomputed lse; a label equal to ignore_index is not flagged."""
+    from gpuparity.backends import triton_cross_entropy as kernels
+    logits, labels, _ = inputs(4, 19, ignored=(0,), seed=14)
+    if DEVICE.type == "cuda":
+        pytest.skip("a device-side assert ends the process's CUDA context")
+    labels[2] = bad_label
+    for lse in (None, torch.logsumexp(logits, dim=-1)):
+        with pytest.raises(ValueError, match=r"labels: a class index outside \[0, 19\) that is not ignore_index=-100"):
+            kernels.loss_forward(logits, labels, 0.0, 1.0, 0.0, IGNORE, lse, config=(8, 1))
+    labels[0] = 3
+    losses, _, _ = kernels.loss_forward(logits, labels, 0.0, 1.0, 0.0, bad_label, config=(8, 1))
+    assert losses[2] == 0 and losses[0] > 0
+
+
+def test_loss_kernel_configs_keep_columns_per_thread_and_fit_the_vendor():
+    from gpuparity.backends import triton_cross_entropy as kernels
+    assert kernels.loss_fwd_config(32000) == kernels.LOSS_FWD == kernels.loss_fwd_config(128256)
+    assert kernels.loss_bwd_config(128256) == kernels.LOSS_BWD
+    assert kernels.loss_fwd_config(50) == (64, 1) and kernels.loss_bwd_config(1) == (1, 1)
+    for fn in (kernels.loss_fwd_config, kernels.loss_bwd_config):
+        for vocab in (1, 7, 1000, 4096, 32000, 128256, 1 << 20):
+            block, warps = fn(vocab)
+            assert block <= max(1, 1 << (vocab - 1).bit_length()) and warps * 32 <= 1024
+            assert fn(vocab, hip=True)[1] * 64 <= 1024
+
+
+def test_labels_outside_the_vocabulary_on_the_triton_backend():
+    """On the CPU (the interpreter) the Triton backend keeps the host check and its message."""
+    if DEVICE.type == "cuda":
+        pytest.skip("on a GPU the check is the forward kernel's device-side assert")
+    logits, labels, _ = inputs(4, 6, seed=15)
+    labels[3] = -2
+    with flash_attn.backends(cross_entropy="triton"):
+        with pytest.raises(RuntimeError, match=r"labels: expected class indices in \[0, 6\) or ignore_index=-100, "
+                                               r"got -2 at 3"):
+            cross_entropy_loss(logits, labels)

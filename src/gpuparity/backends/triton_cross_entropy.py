@@ -5,6 +5,8 @@ chunk; per vocab block, the same gradient from the saved logsumexp. The two pass
 and autograd are ce_composition's, shared with the torch backend."""
 from __future__ import annotations
 
+from typing import Optional, Tuple
+
 import torch
 
 from . import ce_composition
@@ -129,6 +131,82 @@ if triton is not None:
             tl.store(ptrs, tl.zeros([BLOCK], dtype=tl.float32), mask=ok)
 
 
+    @triton.jit
+    def _ce_loss_fwd_kernel(LOGITS, LABELS, LOSS, LSE, ZLOSS, BAD, stride_row, n_cols, ignore_index, smoothing,
+                            logit_scale, lse_square_scale, HAS_SMOOTHING: tl.constexpr,
+                            PRECOMPUTED_LSE: tl.constexpr, BLOCK: tl.constexpr):
+        """cross_entropy_loss's forward, one row per program: s = logit_scale, eps = smoothing,
+        c = lse_square_scale; lse = logsumexp(s z) in one read of the row (per-lane sums of exp
+        against the running row maximum: one cross-lane reduction, the maximum, per block, the
+        sums reduced once at the end), loss = lse - (1 - eps) s z_y - eps mean(s z) + c lse^2,
+        z-loss c lse^2. PRECOMPUTED_LSE: LSE is read (s = 1, eps = 0), not computed. Ignored rows:
+        loss, z-loss (and a computed lse) 0, without reading the logits. A label outside
+        [0, n_cols) that is not ignore_index sets BAD (its logit is not read)."""
+        row = tl.program_id(0).to(tl.int64)
+        base = LOGITS + row * stride_row
+        label = tl.load(LABELS + row).to(tl.int64)
+        if label != ignore_index:
+            if PRECOMPUTED_LSE:
+                lse = tl.load(LSE + row).to(tl.float32)
+            else:
+                cols = tl.arange(0, BLOCK)
+                run_max = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), axis=0)
+                sums = tl.zeros([BLOCK], dtype=tl.float32)
+                totals = tl.zeros([BLOCK], dtype=tl.float32)
+                for start in range(0, n_cols, BLOCK):
+                    offs = start + cols
+                    ok = offs < n_cols
+                    z = tl.load(base + offs, mask=ok, other=float("-inf")).to(tl.float32) * logit_scale
+                    new_max = tl.maximum(run_max, tl.max(z, axis=0))
+                    sums = sums * tl.exp(run_max - new_max) + tl.exp(z - new_max)
+                    run_max = new_max
+                    if HAS_SMOOTHING:
+                        totals += tl.where(ok, z, 0.0)
+                lse = run_max + tl.log(tl.sum(sums, axis=0))
+                tl.store(LSE + row, lse)
+            if (label < 0) | (label >= n_cols):
+                tl.store(BAD, 1)
+                label = label * 0
+            picked = tl.load(base + label).to(tl.float32) * logit_scale
+            if HAS_SMOOTHING:
+                loss = lse - (1.0 - smoothing) * picked - smoothing * (tl.sum(totals, axis=0) / n_cols)
+            else:
+                loss = lse - picked
+            z_loss = lse_square_scale * lse * lse
+            tl.store(LOSS + row, loss + z_loss)
+            tl.store(ZLOSS + row, z_loss)
+        else:
+            tl.store(LOSS + row, 0.0)
+            tl.store(ZLOSS + row, 0.0)
+            if not PRECOMPUTED_LSE:
+                tl.store(LSE + row, 0.0)
+
+    @triton.jit
+    def _ce_loss_bwd_kernel(LOGITS, DLOGITS, DLOSS, LSE, LABELS, stride_row, stride_drow, stride_dloss, n_cols,
+                            ignore_index, smoothing, logit_scale, lse_square_scale, HAS_SMOOTHING: tl.constexpr,
+                            BLOCK: tl.constexpr):
+        """cross_entropy_loss's backward, program (row, column block), from the saved lse in one
+        read of the logits and one write of the gradient (DLOGITS: the logits' dtype, LOGITS itself
+        for inplace_backward): with a = dloss * s, the row's scalars folded in,
+        a (1 + 2 c lse) exp(s z - lse) - a (1 - eps) [col = y] - a eps / V; zeros for ignored rows."""
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < n_cols
+        dst = DLOGITS + row * stride_drow + offs
+        label = tl.load(LABELS + row).to(tl.int64)
+        if label != ignore_index:
+            lse = tl.load(LSE + row).to(tl.float32)
+            a = tl.load(DLOSS + row * stride_dloss).to(tl.float32) * logit_scale
+            z = tl.load(LOGITS + row * stride_row + offs, mask=ok, other=0.0).to(tl.float32) * logit_scale
+            grad = tl.exp(z - lse) * (a * (1.0 + 2.0 * lse_square_scale * lse))
+            grad = tl.where(offs == label, grad - a * (1.0 - smoothing), grad)
+            if HAS_SMOOTHING:
+                grad = grad - a * (smoothing / n_cols)
+            tl.store(dst, grad.to(DLOGITS.dtype.element_ty), mask=ok)
+        else:
+            tl.store(dst, tl.zeros([BLOCK], dtype=tl.float32).to(DLOGITS.dtype.element_ty), mask=ok)
+
+
 COLS_BLOCK = 1024
 
 
@@ -175,12 +253,100 @@ def triton_cols(logits, target, lse, scale, ignore_index, softcap, start) -> Non
         num_warps=4, HAS_SOFTCAP=softcap is not None, BLOCK=block)
 
 
+# cross_entropy_loss's kernels (FlashAttention's loss; gpuparity.flash_attn.ops.triton.cross_entropy):
+# (BLOCK, num_warps) at the widest rows, 16 columns a thread (16 warps of 32 lanes on NVIDIA).
+# Forward: a row per program over blocks of BLOCK columns; backward: (row, column block) programs.
+# Both are one read of the logits (the backward also one write) against ~3.3 TB/s on an H100; these
+# are the starting points benchmarks/ce_sweep.py measures against the other candidates.
+LOSS_FWD = (8192, 16)
+LOSS_BWD = (4096, 8)
+
+
+def _loss_config(vocab: int, widest: Tuple[int, int], hip: bool) -> Tuple[int, int]:
+    """(BLOCK, num_warps) for rows of `vocab` columns: the widest config's columns per thread at
+    a narrower block, at most 1024 threads (16 warps of 64 lanes on ROCm)."""
+    block = min(next_pow2(vocab), widest[0])
+    warps = max(1, widest[1] * block // widest[0])
+    return block, min(warps, 16 if hip else 32)
+
+
+def loss_fwd_config(vocab: int, hip: bool = False) -> Tuple[int, int]:
+    """(BLOCK, num_warps) of the forward kernel for rows of `vocab` columns."""
+    return _loss_config(vocab, LOSS_FWD, hip)
+
+
+def loss_bwd_config(vocab: int, hip: bool = False) -> Tuple[int, int]:
+    """(BLOCK, num_warps) of the backward kernel for rows of `vocab` columns."""
+    return _loss_config(vocab, LOSS_BWD, hip)
+
+
+def _on_hip(t) -> bool:
+    return torch.version.hip is not None and t.is_cuda
+
+
+def loss_forward(logits, labels, smoothing: float, logit_scale: float, lse_square_scale: float, ignore_index: int,
+                 precomputed_lse=None, config: Optional[Tuple[int, int]] = None):
+    """(losses, lse, z_losses), fp32 per row, of cross_entropy_loss on the forward kernel (logits
+    fp32/bf16/fp16 with unit column stride; labels int32/int64, any stride). precomputed_lse
+    (taken only with logit_scale == 1 and smoothing == 0): the lse used, not computed. config:
+    (BLOCK, num_warps), else loss_fwd_config. Labels outside [0, vocab) other than ignore_index:
+    _check_labels."""
+    rows, vocab = logits.shape
+    if precomputed_lse is not None and (smoothing != 0 or logit_scale != 1):
+        raise ValueError("precomputed_lse: only taken with label_smoothing == 0 and logit_scale == 1")
+    labels = labels.contiguous()
+    losses = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    z_losses = torch.empty_like(losses)
+    bad = torch.zeros((), dtype=torch.int32, device=logits.device)
+    lse = (torch.empty_like(losses) if precomputed_lse is None
+           else precomputed_lse.to(device=logits.device, dtype=torch.float32).contiguous())
+    if rows == 0:
+        return losses, lse, z_losses
+    block, warps = config or loss_fwd_config(vocab, _on_hip(logits))
+    launch(_ce_loss_fwd_kernel, (rows,), (
+        logits, labels, losses, lse, z_losses, bad, logits.stride(0), vocab, int(ignore_index), float(smoothing),
+        float(logit_scale), float(lse_square_scale)),
+        num_warps=warps, HAS_SMOOTHING=smoothing != 0, PRECOMPUTED_LSE=precomputed_lse is not None, BLOCK=block)
+    _check_labels(bad, vocab, ignore_index)
+    return losses, lse, z_losses
+
+
+def _check_labels(bad, vocab: int, ignore_index: int) -> None:
+    """The forward kernel's label check: a device-side assert on a GPU (no wait for the GPU; none
+    while a CUDA graph is captured), a ValueError elsewhere (the interpreter)."""
+    message = f"labels: a class index outside [0, {vocab}) that is not ignore_index={ignore_index}"
+    if bad.device.type != "cuda":
+        if int(bad):
+            raise ValueError(message)
+    elif not torch.cuda.is_current_stream_capturing():
+        torch._assert_async(bad == 0, message)
+
+
+def loss_backward(grad_losses, logits, lse, labels, smoothing: float, logit_scale: float, lse_square_scale: float,
+                  ignore_index: int, out, config: Optional[Tuple[int, int]] = None):
+    """cross_entropy_loss's gradient of the logits into `out` (the logits' shape, unit column
+    stride, any float dtype but float64; the logits themselves for inplace_backward) from the
+    forward's lse, grad_losses (rows,) of any stride. config: (BLOCK, num_warps), else loss_bwd_config."""
+    rows, vocab = logits.shape
+    if rows == 0:
+        return out
+    block, warps = config or loss_bwd_config(vocab, _on_hip(logits))
+    launch(_ce_loss_bwd_kernel, (rows, triton.cdiv(vocab, block)), (
+        logits, out, grad_losses, lse, labels.contiguous(), logits.stride(0), out.stride(0), grad_losses.stride(0), vocab,
+        int(ignore_index), float(smoothing), float(logit_scale), float(lse_square_scale)),
+        num_warps=warps, HAS_SMOOTHING=smoothing != 0, BLOCK=block)
+    return out
+
+
 STEPS = ce_composition.Steps(triton_rows, triton_cols, native=True)
 
 
 def aot_specs():
-    """Both kernels on bf16 chunks (the native steps' dtype in training), softcap on and off,
-    at their largest blocks (the row kernel's looping and whole-row forms), for every AOT target."""
+    """linear_cross_entropy's two kernels on bf16 chunks (the native steps' dtype in training),
+    softcap on and off, at their largest blocks (the row kernel's looping and whole-row forms);
+    cross_entropy_loss's forward (plain, smoothing, precomputed lse) and backward (plain,
+    smoothing) on bf16 logits at their widest blocks (warps within ROCm's 1024 threads, which
+    NVIDIA's default also is); for every AOT target."""
     if triton is None:
         return []
     specs = []
@@ -203,6 +369,24 @@ def aot_specs():
                                  whole_const, num_warps=whole_row_warps(WHOLE_ROW_MAX, hip),
                                  targets=tuple(t for t in AOT_TARGETS if t.startswith(vendor))))
         specs.append(AotSpec(f"linear_cross_entropy.cols.{tag}", _ce_cols_kernel, cols_sig, cols_const, num_warps=4))
+    scalars = {"ignore_index": "i32", "smoothing": "fp32", "logit_scale": "fp32", "lse_square_scale": "fp32"}
+    fwd_block, fwd_warps = loss_fwd_config(LOSS_FWD[0], hip=True)
+    bwd_block, bwd_warps = loss_bwd_config(LOSS_BWD[0], hip=True)
+    for smoothing, precomputed in ((False, False), (True, False), (False, True)):
+        tag = "precomputed_lse" if precomputed else ("smoothing" if smoothing else "plain")
+        fwd_const = {"HAS_SMOOTHING": smoothing, "PRECOMPUTED_LSE": precomputed, "BLOCK": fwd_block}
+        fwd_sig = {"LOGITS": "*bf16", "LABELS": "*i64", "LOSS": "*fp32", "LSE": "*fp32", "ZLOSS": "*fp32",
+                   "BAD": "*i32", "stride_row": "i64", "n_cols": "i32", **scalars, **{k: "constexpr" for k in fwd_const}}
+        specs.append(AotSpec(f"cross_entropy_loss.fwd.{tag}", _ce_loss_fwd_kernel, fwd_sig, fwd_const,
+                             num_warps=fwd_warps))
+        if precomputed:
+            continue
+        bwd_const = {"HAS_SMOOTHING": smoothing, "BLOCK": bwd_block}
+        bwd_sig = {"LOGITS": "*bf16", "DLOGITS": "*bf16", "DLOSS": "*fp32", "LSE": "*fp32", "LABELS": "*i64",
+                   "stride_row": "i64", "stride_drow": "i64", "stride_dloss": "i32", "n_cols": "i32", **scalars,
+                   **{k: "constexpr" for k in bwd_const}}
+        specs.append(AotSpec(f"cross_entropy_loss.bwd.{tag}", _ce_loss_bwd_kernel, bwd_sig, bwd_const,
+                             num_warps=bwd_warps))
     return specs
 
 

@@ -1,15 +1,20 @@
 """FlashAttention's `flash_attn.ops.triton.cross_entropy.cross_entropy_loss` on gpuparity's
-cross-entropy row step: the row kernel of gpuparity's linear cross entropy (online logsumexp per
-row, the loss, and (softmax - onehot) * a per-row scale), the backend chosen by the verified
-dispatcher for the linear_cross_entropy op ("triton": the Triton row kernel, else its torch-ops
-twin, which is also what runs while torch.compile traces).
+cross-entropy kernels, the backend chosen by the verified dispatcher for the linear_cross_entropy op
+("triton": the Triton kernels, else the row step's torch-ops twin, which is also what runs while
+torch.compile traces).
 
-What each feature takes: the plain loss and its gradient (times grad_output and logit_scale, a
-per-row scale) are the row step, forward and backward. logit_scale != 1 scales an fp32 copy of the
-logits first. label_smoothing and lse_square_scale (z-loss) add torch terms to the row step's loss
-and lse in the forward, and to its gradient in the backward (one scatter at the targets and one
-per-row constant, in fp32). precomputed_lse (taken, as FlashAttention does, only when
-logit_scale == 1 and label_smoothing == 0) is torch ops both ways: the row step cannot take an lse."""
+On the Triton backend (fp32/bf16/fp16 logits) the loss has kernels of its own
+(backends/triton_cross_entropy.py): the forward reads the logits once for the loss, the lse and the
+z-loss, logit_scale, label_smoothing, lse_square_scale and precomputed_lse (taken, as FlashAttention
+does, only when logit_scale == 1 and label_smoothing == 0) applied in the kernel; the backward reads
+them once more and writes the gradient once (into the logits for inplace_backward), from the saved
+lse, with grad_output and those scalars folded in per row.
+
+Elsewhere (the torch twin, float64 logits) the loss is the row step of gpuparity's linear cross
+entropy (online logsumexp per row, the loss, and (softmax - onehot) * a per-row scale), forward and
+backward: logit_scale != 1 scales an fp32 copy of the logits first; label_smoothing and z-loss add
+torch terms to the row step's loss and lse in the forward, and to its gradient in the backward (one
+scatter at the targets and one per-row constant); precomputed_lse is torch ops both ways."""
 from __future__ import annotations
 
 import numbers
@@ -52,6 +57,7 @@ def row_steps(logits: Tensor) -> ce_composition.Steps:
 
 
 def _check(logits, labels, precomputed_lse, smoothing, logit_scale, lse_square_scale, ignore_index) -> None:
+    """The arguments, with FlashAttention-shaped errors; the labels' range apart (_check_label_range)."""
     expect_tensor("logits", logits, ndim=(2,), dtypes=FLOAT_DTYPES)
     expect_tensor("labels", labels, ndim=(1,), dtypes=(torch.int32, torch.int64))
     if labels.shape[0] != logits.shape[0]:
@@ -76,6 +82,12 @@ def _check(logits, labels, precomputed_lse, smoothing, logit_scale, lse_square_s
                                          f"row of logits), got {describe(precomputed_lse)}")
     if logits.shape[1] == 0:
         raise FlashAttnArgumentError(f"logits: expected at least one class, got {describe(logits)}")
+
+
+def _check_label_range(logits, labels, ignore_index) -> None:
+    """Every label a class of logits or ignore_index (skipped while capturing: it reads the device);
+    on the Triton loss kernels on a GPU the forward kernel checks instead (a device-side assert after
+    it, not a few torch passes before)."""
     if not capturing(logits.device):
         try:
             check_targets(labels, logits.shape[1], int(ignore_index))
@@ -101,12 +113,26 @@ class CrossEntropyLossFunction(torch.autograd.Function):
                 ignore_index=-100, inplace_backward=False, process_group=None):
         refuse_process_group(process_group)
         _check(logits, labels, precomputed_lse, smoothing, logit_scale, lse_square_scale, ignore_index)
+        use_lse = precomputed_lse is not None and logit_scale == 1.0 and smoothing == 0.0
+        steps = row_steps(logits)
+        ctx.kernels = steps.native and logits.dtype != torch.float64
+        if not (ctx.kernels and logits.device.type == "cuda"):
+            _check_label_range(logits, labels, ignore_index)
+        ctx.spec = (float(smoothing), float(logit_scale), float(lse_square_scale), int(ignore_index),
+                    bool(inplace_backward), use_lse)
+        if ctx.kernels:   # the loss kernels: one read forward, one read and one write backward
+            from ....backends import triton_cross_entropy
+            logits = logits if logits.stride(-1) == 1 else logits.contiguous()
+            losses, lse, z_losses = triton_cross_entropy.loss_forward(
+                logits, labels, float(smoothing), float(logit_scale), float(lse_square_scale), int(ignore_index),
+                precomputed_lse if use_lse else None)
+            ctx.save_for_backward(logits, lse, labels)
+            ctx.mark_non_differentiable(z_losses)
+            return losses, z_losses
         rows, vocab = logits.shape
         dtype = ce_composition.compute_dtype(logits.dtype)
         valid = labels != ignore_index
         safe = labels.masked_fill(~valid, 0).long()
-        use_lse = precomputed_lse is not None and logit_scale == 1.0 and smoothing == 0.0
-        steps = row_steps(logits)
         z, _ = _scaled(logits, logit_scale, steps)
         if use_lse:
             lse = precomputed_lse.to(dtype)
@@ -126,8 +152,6 @@ class CrossEntropyLossFunction(torch.autograd.Function):
         losses = losses + z_losses
         ctx.save_for_backward(logits, lse, labels)
         ctx.mark_non_differentiable(z_losses)
-        ctx.spec = (float(smoothing), float(logit_scale), float(lse_square_scale), int(ignore_index),
-                    bool(inplace_backward), use_lse)
         return losses, z_losses
 
     @staticmethod
@@ -135,6 +159,12 @@ class CrossEntropyLossFunction(torch.autograd.Function):
         del grad_z_losses   # z_losses are for logging only, as in FlashAttention
         logits, lse, labels = ctx.saved_tensors
         smoothing, logit_scale, lse_square_scale, ignore_index, inplace, use_lse = ctx.spec
+        if ctx.kernels:
+            from ....backends import triton_cross_entropy
+            out = logits if inplace else torch.empty_like(logits)
+            grad = triton_cross_entropy.loss_backward(grad_losses, logits, lse, labels, smoothing, logit_scale,
+                                                      lse_square_scale, ignore_index, out)
+            return grad, None, None, None, None, None, None, None, None
         vocab = logits.shape[1]
         dtype = ce_composition.compute_dtype(logits.dtype)
         valid = labels != ignore_index
