@@ -14,7 +14,12 @@ not fit in the GPU's free memory runs on the CPU instead.
 What is computed in float64 (`check_call`, slices.py): a large call's slices, an exact
 sub-problem (strided rows of a norm / softmax, heads of rotary, one batch item and KV head group
 of attention), and a norm's weight gradients whole with only the weights as leaves; the whole
-outputs are scanned for NaN/Inf with one host sync. The checker waits for its GPU work by
+outputs are scanned for NaN/Inf. A check's host time is the ops it launches (each one Python's
+GIL taken from the run's thread) and its host syncs, so it reads the device twice: the inputs'
+NaN/Inf sums before the reference, then every small result at once (the outputs' NaN/Inf sums
+and each comparison's norms and worst element, `_summary`), from which a clear pass is decided
+on the host; only a comparison that is not one (near its bound, a NaN, a masked row not 0) goes
+through tolerance.judge, with its baseline and its syncs. The checker waits for its GPU work by
 polling an event (`Checker._settle`), so it neither spins a core nor counts that wait as the
 host time that `max_overhead` bounds."""
 from __future__ import annotations
@@ -91,9 +96,10 @@ def _run(kind: OpKind, args: Dict[str, Any], dtype: torch.dtype, grad_names, gra
     inputs = {name: _move(value, device, dtype) for name, value in args.items()}
     leaves = {}
     for name in grad_names:
-        # a new tensor object (the copies keep requires_grad=False); autograd only reads its data
-        leaf = inputs[name].detach().requires_grad_(True)
-        inputs[name] = leaves[name] = leaf
+        # the cast is a tensor of its own; an argument already in dtype gets a new tensor object
+        # (the copies keep requires_grad=False), sharing its data: autograd only reads a leaf's data
+        leaf = inputs[name] if inputs[name] is not args[name] else inputs[name].detach()
+        inputs[name] = leaves[name] = leaf.requires_grad_(True)
     fn = kind.reference if dtype == torch.float64 else kind.baseline
     with torch.enable_grad():
         out = fn(inputs)
