@@ -52,7 +52,7 @@ SMALL = ["--layers", "1", "--hidden", "256", "--heads", "8", "--kv-heads", "2", 
 def parse_args(argv=None):
     """(this script's options, bench_monitor.py's for the model: SMALL unless given)."""
     import bench_monitor
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
                                 epilog="other arguments: bench_monitor.py's model options (--layers, --hidden, "
                                        "--heads, --kv-heads, --vocab, --seq, --batch, --pad, --device, --dtype)")
     p.add_argument("--variant", default="gpuparity", choices=("gpuparity", "gpuparity-attn"))
