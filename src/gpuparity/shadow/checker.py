@@ -222,12 +222,12 @@ def check_call(call: SampledCall, device: Optional[torch.device] = None,
     summaries = [_summarize(kind, part, ref_out, ref_grads) for part, (ref_out, ref_grads) in zip(parts, references)]
     flat = [value for _valid, _zero, items in summaries if items is not None for _name, stats, _shape in items
             for value in stats]
-    small = ([] if scan_sums is None else [scan_sums.to(device)])
     tensors = [value for value in flat if isinstance(value, torch.Tensor)]
-    if tensors:
-        small.append(torch.stack(tensors))
+    small = [torch.stack(tensors)] if tensors else []
     if settle is not None:
         settle()
+    if scan_sums is not None:      # the call's device: a CPU check of a GPU call copies them once they exist
+        small.insert(0, scan_sums.to(device))
     read = iter(torch.cat(small).tolist() if small else [])
     scanned = slices.scan_nonfinite(scan, scan_valid, slices.flagged([next(read) for _ in scan]))
     values = [next(read) if isinstance(value, torch.Tensor) else value for value in flat]
