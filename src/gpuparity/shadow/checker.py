@@ -84,9 +84,11 @@ def _move(value, device: torch.device, dtype=None):
         return value
     if dtype is None or not value.is_floating_point():
         dtype = value.dtype
+    if value.requires_grad:
+        value = value.detach()
     if value.device != device or value.dtype != dtype:
-        return value.detach().to(device=device, dtype=dtype)
-    return value.detach() if value.requires_grad else value
+        return value.to(device=device, dtype=dtype)
+    return value
 
 
 def _run(kind: OpKind, args: Dict[str, Any], dtype: torch.dtype, grad_names, grad_out):
