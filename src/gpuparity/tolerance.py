@@ -162,7 +162,7 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor, valid: Optional[torch.T
     return diff / norm
 
 
-def _unravel(flat: int, shape) -> List[int]:
+def unravel(flat: int, shape) -> List[int]:
     """torch.unravel_index in plain Python: torch's imports torch.fx's symbolic shapes (sympy),
     1.6 s under the GIL the first time, which the monitor's first check paid beside the run."""
     index = []
@@ -227,7 +227,7 @@ def judge(name: str, out, ref: torch.Tensor, baseline: Optional[torch.Tensor], d
     diff = (out64 - ref64).abs().masked_fill(~valid_full, 0.0)
     if diff.numel():
         flat = int(torch.argmax(diff).item())
-        worst_index = _unravel(flat, diff.shape)
+        worst_index = unravel(flat, diff.shape)
         max_abs = float(diff.reshape(-1)[flat].item())
     else:
         worst_index, max_abs = [], 0.0

@@ -190,3 +190,44 @@ def test_cross_entropy_rows_and_the_loss_in_chunks(reduction, monkeypatch):
     assert [check(pick, got_grad=wrong)["grad_input"] for pick in (3, 4)] == [True, False]
     if reduction != "none":
         assert check(0, got_out=out.detach() * 1.01) == {"out": False, "grad_input": True}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_one_read_summary_passes_exactly_what_tolerance_judge_passes(dtype):
+    """A check reads every comparison's norms in one host copy (checker._summary) and decides a
+    clear pass itself; anything else (near the bound, NaN/Inf, a masked row that is not 0, a
+    wrong shape) goes to tolerance.judge. Where the summary says pass, judge passes with the same
+    error; where judge fails, the summary never says pass."""
+    from gpuparity import tolerance
+    gen = torch.Generator().manual_seed(0)
+    ref = torch.randn(6, 5, 8, generator=gen, dtype=torch.float64)
+    valid = torch.rand(6, 5, 1, generator=gen) > 0.3
+    zero = torch.zeros(6, 5, 1, dtype=torch.bool)
+    zero[2] = True
+    floor = tolerance.floor_for(dtype)
+
+    def noisy(rel):
+        noise = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
+        return ref + noise * (rel * ref.norm() / noise.norm())
+    nan = noisy(0.0)
+    nan[0, 0, 0] = float("nan")
+    not_zero = noisy(0.0).masked_fill(zero, 0.0)
+    not_zero[2, 1, 3] = 1e-3
+    cases = [(noisy(0.1 * floor), None, None), (noisy(0.5 * floor), valid, None), (noisy(0.3 * floor).masked_fill(zero, 0.0), None, zero),
+             (noisy(floor * (1 - 1e-9)), None, None), (noisy(1.5 * floor), valid, zero), (nan, None, None),
+             (nan, valid & (torch.arange(6).view(6, 1, 1) > 0), None), (not_zero, None, zero),
+             (torch.zeros_like(ref), None, None), (noisy(0.2 * floor)[:, :4], None, None)]
+    quick_passes = 0
+    for got, mask, must_be_zero in cases:
+        reference = torch.zeros_like(ref) if got.abs().sum() == 0 else ref
+        expected = tolerance.judge("out", got, reference, None, dtype, mask, must_be_zero)
+        values = checker._summary(got, reference, mask, must_be_zero)
+        quick = None if values is None else checker._passed(
+            "out", [float(v) for v in values], tuple(reference.shape), dtype, None)
+        if quick is None:
+            continue
+        quick_passes += 1
+        assert expected.passed and quick.passed
+        assert quick.err == pytest.approx(expected.err, rel=1e-12, abs=1e-300)
+        assert quick.max_abs == pytest.approx(expected.max_abs, rel=1e-12) and quick.allowed == expected.allowed
+    assert quick_passes == 5        # the clear passes (zeros against zeros, a NaN in a row not judged)

@@ -14,7 +14,12 @@ not fit in the GPU's free memory runs on the CPU instead.
 What is computed in float64 (`check_call`, slices.py): a large call's slices, an exact
 sub-problem (strided rows of a norm / softmax, heads of rotary, one batch item and KV head group
 of attention), and a norm's weight gradients whole with only the weights as leaves; the whole
-outputs are scanned for NaN/Inf with one host sync. The checker waits for its GPU work by
+outputs are scanned for NaN/Inf. A check's host time is the ops it launches (each one Python's
+GIL taken from the run's thread) and its host syncs, so it reads the device twice: the inputs'
+NaN/Inf sums before the reference, then every small result at once (the outputs' NaN/Inf sums
+and each comparison's norms and worst element, `_summary`), from which a clear pass is decided
+on the host; only a comparison that is not one (near its bound, a NaN, a masked row not 0) goes
+through tolerance.judge, with its baseline and its syncs. The checker waits for its GPU work by
 polling an event (`Checker._settle`), so it neither spins a core nor counts that wait as the
 host time that `max_overhead` bounds."""
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import os
 import queue
 import threading
@@ -72,11 +78,16 @@ class SampledCall:
 
 
 def _move(value, device: torch.device, dtype=None):
-    if isinstance(value, torch.Tensor):
-        value = value.detach().to(device)
-        if dtype is not None and value.is_floating_point():
-            value = value.to(dtype)
+    """value on `device` (floating tensors cast to dtype when given), detached; one tensor op at
+    most, none where nothing changes (each op is host time beside the run's own thread)."""
+    if not isinstance(value, torch.Tensor):
         return value
+    if dtype is None or not value.is_floating_point():
+        dtype = value.dtype
+    if value.requires_grad:
+        value = value.detach()
+    if value.device != device or value.dtype != dtype:
+        return value.to(device=device, dtype=dtype)
     return value
 
 
@@ -87,8 +98,10 @@ def _run(kind: OpKind, args: Dict[str, Any], dtype: torch.dtype, grad_names, gra
     inputs = {name: _move(value, device, dtype) for name, value in args.items()}
     leaves = {}
     for name in grad_names:
-        leaf = inputs[name].clone().requires_grad_(True)
-        inputs[name] = leaves[name] = leaf
+        # the cast is a tensor of its own; an argument already in dtype gets a new tensor object
+        # (the copies keep requires_grad=False), sharing its data: autograd only reads a leaf's data
+        leaf = inputs[name] if inputs[name] is not args[name] else inputs[name].detach()
+        inputs[name] = leaves[name] = leaf.requires_grad_(True)
     fn = kind.reference if dtype == torch.float64 else kind.baseline
     with torch.enable_grad():
         out = fn(inputs)
@@ -179,12 +192,12 @@ def check_call(call: SampledCall, device: Optional[torch.device] = None,
     grads = dict(call.grads) if grad_out is not None else {}
     names = [name for name in kind.tensors if isinstance(args.get(name), torch.Tensor)]
     watched = [args[name] for name in names] + ([grad_out] if grad_out is not None else [])
-    flags = slices.nonfinite_any(watched)
+    sums = slices.nonfinite_sums(watched)
     if settle is not None:
         settle()
-    flags = flags.tolist() if flags is not None else []
-    flags = [flagged and slices.nonfinite_count(tensor)[0] > 0 for tensor, flagged in zip(watched, flags)]
-    bad = [name for name, flagged in zip(names, flags) if flagged]
+    flags = slices.flagged(sums.tolist() if sums is not None else None)
+    flags = [flag and slices.nonfinite_count(tensor)[0] > 0 for tensor, flag in zip(watched, flags)]
+    bad = [name for name, flag in zip(names, flags) if flag]
     if bad:
         raise NotJudged(f"non-finite inputs ({', '.join(bad)}): the run was already broken before this call")
     if grad_out is not None and flags[-1]:
@@ -205,19 +218,99 @@ def check_call(call: SampledCall, device: Optional[torch.device] = None,
             continue
         references.append(_run(kind, part.args, torch.float64, grad_names,
                                None if part.grad_out is None else part.grad_out.to(torch.float64)))
-    scan_flags = slices.nonfinite_any([t for _, t in scan], [scan_valid.get(name) for name, _ in scan])
+    # every small result of the check (the whole outputs' NaN/Inf sums, each comparison's norms
+    # and worst element) goes to the host in one copy, after one wait for the GPU work
+    scan_sums = slices.nonfinite_sums([t for _, t in scan], [scan_valid.get(name) for name, _ in scan])
+    summaries = [_summarize(kind, part, ref_out, ref_grads) for part, (ref_out, ref_grads) in zip(parts, references)]
+    flat = [value for _valid, _zero, items in summaries if items is not None for _name, stats, _shape in items
+            for value in stats]
+    tensors = [value for value in flat if isinstance(value, torch.Tensor)]
+    small = [torch.stack(tensors)] if tensors else []
     if settle is not None:
         settle()
-    scanned = slices.scan_nonfinite(scan, scan_valid, scan_flags)
+    if scan_sums is not None:      # the call's device: a CPU check of a GPU call copies them once they exist
+        small.insert(0, scan_sums.to(device))
+    read = iter(torch.cat(small).tolist() if small else [])
+    scanned = slices.scan_nonfinite(scan, scan_valid, slices.flagged([next(read) for _ in scan]))
+    values = [next(read) if isinstance(value, torch.Tensor) else value for value in flat]
     comparisons: List[Comparison] = []
-    for part, (ref_out, ref_grads) in zip(parts, references):
-        comparisons += _judge_part(kind, part, ref_out, ref_grads, dtype, call.precision)
+    for part, (ref_out, ref_grads), (valid, zero, items) in zip(parts, references, summaries):
+        quick = None
+        if items is not None:
+            mine, values = values[:SUMMARY * len(items)], values[SUMMARY * len(items):]
+            quick = [_passed(name, mine[SUMMARY * i:SUMMARY * (i + 1)], shape, dtype, call.precision)
+                     for i, (name, _stats, shape) in enumerate(items)]
+        if quick is not None and all(c is not None for c in quick):
+            comparisons += quick
+        else:         # something is not a clear pass: the tolerance policy's own judge decides
+            comparisons += _judge_part(kind, part, ref_out, ref_grads, dtype, call.precision, valid, zero)
     return scanned + comparisons
 
 
-def _judge_part(kind: OpKind, part: _Part, ref_out, ref_grads, dtype, precision) -> List[Comparison]:
+# _summary's values per comparison: ||out - ref||, ||ref||, the meaningful elements, the elements
+# that must be 0 and are not, the largest |out - ref| and where it is (flat index)
+SUMMARY = 6
+# a comparison within this share of its bound is judged by tolerance.judge itself: the summary's
+# norms may differ from relative_error's in the last bits (another summation order)
+SUMMARY_MARGIN = 1e-6
+
+
+def _summary(got, ref: torch.Tensor, valid, zero) -> Optional[List[Any]]:
+    """tolerance.judge's measurements of one output: SUMMARY values, each a 0-d tensor on the
+    reference's device (unread: a handful of ops, no host sync) or a number known here; None where
+    judge's early answers apply (not a tensor, another shape, no elements)."""
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(ref.shape) or ref.numel() == 0:
+        return None
+    where = ref.device
+    out64 = got.to(where, torch.float64)
+    ref64 = ref.to(torch.float64)
+    diff = out64 - ref64
+    drop = None if valid is None else ~valid.to(where).expand_as(ref64)
+    bad_zero, count = 0.0, float(ref64.numel())
+    if zero is not None:
+        zero_full = zero.to(where).expand_as(ref64)
+        bad_zero = (zero_full & (out64 != 0)).sum()
+        drop = zero_full if drop is None else drop | zero_full
+    if drop is not None:
+        diff, ref64, count = diff.masked_fill(drop, 0.0), ref64.masked_fill(drop, 0.0), drop.numel() - drop.sum()
+    worst, index = torch.max(diff.abs().reshape(-1), 0)
+    return [torch.linalg.vector_norm(diff), torch.linalg.vector_norm(ref64), count, bad_zero, worst, index]
+
+
+def _summarize(kind: OpKind, part: _Part, ref_out, ref_grads):
+    """(valid, zero, [(name, summary, shape)] in judge's order, or None where any output needs
+    tolerance.judge itself)."""
     valid = kind.valid(part.args) if kind.valid else {}
     zero = kind.must_be_zero(part.args) if kind.must_be_zero else {}
+    named = ([("out", part.out, ref_out)] if part.out is not None else []) + [
+        (name, got, ref_grads.get(name)) for name, got in part.grads.items() if ref_grads.get(name) is not None]
+    items = []
+    for name, got, ref in named:
+        stats = _summary(got, ref, valid.get(name), zero.get(name))
+        if stats is None:
+            return valid, zero, None
+        items.append((name, stats, tuple(ref.shape)))
+    return valid, zero, items
+
+
+def _passed(name: str, values: List[float], shape, dtype, precision) -> Optional[Comparison]:
+    """The passing Comparison tolerance.judge would give these _summary values without a baseline
+    (the first of its two judgements), or None: not a clear pass, for judge itself to settle."""
+    diff, norm, count, bad_zero, max_abs, index = values
+    if bad_zero or not (math.isfinite(diff) and math.isfinite(norm)):
+        return None
+    err = diff / norm if norm != 0.0 else diff / max(count, 1.0) ** 0.5
+    allowed = tolerance.allowed_error(None, dtype, precision)
+    if not err <= allowed * (1 - SUMMARY_MARGIN):
+        return None
+    return Comparison(name, True, err=err, baseline_err=None, allowed=allowed, max_abs=max_abs,
+                      worst_index=tolerance.unravel(int(index), shape), reason="")
+
+
+def _judge_part(kind: OpKind, part: _Part, ref_out, ref_grads, dtype, precision, valid=None, zero=None
+                ) -> List[Comparison]:
+    valid = (kind.valid(part.args) if kind.valid else {}) if valid is None else valid
+    zero = (kind.must_be_zero(part.args) if kind.must_be_zero else {}) if zero is None else zero
 
     def judged(base_out, base_grads, terms):
         comparisons = []

@@ -182,26 +182,38 @@ def loss_in_chunks(args: Dict[str, Any]) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- NaN/Inf over whole tensors
-def nonfinite_any(tensors: List[torch.Tensor], masks: Optional[List[Optional[torch.Tensor]]] = None
-                  ) -> Optional[torch.Tensor]:
-    """A bool tensor: for each tensor, whether it may hold NaN/Inf (where its mask, if any, is
-    True), from one sum over it (NaN/Inf anywhere make the sum non-finite; a sum that overflows
-    is a false alarm that `nonfinite_count` settles). Not read here: the caller reads them all
-    with one host sync (None: no tensors)."""
+def nonfinite_sums(tensors: List[torch.Tensor], masks: Optional[List[Optional[torch.Tensor]]] = None
+                   ) -> Optional[torch.Tensor]:
+    """One sum per tensor (where its mask, if any, is True), stacked: NaN/Inf anywhere make a
+    sum non-finite (a sum that overflows is a false alarm that `nonfinite_count` settles); 0 for
+    a tensor that is not floating point. One reduction per tensor and one stack, not read here:
+    the caller reads them with the rest of its small results in one host sync (None: no tensors)."""
     if not tensors:
         return None
     masks = masks or [None] * len(tensors)
-    where = tensors[0].device
-    flags = []
+    sums = []
     for tensor, mask in zip(tensors, masks):
         if not tensor.is_floating_point():
-            flags.append(torch.zeros((), dtype=torch.bool, device=where))
+            sums.append(torch.zeros((), dtype=torch.float32, device=tensors[0].device))
             continue
         if mask is not None:
             tensor = torch.where(mask.to(tensor.device).expand_as(tensor), tensor, 0)
-        total = tensor.sum(dtype=torch.float64 if tensor.dtype == torch.float64 else torch.float32)
-        flags.append((~torch.isfinite(total)).to(where))
-    return torch.stack(flags)
+        sums.append(tensor.sum(dtype=torch.float64 if tensor.dtype == torch.float64 else torch.float32))
+    return torch.stack([t.to(tensors[0].device) for t in sums]) if len({t.device for t in sums}) > 1 \
+        else torch.stack(sums)
+
+
+def nonfinite_any(tensors: List[torch.Tensor], masks: Optional[List[Optional[torch.Tensor]]] = None
+                  ) -> Optional[torch.Tensor]:
+    """A bool tensor: for each tensor, whether it may hold NaN/Inf (where its mask, if any, is
+    True): `nonfinite_sums` that are not finite (None: no tensors)."""
+    sums = nonfinite_sums(tensors, masks)
+    return None if sums is None else ~torch.isfinite(sums)
+
+
+def flagged(sums: Optional[List[float]]) -> List[bool]:
+    """nonfinite_sums read on the host: whether each tensor may hold NaN/Inf."""
+    return [not math.isfinite(value) for value in (sums or [])]
 
 
 def nonfinite_count(tensor: torch.Tensor, mask: Optional[torch.Tensor] = None) -> Tuple[int, List[int]]:
@@ -216,14 +228,15 @@ def nonfinite_count(tensor: torch.Tensor, mask: Optional[torch.Tensor] = None) -
 def scan_nonfinite(named: List[Tuple[str, torch.Tensor]], valid: Dict[str, torch.Tensor],
                    flags: Optional[torch.Tensor] = None) -> List[Comparison]:
     """Failed comparisons for outputs that hold NaN/Inf in meaningful elements (the inputs being
-    finite, the float64 reference is finite there). flags: nonfinite_any's of the same tensors."""
+    finite, the float64 reference is finite there). flags: nonfinite_any's of the same tensors
+    (a bool tensor, or a list of bools already read)."""
     if not named:
         return []
     if flags is None:
         flags = nonfinite_any([t for _, t in named], [valid.get(name) for name, _ in named])
     failed = []
-    for (name, tensor), flagged in zip(named, flags.tolist()):
-        if not flagged:
+    for (name, tensor), flag in zip(named, flags.tolist() if isinstance(flags, torch.Tensor) else flags):
+        if not flag:
             continue
         count, idx = nonfinite_count(tensor, valid.get(name))
         if count:
