@@ -17,8 +17,9 @@ resort. An op may give a separate order for training-size calls ("large": what t
 
 Where the numbers came from:
 - "cuda": benchmarks/records/h100/doctor-2026-11-26.md, full text in
-  `git show f975455:benchmarks/records/h100/doctor-2026-11-26.txt` ("Recommended configuration": triton first for attention,
-  linear_cross_entropy and decode; torch on the small timing case and triton on the large one for the norms and swiglu) and benchmarks/records/h100/attention-2026-11-24.md
+  `git show f975455:benchmarks/records/h100/doctor-2026-11-26.txt` ("Recommended configuration":
+  triton first for attention, linear_cross_entropy and decode; torch on the small timing case and
+  triton on the large one for the norms and swiglu) and benchmarks/records/h100/attention-2026-11-24.md
   (the SDPA order below triton: cuDNN, then flash, efficient, math; flex compiles per shape
   and comes last). Measured on an H100 (sm_90); used for every CUDA or ROCm GPU until a record
   of another family says otherwise (a backend a device cannot serve is never a candidate).
