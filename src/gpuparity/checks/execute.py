@@ -82,9 +82,11 @@ def make_inputs(spec: OpSpec, params: Dict[str, Any], dtype: torch.dtype, gen: t
 
 
 def _forward_backward(spec: OpSpec, fn: Callable, inputs: Dict[str, Any], params: Dict[str, Any],
-                      grad_out: Optional[torch.Tensor], expect_dtype: torch.dtype, expect_device: torch.device,
+                      grad_out, expect_dtype: torch.dtype, expect_device: torch.device,
                       who: str, expect_shape=None) -> Tuple[Any, Dict[str, Optional[torch.Tensor]], List[str]]:
-    """(output, gradients by "grad_<name>", problems found with the output's type)."""
+    """(output, gradients by "grad_<name>", problems found with the output's type). grad_out: the
+    output's gradient, None (forward only) or a function of the output's shape that makes it (the
+    referee's: one forward serves both)."""
     leaves = {}
     for name in spec.grad_inputs:
         value = inputs.get(name)
@@ -96,6 +98,8 @@ def _forward_backward(spec: OpSpec, fn: Callable, inputs: Dict[str, Any], params
     # gradients still reach the leaves above)
     inputs = apply_views(inputs, params.get("views"))
     out = spec.call(fn, inputs, params)
+    if callable(grad_out) and isinstance(out, torch.Tensor):
+        grad_out = grad_out(tuple(out.shape))
     problems = []
     if not isinstance(out, torch.Tensor):
         return out, {}, [f"{who} returned {type(out).__name__}, expected a torch.Tensor"]
@@ -166,13 +170,17 @@ def _run_case(spec: OpSpec, fn: Callable, params: Dict[str, Any], dtype: torch.d
     ref_inputs = {**rounded, "orig_dtype": dtype}
     cpu = torch.device("cpu")
 
-    ref_out, _, _ = _forward_backward(spec, spec.reference_fn, ref_inputs, params, None, torch.float64, cpu, "reference")
-    grad_gen = torch.Generator().manual_seed(seed + 1)
-    grad_out = torch.randn(ref_out.shape, generator=grad_gen, dtype=torch.float64).to(dtype).to(torch.float64)
-    if params.get("forward_only"):
-        grad_out = None
-    ref_out, ref_grads, _ = _forward_backward(spec, spec.reference_fn, ref_inputs, params, grad_out, torch.float64,
-                                              cpu, "reference")
+    made: Dict[str, Optional[torch.Tensor]] = {"grad_out": None}
+
+    def make_grad_out(shape):   # from the referee's output shape, in the same forward
+        if not params.get("forward_only"):
+            grad_gen = torch.Generator().manual_seed(seed + 1)
+            made["grad_out"] = torch.randn(shape, generator=grad_gen, dtype=torch.float64).to(dtype).to(torch.float64)
+        return made["grad_out"]
+
+    ref_out, ref_grads, _ = _forward_backward(spec, spec.reference_fn, ref_inputs, params, make_grad_out,
+                                              torch.float64, cpu, "reference")
+    grad_out = made["grad_out"]
 
     try:
         out, grads, problems = _forward_backward(spec, fn, spec.cast_inputs(rounded, dtype, device), params,
