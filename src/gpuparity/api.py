@@ -1,7 +1,7 @@
 """Library entry points that are not ops: check a user implementation against the battery."""
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .checks.battery import (DEFAULT_TIMEOUT_S, BatteryRun, as_budget, normalize_device, plan, run_battery,
                              validate_device)
@@ -36,17 +36,21 @@ def check(op: str, impl: Optional[str] = None, *, backends: Optional[Sequence[st
     if impl is not None:
         device = normalize_device(device)
         validate_device(device)  # before the slower import check
-        problem = _impl_load_error_isolated(impl, op, timeout or DEFAULT_TIMEOUT_S[device.type])
+        problem, lacks = _impl_preflight_isolated(impl, op, timeout or DEFAULT_TIMEOUT_S[device.type])
         if problem:
             raise ValueError(problem)
+    else:
+        lacks = None
     if named is not None:
-        tasks, decided = plan([op], level, device, dtypes, backends, impl, seed, cases={op: named})
+        tasks, decided = plan([op], level, device, dtypes, backends, impl, seed, cases={op: named},
+                              impl_lacks=lacks)
         if not tasks and not decided:
             raise ValueError(f"case: {', '.join(cases)} of {op} selects no check at level {level}"
                              + (f" in {', '.join(dtypes)}" if dtypes else "")
                              + "; some cases run in 16-bit dtypes only at --level full")
     run = run_battery([op], level, device, dtypes, backends, impl, seed, stream_path, progress, timeout,
-                      budget=budget, explore=explore, case_lists={op: named} if named is not None else None)
+                      budget=budget, explore=explore, case_lists={op: named} if named is not None else None,
+                      impl_lacks=lacks)
     if shrink and not run.ok:
         from .checks.shrink import shrink_failures
         run.shrunk = shrink_failures(run.results, impl=impl, timeout=timeout, seconds=shrink_seconds,
@@ -75,24 +79,30 @@ def _named_cases(op: str, cases: Sequence[str], level: str) -> list:
     return list(found.values())
 
 
-def impl_load_error(impl: str, op: Optional[str] = None) -> Optional[str]:
-    """Why `impl` cannot be loaded (import, attribute, not callable) or, given `op`, cannot take
-    the calls the battery makes for it (its parameters), or None; called in a child process by
-    _impl_load_error_isolated."""
+def impl_preflight(impl: str, op: Optional[str] = None) -> Dict[str, Any]:
+    """{"error": why `impl` cannot be loaded or, given `op`, cannot take the battery's calls (None:
+    it can), "lacks": the op's optional keywords it does not take (checks/signature.lacking_keywords;
+    None without an answer)}; called in a child process by _impl_preflight_isolated."""
     from .checks.execute import ImplError, load_impl
-    from .checks.signature import signature_mismatch
+    from .checks.signature import lacking_keywords, signature_mismatch
     try:
         fn = load_impl(impl)
     except ImplError as exc:
-        return f"{exc}; needs a function with {op}'s signature {get_spec(op).signature}" if op else str(exc)
-    return signature_mismatch(fn, op, f"--impl {impl!r}") if op else None
+        error = f"{exc}; needs a function with {op}'s signature {get_spec(op).signature}" if op else str(exc)
+        return {"error": error, "lacks": None}
+    if not op:
+        return {"error": None, "lacks": None}
+    return {"error": signature_mismatch(fn, op, f"--impl {impl!r}"), "lacks": lacking_keywords(fn, op)}
 
 
-def _impl_load_error_isolated(impl: str, op: str, timeout: float) -> Optional[str]:
+def _impl_preflight_isolated(impl: str, op: str, timeout: float) -> Tuple[Optional[str], Optional[List[str]]]:
     """Load `impl` once in a separate process before the battery: a module that does not import,
     a missing function or one with the wrong parameters is bad input (one message, exit 2), not
     an ERROR in every check. A crash or hang on import is left to the battery, which reports it
-    per check with stderr."""
+    per check with stderr. (error, the optional keywords it lacks: their cases SKIP in the plan,
+    before any input is built; None where unknown)."""
     from .isolate import call_isolated
-    outcome = call_isolated("gpuparity.api:impl_load_error", {"impl": impl, "op": op}, timeout=timeout)
-    return outcome.value if outcome.ok else None
+    outcome = call_isolated("gpuparity.api:impl_preflight", {"impl": impl, "op": op}, timeout=timeout)
+    if not outcome.ok or not isinstance(outcome.value, dict):
+        return None, None
+    return outcome.value.get("error"), outcome.value.get("lacks")

@@ -63,3 +63,25 @@ def test_a_two_condition_bug_only_the_covering_array_catches():
     run = run_battery(["attention"], "default", "cpu", impl=BUG, dtypes=["float32"], isolate=False,
                       case_filter=lambda _op, case: case.name == both[0])
     assert [r.status for r in run.results] in ([Status.FAIL], [Status.ERROR])
+
+
+def test_check_impl_runs_each_row_of_attention_arrays_in_about_one_dtype_every_value_in_each():
+    """dtype_pairs (contracts/base.Covering): at the default level of check --impl a row runs in
+    the dtypes covering.split_choices gives it, so that every value of every dimension meets fp32
+    and bf16; --level full and a given --dtype run each row in each dtype asked."""
+    spec = get_spec("attention")
+    tasks, decided = plan(["attention"], "default", "cpu", impl=BUG)
+    for name, declared in families.covering_declarations(spec).items():
+        rows = covering.build(declared.dimensions, 2, declared.seed, declared.allowed, groups=declared.groups)
+        dtypes = {}
+        for item in list(tasks) + list(decided):
+            if families.family_of(item.case) == name:
+                dtypes.setdefault(item.case, set()).add(item.dtype)
+        assert len(dtypes) == len(rows)
+        assert sum(map(len, dtypes.values())) < 1.2 * len(rows)
+        for dim, _ in declared.dimensions:
+            for value in {repr(row[dim]) for row in rows}:
+                met = set().union(*(dtypes[f"{name}.{n}"] for n, row in enumerate(rows) if repr(row[dim]) == value))
+                assert met == {"float32", "bfloat16"}, (name, dim, value)
+    one = plan(["attention"], "default", "cpu", impl=BUG, dtypes=["bfloat16"])[0]
+    assert sum(1 for t in one if t.case.startswith("cover.")) == len(families.cover_family(spec, "cover").members)

@@ -81,3 +81,22 @@ def test_interactions_drop_the_pairs_a_group_holds():
         covering.interactions(DIMS, 2, [(("sk", "nope"), 2)])
     with pytest.raises(ValueError, match="strength of"):
         covering.interactions(DIMS, 2, [(("sk", "mask"), 3)])
+
+
+@pytest.mark.parametrize("choices", [1, 2, 3])
+def test_split_choices_meets_every_value_with_every_choice_on_about_one_choice_a_row(choices):
+    rows = covering.build(DIMS, 2, seed=5, allowed=allowed)
+    picks = covering.split_choices(rows, DIMS, choices)
+    assert len(picks) == len(rows) and all(p and p == sorted(set(p)) for p in picks)
+    for name, _ in DIMS:
+        for value in {repr(row[name]) for row in rows}:
+            met = {c for row, p in zip(rows, picks) if repr(row[name]) == value for c in p}
+            assert met == set(range(choices)), (name, value, met)
+    assert sum(len(p) for p in picks) < len(rows) * choices or choices == 1
+    assert picks == covering.split_choices(rows, DIMS, choices)   # deterministic
+    # a value held by one row alone: that row runs in every choice
+    lone = rows + [{**rows[0], "heads": "h8_kv8"}]
+    dims = [(n, v + ["h8_kv8"] if n == "heads" else v) for n, v in DIMS]
+    assert covering.split_choices(lone, dims, 2)[-1] == [0, 1]
+    with pytest.raises(ValueError, match="choices"):
+        covering.split_choices(rows, DIMS, 0)

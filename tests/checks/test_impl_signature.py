@@ -106,3 +106,43 @@ def test_an_impl_without_window_or_softcap_skips_those_cases_with_the_reason():
         spec.call(classic, inputs, case.params)
     plain = next(c for c in spec.cases() if c.params.get("window") is None and c.params.get("softcap") is None)
     spec.call(classic, spec.make_inputs(plain.params, torch.Generator().manual_seed(0)), plain.params)
+
+
+def test_the_cases_an_impl_cannot_take_are_skipped_in_the_plan_before_any_input_is_built(tmp_path):
+    """An --impl without window/softcap/alibi_slopes: its preflight names them, and plan() makes
+    every case that needs one a SKIP with the reason the call would give, so no input or float64
+    reference is built for it (they were: 160 of cover_features' 224 checks); the others still run."""
+    from gpuparity.checks.plan import plan
+    from gpuparity.contracts import get_spec
+
+    impl = tmp_path / "mine.py"
+    impl.write_text("from gpuparity.contracts.attention import composition\n\n"
+                    "def classic(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None):\n"
+                    "    return composition(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask,\n"
+                    "                       is_causal=is_causal, scale=scale)\n")
+    target = f"{impl}:classic"
+    assert api.impl_preflight(target, "attention") == {"error": None,
+                                                       "lacks": ["window", "softcap", "alibi_slopes"]}
+    spec = get_spec("attention")
+    lacks = ["window", "softcap", "alibi_slopes"]
+    tasks, decided = plan(["attention"], "default", "cpu", impl=target, impl_lacks=lacks)
+    lacking = [r for r in decided if "takes no" in r.reason]
+    needing = {item.case: spec.keywords_needed(item.params) for item in list(tasks) + lacking}
+    assert lacking and all(needing[r.case] for r in lacking)
+    assert not any(needing[t.case] for t in tasks)   # what runs needs none of them
+    window = next(r for r in lacking if r.params.get("window") is not None and r.params.get("softcap") is None
+                  and not r.params.get("alibi"))
+    assert window.reason == "classic: takes no window argument, which this case needs"
+    alibi = next(r for r in lacking if r.params.get("alibi") and r.params.get("window") is not None)
+    assert alibi.reason == "classic: takes no window or softcap or alibi_slopes argument, which this case needs"
+    # without the preflight's answer the plan is as before: the check finds out when it calls
+    all_tasks, _ = plan(["attention"], "default", "cpu", impl=target)
+    assert len(all_tasks) == len(tasks) + len(lacking)
+    # end to end: api.check's preflight feeds the plan; the skipped cases are not among the checks run
+    seen = []
+    run = api.check("attention", target, device="cpu", dtypes=["float32"],
+                    cases=["window_local", "softcap_x30_logits", "plain"], shrink=False,
+                    progress=lambda done, total, result: seen.append(total))
+    assert {(r.case, r.status.value) for r in run.results} == {
+        ("window_local", "SKIP"), ("softcap_x30_logits", "SKIP"), ("plain", "PASS")}
+    assert set(seen) == {1}

@@ -52,11 +52,13 @@ def run_battery(ops: Optional[Sequence[str]] = None, level: str = "default", dev
                 case_filter: Optional[Callable] = None, env: Optional[Dict[str, str]] = None,
                 warm_timings: bool = False, budget: Union[None, float, Budget] = None,
                 crash_limit: Optional[int] = CRASH_LIMIT, explore: Optional[float] = None,
-                case_lists: Optional[Dict[str, Sequence[Any]]] = None) -> BatteryRun:
+                case_lists: Optional[Dict[str, Sequence[Any]]] = None,
+                impl_lacks: Optional[Sequence[str]] = None) -> BatteryRun:
     """Run the battery; returns every result (SKIPs included) in the order they finished.
     warm_timings: also run each compiling backend's timing case once, alongside the checks,
     so that the timings that follow (doctor) find their kernels compiled. case_lists: exactly
-    these cases for the ops named (plan's `cases`). budget: seconds for
+    these cases for the ops named (plan's `cases`); impl_lacks: the optional keywords `impl`
+    does not take (plan's, known from api.check's preflight). budget: seconds for
     the whole run (or a Budget started earlier); crash_limit: crashes or hangs in a row after
     which an implementation's remaining checks are NOT_RUN (pool.run_tasks). explore: seconds
     more spent drawing family members where errors came closest to the bound (explore.py)."""
@@ -66,7 +68,8 @@ def run_battery(ops: Optional[Sequence[str]] = None, level: str = "default", dev
     validate_device(device)
     budget = as_budget(budget)
     started = time.monotonic()
-    tasks, decided = plan(ops, level, device, dtypes, backends, impl, seed, case_filter, case_lists)
+    tasks, decided = plan(ops, level, device, dtypes, backends, impl, seed, case_filter, case_lists,
+                          impl_lacks=impl_lacks)
     # what progress counts: the checks that run. The skips decided up front are reported at
     # done=0 (results, not progress); warm-ups report nothing
     total = len(tasks)
@@ -92,7 +95,7 @@ def run_battery(ops: Optional[Sequence[str]] = None, level: str = "default", dev
             seconds = min(explore, budget.remaining()) if budget else explore
             explore_more(seconds, ops, device, dtypes, backends, impl, seed, previous=list(results),
                          on_result=record, isolate=isolate, timeout=timeout, env=env,
-                         level="full" if level == "full" else "default")
+                         level="full" if level == "full" else "default", impl_lacks=impl_lacks)
     return BatteryRun(results, level, str(device), seed, time.monotonic() - started, stream_path)
 
 

@@ -109,6 +109,35 @@ def build(dimensions: Dimensions, strength: int = 2, seed: int = 0,
     return rows
 
 
+def split_choices(rows: Sequence[Row], dimensions: Dimensions, choices: int) -> List[List[int]]:
+    """For each row, the choices (0 .. choices - 1: the dtypes a battery runs) it is run in, so
+    that every value of every dimension held by some row meets every choice in some row: the
+    pairs (value, dtype) of an array with the dtype as one more dimension, on the same rows, with
+    about one choice a row instead of each. Greedy, in row order: a row takes the choice that
+    meets the most pairs not met yet (ties: the choices in turn); then a value still missing a
+    choice gets it on its first row. Deterministic."""
+    if choices < 1:
+        raise ValueError(f"choices: expected 1 or more, got {choices}")
+    names = [name for name, _ in dimensions]
+    keys = [[(name, repr(row[name])) for name in names] for row in rows]
+    met: Set[Tuple[str, str, int]] = set()
+    chosen: List[List[int]] = []
+    for number, row_keys in enumerate(keys):
+        gains = [sum((name, value, c) not in met for name, value in row_keys) for c in range(choices)]
+        best = max(range(choices), key=lambda c: (gains[c], -((c - number) % choices)))
+        chosen.append([best])
+        met.update((name, value, best) for name, value in row_keys)
+    for number, row_keys in enumerate(keys):
+        for name, value in row_keys:
+            for c in range(choices):
+                if (name, value, c) not in met:
+                    first = next(i for i, other in enumerate(keys) if (name, value) in other)
+                    if c not in chosen[first]:
+                        chosen[first] = sorted(chosen[first] + [c])
+                    met.update((n, v, c) for n, v in keys[first])
+    return chosen
+
+
 def _covered(row: Dict[int, int], combos: Sequence[Tuple[int, ...]], uncovered: Set[TTuple]) -> Set[TTuple]:
     found = set()
     for dims in combos:

@@ -37,9 +37,11 @@ def closeness(result: CheckResult) -> Optional[float]:
 
 def explore(seconds: float, ops: Optional[Sequence[str]], device, dtypes=None, backends=None, impl=None,
             seed: int = 0, previous: Sequence[CheckResult] = (), on_result: Optional[Callable] = None,
-            isolate: bool = True, timeout: Optional[float] = None, env=None, level: str = "default") -> List[CheckResult]:
+            isolate: bool = True, timeout: Optional[float] = None, env=None, level: str = "default",
+            impl_lacks: Optional[Sequence[str]] = None) -> List[CheckResult]:
     """Explore for `seconds` after `previous` (the level's results, which seed the weights);
-    returns the new results. `level`: the run's (its dtypes and its budget for sized members)."""
+    returns the new results. `level`: the run's (its dtypes and its budget for sized members);
+    `impl_lacks`: plan's."""
     if not isinstance(seconds, (int, float)) or seconds <= 0:
         raise ValueError(f"explore: expected a positive number of seconds, got {seconds!r}")
     budget = Budget(seconds)
@@ -80,7 +82,8 @@ def explore(seconds: float, ops: Optional[Sequence[str]], device, dtypes=None, b
             picks.setdefault(key[0], []).append(case)
         if not picks:
             break
-        tasks, decided = plan(list(picks), level, device, dtypes, backends, impl, seed, cases=picks, sized_level="full")
+        tasks, decided = plan(list(picks), level, device, dtypes, backends, impl, seed, cases=picks, sized_level="full",
+                              impl_lacks=impl_lacks)
         for result in decided:
             if (result.key, result.reason) in said:
                 continue   # still not runnable, for the reason the level's report already gives

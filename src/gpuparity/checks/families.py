@@ -83,7 +83,7 @@ def select(spec, level: str, seed: int, deep: bool = True,
 # "cover3" (every triple, --level full, in place of "cover"); likewise "<name>" and "<name>3" for
 # each further array; members named by row number ("cover.12"), every one an anchor.
 FULL_SUFFIX = "3"
-_COVER_CACHE: Dict[tuple, Optional[Family]] = caches.register("checks.families.cover", {})
+_COVER_CACHE: Dict[tuple, Any] = caches.register("checks.families.cover", {})
 
 
 def covering_declarations(spec) -> Dict[str, Any]:
@@ -122,6 +122,21 @@ def cover_family(spec, name: str) -> Optional[Family]:
             fam = Family(name, members, anchors=len(members), level="default" if strength == 2 else "full")
         _COVER_CACHE[key] = fam
     return _COVER_CACHE[key]
+
+
+def cover_dtypes(spec, name: str, dtypes: Sequence[Any]) -> Optional[Dict[str, List[Any]]]:
+    """Where the array `name` is declared with dtype_pairs: its rows' labels -> the `dtypes` each
+    runs in at the default level (covering.split_choices over the rows); else None (each row in
+    every dtype)."""
+    declared, strength = _array_of(spec, name)
+    if declared is None or strength != 2 or not declared.dtype_pairs or not dtypes:
+        return None
+    key = (spec.op, name, "dtypes", len(dtypes))
+    if key not in _COVER_CACHE:
+        from .covering import build, split_choices
+        rows = build(declared.dimensions, strength, declared.seed, declared.allowed, groups=declared.groups)
+        _COVER_CACHE[key] = split_choices(rows, declared.dimensions, len(dtypes))
+    return {str(number): [dtypes[c] for c in picks] for number, picks in enumerate(_COVER_CACHE[key])}
 
 
 def all_families(spec, level: Optional[str] = "default") -> list:

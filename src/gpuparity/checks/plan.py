@@ -62,11 +62,15 @@ def validate_device(device: torch.device) -> None:
 def plan(ops: Optional[Sequence[str]] = None, level: str = "default", device="cpu",
          dtypes: Optional[Sequence[str]] = None, backends: Optional[Sequence[str]] = None,
          impl: Optional[str] = None, seed: int = 0, case_filter: Optional[Callable] = None,
-         cases: Optional[Dict[str, Sequence[Case]]] = None, sized_level: Optional[str] = None):
+         cases: Optional[Dict[str, Sequence[Case]]] = None, sized_level: Optional[str] = None,
+         impl_lacks: Optional[Sequence[str]] = None):
     """(tasks to run, results already decided: SKIP with a reason). The cases of an op: its
     listed cases of `level` and its families' members the level selects (checks/families.py),
     or exactly `cases[op]` where given (named cases, explore's draws). `sized_level`: the level
-    whose budget decides which long cases run (default: `level`; explore uses full's)."""
+    whose budget decides which long cases run (default: `level`; explore uses full's).
+    `impl_lacks`: the optional keywords (spec.optional_keywords) `impl` does not take, where
+    known (api.check asks its preflight): a case that needs one is a SKIP here, before any
+    input is built (else the check finds out when it calls the implementation)."""
     if level not in LEVELS:
         raise ValueError(f"level: expected one of {list(LEVELS)}, got {level!r}")
     device = normalize_device(device)
@@ -89,7 +93,7 @@ def plan(ops: Optional[Sequence[str]] = None, level: str = "default", device="cp
             if backends:
                 available = [b for b in available if b.name in backends]
             candidates = [(b.name, b) for b in available]
-        one_dtype, ruled_out = {}, {}
+        in_dtypes, ruled_out = {}, {}   # case name -> the dtypes it runs in, where not each of op_dtypes
         if cases is not None and op in cases:
             op_cases = list(cases[op])
         else:
@@ -112,14 +116,18 @@ def plan(ops: Optional[Sequence[str]] = None, level: str = "default", device="cp
             for case in related + (members if not deep and level == "default" else []):
                 runnable = [d for d in op_dtypes if _runs_in(case, d, op_dtypes, level)]
                 if runnable:
-                    one_dtype[case.name] = runnable[task_seed(seed, op, case.name, "") % len(runnable)]
+                    in_dtypes[case.name] = [runnable[task_seed(seed, op, case.name, "") % len(runnable)]]
+            # check --impl at the default level: a covering array declared with dtype_pairs runs
+            # each row in about one dtype, every value of every dimension in every dtype
+            if deep and level == "default":
+                in_dtypes.update(_array_dtypes(spec, members, op_dtypes, level))
         for case in op_cases:
             if case_filter and not case_filter(op, case):
                 continue
             too_big = ruled_out.get(case.name) or _sized_reason(
                 spec, case, sized_level or level, device, _serving(spec, case, candidates, op_dtypes, device, level))
             for dtype in op_dtypes:
-                if not _runs_in(case, dtype, op_dtypes, level) or one_dtype.get(case.name, dtype) != dtype:
+                if not _runs_in(case, dtype, op_dtypes, level) or dtype not in in_dtypes.get(case.name, [dtype]):
                     continue
                 seed_here = task_seed(seed, op, case.name, dtype_name(dtype))
                 for name, backend in candidates:
@@ -135,6 +143,12 @@ def plan(ops: Optional[Sequence[str]] = None, level: str = "default", device="cp
                     if too_big:
                         decided.append(task.result(Status.SKIP, f"{NOT_RUN_HERE}{too_big}"))
                         continue
+                    missing = _missing_keywords(spec, case.params, impl_lacks) if backend is None else []
+                    if missing:   # the reason the call would give (the contract's call)
+                        decided.append(task.result(Status.SKIP, f"{impl.rpartition(':')[2]}: takes no "
+                                                                f"{' or '.join(missing)} argument, "
+                                                                f"which this case needs"))
+                        continue
                     if backend is not None:
                         reasons = backend.reasons(spec.problem(case.params, dtype, device))
                         if not reasons and case.params.get("relation"):   # its second call too
@@ -145,6 +159,30 @@ def plan(ops: Optional[Sequence[str]] = None, level: str = "default", device="cp
                             continue
                     tasks.append(task)
     return tasks, decided
+
+
+def _array_dtypes(spec, members: Sequence[Case], op_dtypes, level: str) -> Dict[str, List[torch.dtype]]:
+    """The dtypes of each row of the op's arrays declared with dtype_pairs (families.cover_dtypes)."""
+    out: Dict[str, List[torch.dtype]] = {}
+    for name in families.covering_declarations(spec):
+        rows = [case for case in members if families.family_of(case.name) == name]
+        if not rows:
+            continue
+        runnable = [d for d in op_dtypes if _runs_in(rows[0], d, op_dtypes, level)]
+        picks = families.cover_dtypes(spec, name, runnable)
+        if picks is not None:
+            out.update({case.name: picks[case.name.partition(".")[2]] for case in rows})
+    return out
+
+
+def _missing_keywords(spec, params: Dict[str, Any], lacks: Optional[Sequence[str]]) -> List[str]:
+    """The keywords a case's calls pass (a relation's second call too) that the implementation lacks."""
+    if not lacks:
+        return []
+    needed = list(spec.keywords_needed(params))
+    if params.get("relation"):
+        needed += [k for k in spec.keywords_needed(relations.second_params(spec.op, params)) if k not in needed]
+    return [name for name in needed if name in lacks]
 
 
 def _sized_reason(spec, case: Case, level: str, device: torch.device, checks: int) -> Optional[str]:

@@ -9,6 +9,7 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 import torch
 
 from ..contracts import get_spec
+from ..contracts.base import takes
 
 CallShape = Tuple[int, Tuple[str, ...]]  # (positional arguments, keyword names)
 
@@ -76,3 +77,9 @@ def signature_mismatch(fn: Callable, op: str, name: str = "the implementation") 
     lines += ["  fix:    give it the parameters under 'needed' (same names and order; **kwargs takes any keyword),",
               f"          or wrap it in a function that has them (gpuparity check --op {op} --signature prints them)"]
     return "\n".join(lines)
+
+
+def lacking_keywords(fn: Callable, op: str) -> List[str]:
+    """The op's optional keywords (window, softcap, alibi_slopes: spec.optional_keywords) that
+    `fn` does not take: the cases that need one SKIP, decided before any input is built."""
+    return [name for name in get_spec(op).optional_keywords if not takes(fn, name)]

@@ -621,6 +621,10 @@ class AttentionSpec(OpSpec):
             params["lengths"] = [min(length, params["Sk"]) for length in lengths]
         return params
 
+    def keywords_needed(self, p):
+        needed = tuple(name for name in ("window", "softcap") if p.get(name) is not None)
+        return needed + (("alibi_slopes",) if p.get("alibi") else ())
+
     def work(self, p):
         # the scores, and the inputs and gradients (a few copies of each, float64)
         return p["B"] * p["H"] * (p["Sq"] * p["Sk"] + 4 * (p["Sq"] + p["Sk"]) * p["D"])
@@ -1051,9 +1055,9 @@ ATTENTION_FEATURE_GROUPS = ((("sk_tile", "sk_offset", "feature"), 3), (("sq_kind
 
 COVERING = {"attention": {
     "cover": Covering(ATTENTION_DIMENSIONS, _attention_cover_params, _attention_allowed, seed=45,
-                      groups=ATTENTION_GROUPS),
+                      groups=ATTENTION_GROUPS, dtype_pairs=True),
     "cover_features": Covering(ATTENTION_FEATURE_DIMENSIONS, _attention_feature_params, seed=45,
-                               groups=ATTENTION_FEATURE_GROUPS)}}
+                               groups=ATTENTION_FEATURE_GROUPS, dtype_pairs=True)}}
 
 # what `gpuparity.reference` (contracts/reference.py) exports from this contract
 REFERENCES = ("attention", "attention_allowed", "attention_dropout", "empty_query_rows", "window_allowed")

@@ -75,6 +75,14 @@ class OpSpec:
         changed some of them (None: not a valid case)."""
         return dict(params)
 
+    # keywords only some cases pass (window, softcap, alibi_slopes): an implementation without
+    # one gets those cases as SKIP (checks/signature.py lacking_keywords; plan.py decides it up front)
+    optional_keywords: Tuple[str, ...] = ()
+
+    def keywords_needed(self, params: Dict[str, Any]) -> Tuple[str, ...]:
+        """The optional keywords (optional_keywords) the call of a case with `params` passes."""
+        return ()
+
     def repro_reference(self) -> Callable:
         """The float64 reference a standalone repro copies (called with the arguments the
         reference got in the check)."""
@@ -197,12 +205,15 @@ class Covering:
     or too costly combinations (asked about partial rows: True while its dimensions are unset).
     The dtype is not a dimension: every case runs in each of the level's dtypes. `groups`:
     (dimension names, strength) of dimensions that interact inside kernels, covered at that
-    strength at the default level too (mixed strength, checks/covering.py)."""
+    strength at the default level too (mixed strength, checks/covering.py). `dtype_pairs`: at
+    the default level a row runs in the dtypes covering.split_choices gives it (every value of
+    every dimension meets every dtype in some row: about one dtype a row), not in each."""
     dimensions: Tuple[Tuple[str, Tuple[Any, ...]], ...]
     params: Callable[[Dict[str, Any]], Dict[str, Any]]
     allowed: Callable[[Dict[str, Any]], bool] = (lambda row: True)
     seed: int = 0
     groups: Tuple[Tuple[Tuple[str, ...], int], ...] = ()
+    dtype_pairs: bool = False
 
 
 # Sizes relative to a tile (covering arrays' size dimensions): a multiple, one more, one less, half a tile more.

@@ -269,6 +269,9 @@ class DecodeSpec(OpSpec):
     # passed only to implementations that take it (an --impl without it gets the ALiBi cases as SKIP)
     optional_keywords = ("alibi_slopes",)
 
+    def keywords_needed(self, p):
+        return ("alibi_slopes",) if p.get("alibi") else ()
+
     def normalize(self, params):
         params = dict(params)
         if params.get("lengths") is not None:

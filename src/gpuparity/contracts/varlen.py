@@ -295,6 +295,9 @@ class VarlenSpec(OpSpec):
     signature = ATTENTION_VARLEN.call_line()
     grad_inputs = ("q", "k", "v", "qkv")   # qkv: the one buffer of the strided-view case
     optional_keywords = ("alibi_slopes",)  # an implementation without it gets the ALiBi cases as SKIP
+
+    def keywords_needed(self, p):
+        return ("alibi_slopes",) if p.get("alibi") else ()
     reference_fn = staticmethod(_reference)
 
     def work(self, p):
