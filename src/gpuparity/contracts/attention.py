@@ -835,10 +835,12 @@ def _families():
             params["lengths"] = padded(params.get("B", 2), params.get("Sk") or params["Sq"])
         return params
 
+    # anchors (the first three): sizes no array row holds (320 keys or queries) or at a tile's half;
+    # 127 x 129 (one less / one more than 128) is in `cover`'s rows: a member, not an anchor
     tile = [("sq192_sk192_bool_d64", dict(Sq=192, D=64, mask="bool")),
-            ("sq127_sk129_padding", with_lengths(dict(Sq=127, Sk=129, mask="key_padding"))),
             ("sq65_sk320_causal", dict(Sq=65, Sk=320, causal=True)),
-            ("sq320_sk192_plain", dict(B=1, Sq=320, Sk=192))]
+            ("sq320_sk192_plain", dict(B=1, Sq=320, Sk=192)),
+            ("sq127_sk129_padding", with_lengths(dict(Sq=127, Sk=129, mask="key_padding")))]
     for i, size in enumerate(tile_sizes):
         tile.append((f"sq{size}_sk{size}", with_lengths(dict(Sq=size, **masks[i % len(masks)]))))
         other = tile_sizes[(i * 7 + 3) % len(tile_sizes)]
@@ -874,13 +876,15 @@ def _families():
             # > 2^31 elements in the scores of one call: where 32-bit offsets overflow
             ("sq32832_sk32832_b1_h2", dict(B=1, H=2, Sq=32832, D=32))]
 
+    # anchors: B = 5 and 4, which no array row has (`cover`'s batch is 1, 2 or 3)
     batch = [("b5_bool_padding", dict(B=5, Sq=24, Sk=40, mask="bool+key_padding", lengths=[40, 1, 33, 17, 8])),
-             ("b3_float_b1qk", dict(B=3, Sq=20, Sk=36, mask="float", mask_shape="b1qk")),
              ("b4_causal_padding", dict(B=4, Sq=30, causal=True, mask="key_padding", lengths=[30, 29, 12, 2])),
+             ("b3_float_b1qk", dict(B=3, Sq=20, Sk=36, mask="float", mask_shape="b1qk")),
              ("b3_plain_d64", dict(B=3, Sq=33, D=64)),
              ("b6_bool_bhqk", dict(B=6, H=2, Sq=12, Sk=19, mask="bool", mask_shape="bhqk")),
              ("b8_gqa_padding", dict(B=8, H=4, Hkv=2, Sq=16, mask="key_padding", lengths=[16, 15, 9, 8, 4, 3, 2, 1]))]
 
+    # anchor: massive rows at a tile of 64 under a bool mask (`cover` pairs massive_neg with each mask form)
     values = [("massive_neg_bool_mask_d64", dict(value="massive_neg", Sq=64, D=64, mask="bool")),
               ("massive_neg_float_mask_sk192", dict(value="massive_neg", Sq=192, D=64, mask="float",
                                                     mask_shape="b1qk")),
@@ -893,10 +897,12 @@ def _families():
               ("denormal_q", dict(Sq=24, values={"q": "denormal_mix"})),
               ("denormal_kv", dict(Sq=24, mask="bool", values={"k": "denormal_mix", "v": "denormal_mix"}))]
 
-    mask_forms = [("all_true_bool_b1qk", dict(Sq=32, Sk=48, mask="bool", mask_fill="all_true")),
-                  ("all_true_bool_qk", dict(Sq=24, mask="bool", mask_shape="qk", mask_fill="all_true")),
+    # anchors: an all-True mask of shape (Sq, Sk) and causal spelled as a bool mask, which no
+    # array row holds, and finfo.min (`cover` holds all-True and finfo.min (B, 1, Sq, Sk) masks)
+    mask_forms = [("all_true_bool_qk", dict(Sq=24, mask="bool", mask_shape="qk", mask_fill="all_true")),
                   ("causal_as_bool_mask", dict(Sq=40, mask="bool", mask_shape="qk", mask_fill="causal")),
                   ("finfo_min_float_b1qk", dict(Sq=24, Sk=40, mask="float", mask_fill="finfo_min")),
+                  ("all_true_bool_b1qk", dict(Sq=32, Sk=48, mask="bool", mask_fill="all_true")),
                   ("all_true_bool_bhqk_padding", dict(Sq=20, mask="bool+key_padding", mask_shape="bhqk",
                                                       mask_fill="all_true", lengths=[20, 7])),
                   ("causal_as_bool_sq_gt_sk", dict(Sq=48, Sk=20, mask="bool", mask_shape="b1qk", mask_fill="causal")),
@@ -909,7 +915,7 @@ def _families():
             mask_forms.append((f"{kind}_{code}", dict(Sq=17, Sk=23, mask=kind, mask_shape=code, empty_rows=1)))
 
     layout_base = dict(Sq=24, Sk=40, mask="key_padding", lengths=[40, 9])
-    # anchors: every input unusual at once, then V and K alone non-contiguous; then each alone
+    # anchor: every input unusual at once; then each alone (`cover` has each input's layouts, paired)
     layouts = ([("q_offset_k_expanded_v_sliced", dict(layout_base, views={"q": "offset", "k": "expanded",
                                                                           "v": "sliced"})),
                 ("v_transposed", dict(layout_base, views={"v": "transposed"})),
@@ -917,6 +923,7 @@ def _families():
                + [(label, params) for label, params in view_members(("q", "k", "v"), base=layout_base)
                   if label not in ("v_transposed", "k_sliced")])
 
+    # anchor: D = 128 with Sq < Sk (`cover` pairs D = 128 with each Sq and Sk kind, mask and causal)
     head_dims = [("d128_sq40_sk72_bool", dict(D=128, Sq=40, Sk=72, mask="bool")),
                  ("d128_sq72_sk40_causal", dict(D=128, Sq=72, Sk=40, causal=True)),
                  ("d128_sq17_sk33_plain", dict(D=128, Sq=17, Sk=33)),
@@ -938,14 +945,17 @@ def _families():
                                               [("bool", dict(mask="bool")), ("causal", dict(causal=True)),
                                                ("padding", dict(mask="key_padding", lengths=[24, 3])),
                                                ("plain", {}), ("float", dict(mask="float", mask_shape="qk"))])]
-    return [family("tile", tile, anchors=4, draw=draw_tile),
-            family("seq_ratio", ratio, anchors=2),
+    # Anchors only where a member holds a value no array row holds (COVERING below): the other
+    # members stay for the seeded sample, --level full and --explore. seq_ratio's regimes (Sq > Sk,
+    # Sq < Sk, Sq = 1, with masks and causal) are `cover`'s sq_kind x sk sizes: no anchor.
+    return [family("tile", tile, anchors=3, draw=draw_tile),
+            family("seq_ratio", ratio, anchors=0),
             family("long", long, sized=True),
-            family("batch", batch, anchors=4),
-            family("values", values, anchors=2),
-            family("masks", mask_forms, anchors=4),
-            family("layouts", layouts, anchors=3),
-            family("head_dim", head_dims, anchors=3),
+            family("batch", batch, anchors=2),
+            family("values", values, anchors=1),
+            family("masks", mask_forms, anchors=3),
+            family("layouts", layouts, anchors=1),
+            family("head_dim", head_dims, anchors=1),
             family("gqa", gqa, anchors=0),
             family("scale", scales, anchors=0)]
 
