@@ -135,3 +135,23 @@ def test_closeness_is_err_over_bound_and_failures_rank_past_it():
     assert all(ratio is not None and 0 <= ratio <= 1 for ratio in ratios)
     bad = run_battery(["softmax"], "quick", "cpu", impl=f"{IMPLS}:softmax_nan", dtypes=["float32"], isolate=False)
     assert max(closeness(r) for r in bad.results if r.status.bad) >= 1.0
+
+
+def test_check_impl_runs_each_long_member_in_one_dtype_in_turn():
+    """The long family (dtypes_in_turn): check --impl at the default level runs member i in the
+    i-th dtype, so fp32 and bf16 both meet long sequences, at half the referee's time; a given
+    --dtype runs every member in it."""
+    spec = get_spec("attention")
+    long = next(f for f in spec.families() if f.name == "long")
+    assert long.dtypes_in_turn
+    tasks, _ = plan(["attention"], "default", "cpu", impl=f"{IMPLS}:attention_correct")
+    dtypes = {}
+    for t in tasks:
+        if families.family_of(t.case) == "long":
+            dtypes.setdefault(t.case, []).append(t.dtype)
+    labels = [label for label, _ in long.members]
+    assert dtypes and all(d == [("float32", "bfloat16")[labels.index(c.partition(".")[2]) % 2]]
+                          for c, d in dtypes.items())
+    assert set(sum(dtypes.values(), [])) == {"float32", "bfloat16"}
+    one, _ = plan(["attention"], "default", "cpu", impl=f"{IMPLS}:attention_correct", dtypes=["bfloat16"])
+    assert {t.case for t in one if families.family_of(t.case) == "long"} == set(dtypes)

@@ -118,7 +118,8 @@ def plan(ops: Optional[Sequence[str]] = None, level: str = "default", device="cp
                 if runnable:
                     in_dtypes[case.name] = [runnable[task_seed(seed, op, case.name, "") % len(runnable)]]
             # check --impl at the default level: a covering array declared with dtype_pairs runs
-            # each row in about one dtype, every value of every dimension in every dtype
+            # each row in about one dtype, every value of every dimension in every dtype; a
+            # family with dtypes_in_turn each member in one, the dtypes in turn
             if deep and level == "default":
                 in_dtypes.update(_array_dtypes(spec, members, op_dtypes, level))
         for case in op_cases:
@@ -162,8 +163,17 @@ def plan(ops: Optional[Sequence[str]] = None, level: str = "default", device="cp
 
 
 def _array_dtypes(spec, members: Sequence[Case], op_dtypes, level: str) -> Dict[str, List[torch.dtype]]:
-    """The dtypes of each row of the op's arrays declared with dtype_pairs (families.cover_dtypes)."""
+    """The dtypes of each row of the op's arrays declared with dtype_pairs (families.cover_dtypes),
+    and of each member of a family with dtypes_in_turn."""
     out: Dict[str, List[torch.dtype]] = {}
+    for fam in spec.families():
+        if fam.dtypes_in_turn:
+            labels = [label for label, _ in fam.members]
+            for case in members:
+                if families.family_of(case.name) == fam.name:
+                    runnable = [d for d in op_dtypes if _runs_in(case, d, op_dtypes, level)]
+                    if runnable:
+                        out[case.name] = [runnable[labels.index(case.name.partition(".")[2]) % len(runnable)]]
     for name in families.covering_declarations(spec):
         rows = [case for case in members if families.family_of(case.name) == name]
         if not rows:

@@ -863,6 +863,8 @@ def _families():
              ("sq130_sk3_causal", dict(Sq=130, Sk=3, causal=True)),
              ("sq64_sk65_bool", dict(Sq=64, Sk=65, mask="bool"))]
 
+    # sized; check --impl runs each member in one dtype, in turn (fp32: 64 x 16448, 4160^2, the
+    # GQA one; bf16: 16448 x 64, 8 x 131136): regimes of lengths, every dtype meeting long keys
     long = [("sq64_sk16448_padding", dict(B=1, H=1, Sq=64, Sk=16448, mask="key_padding", lengths=[16445])),
             ("sq16448_sk64_bool", dict(B=1, H=1, Sq=16448, Sk=64, mask="bool", mask_shape="11qk")),
             ("sq4160_sk4160_bool", dict(B=1, H=1, Sq=4160, mask="bool", mask_shape="11qk")),
@@ -950,7 +952,7 @@ def _families():
     # Sq < Sk, Sq = 1, with masks and causal) are `cover`'s sq_kind x sk sizes: no anchor.
     return [family("tile", tile, anchors=3, draw=draw_tile),
             family("seq_ratio", ratio, anchors=0),
-            family("long", long, sized=True),
+            family("long", long, sized=True, dtypes_in_turn=True),
             family("batch", batch, anchors=2),
             family("values", values, anchors=1),
             family("masks", mask_forms, anchors=3),

@@ -187,6 +187,9 @@ class Family:
     draw: Optional[Callable[[random.Random], Tuple[str, Dict[str, Any]]]] = None
     sized: bool = False
     level: str = "default"          # lowest level that runs it
+    # check --impl at the default level runs member i in the level's i-th dtype (in turn), not in
+    # each: a regime of lengths, whose every dtype still meets some member (plan.py)
+    dtypes_in_turn: bool = False
 
     def case(self, make: Callable[..., "Case"], label: str, overrides: Dict[str, Any]) -> "Case":
         return make(f"{self.name}{SEPARATOR}{label}", "default", **overrides)
