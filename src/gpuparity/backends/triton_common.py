@@ -394,7 +394,7 @@ def traced_launches():
 # The Triton cache directory this process's launches compile into and load from, as it was when
 # this module was imported (None: Triton's default, ~/.triton/cache). Inductor points
 # TRITON_CACHE_DIR at a directory of its own (<inductor cache>/triton/<device>) the first time it
-# builds a kernel in a process (torch/_inductor/runtime/triton_heuristics.py CachingAutotuner):
+# builds a kernel in a process (torch._inductor.runtime.triton_heuristics, CachingAutotuner):
 # from then on a kernel's first launch through Triton's JIT in that process (an op served
 # eagerly after a torch.compile, or the opaque op in a compiled graph: ops/library.py
 # GPUPARITY_COMPILED_KERNELS) would miss the cache the eager calls and the checks filled and

@@ -254,11 +254,12 @@ def triton_cols(logits, target, lse, scale, ignore_index, softcap, start) -> Non
 
 
 # cross_entropy_loss's kernels (FlashAttention's loss; gpuparity.flash_attn.ops.triton.cross_entropy):
-# (BLOCK, num_warps) at the widest rows, 16 columns a thread (16 warps of 32 lanes on NVIDIA).
-# Forward: a row per program over blocks of BLOCK columns; backward: (row, column block) programs.
-# Both are one read of the logits (the backward also one write) against ~3.3 TB/s on an H100; these
-# are the starting points benchmarks/ce_sweep.py measures against the other candidates.
-LOSS_FWD = (8192, 16)
+# (BLOCK, num_warps) at the widest rows. Forward: a row per program over blocks of BLOCK columns;
+# backward: (row, column block) programs. Both are one read of the logits (the backward also one
+# write). From benchmarks/ce_sweep.py on an H100 (benchmarks/records/h100/fa-triton-speed-2026-12-06.md):
+# the forward at (4096, 4) took 0.171 ms on 8192 x 32000 bf16 and 0.606 ms on 8192 x 128256 (3.07 and
+# 3.47 TB/s), against 0.217 / 0.715 ms at (8192, 16); the backward's candidates were within 1%.
+LOSS_FWD = (4096, 4)
 LOSS_BWD = (4096, 8)
 
 

@@ -76,7 +76,7 @@ class OpSpec:
         return dict(params)
 
     # keywords only some cases pass (window, softcap, alibi_slopes): an implementation without
-    # one gets those cases as SKIP (checks/signature.py lacking_keywords; plan.py decides it up front)
+    # one gets those cases as SKIP (checks/signature.py lacking_keywords; checks/plan.py decides it up front)
     optional_keywords: Tuple[str, ...] = ()
 
     def keywords_needed(self, params: Dict[str, Any]) -> Tuple[str, ...]:
@@ -188,7 +188,7 @@ class Family:
     sized: bool = False
     level: str = "default"          # lowest level that runs it
     # check --impl at the default level runs member i in the level's i-th dtype (in turn), not in
-    # each: a regime of lengths, whose every dtype still meets some member (plan.py)
+    # each: a regime of lengths, whose every dtype still meets some member (checks/plan.py)
     dtypes_in_turn: bool = False
 
     def case(self, make: Callable[..., "Case"], label: str, overrides: Dict[str, Any]) -> "Case":

@@ -200,7 +200,7 @@ def _static(*tensors: Optional[Tensor]) -> bool:
 
 
 # GPUPARITY_COMPILED_KERNELS: "twin" (default) or "opaque". Inductor compiles a twin's kernels itself
-# from their source, in its own Triton cache (torch/_inductor/codegen/wrapper.py
+# from their source, in its own Triton cache (torch._inductor.codegen.wrapper
 # define_user_defined_triton_kernel); the opaque op's body launches them as an eager call does, from
 # the Triton cache the eager calls and the checks filled (nothing for inductor to compile; Python per call).
 COMPILED_KERNELS, COMPILED_KERNEL_MODES = "GPUPARITY_COMPILED_KERNELS", ("twin", "opaque")
