@@ -20,7 +20,7 @@ BACKENDS = {
     "rotary": ["composition", "triton", "compile"],
     "matmul": ["torch", "composition"],
     "conv2d": ["torch", "composition"],
-    "cross_entropy": ["torch", "composition"],
+    "cross_entropy": ["torch", "composition", "triton"],
     "attention_varlen": ["triton", "composition"],
     "attention_decode": ["triton", "sdpa", "composition"],
     "linear_cross_entropy": ["composition", "torch", "triton"],

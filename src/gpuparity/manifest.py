@@ -36,7 +36,7 @@ OPS = (
     Op("rotary", "rotary:SPEC", "contract triton_rotary compiled", "rotary: apply_rotary"),
     Op("matmul", "basic:MATMUL_SPEC", "torch_ops contract", ""),
     Op("conv2d", "basic:CONV2D_SPEC", "torch_ops contract", ""),
-    Op("cross_entropy", "basic:CROSS_ENTROPY_SPEC", "torch_ops contract", ""),
+    Op("cross_entropy", "basic:CROSS_ENTROPY_SPEC", "torch_ops contract triton_cross_entropy", ""),
     Op("attention_varlen", "varlen:SPEC", "triton_attention contract", "varlen: attention_varlen"),
     Op("attention_decode", "decode:SPEC", "triton_decode contract", "decode: attention_decode kv_cache_append"),
     Op("linear_cross_entropy", "linear_cross_entropy:SPEC", "ce_composition triton_cross_entropy",

@@ -2,7 +2,11 @@
 logits chunk, an online logsumexp over the vocabulary in blocks, the loss, and the gradient
 (softmax - onehot, times the softcap's slope and the row's scale) written in place into the
 chunk; per vocab block, the same gradient from the saved logsumexp. The two passes, the GEMMs
-and autograd are ce_composition's, shared with the torch backend."""
+and autograd are ce_composition's, shared with the torch backend.
+
+Also cross_entropy_loss's two kernels (gpuparity.flash_attn's FlashAttention loss), registered as
+the cross_entropy op's "triton" backend: the battery verifies them through that op, and
+cross_entropy_loss runs them only where that verdict passed (or where the backend is named)."""
 from __future__ import annotations
 
 from typing import Optional, Tuple
@@ -11,6 +15,7 @@ import torch
 
 from . import ce_composition
 from ..registry import Backend, register
+from ..validation import describe, expect_tensor
 from .triton_common import AOT_TARGETS, AotSpec, availability, launch, next_pow2, problem_reasons
 
 try:
@@ -412,3 +417,64 @@ register(Backend(
                 "(logits in the input dtype, fp32 math, gradients in the forward)",
     dtypes=(torch.float16, torch.bfloat16, torch.float32), availability=availability, supports=problem_reasons,
     jit=True, forward_saving=_saving, backward_from=_from))
+
+
+# --------------------------------------------------------------------------- op cross_entropy's "triton" backend
+# cross_entropy_loss's two kernels (FlashAttention's loss, gpuparity.flash_attn) behind the cross_entropy
+# op's call convention, so that the battery verifies them against float64: cross_entropy_loss runs them
+# only where this backend's verdict passed (or where it is named).
+REDUCTIONS = ("mean", "sum", "none")
+
+
+class _LossKernels(torch.autograd.Function):
+    """Per-row losses and lse from the forward kernel, the reduction in torch; the backward
+    kernel from the saved lse with the reduction's per-row grad."""
+
+    @staticmethod
+    def forward(ctx, logits, target, ignore_index, smoothing, reduction):
+        logits = logits if logits.stride(-1) == 1 else logits.contiguous()
+        losses, lse, _ = loss_forward(logits, target, smoothing, 1.0, 0.0, ignore_index)
+        count = None
+        if reduction == "mean":
+            count = (target != ignore_index).sum().to(torch.float32)
+            out = losses.sum() / count
+        else:
+            out = losses.sum() if reduction == "sum" else losses
+        ctx.spec = (ignore_index, smoothing, reduction)
+        ctx.save_for_backward(logits, lse, target, count if count is not None else lse.new_ones(()))
+        return out.to(logits.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        logits, lse, target, count = ctx.saved_tensors
+        ignore_index, smoothing, reduction = ctx.spec
+        grad = grad.to(torch.float32)
+        if reduction == "mean":
+            grad = grad / count
+        per_row = grad.expand(logits.shape[0]) if reduction != "none" else grad
+        out = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        loss_backward(per_row, logits, lse, target, smoothing, 1.0, 0.0, ignore_index, out)
+        return out, None, None, None, None
+
+
+def triton_cross_entropy(logits, target, *, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
+    """F.cross_entropy with class-index targets on (rows, classes) logits, on cross_entropy_loss's
+    kernels: fp32 math, the loss in the logits' dtype."""
+    expect_tensor("logits", logits, ndim=(2,), dtypes=(torch.float16, torch.bfloat16, torch.float32))
+    expect_tensor("target", target, ndim=(1,), dtypes=(torch.int32, torch.int64))
+    if target.shape[0] != logits.shape[0] or target.device != logits.device:
+        raise ValueError(f"target: expected ({logits.shape[0]},) on {logits.device} (one class index per row of "
+                         f"logits {describe(logits)}), got {describe(target)}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction: expected one of {REDUCTIONS}, got {reduction!r}")
+    if not 0.0 <= float(label_smoothing) <= 1.0:
+        raise ValueError(f"label_smoothing: expected a float in [0, 1], got {label_smoothing!r}")
+    return _LossKernels.apply(logits, target, int(ignore_index), float(label_smoothing), reduction)
+
+
+register(Backend(
+    name="triton", op="cross_entropy", fn=triton_cross_entropy,
+    description="cross_entropy_loss's Triton kernels (FlashAttention's loss): per-row loss and lse in one read of "
+                "the logits, the gradient from the saved lse in one more, fp32 math; the reduction in torch",
+    dtypes=(torch.float16, torch.bfloat16, torch.float32), availability=availability, supports=problem_reasons,
+    jit=True))

@@ -45,7 +45,8 @@ _BACKENDS: Dict[str, str] = {"attention": "auto", "attention_varlen": "auto", "a
 def backends(**names: str):
     """Run the calls inside on the named backends, e.g. backends(attention="triton"), keys
     "attention", "attention_varlen", "attention_decode", "rotary" (see gpuparity.dispatch.backends(op)),
-    "cross_entropy" (ops.triton.cross_entropy's row step: a backend of op linear_cross_entropy) and
+    "cross_entropy" (ops.triton.cross_entropy's loss: a backend of op cross_entropy, "triton" its loss
+    kernels, any other the torch row step; "auto" the kernels where that backend's verdict passed) and
     "residual_norm" (ops.triton.layer_norm's fused residual add and norm)."""
     unknown = sorted(set(names) - set(_BACKENDS))
     if unknown:

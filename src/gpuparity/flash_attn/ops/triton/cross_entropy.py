@@ -1,14 +1,15 @@
 """FlashAttention's `flash_attn.ops.triton.cross_entropy.cross_entropy_loss` on gpuparity's
-cross-entropy kernels, the backend chosen by the verified dispatcher for the linear_cross_entropy op
-("triton": the Triton kernels, else the row step's torch-ops twin, which is also what runs while
-torch.compile traces).
+cross-entropy kernels, chosen by the verified dispatcher for the cross_entropy op ("triton": the
+loss kernels, that op's Triton backend, verified by the battery like every backend; else the row
+step's torch-ops twin, which is also what runs while torch.compile traces).
 
 On the Triton backend (fp32/bf16/fp16 logits) the loss has kernels of its own
-(backends/triton_cross_entropy.py): the forward reads the logits once for the loss, the lse and the
-z-loss, logit_scale, label_smoothing, lse_square_scale and precomputed_lse (taken, as FlashAttention
-does, only when logit_scale == 1 and label_smoothing == 0) applied in the kernel; the backward reads
-them once more and writes the gradient once (into the logits for inplace_backward), from the saved
-lse, with grad_output and those scalars folded in per row.
+(backends/triton_cross_entropy.py, op cross_entropy's "triton"): the forward reads the logits once
+for the loss, the lse and the z-loss, logit_scale, label_smoothing, lse_square_scale and
+precomputed_lse (taken, as FlashAttention does, only when logit_scale == 1 and label_smoothing == 0)
+applied in the kernel; the backward reads them once more and writes the gradient once (into the
+logits for inplace_backward), from the saved lse, with grad_output and those scalars folded in per
+row.
 
 Elsewhere (the torch twin, float64 logits) the loss is the row step of gpuparity's linear cross
 entropy (online logsumexp per row, the loss, and (softmax - onehot) * a per-row scale), forward and
@@ -42,15 +43,27 @@ def refuse_process_group(process_group) -> None:
             "the logits first")
 
 
+def _loss_rank(problem: Problem, candidates):
+    """The cross_entropy op's rank (stored timings, else the device family's priors) of the two
+    ways this loss can run: the kernels ("triton") and the torch steps (the op's composition, the
+    last resort). F.cross_entropy ("torch") cannot serve it (no logit_scale, z-loss or lse) and is
+    left out, so it is never verified for this choice."""
+    return [entry for entry in select.rank(problem, candidates) if entry[0].name == "triton" or entry[0].fallback]
+
+
 def row_steps(logits: Tensor) -> ce_composition.Steps:
-    """The row step the dispatcher chooses for these logits: the linear_cross_entropy op's backend
-    (its row kernel is the same step; a (vocab, vocab) identity head describes a logits-only call)."""
+    """The loss kernels' steps (triton_cross_entropy.STEPS) where the cross_entropy op's "triton"
+    backend, the kernels' own (verified by the battery), serves these logits, else the torch
+    steps. "auto": "triton" only where its verdict passed here and it ranks before the composition
+    (a GPU; on a CPU the composition comes first); while its verdict is pending, the torch steps
+    (the op's baseline). backends(cross_entropy=NAME) names a backend of op cross_entropy:
+    "triton", else the torch steps."""
     if torch.compiler.is_compiling():
         return ce_composition.TORCH_STEPS
-    vocab = int(logits.shape[1])
-    problem = Problem("linear_cross_entropy", logits.device, logits.dtype, "default",
-                      (("vocab", vocab), ("hidden", vocab), ("bias", False), ("reduction", "none")))
-    if select.resolve(problem, _BACKENDS["cross_entropy"]).name == "triton":
+    problem = Problem("cross_entropy", logits.device, logits.dtype, "default", (("vocab", int(logits.shape[1])),))
+    with torch.enable_grad():   # called in the Function's forward: a check run in this process needs autograd
+        chosen = select.resolve(problem, _BACKENDS["cross_entropy"], rank=_loss_rank)
+    if chosen.name == "triton":
         from ....backends import triton_cross_entropy
         return triton_cross_entropy.STEPS
     return ce_composition.TORCH_STEPS
