@@ -193,6 +193,29 @@ def test_doctor_interrupted_counts_the_checks_that_ran(tmp_path, capsys, monkeyp
     assert "1 of 5 checks ran" in " ".join(out.split())
 
 
+def test_doctor_interrupted_tells_the_checks_a_backend_declined_at_their_turn(tmp_path, capsys, monkeypatch):
+    """A planned check that SKIPs when it runs (a backend declining the case) is neither "ran" nor
+    missing: the interrupt line says so (the H100's --quick said "681 of 683 checks ran" with all done)."""
+    from gpuparity import doctor
+    from gpuparity.checks.results import ResultStream
+    stream = tmp_path / "results.jsonl"
+
+    def result(status):
+        return CheckResult(op="softmax", backend="torch", case="c", dtype="float32", device="cpu", status=status)
+
+    def run_doctor(options, progress):
+        with ResultStream(str(stream)) as sink:
+            for status in (Status.SKIP, Status.SKIP, Status.SKIP, Status.PASS, Status.SKIP, Status.PASS):
+                sink.write(result(status))
+        raise KeyboardInterrupt
+    monkeypatch.setattr(doctor, "estimate", lambda options: {"checks": 5, "skipped": 2, "seconds": 1.0})
+    monkeypatch.setattr(doctor, "run_doctor", run_doctor)
+    code = cli.main(["doctor", "--device", "cpu", "--stream", str(stream), "--no-probes"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 130
+    assert "2 of 5 checks ran, 2 more skipped when their turn came" in out
+
+
 # --------------------------------------------------------------------------- 5. reasons cut between words
 def test_clip_never_cuts_inside_a_number():
     from gpuparity.checks.results import clip

@@ -45,7 +45,7 @@ def register(subparsers) -> None:
 
 def handle(args) -> int:
     # torch comes in with these: `gpuparity doctor --help` and a bad usage import none of them
-    from ..checks.results import ran_count, read_stream
+    from ..checks.results import Status, ran_count, read_stream
     from ..doctor import DoctorOptions, estimate, partial_report, run_doctor
     from ..report.terminal import PlainProgress, render_doctor, render_results
     con = human_console(args)
@@ -76,8 +76,12 @@ def handle(args) -> int:
         report = partial_report(options, kept, error=str(exc) if signal_name else f"{type(exc).__name__}: {exc}",
                                 exit_code=code, interrupted=signal_name, duration_s=time.monotonic() - started)
         render_results(con, kept)
+        # a planned check a backend declined when its turn came is a SKIP in the stream, beside the
+        # plan's own skips: it did not run, but it is not missing either
+        late = max(0, sum(1 for r in kept if r.status == Status.SKIP) - plan["skipped"])
+        more = f", {late} more skipped when their turn came" if late else ""
         con.print(f"[bold red]doctor stopped: {report['error']}[/]; {ran_count(kept)} of {plan['checks']} checks "
-                  f"ran, their results kept in {stream} (exit {code})")
+                  f"ran{more}, their results kept in {stream} (exit {code})")
         _write_reports(con, args, report)
         if isinstance(exc, (SystemExit, GeneratorExit)):
             raise
