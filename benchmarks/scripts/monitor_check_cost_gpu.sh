@@ -17,7 +17,7 @@ for part in $PARTS; do
         --hidden 2048 --heads 16 --kv-heads 4 --vocab 32000 --seq 2048 --batch 2 --slice-rows-above 65536 \
         --slice-attention-above 4194304 --repeat 9 --threads 4 --json "$OUT/cost.json" 2>&1 | grep -v USDT | tee "$OUT/cost.txt" ;;
     none|default)
-      timeout 280 python3 benchmarks/bench_monitor.py --rounds "${ROUNDS:-6}" --steps "${STEPS:-15}" \
+      timeout ${MON_TIMEOUT:-280} python3 benchmarks/bench_monitor.py --rounds "${ROUNDS:-6}" --steps "${STEPS:-15}" \
         --max-overhead "$part" --out "$OUT/$part" 2>&1 | grep -v USDT | tee "$OUT/$part.txt" ;;
     *) echo "unknown part $part" ;;
   esac
