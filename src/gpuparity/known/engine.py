@@ -1,5 +1,6 @@
 """Match the known-issue base against a platform report, then confirm or rule out each entry
-that may apply with its probe, run crash-isolated in a fresh process."""
+that may apply with its probe, run crash-isolated in a process of its own (forked from a fork
+server that imported torch once, or, for entries marked "probe_isolation": "spawn", a fresh one)."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -13,7 +14,7 @@ from importlib import resources
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .. import platform as platform_mod
-from ..isolate import call_isolated, describe_exit
+from ..isolate import ForkServer, call_isolated, describe_exit
 from .rules import evaluate_rule, kernel_param_state, validate_rule
 
 DOES_NOT_APPLY = "does not apply"
@@ -31,6 +32,10 @@ SCOPES = (MAY_APPLY, CONFIRMED)
 # bug: broken here when confirmed; config: setup or install; behaviour: by design or documented,
 # so a confirmed behaviour informs (e.g. TF32 in effect) without anything being broken.
 KINDS = ("bug", "config", "behaviour", "limitation")
+# How a probe's process starts: "fork" from the evaluation's fork server (torch imported once), or
+# "spawn", a fresh interpreter, for a probe whose verdict depends on what a process reads when it
+# starts (docs/known-issues.md, "How probes run").
+ISOLATIONS = ("fork", "spawn")
 
 Progress = Callable[[int, int, str], None]
 VERSION_ONLY_NOTE = "only version ranges rule it out: not expected here, but a probe that can run here decides"
@@ -109,6 +114,8 @@ def validate_issue(issue: Any, probe_names: Optional[set] = None) -> None:
                              f"device, when), got {entry!r}")
         if "when" in entry:
             validate_regime(entry["when"], f"{where}: avoid")
+    if issue.get("probe_isolation", "fork") not in ISOLATIONS:
+        raise ValueError(f"{where}: probe_isolation must be one of {ISOLATIONS}, got {issue.get('probe_isolation')!r}")
     if not isinstance(issue.get("no_probe", ""), str):
         raise ValueError(f"{where}: no_probe must be a sentence saying why there is no probe")
     reviewed = issue.get("reviewed")
@@ -254,20 +261,23 @@ def evidence_line(stderr_tail: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
-def run_probe(issue: Dict[str, Any], device: str, timeout: float) -> Dict[str, Any]:
-    """Run the entry's probe in a fresh process; the outcome as a JSON-able dict with
-    "verdict": CONFIRMED / RULED_OUT / MAY_APPLY (inconclusive) and the evidence."""
+def run_probe(issue: Dict[str, Any], device: str, timeout: float,
+              server: Optional[ForkServer] = None) -> Dict[str, Any]:
+    """Run the entry's probe in a process of its own (forked from `server` unless the entry says
+    "probe_isolation": "spawn"); the outcome as a JSON-able dict with "verdict": CONFIRMED /
+    RULED_OUT / MAY_APPLY (inconclusive) and the evidence."""
     target = f"{PROBE_MODULE}:{issue['probe']}"
     limit = float(timeout) * float(issue.get("probe_timeout_factor", 1))
-    outcome = call_isolated(target, {"device": device}, timeout=limit)
+    call = server.call if server is not None and issue.get("probe_isolation", "fork") == "fork" else call_isolated
+    outcome = call(target, {"device": device}, timeout=limit)
     waited = f"{limit:g} s"
     if outcome.status == "timeout":
         # A loaded machine (the doctor's battery runs alongside) can make a probe miss its limit:
         # a hang is only a hang if it happens again, with twice the time.
-        outcome = call_isolated(target, {"device": device}, timeout=2 * limit)
+        outcome = call(target, {"device": device}, timeout=2 * limit)
         waited = f"{limit:g} s, nor within {2 * limit:g} s on a second try"
     record: Dict[str, Any] = {"target": target, "device": device, "status": outcome.status,
-                              "duration_s": round(outcome.duration_s, 3)}
+                              "duration_s": round(outcome.duration_s, 3), "runner": outcome.runner}
     if outcome.status in ("crash", "timeout"):
         what = (f"the probe process {describe_exit(outcome.returncode)} before answering" if outcome.status == "crash"
                 else f"the probe gave no answer within {waited} (a hang?)")
@@ -290,7 +300,8 @@ def run_probe(issue: Dict[str, Any], device: str, timeout: float) -> Dict[str, A
 
 def evaluate(platform: Optional[Dict[str, Any]] = None, *, probes: bool = True, device: Optional[str] = None,
              timeout: float = 60, progress: Optional[Progress] = None, ids: Optional[Sequence[str]] = None,
-             issues: Optional[List[Dict[str, Any]]] = None, probe_workers: int = 4) -> List[KnownIssueResult]:
+             issues: Optional[List[Dict[str, Any]]] = None, probe_workers: int = 4,
+             probe_isolation: str = "fork") -> List[KnownIssueResult]:
     """Every entry of the base on this machine (platform=None) or on a saved platform report.
 
     Rules decide "does not apply" / "may apply". With probes=True and the report being this
@@ -301,7 +312,10 @@ def evaluate(platform: Optional[Dict[str, Any]] = None, *, probes: bool = True, 
     a failing probe confirms it ("not expected here by version" stays in its why); only when
     its probe cannot run or cannot tell does the version rule's "does not apply" stand. A
     saved report from another machine is judged by its rules only. `ids` limits the evaluation to those entries; `timeout` is per probe;
-    `issues` replaces the base (for tests and experiments with new entries).
+    `issues` replaces the base (for tests and experiments with new entries). `probe_workers`:
+    probes side by side on a GPU (one on the CPU). `probe_isolation`: "fork" forks each probe from
+    one fork server that imported torch and the probes once (entries marked "spawn" still start
+    fresh); "spawn" starts a fresh interpreter for every probe.
     """
     if platform is not None and not isinstance(platform, dict):
         raise TypeError(f"platform: expected a platform report dict (gpuparity.platform.collect()), "
@@ -319,6 +333,10 @@ def evaluate(platform: Optional[Dict[str, Any]] = None, *, probes: bool = True, 
         entries = [issue for issue in entries if issue["id"] in wanted]
     if timeout is None or float(timeout) <= 0:
         raise ValueError(f"timeout: expected seconds > 0, got {timeout!r}")
+    if probe_isolation not in ISOLATIONS:
+        raise ValueError(f"probe_isolation: expected one of {ISOLATIONS}, got {probe_isolation!r}")
+    if isinstance(probe_workers, bool) or not isinstance(probe_workers, int) or probe_workers < 1:
+        raise ValueError(f"probe_workers: expected an integer >= 1, got {probe_workers!r}")
 
     if device is not None:
         _check_device(device)
@@ -344,7 +362,7 @@ def evaluate(platform: Optional[Dict[str, Any]] = None, *, probes: bool = True, 
 
     def probe_one(item) -> None:
         issue, result = item
-        outcome = run_probe(issue, device, timeout)
+        outcome = run_probe(issue, device, timeout, server)
         with lock:
             result.probe_outcome = outcome
             if outcome["verdict"] != MAY_APPLY or result.expected:
@@ -359,15 +377,23 @@ def evaluate(platform: Optional[Dict[str, Any]] = None, *, probes: bool = True, 
             if progress:
                 progress(finished[0], len(runnable), issue["id"])
 
-    # Each probe is its own process; on a GPU a few run side by side (most of a probe's time is
-    # starting Python and torch). On the CPU they run one at a time: the cores are the compute.
+    # Each probe is its own process; on a GPU a few run side by side (each its own CUDA context).
+    # On the CPU they run one at a time: the cores are the compute.
     workers = 1 if on_cpu else max(1, min(probe_workers, len(runnable)))
-    if workers == 1:
-        for item in runnable:
-            probe_one(item)
-    else:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-            list(pool.map(probe_one, runnable))
+    forked = probe_isolation == "fork" and any(issue.get("probe_isolation", "fork") == "fork" for issue, _ in runnable)
+    server = ForkServer(preload=[PROBE_MODULE]) if forked else None
+    try:
+        if server is not None:
+            server.start()   # torch imports in the zygote while the first probes are handed out
+        if workers == 1:
+            for item in runnable:
+                probe_one(item)
+        else:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+                list(pool.map(probe_one, runnable))
+    finally:
+        if server is not None:
+            server.close()
     if progress:
         progress(len(runnable), len(runnable), "")
     return results
