@@ -48,6 +48,7 @@ def main() -> None:
             lines.append(f"round {round_index} {mode:5s} workers {workers}: {record['wall_s']:6.2f} s, "
                          f"{len(record['probes'])} probes, runners {runners}")
             print(lines[-1], flush=True)
+            save(args.out, args.device, runs, lines)   # kept if a time limit ends the rest
     baseline = runs[0]["probes"]
     for record in runs[1:]:
         differ = sorted(i for i in set(baseline) | set(record["probes"])
@@ -56,11 +57,15 @@ def main() -> None:
                      f"spawn for {differ or 'none'}")
     fallbacks = sorted({p["runner"] for r in runs for p in r["probes"].values() if p["runner"].startswith("spawn (")})
     lines += [f"fallback: {why}" for why in fallbacks]
-    with open(os.path.join(args.out, "known-probes-fork.json"), "w") as handle:
-        json.dump({"device": args.device, "runs": runs}, handle, indent=1)
-    with open(os.path.join(args.out, "known-probes-fork.txt"), "w") as handle:
+    save(args.out, args.device, runs, lines)
+    print("\n".join(lines[len(runs):]))
+
+
+def save(out: str, device: str, runs: list, lines: list) -> None:
+    with open(os.path.join(out, "known-probes-fork.json"), "w") as handle:
+        json.dump({"device": device, "runs": runs}, handle, indent=1)
+    with open(os.path.join(out, "known-probes-fork.txt"), "w") as handle:
         handle.write("\n".join(lines) + "\n")
-    print("\n".join(lines[-(len(runs) - 1 + len(fallbacks)):]))
 
 
 if __name__ == "__main__":
