@@ -85,7 +85,11 @@ LOGIT_UNIT_ROUNDOFF = 2.0 ** -24
 # composition baseline uses fp32 too). The result is rounded at |m|'s magnitude once per level of
 # a tree (pairwise, cascade or Welford-combine: ceil(log2 n) levels) and once per tile partial
 # added sequentially (n / ACCUMULATION_TILE, as above); independent roundings add in quadrature,
-# so the computed mean errs by dm ~ ROUNDING * sqrt(ceil(log2 n) + n / tile) * |m|. x - m then
+# so a tree errs by ROUNDING * sqrt(ceil(log2 n) + n / tile) * |m|. A running sum, the plain loop
+# (torch.compile's CPU kernel sums a row of x stored transposed so: 1.0e-6 relative at n = 4095,
+# against 1.3e-7 of torch.mean), rounds its k-th partial sum at k |m|, so its mean errs by
+# ROUNDING * |m| * sqrt(sum k^2) / n = ROUNDING * sqrt(n / 3) * |m|; a correct kernel may take
+# either, and the model is the worse of the two. x - m then
 # shifts every x_hat of the row by dm / sqrt(var + eps): a relative error of the mean amplified by
 # the row's condition number |m| / sqrt(var + eps) (large for huge means, and for near-constant
 # rows, whose variance is at or under eps). The outputs built on x_hat (out, grad_x, grad_weight;
@@ -103,11 +107,13 @@ def floor_for(dtype, precision: Optional[str] = None) -> float:
 
 def mean_rounding(dtype, terms: int) -> float:
     """The relative RMS error of a correct row mean over `terms` values of `dtype` (the centering
-    model above): ROUNDING of the statistics dtype * sqrt(ceil(log2 terms) + terms / tile)."""
+    model above): ROUNDING of the statistics dtype * sqrt(the roundings of a tree, ceil(log2 terms)
+    + terms / tile, or of a running sum, terms / 3, whichever is more)."""
     if isinstance(terms, bool) or not isinstance(terms, int) or terms < 1:
         raise ValueError(f"terms: expected an int >= 1 (the values a row's mean sums), got {terms!r}")
     rounding = ROUNDING.get(STATISTICS_DTYPE.get(dtype, dtype), ROUNDING[torch.float32])
-    return rounding * math.sqrt(max(1, math.ceil(math.log2(terms))) + terms / ACCUMULATION_TILE)
+    tree = max(1, math.ceil(math.log2(terms))) + terms / ACCUMULATION_TILE
+    return rounding * math.sqrt(max(tree, terms / 3))
 
 
 def error_floor(dtype, precision: Optional[str] = None, reduction: Optional[int] = None,

@@ -92,8 +92,9 @@ def test_the_floor_rises_with_the_logits_an_exponential_is_taken_of():
 
 
 def test_the_floor_rises_with_the_condition_of_a_rows_mean():
-    """layer_norm's x - mean cancels: a correct fp32 mean of 256 terms errs ~ROUNDING * sqrt(8 + 1)
-    relative, amplified by |mean| / std (1000 at huge_mean_1000): a correct kernel's 1e-4 passes,
+    """layer_norm's x - mean cancels: a correct fp32 mean of 256 terms errs ~ROUNDING * sqrt(256 / 3)
+    relative (a running sum; a tree's sqrt(8 + 1) at 8 terms and under), amplified by |mean| / std
+    (1000 at huge_mean_1000): a correct kernel's 1e-4 passes,
     a well-conditioned row keeps the flat floor, bf16 takes fp32 statistics (no blind 16-bit
     floor), and a 1e-3 error still fails."""
     gen = torch.Generator().manual_seed(2)
@@ -102,7 +103,8 @@ def test_the_floor_rises_with_the_condition_of_a_rows_mean():
     assert not tolerance.judge("out", off, ref, None, torch.float32).passed
     assert tolerance.judge("out", off, ref, None, torch.float32, mean_condition=1000.0, mean_terms=256).passed
     raised = tolerance.error_floor(torch.float32, mean_condition=1000.0, mean_terms=256)
-    assert abs(raised - 2 * 2.0 ** -24 / 3 ** 0.5 * 3 * 1000) < 1e-12
+    assert abs(raised - 2 * 2.0 ** -24 / 3 ** 0.5 * (256 / 3) ** 0.5 * 1000) < 1e-12
+    assert abs(tolerance.mean_rounding(torch.float32, 8) - 2.0 ** -24 / 3 ** 0.5 * (3 + 8 / 256) ** 0.5) < 1e-15
     assert tolerance.error_floor(torch.float32, mean_condition=3.0, mean_terms=256) == tolerance.FLOOR[torch.float32]
     assert tolerance.error_floor(torch.bfloat16, mean_condition=1000.0, mean_terms=256) == tolerance.FLOOR[torch.bfloat16]
     wrong = (ref * (1 + 1e-3 * torch.randn(4096, dtype=torch.float64, generator=gen))).to(torch.float32)
