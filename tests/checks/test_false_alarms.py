@@ -211,3 +211,15 @@ def test_planted_layer_norm_bugs_still_fail_where_the_running_sum_raised_the_flo
     for case in RUNNING_SUM_CASES:
         status, _, reason = _run("layer_norm", fn, case, families.lookup(spec, case).params, "float32")
         assert status == Status.FAIL, f"{case}: {reason}"
+
+
+# --------------------------------------------------------------------------- conv2d's composition (issue 45's audit)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_conv2d_composition_takes_a_transposed_weight(dtype):
+    """Before: the conv2d composition (gpuparity's own backend) raised on every layout member with
+    a non-contiguous weight ("view size is not compatible"): 63 ERRORs at --level full."""
+    spec = get_spec("conv2d")
+    case = "layouts.weight_transposed"
+    status, _, reason = _run("conv2d", get_backend("conv2d", "composition").fn, case, families.lookup(spec, case).params,
+                             dtype)
+    assert status == Status.PASS, reason

@@ -66,7 +66,7 @@ def conv2d_composition(x, weight, bias=None, stride=1, padding=0, dilation=1, gr
     out_ch, in_per_group, kh, kw = weight.shape
     cols = F.unfold(x.float(), (kh, kw), dilation=dilation, padding=padding, stride=stride)
     cols = cols.view(batch, groups, in_per_group * kh * kw, -1)
-    w = weight.float().view(groups, out_ch // groups, -1)
+    w = weight.float().reshape(groups, out_ch // groups, -1)   # a transposed or sliced weight too
     out = torch.einsum("gok,bgkl->bgol", w, cols).reshape(batch, out_ch, -1)
     pad = (padding, padding) if isinstance(padding, int) else tuple(padding)
     st = (stride, stride) if isinstance(stride, int) else tuple(stride)
