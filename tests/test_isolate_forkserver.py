@@ -262,3 +262,48 @@ def test_overhead_of_a_trivial_call(server):
     server.call("fork_targets:pid", {}, timeout=60)
     forked, spawned = median(server.call), median(isolate.call_isolated)
     assert forked < spawned / 5, (forked, spawned)
+
+
+class _FakeDriver:
+    """A CUDA driver library as ctypes would open it: cuDeviceGetCount answers `rc`."""
+    def __init__(self, rc):
+        self.rc, self.opened = rc, []
+
+    def open(self, path, mode=0):
+        self.opened.append((path, mode))
+        driver = self
+
+        class Lib:
+            def cuDeviceGetCount(self, _count):
+                return driver.rc
+        return Lib()
+
+
+@pytest.mark.parametrize("rc, refused", [(3, False), (0, True)])
+def test_a_loaded_driver_refuses_the_fork_only_once_initialised(monkeypatch, rc, refused):
+    """torch 2.11's CUDA build maps libcuda.so at import (the H100 test machine): that alone sent
+    every probe back to spawn. The driver is asked instead: CUDA_ERROR_NOT_INITIALIZED (3) is safe to
+    fork, success means cuInit ran."""
+    import ctypes
+    from gpuparity import isolate
+    fake = _FakeDriver(rc)
+    monkeypatch.setattr(isolate, "_loaded_libcuda", lambda: "/usr/lib/x86_64-linux-gnu/libcuda.so.580.159.04")
+    monkeypatch.setattr(ctypes, "CDLL", fake.open)
+    reason = isolate.gpu_runtime_started()
+    assert bool(reason) is refused, reason
+    assert fake.opened and fake.opened[0][0].endswith("libcuda.so.580.159.04")
+    if hasattr(os, "RTLD_NOLOAD"):
+        assert fake.opened[0][1] & os.RTLD_NOLOAD     # never loads a driver that is not there
+
+
+def test_no_driver_loaded_is_safe_and_an_unaskable_one_is_not(monkeypatch):
+    import ctypes
+    from gpuparity import isolate
+    monkeypatch.setattr(isolate, "_loaded_libcuda", lambda: None)
+    assert isolate.gpu_runtime_started() == ""
+
+    def refuse(*_args, **_kwargs):
+        raise OSError("cannot open")
+    monkeypatch.setattr(isolate, "_loaded_libcuda", lambda: "/opt/libcuda.so.1")
+    monkeypatch.setattr(ctypes, "CDLL", refuse)
+    assert "could not be asked" in isolate.gpu_runtime_started()

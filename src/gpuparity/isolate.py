@@ -307,20 +307,52 @@ def fork_available() -> bool:
 
 
 def gpu_runtime_started() -> str:
-    """In the zygote: why forking now would hand children a CUDA/HIP runtime they cannot use ("" when
-    it is safe). torch's lazy init, or the NVIDIA driver library loaded (cudaGetDeviceCount, e.g. from
-    torch.cuda.is_available() without NVML, initialises the driver, and a forked child of that
-    process fails its first CUDA call)."""
+    """In the zygote: why forking now would hand children a CUDA runtime they cannot use ("" when
+    it is safe). A forked child cannot use CUDA once its parent called the driver's cuInit (torch's
+    lazy init does; so does cudaGetDeviceCount, e.g. torch.cuda.is_available() without NVML). The
+    driver library merely being loaded is harmless: torch 2.11's CUDA build loads libcuda.so at
+    import (the H100 test machine), so the driver itself is asked, without initialising it
+    (`_driver_initialised`)."""
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return "torch.cuda is initialised in the fork server"
+    state = _driver_initialised(_loaded_libcuda())
+    if state is None:
+        return "the CUDA driver library (libcuda.so) is loaded in the fork server and could not be asked whether it is initialised"
+    if state:
+        return "the CUDA driver is initialised (cuInit) in the fork server"
+    return ""
+
+
+def _loaded_libcuda() -> Optional[str]:
+    """The path of the CUDA driver library this process has mapped, else None."""
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as handle:
-            if _LIBCUDA.search(handle.read()):
-                return "the CUDA driver library (libcuda.so) is loaded in the fork server"
+            for line in handle:
+                if _LIBCUDA.search(line):
+                    return line.split(None, 5)[-1].strip()
     except OSError:
         pass
-    return ""
+    return None
+
+
+CUDA_ERROR_NOT_INITIALIZED = 3
+
+
+def _driver_initialised(path: Optional[str]) -> Optional[bool]:
+    """Whether the loaded CUDA driver library at `path` has been initialised: False when none is
+    loaded or cuDeviceGetCount answers CUDA_ERROR_NOT_INITIALIZED (a call that initialises
+    nothing), True when it answers anything else, None when it cannot be asked. RTLD_NOLOAD: the
+    library already mapped is opened, never a new one."""
+    if path is None:
+        return False
+    try:
+        import ctypes
+        lib = ctypes.CDLL(path, mode=getattr(os, "RTLD_NOLOAD", 0) | getattr(os, "RTLD_LAZY", 1))
+        count = ctypes.c_int(0)
+        return int(lib.cuDeviceGetCount(ctypes.byref(count))) != CUDA_ERROR_NOT_INITIALIZED
+    except (OSError, AttributeError):
+        return None
 
 
 def _write_all(fd: int, data: bytes) -> None:
