@@ -49,3 +49,18 @@ def test_the_worker_has_imported_the_first_checks_modules_when_it_is_ready(warm)
         assert answer["status"] == "PASS", answer
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize("set_to, gpu, expected", [(None, True, {"GPUPARITY_WORKER_WARM": "1"}), (None, False, None),
+                                                    ("0", True, None), ("1", True, None)])
+def test_first_call_workers_warm_up_by_default_on_a_gpu_machine(monkeypatch, set_to, gpu, expected):
+    """The first-call workers start warmed where there is a GPU (the first compiled steps wait for
+    their first verdicts), unless the caller set the switch (then the environment says it, as is)."""
+    import torch
+    from gpuparity.checks import selection
+    if set_to is None:
+        monkeypatch.delenv(worker.WARM, raising=False)
+    else:
+        monkeypatch.setenv(worker.WARM, set_to)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    assert selection._warm_env() == expected

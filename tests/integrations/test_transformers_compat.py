@@ -177,15 +177,17 @@ def test_mode_auto_serves_eagerly_and_leaves_the_norm_to_inductor_when_compiled(
     assert calls == [], "under torch.compile the norm is transformers' own, traced inline"
 
 
-def test_compiled_patched_llama_graph_has_compositions_inline_and_no_opaque_gpuparity_op():
+def test_compiled_patched_llama_graph_has_compositions_inline_and_no_opaque_gpuparity_op(monkeypatch):
     """A compiled patched tiny Llama (every kind forced, training): the graphs AOTAutograd hands
     inductor (forward and backward) hold the traced compositions (sdpa, the RMSNorm's rsqrt, the
     SwiGLU's silu) and no gpuparity op, whose body would run Python of ours per call, where no
     kernel needs one. On the CPU the backends are torch's (the Triton kernels are the
     interpreter's, which inductor cannot call); on a GPU the swapped modules run the Triton
     kernels, which reach inductor as their triton_op twins ("gpuparity::<name>_kernels", whose
-    kernels inductor calls from its own code) and nothing else of ours."""
+    kernels inductor calls from its own code) and nothing else of ours, where the twins are asked
+    for (GPUPARITY_COMPILED_KERNELS=twin; the default, opaque, keeps the ops opaque)."""
     from torch._dynamo.backends.common import aot_autograd
+    monkeypatch.setenv("GPUPARITY_COMPILED_KERNELS", "twin")
     from functorch.compile import make_boxed_func
     graphs = []
 

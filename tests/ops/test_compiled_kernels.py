@@ -25,12 +25,13 @@ def test_an_unknown_mode_is_refused(monkeypatch):
 
 @pytest.mark.skipif(not library.TRITON_OP, reason="torch without torch.library.triton_op")
 def test_opaque_takes_the_custom_op_where_the_twin_would_serve(monkeypatch):
-    """Where the twin serves (compiled kernels, static shapes), "opaque" routes the call to the
-    custom op instead; the default is the twin."""
+    """Where the twin could serve (compiled kernels, static shapes), "opaque" routes the call to the
+    custom op instead; the default is opaque (the first compiled steps on the H100: 1.14x the
+    unpatched model's against the twin's 1.34x), "twin" asks for the twin."""
     monkeypatch.setattr(triton_common, "interpreting", lambda: False)
     x = torch.randn(4, 8)
     monkeypatch.delenv(library.COMPILED_KERNELS, raising=False)
-    assert library._kernels_traceable(x)
+    assert not library._kernels_traceable(x)
     monkeypatch.setenv(library.COMPILED_KERNELS, "twin")
     assert library._kernels_traceable(x)
     monkeypatch.setenv(library.COMPILED_KERNELS, "opaque")

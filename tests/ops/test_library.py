@@ -299,6 +299,7 @@ def test_rotary_pair_op_serves_the_triton_pair_launch_and_its_backward(monkeypat
     """The pair op with the Triton backend (the opaque op under the interpreter): opcheck passes,
     a compiled function holds one pair op and no single rotary op, and its outputs and
     gradients are the eager pair launch's."""
+    monkeypatch.setenv("GPUPARITY_COMPILED_KERNELS", "twin")   # the twin on a GPU (the default is opaque)
     pytest.importorskip("triton")
     from gpuparity.backends import triton_rotary
     from gpuparity.ops.rotary import apply_rotary_pair

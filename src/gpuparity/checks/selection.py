@@ -39,6 +39,7 @@ from .battery import Budget, Task, WorkerPool, normalize_device, plan, run_tasks
 from ..isolate import TF32_ENV, child_env
 from .plan import timing_cases, timing_field
 from .execute import dtype_name
+from .worker import WARM
 from .results import Status, clip
 from ..contracts import get_spec
 
@@ -101,8 +102,22 @@ def _pool(purpose: str) -> WorkerPool:
             kept[1].close()
             kept = None
         if kept is None:
-            kept = _POOLS[purpose] = (started_with, WorkerPool())
+            kept = _POOLS[purpose] = (started_with, WorkerPool(_warm_env()))
         return kept[1]
+
+
+def _warm_env() -> Optional[Dict[str, str]]:
+    """The first-call and background workers set the GPU up before they say READY
+    (GPUPARITY_WORKER_WARM=1, checks/worker.py) on a machine with a GPU, unless the caller set the
+    switch: the first compiled steps wait for these workers' first verdicts (H100: the first 3
+    compiled steps of the patched Llama 1.14x the unpatched model's with it and the opaque compiled
+    kernels, 1.34x with neither; benchmarks/records/h100/first-steps-2026-12-06.md)."""
+    if os.environ.get(WARM) is not None:
+        return None
+    try:
+        return {WARM: "1"} if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001 - no device to ask: no warm-up
+        return None
 
 
 def prestart() -> None:

@@ -61,8 +61,9 @@ def _preimport_autograd_helpers() -> None:
 # GPUPARITY_WORKER_WARM: "1" (or a device such as "cuda:1"): before it says READY, the worker
 # also sets up the GPU its checks will use (`warm_device`), while a thread imports what the
 # first check imports (`_preimport_autograd_helpers`, the check modules), so that a first check
-# pays for neither. Off by default: a worker so started holds its CUDA context (some hundred MiB)
-# from its start, not from its first check.
+# pays for neither. A worker so started holds its CUDA context (some hundred MiB) from its start,
+# not from its first check. Unset, a worker does not warm up, except the first-call and background
+# workers on a machine with a GPU, which checks/selection.py starts with "1" (set "0" to keep them cold).
 WARM = "GPUPARITY_WORKER_WARM"
 
 

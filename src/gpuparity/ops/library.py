@@ -199,18 +199,22 @@ def _static(*tensors: Optional[Tensor]) -> bool:
     return not any(_symbolic(size) for t in tensors if t is not None for size in t.shape)
 
 
-# GPUPARITY_COMPILED_KERNELS: "twin" (default) or "opaque". Inductor compiles a twin's kernels itself
+# GPUPARITY_COMPILED_KERNELS: "opaque" (default) or "twin". Inductor compiles a twin's kernels itself
 # from their source, in its own Triton cache (torch._inductor.codegen.wrapper
 # define_user_defined_triton_kernel); the opaque op's body launches them as an eager call does, from
 # the Triton cache the eager calls and the checks filled (nothing for inductor to compile; Python per call).
-COMPILED_KERNELS, COMPILED_KERNEL_MODES = "GPUPARITY_COMPILED_KERNELS", ("twin", "opaque")
+# Opaque is the default since the H100 measurement of the first compiled steps (issue 43, record
+# benchmarks/records/h100/first-steps-2026-12-06.md): with the first-call workers warmed, the first 3
+# compiled steps took 1.14x the unpatched model's (twin: 1.34x); the steps after them ran 26.3 ms against
+# the twin's 25.6 ms there (unpatched 29.5 ms), so a long run whose compile is amortised may set "twin".
+COMPILED_KERNELS, COMPILED_KERNEL_MODES = "GPUPARITY_COMPILED_KERNELS", ("opaque", "twin")
 compiled_kernels = functools.partial(select.env_mode, COMPILED_KERNELS, COMPILED_KERNEL_MODES)
 
 
 def _kernels_traceable(*tensors: Optional[Tensor]) -> bool:
     """Whether the triton_op twin serves this traced call: torch has triton_op, the kernels are
     compiled ones (the interpreter's cannot be wrapped), the shapes are static (launch plans key
-    on sizes), GPUPARITY_COMPILED_KERNELS is not "opaque"; else the opaque op. (Inductor passes a
+    on sizes), GPUPARITY_COMPILED_KERNELS is "twin" (not the default); else the opaque op. (Inductor passes a
     Python float to a user kernel as fp64: the kernels cast their float arguments to fp32.)"""
     return TRITON_OP and compiled_kernels() == "twin" and not triton_common.interpreting() and _static(*tensors)
 
