@@ -74,22 +74,52 @@ def _known_issues(report: Dict[str, Any], device: str, probes: bool, sink: Dict[
 
 
 def _timings(results: List[CheckResult], device: str, timeout: Optional[float],
-             pool: Optional[WorkerPool] = None, budget: Optional[Budget] = None) -> Dict[tuple, float]:
+             pool: Optional[WorkerPool] = None, budget: Optional[Budget] = None,
+             known: Optional[Dict[tuple, float]] = None) -> Dict[tuple, float]:
     """Time every (op, backend, dtype) whose checks all passed, on the op's timing case, where
-    there is more than one such backend to rank."""
+    there is more than one such backend to rank. `known`: timings already measured on this
+    platform (`cached_timings`, for --quick); those are kept, not measured again."""
     passed: Dict[tuple, bool] = {}
     for r in results:
         if r.status == Status.SKIP or r.backend.startswith("impl:"):
             continue
         key = (r.op, r.backend, r.dtype)
         passed[key] = passed.get(key, True) and r.status == Status.PASS
-    tasks = timing_tasks([key for key, ok in passed.items() if ok], device)
-    times = {}
+    known = known or {}
+
+    def unmeasured(task) -> bool:
+        suffix = ("large",) if timing_field(task.case) == "time_ms_large" else ()
+        return (task.op, task.backend, task.dtype) + suffix not in known
+
+    tasks = timing_tasks([key for key, ok in passed.items() if ok], device, only=unmeasured)
+    times = {key: value for key, value in known.items() if passed.get(key[:3])}
     for result in run_tasks(tasks, timeout=timeout, workers=1, pool=pool, budget=budget):  # alone on the GPU
         if result.status == Status.PASS:
             # (op, backend, dtype): the timing case; (op, backend, dtype, "large"): the large one
             suffix = ("large",) if timing_field(result.case) == "time_ms_large" else ()
             times[(result.op, result.backend, result.dtype) + suffix] = result.params.get("time_ms")
+    return times
+
+
+def cached_timings(device: str) -> Dict[tuple, float]:
+    """The timings an earlier doctor stored in this platform's verdict cache: (op, backend, dtype)
+    -> ms of the timing case, (op, backend, dtype, "large") -> ms of the large one. The cache is per
+    device and platform fingerprint (checks/verdicts.py cache_path), so these were measured on this
+    GPU under the same torch, driver and libraries. Timings only rank backends that passed."""
+    import torch
+    from .checks.verdicts import cache_path, read_file
+    try:
+        stored = read_file(cache_path(torch.device(device)))
+    except (OSError, ValueError):
+        return {}
+    times: Dict[tuple, float] = {}
+    for key, verdict in stored.items():
+        op, backend, dtype, _kind = VerdictKey.decode(key)
+        base = (op, backend, dtype.split("+")[0])
+        for field, suffix in (("time_ms", ()), ("time_ms_large", ("large",))):
+            value = verdict.get(field)
+            if isinstance(value, (int, float)) and value > 0:
+                times.setdefault(base + suffix, float(value))
     return times
 
 
@@ -260,8 +290,11 @@ def run_doctor(options: DoctorOptions, *, progress: Optional[Callable[[int, int,
             known_sink = {"error": f"the known-issue probes did not finish within the budget of {budget.seconds:g} s "
                                    f"(--budget)"}
         phase("timing", finished="known issues (after the battery)")
-        times = (_timings(run.results, device, options.timeout, timing_pool, budget)
+        # --quick ranks with the timings an earlier doctor measured here and times only what they lack
+        reused = cached_timings(device) if options.fill_cache and options.level == "quick" else {}
+        times = (_timings(run.results, device, options.timeout, timing_pool, budget, known=reused)
                  if options.fill_cache and not (budget and budget.spent) else {})
+        timings_reused = sum(1 for key in reused if key in times)
     finally:
         if timing_pool is not None:
             timing_pool.close()
@@ -307,6 +340,7 @@ def run_doctor(options: DoctorOptions, *, progress: Optional[Callable[[int, int,
         "recommendations": recommendations(run.results, times, avoids, device_type),
         "shrunk": shrunk,
         "probe_cache": cache_path,
+        "timings_reused": timings_reused,
         "duration_s": time.monotonic() - started,
         "phases_s": phases,
         "exit_code": exit_code,
