@@ -11,26 +11,86 @@ import torch
 import torch.nn.functional as F
 
 from ...contracts.norms import layer_norm as reference_layer_norm, rms_norm as reference_rms_norm
-from .base import finding, grad_leaves, inconclusive, judge, probe, randn, rel_err, summarize, sync, upcast
+from .base import finding, first_line, grad_leaves, inconclusive, judge, probe, randn, rel_err, summarize, sync, upcast
+
+
+def _cpu_layer_norm_grad(dtype: torch.dtype) -> Dict[str, Any]:
+    """F.layer_norm backward on the CPU in a 16-bit dtype against float64, two cases: rows with
+    mean/std 50 (weight and input gradients), and 1024 rows of mean 0 whose bias gradient is a
+    plain column sum (what a sum kept in the 16-bit dtype loses, as sqrt(rows))."""
+    gen = torch.Generator().manual_seed(0)
+    comparisons = []
+    for rows, width, mean, spread, labels in ((64, 256, 5.0, 0.1, ("dweight", "dx")),
+                                              (1024, 256, 0.0, 1.0, ("dbias",))):
+        x = mean + spread * torch.randn(rows, width, generator=gen, dtype=torch.float64)
+        weight = 1 + 0.5 * torch.randn(width, generator=gen, dtype=torch.float64)
+        grad_out = torch.randn(rows, width, generator=gen, dtype=torch.float64).to(dtype)
+        bias = torch.randn(width, generator=gen, dtype=torch.float64)
+        inputs = [t.to(dtype) for t in (x, weight, bias)]
+        with_bias = "dbias" in labels
+        leaves = {}
+        for name, cast in (("got", dtype), ("ref", torch.float64), ("base", torch.float32)):
+            leaves[name] = [t.clone().to(cast).requires_grad_(True) for t in inputs]
+            x_, w_, b_ = leaves[name]
+            try:
+                F.layer_norm(x_, (width,), w_, b_ if with_bias else None).backward(grad_out.to(cast))
+            except RuntimeError as exc:   # a torch whose CPU kernel refuses this dtype
+                return inconclusive(f"CPU {dtype} layer_norm backward did not run: {first_line(exc)}")
+        for label in labels:
+            index = {"dx": 0, "dweight": 1, "dbias": 2}[label]
+            comparisons.append(judge(f"{label} ({rows} rows)", leaves["got"][index].grad, leaves["ref"][index].grad,
+                                     leaves["base"][index].grad.to(dtype), dtype))
+    name = str(dtype).replace("torch.", "")
+    return summarize(comparisons, f"CPU {name} layer_norm(256) backward, rows mean/std 50 and 1024 rows of mean 0")
 
 
 @probe(default="cpu")
 def cpu_bf16_layer_norm_grad(dev: torch.device) -> Dict[str, Any]:
-    """bf16 F.layer_norm backward on the CPU (whatever `device` is), rows with mean/std 50."""
-    gen = torch.Generator().manual_seed(0)
-    rows, width = 64, 256
-    x = (5.0 + 0.1 * torch.randn(rows, width, generator=gen, dtype=torch.float64)).bfloat16()
-    weight = (1 + 0.5 * torch.randn(width, generator=gen, dtype=torch.float64)).bfloat16()
-    grad_out = torch.randn(rows, width, generator=gen, dtype=torch.float64).bfloat16()
-    got = [t.clone().requires_grad_(True) for t in (x, weight)]
-    ref = [t.double().requires_grad_(True) for t in (x, weight)]
-    base = [t.float().requires_grad_(True) for t in (x, weight)]
-    F.layer_norm(got[0], (width,), got[1]).backward(grad_out)
-    F.layer_norm(ref[0], (width,), ref[1]).backward(grad_out.double())
-    F.layer_norm(base[0], (width,), base[1]).backward(grad_out.float())
-    comparisons = [judge("dweight", got[1].grad, ref[1].grad, base[1].grad.bfloat16(), torch.bfloat16),
-                   judge("dx", got[0].grad, ref[0].grad, base[0].grad.bfloat16(), torch.bfloat16)]
-    return summarize(comparisons, "CPU bf16 layer_norm(256) backward, rows mean/std 50")
+    """bf16 F.layer_norm backward on the CPU (whatever `device` is) against float64."""
+    return _cpu_layer_norm_grad(torch.bfloat16)
+
+
+@probe(default="cpu")
+def cpu_fp16_layer_norm_grad(dev: torch.device) -> Dict[str, Any]:
+    """fp16 F.layer_norm backward on the CPU (whatever `device` is) against float64."""
+    return _cpu_layer_norm_grad(torch.float16)
+
+
+# Rows whose losses (2000 each) sum to 128000 > 65504, the fp16 maximum, while their mean fits.
+CE_ROWS, CE_CLASSES, CE_ROW_LOSS = 64, 8, 2000.0
+
+
+@probe(default="cpu")
+def fp16_cross_entropy_mean(dev: torch.device) -> Dict[str, Any]:
+    """fp16 F.cross_entropy(reduction='mean') over rows whose losses sum past the fp16 maximum while
+    their mean fits, against float64: on the CPU, and on `dev` too when it is another device.
+    reduction='sum' (the true sum does not fit fp16: inf is right) and bf16 are measured, not judged."""
+    logits = torch.zeros(CE_ROWS, CE_CLASSES, dtype=torch.float64)
+    logits[:, 0] = CE_ROW_LOSS
+    target = torch.ones(CE_ROWS, dtype=torch.long)
+    ref = F.cross_entropy(logits, target)
+    devices = [torch.device("cpu")] + ([dev] if dev.type != "cpu" else [])
+    comparisons, measured = [], {"expected": float(ref)}
+    for where in devices:
+        x, t = logits.to(where, torch.float16), target.to(where)
+        try:
+            got = F.cross_entropy(x, t)
+        except (RuntimeError, NotImplementedError) as exc:   # no fp16 kernel there (CPU before torch 2.4)
+            measured[f"{where.type}_error"] = first_line(exc)
+            continue
+        base = F.cross_entropy(x.float(), t).to(torch.float16)
+        sync(where)
+        comparisons.append(judge(f"{where.type} loss", got.detach().cpu(), ref, base.detach().cpu(), torch.float16))
+        measured[f"{where.type}_mean"] = float(got)
+        measured[f"{where.type}_sum"] = float(F.cross_entropy(x, t, reduction="sum"))
+        measured[f"{where.type}_bf16_mean"] = float(F.cross_entropy(x.to(torch.bfloat16), t))
+    if not comparisons:
+        return inconclusive("fp16 F.cross_entropy did not run: " + "; ".join(
+            f"{key[:-6]}: {value}" for key, value in measured.items() if key.endswith("_error")), **measured)
+    what = (f"fp16 F.cross_entropy mean of {CE_ROWS} rows of loss {CE_ROW_LOSS:g} (their sum {CE_ROWS * CE_ROW_LOSS:g} "
+            f"> fp16 max 65504), expected {CE_ROW_LOSS:g}: "
+            + ", ".join(f"{d} gave {measured.get(f'{d.type}_mean', 'an error')}" for d in devices))
+    return {**summarize(comparisons, what), **measured}
 
 
 @probe
