@@ -163,3 +163,11 @@ def softmax_wrong_dtype(x, dim=-1):
 def softmax_nan(x, dim=-1):
     out = torch.softmax(x, dim=dim)
     return out + float("nan") * (out[..., :1] > 1e9)
+
+
+def softmax_error_by_width(x, dim=-1):
+    """ERRORs one way on rows wider than 4 and another way (a different exception type) on
+    narrower ones: a shrinker that keeps any ERROR would trade the first for the second."""
+    if x.shape[dim] > 4:
+        raise ValueError("width over 4 refused (planted)")
+    raise TypeError("narrow rows refused (planted, a different error)")

@@ -109,3 +109,43 @@ def test_repro_of_a_torch_backend_calls_torch_directly(tmp_path):
     assert "SDPBackend.MATH" in source and not re.search(r"^\s*(import|from) gpuparity", source, re.M)
     proc = _run_script(stem + ".py")
     assert proc.returncode == 0 and "passes" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_shrinking_an_error_keeps_its_exception_type():
+    """Before: an ERROR shrank onto any candidate that ERRORed (conv2d's refused weight view
+    ended on a channel mismatch); now only on one that raises the same exception type."""
+    spec = get_spec("softmax")
+    found = spec.make_case("large_logits_x4", **families.lookup(spec, "large_logits_x4").params)
+    run = run_battery(["softmax"], "default", "cpu", impl=f"{IMPLS}:softmax_error_by_width", dtypes=["float32"],
+                      isolate=False, case_lists={"softmax": [found]})
+    [original] = run.results
+    assert original.status == Status.ERROR and original.reason.startswith("raised ValueError"), original.reason
+    shrunk = shrink(original, impl=f"{IMPLS}:softmax_error_by_width", isolate=False, seconds=60)
+    assert shrunk.result.status == Status.ERROR
+    assert shrunk.result.reason.startswith("raised ValueError"), (shrunk.result.reason, shrunk.steps)
+    # it still shrank: one row, and the narrowest width that raises the same way
+    assert tuple(shrunk.params["shape"]) == (1, 5), shrunk.steps
+
+
+def test_a_shrink_step_keeps_only_the_same_kind_of_failure():
+    from gpuparity.checks.shrink import _same_failure
+    from gpuparity.checks.results import CheckResult
+    from gpuparity.tolerance import Comparison
+
+    def result(status, reason="", off=()):
+        return CheckResult("attention", "b", "c", "float32", "cpu", status, reason=reason,
+                           comparisons=[Comparison(name, name not in off) for name in ("out", "grad_q", "grad_k")])
+    value_error = result(Status.ERROR, "raised ValueError: no (planted) at x.py:3")
+    assert _same_failure(value_error, result(Status.ERROR, "raised ValueError: other words at y.py:9"))
+    assert not _same_failure(value_error, result(Status.ERROR, "raised RuntimeError: mismatch at x.py:4"))
+    assert not _same_failure(value_error, result(Status.ERROR, "the check itself raised ValueError: no"))
+    assert not _same_failure(value_error, result(Status.CRASH, "worker died"))
+    assert not _same_failure(result(Status.CRASH), result(Status.TIMEOUT))
+    grad_q = result(Status.FAIL, "grad_q: relative error ...", off=("grad_q", "grad_k"))
+    assert _same_failure(grad_q, result(Status.FAIL, off=("grad_q",)))
+    assert not _same_failure(grad_q, result(Status.FAIL, off=("out",)))
+    # a numeric FAIL and a returned-value problem (no comparison: wrong shape, dtype) are not one kind
+    problem = CheckResult("attention", "b", "c", "float32", "cpu", Status.FAIL,
+                          reason="the implementation returned the wrong shape (1,), expected (2,)")
+    assert not _same_failure(grad_q, problem) and not _same_failure(problem, grad_q)
+    assert _same_failure(problem, problem)

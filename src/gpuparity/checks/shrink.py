@@ -3,10 +3,11 @@
 Greedy, in phases: sizes first (every size parameter tried at 1, 2, half, and one tile of
 16/32/64/128 less, so a remainder such as Sk % 128 == 64 survives: 192 -> 64), then values
 (hostile value regimes back to plain ones), then the mask (simpler forms, then none), then
-layouts. A candidate is kept when it fails the same way (the same status; for a FAIL, one of the
-same outputs or gradients). Each candidate runs as a battery task: in a crash-isolated worker
-(kept alive across candidates) unless isolate=False. The last, smallest failing case is run
-once more with a standalone repro written (checks/repro.py)."""
+layouts. A candidate is kept when it fails the same way (_failure_kind: the same status; for an
+ERROR, the same exception type; for a FAIL, one of the same outputs or gradients). Each candidate
+runs as a battery task: in a crash-isolated worker (kept alive across candidates) unless
+isolate=False. The last, smallest failing case is run once more with a standalone repro written
+(checks/repro.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -119,14 +120,28 @@ def _phases(op: str):
             ("mask", _mask_candidates), ("layout", _layout_candidates(op)))
 
 
+def _failure_kind(result: CheckResult) -> tuple:
+    """What a shrunk case must keep: the status; for an ERROR the exception's type (and whether
+    the implementation or the check itself raised: src/gpuparity/checks/execute.py and
+    src/gpuparity/checks/pool.py word the reason "raised <Type>: ..."); for a FAIL the outputs or gradients off (None: no comparison failed,
+    a problem with the returned value: its shape, dtype, device, or no gradient)."""
+    if result.status == Status.ERROR:
+        raised = re.match(r"(.*?)raised ([\w.]+)", result.reason or "")
+        return result.status, raised.groups() if raised else result.reason
+    if result.status == Status.FAIL:
+        return result.status, frozenset(c.name for c in result.comparisons if not c.passed) or None
+    return result.status, None
+
+
 def _same_failure(original: CheckResult, result: CheckResult) -> bool:
-    if result.status != original.status:
+    """A candidate is kept only when it fails the same way (_failure_kind); a FAIL's outputs need
+    only overlap (grad_q and grad_k off, then grad_q alone, is the same bug shrinking)."""
+    (status, kind), (now_status, now) = _failure_kind(original), _failure_kind(result)
+    if status != now_status:
         return False
-    if original.status != Status.FAIL:
-        return True
-    failing = {c.name for c in original.comparisons if not c.passed}
-    now = {c.name for c in result.comparisons if not c.passed}
-    return not failing or bool(failing & now) or (not now and bool(re.search(r"returned", result.reason)))
+    if status == Status.FAIL and kind is not None and now is not None:
+        return bool(kind & now)
+    return kind == now
 
 
 def shrink(result: CheckResult, *, impl: Optional[str] = None, isolate: bool = True,

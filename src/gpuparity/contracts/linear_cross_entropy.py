@@ -153,6 +153,40 @@ class LinearCrossEntropySpec(OpSpec):
             flat[:] = -100
         return inputs
 
+    def error_terms(self, inputs, p):
+        """With the loss's gradient in inputs["grad_out"], each gradient's gradient_rounding
+        (tolerance.error_floor): the shift a correct composition makes by rounding G =
+        d(loss)/d(logits), grad_out included, to the dtype under test (fp16 flushes its tiny
+        elements to 0); grad_hidden = G W, grad_weight = G^T hidden, grad_bias = G's rows summed."""
+        grad_out, dtype = inputs.get("grad_out"), inputs.get("orig_dtype")
+        if not isinstance(grad_out, torch.Tensor) or dtype is None:
+            return {}
+        hidden = inputs["hidden"].reshape(-1, inputs["weight"].shape[1])
+        weight, bias, target = inputs["weight"], inputs.get("bias"), inputs["target"].reshape(-1)
+        with torch.no_grad():
+            logits = F.linear(hidden, weight, bias)
+            slope = 1.0
+            if p["softcap"] is not None:
+                slope = 1 - torch.tanh(logits / p["softcap"]) ** 2
+                logits = p["softcap"] * torch.tanh(logits / p["softcap"])
+            valid = target != -100
+            grad = torch.softmax(logits, -1)
+            grad[valid.nonzero()[:, 0], target[valid].long()] -= 1.0
+            rows = grad_out.reshape(-1) if p["reduction"] == "none" else grad_out.reshape(()).expand(len(target))
+            if p["reduction"] == "mean":
+                rows = rows / valid.sum().clamp(min=1)
+            grad = grad * slope * (rows * valid)[:, None]
+            rounded = grad.to(dtype).to(grad.dtype) - grad
+            shifts = {"grad_hidden": (rounded @ weight, grad @ weight),
+                      "grad_weight": (rounded.t() @ hidden, grad.t() @ hidden),
+                      "grad_bias": (rounded.sum(0), grad.sum(0))}
+        terms = {}
+        for name, (shift, exact) in shifts.items():
+            norm = float(torch.linalg.vector_norm(exact))
+            if norm > 0:
+                terms[name] = {"gradient_rounding": float(torch.linalg.vector_norm(shift)) / norm}
+        return terms
+
     def call(self, fn, inputs, p):
         out = fn(inputs["hidden"], inputs["weight"], inputs["target"], inputs.get("bias"), -100, p["reduction"],
                  p["softcap"])
