@@ -14,6 +14,7 @@ from importlib import resources
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .. import platform as platform_mod
+from ..cachedir import cache_dir
 from ..isolate import ForkServer, call_isolated, describe_exit
 from .rules import evaluate_rule, kernel_param_state, validate_rule
 
@@ -377,9 +378,13 @@ def evaluate(platform: Optional[Dict[str, Any]] = None, *, probes: bool = True, 
             if progress:
                 progress(finished[0], len(runnable), issue["id"])
 
-    # Each probe is its own process; on a GPU a few run side by side (each its own CUDA context).
+    # Each probe is its own process; on a GPU a few run side by side (each its own CUDA context),
+    # the longest first (as they took here last time: the last to start should be short ones).
     # On the CPU they run one at a time: the cores are the compute.
     workers = 1 if on_cpu else max(1, min(probe_workers, len(runnable)))
+    times_path = probe_times_path(report) if workers > 1 else None
+    if times_path:
+        runnable = longest_first(runnable, load_probe_times(times_path))
     forked = probe_isolation == "fork" and any(issue.get("probe_isolation", "fork") == "fork" for issue, _ in runnable)
     server = ForkServer(preload=[PROBE_MODULE]) if forked else None
     try:
@@ -394,9 +399,51 @@ def evaluate(platform: Optional[Dict[str, Any]] = None, *, probes: bool = True, 
     finally:
         if server is not None:
             server.close()
+    if times_path:
+        save_probe_times(times_path, {issue["probe"]: result.probe_outcome["duration_s"] for issue, result in runnable
+                                      if isinstance(result.probe_outcome, dict)
+                                      and isinstance(result.probe_outcome.get("duration_s"), (int, float))})
     if progress:
         progress(len(runnable), len(runnable), "")
     return results
+
+
+def probe_times_path(report: Dict[str, Any]) -> str:
+    """Where the seconds each probe took on this platform are kept (beside the verdict cache)."""
+    return os.path.join(cache_dir(), f"probe-times-{platform_mod.fingerprint_key(report)}.json")
+
+
+def load_probe_times(path: str) -> Dict[str, float]:
+    """Probe name -> seconds it took here last time; {} when none were kept or the file is unreadable."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    return {name: float(seconds) for name, seconds in data.items()
+            if isinstance(name, str) and isinstance(seconds, (int, float))} if isinstance(data, dict) else {}
+
+
+def save_probe_times(path: str, times: Dict[str, float]) -> None:
+    """Merge `times` into the file at `path`; a cache that cannot be written only costs the order."""
+    merged = {**load_probe_times(path), **{name: round(float(s), 3) for name, s in times.items()}}
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(merged, handle, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+
+
+def longest_first(runnable: List[Any], seconds: Dict[str, float]) -> List[Any]:
+    """(issue, result) pairs ordered by the seconds each probe took last time, longest first;
+    probes never timed here come first (they may be long), in the base's order."""
+    return sorted(runnable, key=lambda item: -seconds.get(item[0]["probe"], float("inf")))
 
 
 def _check_device(device: str) -> None:
