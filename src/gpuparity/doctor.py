@@ -229,6 +229,7 @@ def partial_report(options: DoctorOptions, results: List[CheckResult], *, error:
         "battery": {"results": [r.to_dict() for r in results], "tally": tally(results), "duration_s": duration_s},
         "recommendations": [],
         "probe_cache": None,
+        "timings_reused": 0,
         "duration_s": duration_s,
         "phases_s": {},
         "exit_code": exit_code,
