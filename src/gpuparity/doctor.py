@@ -60,14 +60,15 @@ def estimate(options: DoctorOptions) -> Dict[str, Any]:
     return {"checks": len(tasks), "skipped": len(decided), "seconds": estimate_seconds(len(tasks), device)}
 
 
-def _known_issues(report: Dict[str, Any], device: str, probes: bool, sink: Dict[str, Any]) -> None:
+def _known_issues(report: Dict[str, Any], device: str, probes: bool, sink: Dict[str, Any],
+                  reuse: bool = False) -> None:
     try:
         from . import known
     except ImportError as exc:
         sink["error"] = f"the known-issue base is not available: {exc}"
         return
     try:
-        results = known.evaluate(report, probes=probes, device=device)
+        results = known.evaluate(report, probes=probes, device=device, reuse_outcomes=reuse)
         sink["results"] = [r.to_dict() if hasattr(r, "to_dict") else dataclasses.asdict(r) for r in results]
     except Exception as exc:  # noqa: BLE001 - the report is still written without them
         sink["error"] = f"evaluating known issues failed: {type(exc).__name__}: {exc}"
@@ -230,6 +231,7 @@ def partial_report(options: DoctorOptions, results: List[CheckResult], *, error:
         "recommendations": [],
         "probe_cache": None,
         "timings_reused": 0,
+        "probes_reused": 0,
         "duration_s": duration_s,
         "phases_s": {},
         "exit_code": exit_code,
@@ -271,8 +273,9 @@ def run_doctor(options: DoctorOptions, *, progress: Optional[Callable[[int, int,
     phase("platform")
     report = platform.collect()
     known_sink: Dict[str, Any] = {}
-    known_thread = threading.Thread(target=_known_issues, args=(report, device, options.probes, known_sink),
-                                     daemon=True)
+    # --quick lets the probe outcomes an earlier doctor kept on this very platform stand (known/outcomes.py)
+    known_thread = threading.Thread(target=_known_issues, args=(report, device, options.probes, known_sink,
+                                                                options.level == "quick"), daemon=True)
     known_thread.start()  # probes run in their own processes, alongside the battery
     on_gpu = normalize_device(device).type == "cuda"
     # the timing worker imports torch while the battery runs
@@ -342,6 +345,7 @@ def run_doctor(options: DoctorOptions, *, progress: Optional[Callable[[int, int,
         "shrunk": shrunk,
         "probe_cache": cache_path,
         "timings_reused": timings_reused,
+        "probes_reused": sum(1 for k in known_results if (k.get("probe_outcome") or {}).get("reused")),
         "duration_s": time.monotonic() - started,
         "phases_s": phases,
         "exit_code": exit_code,

@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from .. import platform as platform_mod
 from ..cachedir import cache_dir
 from ..isolate import ForkServer, call_isolated, describe_exit
+from . import outcomes as kept_outcomes
 from .rules import evaluate_rule, kernel_param_state, validate_rule
 
 DOES_NOT_APPLY = "does not apply"
@@ -302,7 +303,7 @@ def run_probe(issue: Dict[str, Any], device: str, timeout: float,
 def evaluate(platform: Optional[Dict[str, Any]] = None, *, probes: bool = True, device: Optional[str] = None,
              timeout: float = 60, progress: Optional[Progress] = None, ids: Optional[Sequence[str]] = None,
              issues: Optional[List[Dict[str, Any]]] = None, probe_workers: int = 4,
-             probe_isolation: str = "fork") -> List[KnownIssueResult]:
+             probe_isolation: str = "fork", reuse_outcomes: bool = False) -> List[KnownIssueResult]:
     """Every entry of the base on this machine (platform=None) or on a saved platform report.
 
     Rules decide "does not apply" / "may apply". With probes=True and the report being this
@@ -316,7 +317,9 @@ def evaluate(platform: Optional[Dict[str, Any]] = None, *, probes: bool = True, 
     `issues` replaces the base (for tests and experiments with new entries). `probe_workers`:
     probes side by side on a GPU (one on the CPU). `probe_isolation`: "fork" forks each probe from
     one fork server that imported torch and the probes once (entries marked "spawn" still start
-    fresh); "spawn" starts a fresh interpreter for every probe.
+    fresh); "spawn" starts a fresh interpreter for every probe. Every decisive outcome is kept
+    for this platform (known/outcomes.py); `reuse_outcomes` (doctor --quick) lets a kept one stand
+    for running its probe again, marked "reused" with when it was probed.
     """
     if platform is not None and not isinstance(platform, dict):
         raise TypeError(f"platform: expected a platform report dict (gpuparity.platform.collect()), "
@@ -360,10 +363,22 @@ def evaluate(platform: Optional[Dict[str, Any]] = None, *, probes: bool = True, 
             runnable.append((issue, result))
     lock = threading.Lock()
     finished = [0]
+    outcomes_path = probe_outcomes_path(report)
+    kept = kept_outcomes.load(outcomes_path) if reuse_outcomes else {}
+    fresh: Dict[str, Dict[str, Any]] = {}
+
+    codes = {issue["id"]: kept_outcomes.code_key(issue, PROBE_MODULE) for issue, _ in runnable}
+    reused = {issue["id"]: outcome for issue, _ in runnable
+              for outcome in [kept_outcomes.reusable(kept.get(issue["id"]), codes[issue["id"]])] if outcome}
 
     def probe_one(item) -> None:
         issue, result = item
-        outcome = run_probe(issue, device, timeout, server)
+        outcome = reused.get(issue["id"])
+        if outcome is None:
+            outcome = run_probe(issue, device, timeout, server)
+            if outcome["verdict"] in kept_outcomes.REUSABLE_VERDICTS:
+                with lock:
+                    fresh[issue["id"]] = kept_outcomes.entry(outcome, codes[issue["id"]])
         with lock:
             result.probe_outcome = outcome
             if outcome["verdict"] != MAY_APPLY or result.expected:
@@ -371,6 +386,8 @@ def evaluate(platform: Optional[Dict[str, Any]] = None, *, probes: bool = True, 
             # else: the probe could not tell, so the version rule's "does not apply" stands
             prefix = {CONFIRMED: "probe failed here", RULED_OUT: "not reproduced here, its probe passed"}.get(
                 outcome["verdict"], "probe inconclusive")
+            if outcome.get("reused"):
+                prefix += f" (at {outcome['probed_at']}, on this platform; kept by --quick)"
             if outcome["verdict"] == CONFIRMED and not result.expected:
                 prefix += ", although its version rule did not expect it here"
             result.why.append(f"{prefix}: {outcome['detail']}")
@@ -381,31 +398,42 @@ def evaluate(platform: Optional[Dict[str, Any]] = None, *, probes: bool = True, 
     # Each probe is its own process; on a GPU a few run side by side (each its own CUDA context),
     # the longest first (as they took here last time: the last to start should be short ones).
     # On the CPU they run one at a time: the cores are the compute.
-    workers = 1 if on_cpu else max(1, min(probe_workers, len(runnable)))
-    times_path = probe_times_path(report) if workers > 1 else None
+    for item in runnable:
+        if item[0]["id"] in reused:
+            probe_one(item)
+    to_run = [item for item in runnable if item[0]["id"] not in reused]
+    workers = 1 if on_cpu else max(1, min(probe_workers, len(to_run)))
+    times_path = probe_times_path(report) if not on_cpu else None
     if times_path:
-        runnable = longest_first(runnable, load_probe_times(times_path))
-    forked = probe_isolation == "fork" and any(issue.get("probe_isolation", "fork") == "fork" for issue, _ in runnable)
+        to_run = longest_first(to_run, load_probe_times(times_path))
+    forked = probe_isolation == "fork" and any(issue.get("probe_isolation", "fork") == "fork" for issue, _ in to_run)
     server = ForkServer(preload=[PROBE_MODULE]) if forked else None
     try:
         if server is not None:
             server.start()   # torch imports in the zygote while the first probes are handed out
         if workers == 1:
-            for item in runnable:
+            for item in to_run:
                 probe_one(item)
         else:
             with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-                list(pool.map(probe_one, runnable))
+                list(pool.map(probe_one, to_run))
     finally:
         if server is not None:
             server.close()
+    if fresh:
+        kept_outcomes.save(outcomes_path, fresh)
     if times_path:
-        save_probe_times(times_path, {issue["probe"]: result.probe_outcome["duration_s"] for issue, result in runnable
+        save_probe_times(times_path, {issue["probe"]: result.probe_outcome["duration_s"] for issue, result in to_run
                                       if isinstance(result.probe_outcome, dict)
                                       and isinstance(result.probe_outcome.get("duration_s"), (int, float))})
     if progress:
         progress(len(runnable), len(runnable), "")
     return results
+
+
+def probe_outcomes_path(report: Dict[str, Any]) -> str:
+    """Where this platform's decisive probe outcomes are kept (beside the verdict cache)."""
+    return os.path.join(cache_dir(), f"probe-outcomes-{platform_mod.fingerprint_key(report)}.json")
 
 
 def probe_times_path(report: Dict[str, Any]) -> str:

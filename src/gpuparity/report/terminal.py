@@ -290,8 +290,9 @@ def render_doctor(console: Console, report: Dict[str, Any]) -> None:
     console.print(f"{verdict}: {tally_text(t)} in {report['duration_s']:.1f} s on "
                   f"{report['options']['device']} (level {report['options']['level']}, seed {report['options']['seed']})")
     if report.get("phases_s"):
-        reused = report.get("timings_reused")
+        kept = [f"{n} {what}" for n, what in ((report.get("timings_reused"), "timings"),
+                                               (report.get("probes_reused"), "probe outcomes")) if n]
         console.print("[dim]time: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in report["phases_s"].items())
-                      + (f" ({reused} timings kept from an earlier doctor here)" if reused else "") + "[/]")
+                      + (f" ({' and '.join(kept)} kept from an earlier doctor here)" if kept else "") + "[/]")
     if report.get("probe_cache"):
         console.print(f"[dim]probe cache for backend='auto': {report['probe_cache']}[/]")
