@@ -1,6 +1,7 @@
 """Where gpuparity keeps its on-disk caches (probe verdicts, compile probes): one place."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -34,3 +35,21 @@ def unwritable(path: str, exc: OSError) -> None:
               "verdicts are kept in this process only and probed again in the next one. Set "
               "GPUPARITY_CACHE_DIR to a writable directory to keep them", path,
               exc.strerror or type(exc).__name__)
+
+
+def write_json(path: str, data) -> bool:
+    """Write `data` as JSON to `path` through a temporary file and a rename, so a reader never sees
+    half a file; False (and no file left behind) when it cannot be written: a cache is optional."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=1, sort_keys=True, default=str)
+        os.replace(tmp, path)
+        return True
+    except OSError:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        return False

@@ -14,7 +14,7 @@ from importlib import resources
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .. import platform as platform_mod
-from ..cachedir import cache_dir
+from ..cachedir import cache_dir, write_json
 from ..isolate import ForkServer, call_isolated, describe_exit
 from . import outcomes as kept_outcomes
 from .rules import evaluate_rule, kernel_param_state, validate_rule
@@ -454,18 +454,7 @@ def load_probe_times(path: str) -> Dict[str, float]:
 
 def save_probe_times(path: str, times: Dict[str, float]) -> None:
     """Merge `times` into the file at `path`; a cache that cannot be written only costs the order."""
-    merged = {**load_probe_times(path), **{name: round(float(s), 3) for name, s in times.items()}}
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump(merged, handle, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-    except OSError:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
+    write_json(path, {**load_probe_times(path), **{name: round(float(s), 3) for name, s in times.items()}})
 
 
 def longest_first(runnable: List[Any], seconds: Dict[str, float]) -> List[Any]:

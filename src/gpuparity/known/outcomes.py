@@ -18,9 +18,10 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 import time
 from typing import Any, Dict, Optional
+
+from ..cachedir import write_json
 
 MAX_AGE_S = 7 * 24 * 3600
 REUSABLE_VERDICTS = ("confirmed", "ruled out")
@@ -62,18 +63,7 @@ def load(path: str) -> Dict[str, Dict[str, Any]]:
 def save(path: str, outcomes: Dict[str, Dict[str, Any]]) -> None:
     """Merge `outcomes` (entry id -> {"code", "at", "outcome"}) into the file at `path`. A cache
     that cannot be written only costs the next --quick its probes."""
-    merged = {**load(path), **outcomes}
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump(merged, handle, indent=1, sort_keys=True, default=str)
-        os.replace(tmp, path)
-    except OSError:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
+    write_json(path, {**load(path), **outcomes})
 
 
 def entry(outcome: Dict[str, Any], code: str, now: Optional[float] = None) -> Dict[str, Any]:
