@@ -21,11 +21,12 @@ import json
 import time
 from typing import Any, Dict, Optional
 
+from .. import caches
 from ..cachedir import write_json
 
 MAX_AGE_S = 7 * 24 * 3600
 REUSABLE_VERDICTS = ("confirmed", "ruled out")
-_SOURCE_KEYS: Dict[str, str] = {}
+_SOURCE_KEYS: Dict[str, str] = caches.register("known.outcomes.source_keys", {})
 
 
 def _module_source_key(module: str) -> str:
