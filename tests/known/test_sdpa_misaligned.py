@@ -48,3 +48,30 @@ def test_sdpa_wrappers_hand_torch_an_aligned_copy():
     torch.cuda.synchronize()
     ref = decode_reference(*(t.cpu().double() for t in (q, k, v)), lengths.cpu())
     assert float((out.cpu().double() - ref).norm() / ref.norm()) < 1e-2
+
+
+def test_efficient_probe_confirms_a_fault_off_alignment_and_passes_torch_refusals(monkeypatch):
+    """SDPA-EFFICIENT-MISALIGNED: an fp32 q 4 bytes off 16-byte alignment faults on the H100's efficient
+    kernel; torch's own "not correctly aligned" error (its check for fp16 q/k) is a refusal, not the bug."""
+    monkeypatch.setattr(probes.base, "needs_gpu", lambda dev: None)
+    calls = []
+
+    def efficient(fault):
+        def run(backend, q, k, v, **kwargs):
+            misaligned = [name for name, t in (("q", q), ("k", k), ("v", v)) if t.data_ptr() % 16]
+            calls.append((q.dtype, misaligned))
+            if misaligned and fault(q.dtype, misaligned):
+                raise RuntimeError("CUDA error: misaligned address\nCUDA kernel errors might be asynchronously reported")
+            if misaligned:
+                raise RuntimeError(f"p.{misaligned[0]}_ptr is not correctly aligned")
+            return F.scaled_dot_product_attention(q, k, v)
+        return run
+    monkeypatch.setattr(probes.attention, "run_sdpa", efficient(lambda dtype, names: dtype == torch.float32))
+    result = probes.sdpa_efficient_misaligned(device="cpu")
+    assert result["failed"] is True and "float32 q 4 bytes past 16-byte alignment" in result["detail"]
+    assert calls == [(torch.float32, []), (torch.float32, ["q"])]        # control first, stops at the fault
+    monkeypatch.setattr(probes.attention, "run_sdpa", efficient(lambda dtype, names: False))
+    refused = probes.sdpa_efficient_misaligned(device="cpu")
+    assert refused["failed"] is False and "refused" in refused["detail"]
+    monkeypatch.setattr(probes.attention, "run_sdpa", lambda backend, q, k, v, **kw: F.scaled_dot_product_attention(q, k, v))
+    assert probes.sdpa_efficient_misaligned(device="cpu")["failed"] is False   # right answers, no fault

@@ -329,6 +329,56 @@ def sdpa_misaligned(dev: torch.device) -> Dict[str, Any]:
     return result
 
 
+# (dtype, which input sits off alignment, its storage offset in elements): the H100 (torch 2.11) faults on both
+EFFICIENT_MISALIGNED_CALLS = (("float32", "q", 1), ("float16", "v", 1))
+REFUSED_MISALIGNED = ("is not correctly aligned",)   # torch's own check, where it has one: an error, not a fault
+
+
+@probe(gpu=True)
+def sdpa_efficient_misaligned(dev: torch.device) -> Dict[str, Any]:
+    """SDPA's memory-efficient backend pinned, one input a view whose data pointer is off 16-byte
+    alignment: fp32 q 4 bytes past it, fp16 v 2 bytes past it (torch refuses an fp16 q or k at 2 or 4
+    bytes with "is not correctly aligned", but checks neither fp32 nor v). "CUDA error: misaligned
+    address", or a wrong output? Each dtype runs aligned first (the control); the error poisons the CUDA context,
+    so the probe stops at the first (it runs in a process of its own)."""
+    batch, heads, q_len, k_len, dim = 2, 2, 16, 24, 16
+    ran, comparisons = [], []
+    for dtype_name, which, offset in EFFICIENT_MISALIGNED_CALLS:
+        dtype = getattr(torch, dtype_name)
+        q = randn((batch, heads, q_len, dim), dev, dtype, 1)
+        k, v = randns((batch, heads, k_len, dim), dev, dtype, 2, 3)
+        try:
+            run_sdpa("efficient", q, k, v)            # the control: aligned
+            sync(dev)
+        except NoKernel as exc:
+            return inconclusive(f"the efficient backend has no {dtype_name} kernel here ({exc})")
+        inputs = {"q": q, "k": k, "v": v}
+        inputs[which] = at_offset(inputs[which], offset)
+        label = f"{dtype_name} {which} {inputs[which].data_ptr() % 16} bytes past 16-byte alignment"
+        try:
+            out = run_sdpa("efficient", inputs["q"], inputs["k"], inputs["v"])
+            sync(dev)
+        except NoKernel:
+            ran.append(f"{label}: refused with an error (no fault)")
+            continue
+        except RuntimeError as exc:
+            if any(marker in str(exc) for marker in REFUSED_MISALIGNED):
+                ran.append(f"{label}: refused with an error (no fault)")
+                continue
+            if any(marker in str(exc) for marker in MISALIGNED_MARKERS):
+                return finding(True, f"efficient SDPA with {label}: {first_line(exc, 120)} (B{batch} H{heads} "
+                                     f"Sq{q_len} Sk{k_len} D{dim}, no mask); the aligned control ran",
+                               call=label, calls_before=ran)
+            raise
+        ran.append(label)
+        ref = reference_attention(upcast(q, False), upcast(k, False), upcast(v, False))
+        comparisons.append(judge(f"efficient out, {label}", out, ref, _composition(q, k, v), dtype))
+    if not comparisons:
+        return finding(False, "efficient SDPA refused every misaligned call with an error (no fault): " + "; ".join(ran),
+                       calls=ran)
+    return summarize(comparisons, "efficient SDPA on inputs off 16-byte alignment")
+
+
 def _sdpa_call(backend: str, q, k, v, mask):
     if backend == "default":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
