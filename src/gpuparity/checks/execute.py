@@ -128,14 +128,16 @@ def run_case(op: str, fn: Callable, params: Dict[str, Any], dtype: torch.dtype, 
         return _run_case(spec, fn, params, dtype, device, seed, baseline_fn)[:3]
     from . import repro as repro_module
     impl_fn, reference_fn = fn, get_spec(op).repro_reference()
-    impl_call, ref_call = repro_module.CallRecorder(fn), repro_module.CallRecorder(spec.reference_fn)
+    # the implementation's inputs saved as they went in (a sticky device error leaves none to copy after)
+    impl_call = repro_module.CallRecorder(fn, snapshot=True)
+    ref_call = repro_module.CallRecorder(spec.reference_fn)
     fn = impl_call.wrapped
     spec = _with_reference(spec, ref_call.wrapped)
     sdpa = None
     if not repro.get("impl") and repro.get("backend") in repro_module.SDPA_KERNELS:
         # the repro calls torch's SDPA as the backend did: record that call, judged by the reference
         import torch.nn.functional as F
-        sdpa = repro_module.CallRecorder(F.scaled_dot_product_attention)
+        sdpa = repro_module.CallRecorder(F.scaled_dot_product_attention, snapshot=True)
         F.scaled_dot_product_attention = sdpa.wrapped
     try:
         status, comparisons, reason, grad_out = _run_case(spec, fn, params, dtype, device, seed, baseline_fn)
@@ -185,6 +187,8 @@ def _run_case(spec: OpSpec, fn: Callable, params: Dict[str, Any], dtype: torch.d
     try:
         out, grads, problems = _forward_backward(spec, fn, spec.cast_inputs(rounded, dtype, device), params,
                                                  grad_out, dtype, device, "the implementation", ref_out.shape)
+        if device.type == "cuda":   # an error its kernels launched asynchronously surfaces here: the implementation's
+            torch.cuda.synchronize(device)
     except BackendUnavailable as exc:
         return Status.SKIP, [], str(exc), grad_out
     except Exception as exc:  # noqa: BLE001 - an implementation that raises is a result
@@ -193,8 +197,6 @@ def _run_case(spec: OpSpec, fn: Callable, params: Dict[str, Any], dtype: torch.d
         return Status.ERROR, [], f"raised {type(exc).__name__}: {clip(exc, 400)}{where}", grad_out
     if problems:
         return Status.FAIL, [], "; ".join(problems), grad_out
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
     base_out, base_grads = None, {}
     if baseline_fn is not None:

@@ -87,7 +87,8 @@ class Breaker:
 
 
 class WorkerPool:
-    """One worker subprocess at a time; restarted after a crash or a timeout."""
+    """One worker subprocess at a time; restarted after a crash, a timeout or a sticky device
+    error (checks/worker.py answer_task)."""
 
     def __init__(self, env: Optional[Dict[str, str]] = None, ops: Optional[Iterable[str]] = None):
         self.env = env
@@ -191,7 +192,18 @@ class WorkerPool:
             if line.startswith(MARKER):
                 answer = json.loads(line[len(MARKER):])
                 if answer.get("id") == task.id:
+                    if answer.get("sticky"):   # the worker exits (worker.answer_task): the next task starts a fresh one
+                        self._retire()
                     return answer
+
+    def _retire(self, wait_s: float = 10.0) -> None:
+        """The worker said it ends (a sticky device error): let it exit, then forget it."""
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=wait_s)
+            except subprocess.TimeoutExpired:
+                pass
+        self._stop()
 
     def close(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -204,11 +216,8 @@ class WorkerPool:
 
 
 def _run_in_process(task: Task) -> Dict[str, Any]:
-    from .worker import handle
-    try:
-        return handle(dataclasses.asdict(task))
-    except Exception as exc:  # noqa: BLE001
-        return {"status": "ERROR", "reason": f"the check itself raised {type(exc).__name__}: {exc}"}
+    from .worker import answer_task
+    return answer_task(dataclasses.asdict(task), in_process=True)
 
 
 def _to_result(task: Task, answer: Dict[str, Any], duration: float) -> CheckResult:

@@ -25,18 +25,28 @@ _PRELUDE = ("import math\nfrom typing import Any, Dict, List, Optional, Sequence
 
 
 class CallRecorder:
-    """Wraps a function; remembers the arguments of its last call."""
+    """Wraps a function; remembers the arguments of its last call. `snapshot`: also their saved
+    form (`_encode`: on the CPU), taken before the call: the tensors as they went in, even where
+    the call then writes into them, and writable after a call that broke the process's GPU
+    context (a sticky device error: no tensor can be copied off the GPU after it)."""
 
-    def __init__(self, fn: Callable):
+    def __init__(self, fn: Callable, snapshot: bool = False):
         self.fn = fn
         self.args: tuple = ()
         self.kwargs: Dict[str, Any] = {}
+        self.saved: Optional[tuple] = None
 
         @functools.wraps(fn)
         def recorded(*args, **kwargs):
             self.args, self.kwargs = args, kwargs
+            if snapshot:
+                self.saved = (_encode(list(args)), _encode(dict(kwargs)))
             return fn(*args, **kwargs)
         self.wrapped = recorded
+
+    def encoded(self) -> tuple:
+        """(args, kwargs) as saved: the snapshot where taken, else the arguments now."""
+        return self.saved or (_encode(list(self.args)), _encode(dict(self.kwargs)))
 
 
 def _tensor_spec(t: torch.Tensor) -> Dict[str, Any]:
@@ -128,8 +138,8 @@ def write(path_stem: str, *, op: str, backend: str, impl: Optional[str], case: s
           grad_out: Optional[torch.Tensor], bounds: Dict[str, float], reason: str,
           impl_fn: Optional[Callable] = None) -> str:
     """Write `<path_stem>.py` and `<path_stem>.pt`; returns the script's path."""
-    data = {"impl_args": _encode(list(impl_call.args)), "impl_kwargs": _encode(dict(impl_call.kwargs)),
-            "ref_args": _encode(list(ref_call.args)), "ref_kwargs": _encode(dict(ref_call.kwargs)),
+    (impl_args, impl_kwargs), (ref_args, ref_kwargs) = impl_call.encoded(), ref_call.encoded()
+    data = {"impl_args": impl_args, "impl_kwargs": impl_kwargs, "ref_args": ref_args, "ref_kwargs": ref_kwargs,
             "grad_out": None if grad_out is None else grad_out.detach().cpu(), "bounds": bounds,
             "device": device, "dtype": dtype}
     os.makedirs(os.path.dirname(os.path.abspath(path_stem)), exist_ok=True)

@@ -4,10 +4,11 @@ Greedy, in phases: sizes first (every size parameter tried at 1, 2, half, and on
 16/32/64/128 less, so a remainder such as Sk % 128 == 64 survives: 192 -> 64), then values
 (hostile value regimes back to plain ones), then the mask (simpler forms, then none), then
 layouts. A candidate is kept when it fails the same way (_failure_kind: the same status; for an
-ERROR, the same exception type; for a FAIL, one of the same outputs or gradients). Each candidate
-runs as a battery task: in a crash-isolated worker (kept alive across candidates) unless
-isolate=False. The last, smallest failing case is run once more with a standalone repro written
-(checks/repro.py)."""
+ERROR, the same exception type, and sticky or not; for a FAIL, one of the same outputs or
+gradients). Each candidate runs as a battery task: in a crash-isolated worker (kept alive across
+candidates, replaced after one that crashed, hung or hit a sticky device error: a candidate after
+it runs in a fresh process, so it fails only if it fails itself) unless isolate=False. The last,
+smallest failing case is run once more with a standalone repro written (checks/repro.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -21,6 +22,7 @@ from .plan import Task
 from .pool import DEFAULT_TIMEOUT_S, WorkerPool, _run_one
 from ..contracts import get_spec
 from .results import CheckResult, Status, clip
+from .worker import STICKY_NOTE
 
 log = logging.getLogger(__name__)
 
@@ -123,11 +125,12 @@ def _phases(op: str):
 def _failure_kind(result: CheckResult) -> tuple:
     """What a shrunk case must keep: the status; for an ERROR the exception's type (and whether
     the implementation or the check itself raised: src/gpuparity/checks/execute.py and
-    src/gpuparity/checks/pool.py word the reason "raised <Type>: ..."); for a FAIL the outputs or gradients off (None: no comparison failed,
+    src/gpuparity/checks/worker.py word the reason "raised <Type>: ...") and whether it was a
+    sticky device error (worker.STICKY_NOTE); for a FAIL the outputs or gradients off (None: no comparison failed,
     a problem with the returned value: its shape, dtype, device, or no gradient)."""
     if result.status == Status.ERROR:
         raised = re.match(r"(.*?)raised ([\w.]+)", result.reason or "")
-        return result.status, raised.groups() if raised else result.reason
+        return result.status, (raised.groups() if raised else result.reason, STICKY_NOTE in (result.reason or ""))
     if result.status == Status.FAIL:
         return result.status, frozenset(c.name for c in result.comparisons if not c.passed) or None
     return result.status, None

@@ -1,8 +1,11 @@
 """The battery's worker process: reads tasks as JSON lines on stdin, answers each on one
-marked line of stdout. The parent (pool.py) restarts it after a crash or a hang."""
+marked line of stdout. The parent (pool.py) restarts it after a crash or a hang, and after a
+sticky device error, after which the worker exits (`answer_task`)."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
 import time
 import traceback
@@ -10,6 +13,84 @@ from typing import Any, Callable, Dict, Optional
 
 MARKER = "GPUPARITY-TASK "
 READY = "GPUPARITY-READY"   # one line once the imports are done (then a JSON of what was set up): tasks now
+
+# A GPU error after which the process's GPU context is unusable: CUDA's "sticky" errors (a kernel
+# that faulted: every later call in the process raises the same error, whatever it does) and
+# HIP's likewise. torch raises them as torch.AcceleratorError (a RuntimeError; older torch: a
+# RuntimeError), Triton's launcher as a RuntimeError "Triton Error [CUDA]: ...". Not sticky:
+# out of memory, invalid configuration or device function (the launch is refused, nothing ran).
+STICKY_PHRASES = ("misaligned address", "an illegal memory access", "illegal address", "illegal instruction",
+                  "unspecified launch failure", "device-side assert", "hardware stack error",
+                  "invalid program counter", "uncorrectable ecc error", "launch timed out")
+DEVICE_WORDS = ("cuda", "hip", "triton error")
+STICKY_TYPES = ("AcceleratorError", "RuntimeError")
+# what a sticky error's reason says (the shrinker reads it: src/gpuparity/checks/shrink.py)
+STICKY_NOTE = "sticky device error: this process's GPU context is unusable after it"
+STICKY_EXIT = 3   # the worker's exit status after reporting a sticky device error
+_RAISED = re.compile(r"raised ([\w.]+): (.*)", re.S)
+
+
+def sticky_device_error(kind: str, message: str) -> bool:
+    """Whether an exception of type name `kind` (torch.AcceleratorError, RuntimeError) with
+    `message` is a sticky device error (STICKY_PHRASES, on a CUDA/HIP/Triton error)."""
+    text = message.lower()
+    return (kind.rpartition(".")[2] in STICKY_TYPES and any(word in text for word in DEVICE_WORDS)
+            and any(phrase in text for phrase in STICKY_PHRASES))
+
+
+def _sticky_reason(reason: str) -> bool:
+    """An ERROR's reason ("... raised <Type>: <message> ...", src/gpuparity/checks/execute.py)
+    names a sticky device error."""
+    raised = _RAISED.search(reason or "")
+    return bool(raised) and sticky_device_error(*raised.groups())
+
+
+def _context_broken(device) -> bool:
+    """After an ERROR on a GPU: a small launch and a synchronisation raise (the context is
+    unusable, whatever the error's message said)."""
+    import torch
+    try:
+        torch.zeros(1, device=device).add_(1)
+        torch.cuda.synchronize(device)
+    except Exception:  # noqa: BLE001 - any error here: the context is gone
+        return True
+    return False
+
+
+def answer_task(task: Dict[str, Any], in_process: bool = False) -> Dict[str, Any]:
+    """One task's answer (`handle`; anything it raises is an ERROR of the task). On a GPU the
+    check's work is waited for at its end, so that an error it launched asynchronously is its
+    own, not the next check's. A sticky device error (`sticky_device_error`, or a context that
+    no longer runs a kernel) gets answer["sticky"] and STICKY_NOTE in its reason: the worker
+    exits after reporting it (`main`) and the pool starts a fresh one (src/gpuparity/checks/pool.py)."""
+    try:
+        answer = handle(task)
+    except Exception as exc:  # noqa: BLE001 - anything else is an ERROR of this task
+        answer = {"id": task.get("id"), "status": "ERROR",
+                  "reason": f"the check itself raised {type(exc).__name__}: {exc}",
+                  "traceback": traceback.format_exc(limit=6), "comparisons": []}
+    device = str(task.get("device", "cpu"))
+    if not device.startswith("cuda"):
+        if answer.get("status") == "ERROR" and _sticky_reason(answer.get("reason", "")):
+            _mark_sticky(answer, in_process)
+        return answer
+    import torch
+    try:
+        torch.cuda.synchronize(device)
+    except Exception as exc:  # noqa: BLE001 - an error this check's kernels launched: its own
+        if answer.get("status") != "ERROR":
+            answer.update(status="ERROR", comparisons=[],
+                          reason=f"the check's GPU work raised {type(exc).__name__}: {exc} (at the synchronisation "
+                                 "after it)")
+    if answer.get("status") == "ERROR" and (_sticky_reason(answer.get("reason", "")) or _context_broken(device)):
+        _mark_sticky(answer, in_process)
+    return answer
+
+
+def _mark_sticky(answer: Dict[str, Any], in_process: bool) -> None:
+    after = ("in-process (not isolated): later checks in this process may fail the same way" if in_process else
+             "the worker was replaced: the checks after it run in a fresh process")
+    answer.update(sticky=True, reason=f"{answer.get('reason', '')} [{STICKY_NOTE}; {after}]")
 
 
 def handle(task: Dict[str, Any]) -> Dict[str, Any]:
@@ -138,7 +219,6 @@ def main() -> int:
     # line (every op's when none is) before the first task arrives: a worker started ahead of its
     # tasks (the doctor's timing worker) is ready then. A task of another op imports its own.
     started = time.monotonic()
-    import os
     import threading
 
     from ..backends import load
@@ -167,14 +247,14 @@ def main() -> int:
         if not line:
             continue
         task = json.loads(line)
-        try:
-            answer = handle(task)
-        except Exception as exc:  # noqa: BLE001 - anything else is an ERROR of this task
-            answer = {"id": task.get("id"), "status": "ERROR",
-                      "reason": f"the check itself raised {type(exc).__name__}: {exc}",
-                      "traceback": traceback.format_exc(limit=6), "comparisons": []}
+        answer = answer_task(task)
         sys.stdout.write(MARKER + json.dumps(answer) + "\n")
         sys.stdout.flush()
+        if answer.get("sticky"):
+            # every later task here would fail the same way: end without the interpreter's
+            # teardown (freeing memory on a broken context can hang), the pool starts a fresh worker
+            sys.stderr.flush()
+            os._exit(STICKY_EXIT)
     return 0
 
 
