@@ -237,3 +237,81 @@ def decode_batch_items(fn, args, kwargs, gen):
         caches = (k_cache, v_cache) if table is not None else (k_cache[b:b + 1], v_cache[b:b + 1])
         outs.append(fn(q[b:b + 1], caches[0], caches[1], lengths[b:b + 1], **item))
     return torch.cat(outs)
+
+
+# --------------------------------------------------------------------------- cross_entropy
+def _ce_ignore(kwargs):
+    return kwargs.get("ignore_index", -100)
+
+
+def _ce_count(target, kwargs) -> int:
+    return int((target != _ce_ignore(kwargs)).sum())
+
+
+def ce_rows_split(fn, args, kwargs, gen):
+    """The rows in two calls (split at a seeded row): 'none' concatenated, 'sum' added, 'mean'
+    the two means weighted by their rows that are not ignored (a half without any left out)."""
+    logits, target = args[0], args[1]
+    rows = logits.shape[0]
+    if rows < 2:
+        raise NotApplicable("needs two or more rows")
+    cut = int(torch.randint(1, rows, (1,), generator=gen))
+    halves = [(logits[:cut], target[:cut]), (logits[cut:], target[cut:])]
+    reduction = kwargs.get("reduction", "mean")
+    outs = [fn(part, labels, *args[2:], **kwargs) for part, labels in halves]
+    if reduction == "none":
+        return torch.cat(outs)
+    if reduction == "sum":
+        return (outs[0].float() + outs[1].float()).to(outs[0].dtype)
+    counts = [_ce_count(labels, kwargs) for _, labels in halves]
+    if sum(counts) == 0:
+        raise NotApplicable("every row is ignored")
+    total = sum(out.float() * count for out, count in zip(outs, counts) if count)
+    return (total / sum(counts)).to(outs[0].dtype)
+
+
+def ce_rows_permuted(fn, args, kwargs, gen):
+    """The rows (logits and target together) permuted; 'none' permuted back."""
+    logits, target = args[0], args[1]
+    perm = torch.randperm(logits.shape[0], generator=gen)
+    out = fn(_permuted(logits, perm, 0), _permuted(target, perm, 0), *args[2:], **kwargs)
+    return _permuted(out, torch.argsort(perm), 0) if kwargs.get("reduction", "mean") == "none" else out
+
+
+def ce_logit_shift(fn, args, kwargs, gen):
+    """A constant added to each row's logits (a seeded integer per row, up to 64 either way): the
+    softmax, the loss and the gradient do not change."""
+    logits = args[0]
+    shift = torch.randint(-64, 65, (logits.shape[0], 1), generator=gen).to(logits.device, logits.dtype)
+    return fn(logits + shift, *args[1:], **kwargs)
+
+
+IGNORED_ROWS = 5
+
+
+def ce_ignored_rows_appended(fn, args, kwargs, gen):
+    """IGNORED_ROWS random rows appended with target ignore_index: 'sum' and 'mean' unchanged,
+    'none' the same rows (the appended ones dropped)."""
+    logits, target = args[0], args[1]
+    noise = torch.randn(IGNORED_ROWS, logits.shape[1], generator=gen, dtype=torch.float64) * 4
+    more = torch.cat([logits, noise.to(logits.device, logits.dtype)])
+    labels = torch.cat([target, torch.full((IGNORED_ROWS,), _ce_ignore(kwargs), dtype=target.dtype,
+                                           device=target.device)])
+    out = fn(more, labels, *args[2:], **kwargs)
+    return out[:logits.shape[0]] if kwargs.get("reduction", "mean") == "none" else out
+
+
+def ce_reduced_from_none(fn, args, kwargs, gen):
+    """'sum' and 'mean' against reduction='none' summed in fp32 (divided by the rows not ignored)."""
+    logits, target = args[0], args[1]
+    reduction = kwargs.get("reduction", "mean")
+    if reduction == "none":
+        raise NotApplicable("reduction='none'")
+    rows = fn(*args, **{**kwargs, "reduction": "none"})
+    total = rows.float().sum()
+    if reduction == "mean":
+        count = _ce_count(target, kwargs)
+        if count == 0:
+            raise NotApplicable("every row is ignored")
+        total = total / count
+    return total.to(rows.dtype)

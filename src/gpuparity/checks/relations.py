@@ -8,7 +8,8 @@ The norms: rows are independent (a batch against its rows in two calls), a permu
 features of x, weight and bias permutes the output. Rotary: each sequence alone with its offset
 folded into the cos/sin table; heads are independent. Varlen: the packed call against each
 sequence alone. Decode: a paged cache against the same keys contiguous; the batch against its
-items. Every op: contiguous copies against the views. The second side of each lives in
+items. Cross entropy: the rows in two calls, rows permuted, a constant added to each row's
+logits, rows appended with target ignore_index, 'sum'/'mean' against 'none' reduced. Every op: contiguous copies against the views. The second side of each lives in
 relation_defs.py.
 
 Each relation is checked forward and backward: autograd maps the second side's gradients back
@@ -136,6 +137,20 @@ RELATIONS: Dict[str, Tuple[Relation, ...]] = {
                  "a paged cache equals the same keys contiguous", lambda p: {**p, "page": None}),
         Relation("batch_items", lambda p: p["B"] >= 2, defs.decode_batch_items, "the batch equals each item alone"),
         Relation("contiguous_copy", _has_views("bhsd"), defs.contiguous_copy, _CONTIGUOUS),
+    ),
+    "cross_entropy": (
+        Relation("rows_split", lambda p: p["n"] >= 2, defs.ce_rows_split,
+                 "the rows in two calls equal one call (means weighted by their rows not ignored)"),
+        Relation("rows_permuted", lambda p: p["n"] >= 2, defs.ce_rows_permuted,
+                 "rows permuted with their targets permute the output"),
+        Relation("logit_shift", lambda p: True, defs.ce_logit_shift,
+                 "a constant added to each row's logits changes nothing"),
+        Relation("ignored_rows_appended", lambda p: True, defs.ce_ignored_rows_appended,
+                 "rows appended with target ignore_index change nothing"),
+        Relation("reduced_from_none", lambda p: p.get("reduction", "mean") != "none", defs.ce_reduced_from_none,
+                 "'sum' and 'mean' equal reduction='none' summed (over the rows not ignored)",
+                 lambda p: {**p, "reduction": "none"}),
+        Relation("contiguous_copy", _has_views("contiguous"), defs.contiguous_copy, _CONTIGUOUS),
     ),
 }
 RELATIONS["layer_norm"] = tuple(dataclasses.replace(r, doc=r.doc.replace("x and weight", "x, weight and bias"))

@@ -3,6 +3,7 @@ float64 references, plain compositions and the battery's cases, the ops whose ve
 (cuBLAS/hipBLASLt, cuDNN/MIOpen) most often disagree with the CPU."""
 from __future__ import annotations
 
+import math
 from typing import List
 
 import torch
@@ -10,7 +11,7 @@ import torch.nn.functional as F
 
 from ..registry import Backend
 from ..numerics import cudnn_tf32, matmul_tf32
-from .base import Case, OpSpec, family, randn, tf32_precision, view_members
+from .base import TILE_OFFSETS, Case, Covering, OpSpec, family, named_view, randn, tf32_precision, tile_size, view_members
 
 
 # --------------------------------------------------------------------------- the float64 references
@@ -250,6 +251,63 @@ class Conv2dSpec(_ListedSpec):
 
 
 # --------------------------------------------------------------------------- cross-entropy
+# The argument space as dimensions (the `cover` family, checks/covering.py). The vocabulary sits
+# on and off the tiles 16..128 at one, two and eight tiles, and on and off the triton backend's
+# block of 4096 columns (backends/triton_cross_entropy.py LOSS_FWD: one block up to 4096, a loop
+# of blocks past it); rows on and off 128; the target's form with each ignore_index (the default
+# -100, -1, a valid class), label smoothing, each reduction, the logits' and the target's layout
+# and storage, and value regimes. 32000 classes: the listed vocab_32000 (--level full).
+CE_TILES = (16, 32, 64, 128, 4096)
+CE_MULTIPLES = (1, 2, 8)
+CE_TARGETS = ("plain", "some_ignored", "all_ignored", "class0", "last_class")
+CE_IGNORE = ("default", "minus_one", "valid_class")
+CE_LAYOUTS = ("contiguous", "row_stride", "logits_sliced", "logits_transposed", "logits_offset", "logits_expanded")
+CE_VALUES = {"normal": {}, "large": dict(scale=30.0), "huge": dict(scale=3000.0), "near_one_hot": dict(peak=12.0),
+             "denormal": dict(values={"logits": "denormal_mix"}), "tiny": dict(scale=1e-3)}
+CE_DIMENSIONS = (("rows", (1, 7, 127, 128, 129, 300)), ("c_tile", CE_TILES), ("c_offset", TILE_OFFSETS),
+                 ("c_multiple", CE_MULTIPLES), ("target", CE_TARGETS), ("ignore_index", CE_IGNORE),
+                 ("smoothing", (0.0, 0.1)), ("reduction", ("mean", "sum", "none")), ("layout", CE_LAYOUTS),
+                 ("target_layout", ("contiguous", "target_sliced", "target_offset")), ("values", tuple(CE_VALUES)))
+
+
+def _ce_allowed(row) -> bool:
+    if row.get("c_tile") == 4096 and (row.get("c_multiple", 1) != 1 or row.get("rows", 1) > 129):
+        return False   # one block of the triton backend's loop and a little more: few rows
+    if row.get("target") == "all_ignored" and row.get("reduction", "sum") == "mean":
+        return False   # 0 / 0: NaN by definition (the float64 reference's too)
+    return True
+
+
+def _ce_cover_params(row) -> dict:
+    p = dict(n=row["rows"], c=tile_size(row["c_tile"], row["c_offset"], row["c_multiple"]), target=row["target"],
+             ignore_index=row["ignore_index"], smoothing=row["smoothing"], reduction=row["reduction"],
+             **CE_VALUES[row["values"]])
+    views = {**named_view(row["target_layout"])}
+    if row["layout"] == "row_stride":
+        p["layout"] = "row_stride"
+    else:
+        views.update(named_view(row["layout"]))
+    if views:
+        p["views"] = views
+    if row["rows"] > 64 and row["reduction"] != "none":
+        # torch 2.13's CPU 16-bit cross_entropy sums the row losses in the 16-bit dtype (known
+        # issue TORCH-CPU-FP16-CE-MEAN: fp16 overflows; bf16 loses 1.4-3% over 128-300 rows, an
+        # fp32 sum rounded once 0.2%): 16-bit at --full
+        p["half_at_full"] = True
+    return p
+
+
+COVERING = {"cross_entropy": Covering(CE_DIMENSIONS, _ce_cover_params, _ce_allowed, seed=45)}
+
+
+def ce_ignore_index(p) -> int:
+    """The ignore_index a case passes (-100 for "default", which the call leaves out)."""
+    kind = p.get("ignore_index", "default")
+    if isinstance(kind, int):
+        return kind
+    return {"default": -100, "minus_one": -1, "valid_class": p["c"] // 2}[kind]
+
+
 class CrossEntropySpec(_ListedSpec):
     op = "cross_entropy"
     # speed priors per device family, fastest first (priors.py: what they mean, the records); "triton"
@@ -277,16 +335,88 @@ class CrossEntropySpec(_ListedSpec):
         family("layouts", view_members(("logits",), ("offset", "sliced", "transposed"), base=dict(n=12, c=20))),
     ]
 
+    def work(self, p):
+        return p["n"] * p["c"]
+
     def make_inputs(self, p, gen):
-        logits = randn(gen, p["n"], p["c"], scale=p.get("scale", 2.0))
-        target = torch.randint(0, p["c"], (p["n"],), generator=gen)
-        if p.get("ignore"):
-            target[::3] = -100
+        n, c = p["n"], p["c"]
+        logits = randn(gen, n, c + (24 if p.get("layout") == "row_stride" else 0), scale=p.get("scale", 2.0))
+        target = torch.randint(0, c, (n,), generator=gen)
+        form = p.get("target", "some_ignored" if p.get("ignore") else "plain")
+        ignore_index = ce_ignore_index(p)
+        if form == "class0":
+            target[::2] = 0
+        elif form == "last_class":
+            target[::2] = c - 1
+        elif form == "some_ignored":
+            target[::3] = ignore_index
+        elif form == "all_ignored":
+            target[:] = ignore_index
+        if p.get("peak"):   # near one-hot rows: the target's logit far above the others
+            rows = torch.arange(n)
+            logits[rows, target.clamp(0, c - 1)] += p["peak"]
         return {"logits": logits, "target": target}
 
+    def _logits(self, inputs, p):
+        logits = inputs["logits"]
+        return logits[:, :p["c"]] if p.get("layout") == "row_stride" else logits
+
     def call(self, fn, inputs, p):
-        return fn(inputs["logits"], inputs["target"], ignore_index=-100,
-                  label_smoothing=p.get("smoothing", 0.0), reduction=p.get("reduction", "mean"))
+        kwargs = dict(label_smoothing=p.get("smoothing", 0.0), reduction=p.get("reduction", "mean"))
+        if p.get("ignore_index", "default") != "default":
+            kwargs["ignore_index"] = ce_ignore_index(p)
+        return fn(self._logits(inputs, p), inputs["target"], **kwargs)
+
+    def zero_masks(self, inputs, p):
+        if p.get("layout") != "row_stride":
+            return {}
+        pad = torch.zeros_like(inputs["logits"], dtype=torch.bool)   # the columns outside the view
+        pad[:, p["c"]:] = True
+        return {"grad_logits": pad}
+
+    def error_terms(self, inputs, p):
+        """What raises the floor (tolerance.error_floor). logit_peak, the largest |logit| of a row
+        not ignored: a kernel that forms log p = z - lse (flash style, the lse in fp32 at the size
+        of the row's max) errs by |z| times fp32's roundoff where the composition's x - max is
+        exact. grad_logits' gradient_rounding, 16-bit only: the shift of the gradient a correct
+        kernel makes by holding the log-probabilities and the softmax in the dtype under test
+        (torch's log_softmax saves its output so, and its backward forms exp(that) in it): on
+        near one-hot rows the gradient is small against 1, the target's p - 1 rounds to 0 and
+        each exp(log p) of the other classes carries |log p| times the dtype's rounding.
+        Measured in float64 on the case's values."""
+        dtype = inputs.get("orig_dtype")
+        views = p.get("views") or {}
+        logits = self._logits(inputs, p).detach().to(torch.float64)
+        target = inputs["target"]
+        if views.get("logits") == "expanded":
+            logits = logits[:1].expand(logits.shape)
+        if views.get("target") == "expanded":
+            target = target[:1].expand(target.shape)
+        valid = target != ce_ignore_index(p)
+        if logits.numel() == 0 or not bool(valid.any()):
+            return {}
+        peak = float(logits[valid].abs().max())
+        terms = {"out": {"logit_peak": peak}, "grad_logits": {"logit_peak": peak}}
+        grad_out = inputs.get("grad_out")
+        if not isinstance(grad_out, torch.Tensor) or dtype is None or dtype == torch.float32:
+            return terms
+        with torch.no_grad():
+            logp = torch.log_softmax(logits, -1)
+            rounded = logp.to(dtype).to(torch.float64)
+            smoothing = p.get("smoothing", 0.0)
+            onehot = torch.zeros_like(logp)
+            rows = valid.nonzero()[:, 0]
+            onehot[rows, target[valid].long()] = 1.0
+            onehot = (1 - smoothing) * onehot + smoothing / logp.shape[-1]
+            scale = grad_out.reshape(-1).to(torch.float64) if p.get("reduction", "mean") == "none" else \
+                grad_out.reshape(()).to(torch.float64).expand(len(target))
+            scale = scale * valid
+            exact = (logp.exp() - onehot) * scale[:, None]
+            shift = (rounded.exp().to(dtype).to(torch.float64) - logp.exp()) * scale[:, None]
+            norm = float(torch.linalg.vector_norm(exact))
+        if norm > 0.0 and math.isfinite(norm):
+            terms["grad_logits"]["gradient_rounding"] = float(torch.linalg.vector_norm(shift)) / norm
+        return terms
 
     def timing_params(self):
         return dict(n=1024, c=8192)
