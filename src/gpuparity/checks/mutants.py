@@ -1,4 +1,4 @@
-# long file: the engine (~250 lines) and seven ops' catalogs of triggers and faults (version 1: four ops, version 2: three), which read best side by side
+# long file: the engine (~250 lines) and eight ops' catalogs of triggers and faults (version 1: four ops, version 2: three, version 3: cross_entropy), which read best side by side
 """Planted-bug implementations generated per op, to score the battery (a mutation score).
 
 A mutant is the op's trusted plain composition (contracts/<op>.py) with one fault that acts only
@@ -795,7 +795,9 @@ def _attention_base():
 # --------------------------------------------------------------------------- the catalog
 _CATALOG: Dict[str, OpMutants] = caches.register("checks.mutants.catalog", {})
 FROZEN_OPS = ("rms_norm", "layer_norm", "rotary", "attention")          # version 1: frozen at 496617f
-OPS = FROZEN_OPS + ("attention_varlen", "attention_decode", "residual_norm")   # + version 2 (below)
+V2_OPS = ("attention_varlen", "attention_decode", "residual_norm")      # version 2: frozen at c2beead
+V3_OPS = ("cross_entropy",)                                              # version 3 (below)
+OPS = FROZEN_OPS + V2_OPS + V3_OPS
 
 
 def catalog(op: str) -> OpMutants:
@@ -812,8 +814,10 @@ def catalog(op: str) -> OpMutants:
         elif op == "attention":
             family = OpMutants(op, _attention_base(), _attention_summary, _attention_triggers(), _attention_faults(),
                                _attention_space)
-        else:
+        elif op in V2_OPS:
             family = _v2_family(op)
+        else:
+            family = _v3_family(op)
         _CATALOG[op] = family
     return _CATALOG[op]
 
@@ -1753,3 +1757,210 @@ def _v2_family(op: str) -> OpMutants:
         return OpMutants(op, _decode_base(), _decode_summary, _decode_triggers(), _decode_faults(), _decode_space,
                          _decode_settle)
     return OpMutants(op, _rn_base(), _rn_summary, _rn_triggers(), _rn_faults(), _rn_space, _rn_settle, outputs=2)
+
+
+# =========================================================================== version 3
+# cross_entropy (added after version 2 was frozen; frozen itself before anything was tuned on it:
+# the commit is recorded in benchmarks/records/cpu/mutation-score-cross-entropy-2026-12-06.md).
+# Triggers from its dimensions (the vocabulary at a remainder mod a tile or past the triton
+# backend's 4096-column block, the rows, ignored rows and a custom ignore_index, label smoothing,
+# each reduction, the logits' and the target's layout, the dtype, large logits) x faults (a block
+# of classes dropped or repeated in the logsumexp, the vocabulary off by one, smoothing or
+# ignore_index ignored, the mean over every row, the logsumexp in the input dtype or without its
+# max, the wrong row, a gradient without its smoothing term or its mean's count...).
+CE_BLOCK = 4096
+
+
+def _ce_summary(a):
+    logits, target = a["logits"], a["target"]
+    ignore = a.get("ignore_index", -100)
+    valid = target != ignore
+    c = logits.shape[-1] if logits.dim() else 1
+    return dict(C=c, N=logits.shape[0] if logits.dim() else 1, dtype=logits.dtype, ignore_index=ignore,
+                ignored=bool((~valid).any()), all_ignored=not bool(valid.any()),
+                smoothing=float(a.get("label_smoothing", 0.0)), reduction=a.get("reduction", "mean"),
+                logits_contig=logits.is_contiguous(), logits_offset=logits.storage_offset() != 0,
+                logits_stride0=0 in logits.stride(), row_stride=logits.dim() == 2 and logits.stride(-1) == 1
+                and logits.shape[0] > 1 and logits.stride(0) != c,
+                target_contig=target.is_contiguous() or target.numel() <= 1,
+                target_offset=target.storage_offset() != 0,
+                last_class=bool((target == c - 1).any()), class0=bool((target == 0).any()),
+                peak=float(logits.detach().float().abs().max()) if logits.numel() else 0.0)
+
+
+def _ce_set_c(p, c):
+    return {**p, "c": max(1, c), "n": min(p["n"], 64) if c > 1024 else p["n"]}
+
+
+def _ce_triggers():
+    specs = []
+    for name, fires, force in _mods("C"):
+        specs.append((name, fires, (lambda p, rng, force=force: _ce_set_c(p, force({"C": 0}, rng)["C"]))))
+    for limit in (1024, CE_BLOCK):
+        specs.append((f"c_gt{limit}", (lambda c, limit=limit: c["C"] > limit),
+                      (lambda p, rng, limit=limit: _ce_set_c(p, limit + rng.choice([1, 63, limit // 2])))))
+    for limit in (128, 256):
+        specs.append((f"n_ge{limit}", (lambda c, limit=limit: c["N"] >= limit),
+                      (lambda p, rng, limit=limit: {**p, "n": limit + rng.choice([0, 1, 44]), "c": min(p["c"], 300)})))
+    ignored = {"target": "some_ignored"}
+    specs += [
+        ("n_eq1", lambda c: c["N"] == 1, lambda p, rng: {**p, "n": 1}),
+        ("n_mod16_eq1", lambda c: c["N"] % 16 == 1 and c["N"] > 1, lambda p, rng: {**p, "n": 16 * rng.choice([1, 2]) + 1}),
+        ("c_lt16", lambda c: c["C"] < 16, lambda p, rng: _ce_set_c(p, rng.randint(2, 15))),
+        ("c_odd", lambda c: c["C"] % 2 == 1, lambda p, rng: _ce_set_c(p, 2 * rng.randint(1, 80) + 1)),
+        ("ignored_rows", lambda c: c["ignored"] and not c["all_ignored"], lambda p, rng: {**p, **ignored}),
+        ("custom_ignore_index", lambda c: c["ignore_index"] != -100,
+         lambda p, rng: {**p, "ignore_index": rng.choice(["minus_one", "valid_class"])}),
+        ("ignore_index_a_class", lambda c: 0 <= c["ignore_index"] < c["C"],
+         lambda p, rng: {**p, "ignore_index": "valid_class", "target": rng.choice(["plain", "some_ignored"])}),
+        ("custom_ignored_rows", lambda c: c["ignore_index"] != -100 and c["ignored"] and not c["all_ignored"],
+         lambda p, rng: {**p, **ignored, "ignore_index": rng.choice(["minus_one", "valid_class"])}),
+        ("smoothing", lambda c: c["smoothing"] > 0, lambda p, rng: {**p, "smoothing": rng.choice([0.1, 0.3])}),
+        ("smoothing_ignored_rows", lambda c: c["smoothing"] > 0 and c["ignored"] and not c["all_ignored"],
+         lambda p, rng: {**p, **ignored, "smoothing": 0.1}),
+        ("reduction_mean", lambda c: c["reduction"] == "mean", lambda p, rng: {**p, "reduction": "mean"}),
+        ("reduction_sum", lambda c: c["reduction"] == "sum", lambda p, rng: {**p, "reduction": "sum"}),
+        ("reduction_none", lambda c: c["reduction"] == "none", lambda p, rng: {**p, "reduction": "none"}),
+        ("mean_ignored_rows", lambda c: c["reduction"] == "mean" and c["ignored"] and not c["all_ignored"],
+         lambda p, rng: {**p, **ignored, "reduction": "mean"}),
+        ("logits_noncontig", lambda c: not c["logits_contig"],
+         lambda p, rng: {**p, "views": {"logits": rng.choice(["sliced", "transposed"])}}),
+        ("logits_offset", lambda c: c["logits_offset"], lambda p, rng: {**p, "views": {"logits": "offset"}}),
+        ("logits_stride0", lambda c: c["logits_stride0"], lambda p, rng: {**p, "n": max(2, p["n"]),
+                                                                          "views": {"logits": "expanded"}}),
+        ("logits_row_stride", lambda c: c["row_stride"], lambda p, rng: {**p, "n": max(2, p["n"]), "layout": "row_stride"}),
+        ("target_noncontig", lambda c: not c["target_contig"],
+         lambda p, rng: {**p, "n": max(2, p["n"]), "views": {"target": "sliced"}}),
+        ("target_offset", lambda c: c["target_offset"], lambda p, rng: {**p, "views": {"target": "offset"}}),
+        ("target_last_class", lambda c: c["last_class"], lambda p, rng: {**p, "target": "last_class"}),
+        ("dtype_bf16", lambda c: c["dtype"] == torch.bfloat16, lambda p, rng: {**p, "_dtype": torch.bfloat16}),
+        ("dtype_fp32", lambda c: c["dtype"] == torch.float32, lambda p, rng: {**p, "_dtype": torch.float32}),
+        ("large_logits", lambda c: c["peak"] > 40.0, lambda p, rng: {**p, "scale": rng.choice([30.0, 3000.0])}),
+        ("huge_logits", lambda c: c["peak"] > 1000.0, lambda p, rng: {**p, "scale": 3000.0}),
+    ]
+    return _triggers(specs)
+
+
+def _ce_math(a, *, cols=None, repeat=0, smoothing=None, ignore_index=None, count_all=False, lse_dtype=None,
+             no_max=False, target_shift=False, last_wraps=False, smooth_cols=None, sum_dtype=None, rows_repeat=False):
+    """The composition's math with a fault: the logsumexp over the first `cols` classes (plus
+    the first `repeat` again), smoothing or ignore_index replaced, the mean over every row, the
+    logsumexp in lse_dtype or without its max, the target of the row before, the last class read
+    as class 0, the smoothing mean over smooth_cols, the sum in sum_dtype, the last row's loss
+    the one before's."""
+    logits, target = a["logits"], a["target"]
+    eps = a.get("label_smoothing", 0.0) if smoothing is None else smoothing
+    ignore = a.get("ignore_index", -100) if ignore_index is None else ignore_index
+    reduction = a.get("reduction", "mean")
+    c = logits.shape[-1]
+    z = logits.float()
+    kept = z[:, :cols] if cols else z
+    if repeat:
+        kept = torch.cat([kept, z[:, :repeat]], -1)
+    if lse_dtype is not None:   # the exps and the logsumexp rounded to the input dtype
+        top = kept.amax(-1, keepdim=True).detach()
+        lse = _round_to(top.squeeze(-1) + _round_to((kept - top).exp(), lse_dtype).sum(-1).log(), lse_dtype)
+    elif no_max:
+        lse = kept.exp().sum(-1).log()
+    else:
+        lse = torch.logsumexp(kept, -1)
+    if target_shift and target.shape[0] > 1:
+        target = torch.cat([target[:1], target[:-1]])
+    valid = target != ignore
+    safe = target.masked_fill(~valid, 0)
+    if last_wraps:
+        safe = torch.where(safe == c - 1, torch.zeros_like(safe), safe)
+    safe = safe.clamp(0, c - 1)
+    picked = z.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
+    mean_z = z.sum(-1) / (smooth_cols or c)
+    loss = (1 - eps) * (lse - picked) + eps * (lse - mean_z)
+    loss = loss.masked_fill(~valid, 0.0)
+    if rows_repeat and loss.shape[0] > 1:
+        loss = torch.cat([loss[:-1], loss[-2:-1]])
+    if reduction == "none":
+        return loss.to(logits.dtype)
+    total = loss.to(sum_dtype).sum() if sum_dtype is not None else loss.sum()
+    if reduction == "sum":
+        return total.to(logits.dtype)
+    return (total.float() / (loss.shape[0] if count_all else valid.sum())).to(logits.dtype)
+
+
+def _straight_through(value, grad_from):
+    """value's numbers, grad_from's gradient (a forward that is right, a backward that is not)."""
+    return value.detach() + (grad_from - grad_from.detach())
+
+
+def _ce_faults():
+    def c_of(a):
+        return a["logits"].shape[-1]
+
+    def block(a):
+        return max(1, min(16, c_of(a) // 4))
+
+    return (
+        Fault("drop_last_class_block", lambda base, a: _ce_math(a, cols=max(1, c_of(a) - block(a)))
+              if c_of(a) > 1 else base(a)),
+        Fault("repeat_first_class_block", lambda base, a: _ce_math(a, repeat=block(a))),
+        Fault("vocab_off_by_one", lambda base, a: _ce_math(a, cols=c_of(a) - 1) if c_of(a) > 1 else base(a)),
+        Fault("smoothing_mean_off_by_one", lambda base, a: _ce_math(a, smooth_cols=c_of(a) + 1)),
+        Fault("ignore_label_smoothing", lambda base, a: base({**a, "label_smoothing": 0.0})),
+        Fault("ignore_ignore_index", lambda base, a: _ce_math(a, ignore_index=-(2 ** 40))),
+        Fault("custom_ignore_as_default", lambda base, a: _ce_math(a, ignore_index=-100)),
+        Fault("mean_over_every_row", lambda base, a: _ce_math(a, count_all=True)),
+        Fault("lse_in_input_dtype", lambda base, a: _ce_math(a, lse_dtype=a["logits"].dtype)),
+        Fault("lse_without_max", lambda base, a: _ce_math(a, no_max=True)),
+        Fault("sum_in_input_dtype", lambda base, a: _ce_math(a, sum_dtype=a["logits"].dtype)),
+        Fault("target_of_row_before", lambda base, a: _ce_math(a, target_shift=True)),
+        Fault("last_class_read_as_first", lambda base, a: _ce_math(a, last_wraps=True)),
+        Fault("last_row_repeats", lambda base, a: _ce_math(a, rows_repeat=True)),
+        Fault("output_through_bf16", lambda base, a: _round_to(base(a), torch.bfloat16)),
+        Fault("logits_as_contiguous", lambda base, a: base({**a, "logits": _as_if_contiguous(a["logits"])})),
+        Fault("target_as_contiguous", lambda base, a: base({**a, "target": _as_if_contiguous(a["target"])})),
+        Fault("grad_without_smoothing", lambda base, a: _straight_through(base(a), base({**a, "label_smoothing": 0.0}))),
+        Fault("grad_mean_over_every_row", lambda base, a: _straight_through(base(a), _ce_math(a, count_all=True))),
+        Fault("grad_of_ignored_rows", lambda base, a: _straight_through(base(a), _ce_math(a, ignore_index=-(2 ** 40)))),
+        Fault("grad_of_row_before", lambda base, a: _straight_through(base(a), _ce_math(a, target_shift=True))),
+    )
+
+
+CE_SIZES = (1, 2, 3, 10, 16, 17, 31, 32, 33, 48, 63, 64, 65, 96, 127, 128, 129, 255, 257, 1000, 4097)
+
+
+def _ce_space(rng: random.Random) -> Dict[str, Any]:
+    c = rng.choice(CE_SIZES)
+    p: Dict[str, Any] = dict(n=rng.choice([1, 2, 5, 17, 33, 64] if c > 1024 else [1, 2, 5, 17, 33, 64, 129, 200]), c=c,
+                             target=rng.choice(["plain", "plain", "some_ignored", "class0", "last_class"]),
+                             ignore_index=rng.choice(["default", "default", "minus_one", "valid_class"]),
+                             smoothing=rng.choice([0.0, 0.0, 0.1]), reduction=rng.choice(["mean", "sum", "none"]),
+                             scale=rng.choice([2.0, 2.0, 2.0, 0.5, 30.0]))
+    kind = rng.random()
+    if kind < 0.1:
+        p["layout"] = "row_stride"
+    elif kind < 0.25:
+        p["views"] = {rng.choice(["logits", "target"]): rng.choice(["offset", "sliced", "transposed", "expanded"])}
+    return p
+
+
+def _ce_settle(p: Dict[str, Any]) -> Dict[str, Any]:
+    """row_stride is a layout of its own (no logits view beside it); a transposed target is no view."""
+    p = dict(p)
+    views = dict(p.get("views") or {})
+    if p.get("layout") == "row_stride":
+        views.pop("logits", None)
+    if views.get("target") == "transposed":
+        views.pop("target")
+    p["views"] = views or None
+    return p
+
+
+def _ce_base():
+    composition = _composition("cross_entropy")
+
+    def cross_entropy(logits, target, *, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
+        return composition(logits, target, ignore_index=ignore_index, label_smoothing=label_smoothing,
+                           reduction=reduction)
+    return cross_entropy
+
+
+def _v3_family(op: str) -> OpMutants:
+    return OpMutants(op, _ce_base(), _ce_summary, _ce_triggers(), _ce_faults(), _ce_space, _ce_settle)
