@@ -197,3 +197,52 @@ def decode_contiguous_gqa_modulo(q, k_cache, v_cache, cache_seqlens, *, scale=No
         k_cache, v_cache = k_cache.repeat(1, group, 1, 1), v_cache.repeat(1, group, 1, 1)
     return decode_composition(q, k_cache, v_cache, cache_seqlens, scale=scale, softcap=softcap,
                               block_table=block_table)
+
+
+# --------------------------------------------------------------------------- cross_entropy
+from gpuparity.contracts.basic import cross_entropy_composition  # noqa: E402
+
+
+def _ce(logits, target, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
+    return cross_entropy_composition(logits, target, ignore_index=ignore_index, label_smoothing=label_smoothing,
+                                     reduction=reduction)
+
+
+def ce_small_batch_drops_smoothing(logits, target, *, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
+    """Fewer than 8 rows take a small-batch path that forgets label smoothing."""
+    return _ce(logits, target, ignore_index, label_smoothing if logits.shape[0] >= 8 else 0.0, reduction)
+
+
+def ce_ignored_rows_taken_as_suffix(logits, target, *, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
+    """The ignored rows taken as a padded suffix: only the first (rows not ignored) rows count."""
+    valid = int((target != ignore_index).sum())
+    rows = _ce(logits, target, ignore_index, label_smoothing, "none")
+    rows = rows * (torch.arange(rows.shape[0], device=rows.device) < valid)
+    if reduction == "none":
+        return rows
+    total = rows.float().sum()
+    return (total if reduction == "sum" else total / max(valid, 1)).to(logits.dtype)
+
+
+def ce_logits_clamped_at_60(logits, target, *, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
+    """Logits clamped to [-60, 60] against exp's overflow (right while no logit is past 60)."""
+    return _ce(logits.clamp(-60, 60), target, ignore_index, label_smoothing, reduction)
+
+
+def ce_mean_over_every_row(logits, target, *, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
+    """'mean' divides by every row, ignored ones included (right while none is ignored)."""
+    if reduction != "mean":
+        return _ce(logits, target, ignore_index, label_smoothing, reduction)
+    return (_ce(logits, target, ignore_index, label_smoothing, "sum").float() / logits.shape[0]).to(logits.dtype)
+
+
+def ce_none_drops_smoothing(logits, target, *, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
+    """reduction='none' forgets label smoothing ('mean' and 'sum' take another path, right)."""
+    return _ce(logits, target, ignore_index, 0.0 if reduction == "none" else label_smoothing, reduction)
+
+
+def ce_contiguous_path_drops_last_class(logits, target, *, ignore_index=-100, label_smoothing=0.0, reduction="mean"):
+    """The contiguous fast path (classes % 4 == 0) leaves the last class out of the logsumexp."""
+    if logits.is_contiguous() and logits.shape[-1] % 4 == 0:
+        logits = torch.cat([logits[:, :-1], torch.full_like(logits[:, -1:], -1e4)], -1)
+    return _ce(logits, target, ignore_index, label_smoothing, reduction)

@@ -63,6 +63,12 @@ KILLS = [
     ("attention_decode", "paged_gathered", "decode_contiguous_cache_drops_softcap", "paged_softcap_p16"),
     ("attention_decode", "batch_items", "decode_batch_of_one_full_cache", "lengths_0_1_full"),
     ("attention_decode", "contiguous_copy", "decode_contiguous_gqa_modulo", "strided_cache_bshd"),
+    ("cross_entropy", "rows_split", "ce_small_batch_drops_smoothing", "label_smoothing"),
+    ("cross_entropy", "rows_permuted", "ce_ignored_rows_taken_as_suffix", "targets.padded_suffix"),
+    ("cross_entropy", "logit_shift", "ce_logits_clamped_at_60", "classes_10"),
+    ("cross_entropy", "ignored_rows_appended", "ce_mean_over_every_row", "classes_10"),
+    ("cross_entropy", "reduced_from_none", "ce_none_drops_smoothing", "label_smoothing"),
+    ("cross_entropy", "contiguous_copy", "ce_contiguous_path_drops_last_class", "layouts.logits_sliced"),
 ]
 
 

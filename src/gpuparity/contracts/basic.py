@@ -254,12 +254,13 @@ class Conv2dSpec(_ListedSpec):
 # The argument space as dimensions (the `cover` family, checks/covering.py). The vocabulary sits
 # on and off the tiles 16..128 at one, two and eight tiles, and on and off the triton backend's
 # block of 4096 columns (backends/triton_cross_entropy.py LOSS_FWD: one block up to 4096, a loop
-# of blocks past it); rows on and off 128; the target's form with each ignore_index (the default
-# -100, -1, a valid class), label smoothing, each reduction, the logits' and the target's layout
-# and storage, and value regimes. 32000 classes: the listed vocab_32000 (--level full).
+# of blocks past it); rows on and off 128; the target's form (some rows ignored, a padded suffix,
+# all, classes 0 and c - 1) with each ignore_index (the default -100, -1, a valid class), label
+# smoothing, each reduction, the logits' and the target's layout and storage, and value regimes.
+# 32000 classes: the listed vocab_32000 (--level full).
 CE_TILES = (16, 32, 64, 128, 4096)
 CE_MULTIPLES = (1, 2, 8)
-CE_TARGETS = ("plain", "some_ignored", "all_ignored", "class0", "last_class")
+CE_TARGETS = ("plain", "some_ignored", "padded", "all_ignored", "class0", "last_class")
 CE_IGNORE = ("default", "minus_one", "valid_class")
 CE_LAYOUTS = ("contiguous", "row_stride", "logits_sliced", "logits_transposed", "logits_offset", "logits_expanded")
 CE_VALUES = {"normal": {}, "large": dict(scale=30.0), "huge": dict(scale=3000.0), "near_one_hot": dict(peak=12.0),
@@ -273,8 +274,6 @@ CE_DIMENSIONS = (("rows", (1, 7, 127, 128, 129, 300)), ("c_tile", CE_TILES), ("c
 def _ce_allowed(row) -> bool:
     if row.get("c_tile") == 4096 and (row.get("c_multiple", 1) != 1 or row.get("rows", 1) > 129):
         return False   # one block of the triton backend's loop and a little more: few rows
-    if row.get("target") == "all_ignored" and row.get("reduction", "sum") == "mean":
-        return False   # 0 / 0: NaN by definition (the float64 reference's too)
     return True
 
 
@@ -289,15 +288,24 @@ def _ce_cover_params(row) -> dict:
         views.update(named_view(row["layout"]))
     if views:
         p["views"] = views
-    if row["rows"] > 64 and row["reduction"] != "none":
+    if (row["rows"] > 64 and row["reduction"] != "none") or row["values"] == "near_one_hot":
         # torch 2.13's CPU 16-bit cross_entropy sums the row losses in the 16-bit dtype (known
         # issue TORCH-CPU-FP16-CE-MEAN: fp16 overflows; bf16 loses 1.4-3% over 128-300 rows, an
-        # fp32 sum rounded once 0.2%): 16-bit at --full
+        # fp32 sum rounded once 0.2%), and its bf16 log_softmax rounds a row's sum of exps to
+        # bf16 (a near one-hot row's log p of -0.00837 comes out -0.00778, 7%; the loss of a row
+        # 0 instead of 0.0038): 16-bit at --full
         p["half_at_full"] = True
     return p
 
 
-COVERING = {"cross_entropy": Covering(CE_DIMENSIONS, _ce_cover_params, _ce_allowed, seed=45)}
+# Groups (every triple among their dimensions, checks/covering.py): what decides the loss's
+# meaning (the target's form, ignore_index, smoothing, reduction) against the vocabulary's
+# place on a tile, the rows and the logits' layout. dtype_pairs: a row of `check --impl` runs in
+# about one dtype, every value of every dimension meeting fp32 and bf16 in some row.
+CE_GROUPS = ((("c_offset", "target", "ignore_index", "smoothing", "reduction"), 3),
+             (("rows", "target", "smoothing", "reduction"), 3), (("layout", "target", "reduction"), 3))
+COVERING = {"cross_entropy": Covering(CE_DIMENSIONS, _ce_cover_params, _ce_allowed, seed=45, groups=CE_GROUPS,
+                                      dtype_pairs=True)}
 
 
 def ce_ignore_index(p) -> int:
@@ -333,6 +341,8 @@ class CrossEntropySpec(_ListedSpec):
         family("values", [("huge_logits", dict(n=12, c=40, scale=3000.0)),
                               ("denormal_mix", dict(n=12, c=40, values={"logits": "denormal_mix"}))]),
         family("layouts", view_members(("logits",), ("offset", "sliced", "transposed"), base=dict(n=12, c=20))),
+        family("targets", [("padded_suffix", dict(n=24, c=40, target="padded")),
+                               ("custom_ignore_index", dict(n=20, c=33, target="some_ignored", ignore_index="minus_one"))]),
     ]
 
     def work(self, p):
@@ -350,6 +360,8 @@ class CrossEntropySpec(_ListedSpec):
             target[::2] = c - 1
         elif form == "some_ignored":
             target[::3] = ignore_index
+        elif form == "padded":   # a padded batch: the last third of the rows ignored
+            target[n - n // 3:] = ignore_index
         elif form == "all_ignored":
             target[:] = ignore_index
         if p.get("peak"):   # near one-hot rows: the target's logit far above the others
@@ -366,6 +378,16 @@ class CrossEntropySpec(_ListedSpec):
         if p.get("ignore_index", "default") != "default":
             kwargs["ignore_index"] = ce_ignore_index(p)
         return fn(self._logits(inputs, p), inputs["target"], **kwargs)
+
+    def valid_masks(self, inputs, p):
+        """'mean' over no row that counts is 0 / 0 (NaN in float64 and torch): its value is not
+        judged (its gradient, zeros, is)."""
+        target = inputs["target"]
+        if (p.get("views") or {}).get("target") == "expanded":
+            target = target[:1].expand(target.shape)
+        if p.get("reduction", "mean") == "mean" and not bool((target != ce_ignore_index(p)).any()):
+            return {"out": torch.zeros((), dtype=torch.bool)}
+        return {}
 
     def zero_masks(self, inputs, p):
         if p.get("layout") != "row_stride":
