@@ -253,7 +253,7 @@ def judge(name: str, out, ref: torch.Tensor, baseline: Optional[torch.Tensor], d
     else:
         worst_index, max_abs = [], 0.0
     passed = err <= allowed
-    reason = "" if passed or not worst_index else (
+    reason = "" if passed or not diff.numel() else (
         f"{name}: relative error {err:.3g} > allowed {allowed:.3g} "
         f"(baseline {baseline_err if baseline_err is None else format(baseline_err, '.3g')}); "
         f"max abs error {max_abs:.3g} at {worst_index} "

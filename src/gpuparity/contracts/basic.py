@@ -400,7 +400,9 @@ class CrossEntropySpec(_ListedSpec):
         """What raises the floor (tolerance.error_floor). logit_peak, the largest |logit| of a row
         not ignored: a kernel that forms log p = z - lse (flash style, the lse in fp32 at the size
         of the row's max) errs by |z| times fp32's roundoff where the composition's x - max is
-        exact. grad_logits' gradient_rounding, 16-bit only: the shift of the gradient a correct
+        exact; out's logit_condition: so the loss of a row, lse - z_y, errs by u |max logit|,
+        large against a near one-hot row's small loss (rows' maxima in L2 over the loss's size).
+        grad_logits' gradient_rounding, 16-bit only: the shift of the gradient a correct
         kernel makes by holding the log-probabilities and the softmax in the dtype under test
         (torch's log_softmax saves its output so, and its backward forms exp(that) in it): on
         near one-hot rows the gradient is small against 1, the target's p - 1 rounds to 0 and
@@ -419,13 +421,19 @@ class CrossEntropySpec(_ListedSpec):
             return {}
         peak = float(logits[valid].abs().max())
         terms = {"out": {"logit_peak": peak}, "grad_logits": {"logit_peak": peak}}
+        with torch.no_grad():   # out's logit_condition: each row's lse - z_y errs by u |max logit|
+            smoothing = p.get("smoothing", 0.0)
+            rows = cross_entropy(logits, target.masked_fill(~valid, 0), label_smoothing=smoothing, reduction="none")
+            rows, peaks = rows[valid], logits[valid].abs().amax(-1)
+            size = float(rows.abs().sum() if p.get("reduction", "mean") != "none" else torch.linalg.vector_norm(rows))
+        if size > 0.0 and math.isfinite(size):
+            terms["out"]["logit_condition"] = float(torch.linalg.vector_norm(peaks)) / size
         grad_out = inputs.get("grad_out")
         if not isinstance(grad_out, torch.Tensor) or dtype is None or dtype == torch.float32:
             return terms
         with torch.no_grad():
             logp = torch.log_softmax(logits, -1)
             rounded = logp.to(dtype).to(torch.float64)
-            smoothing = p.get("smoothing", 0.0)
             onehot = torch.zeros_like(logp)
             rows = valid.nonzero()[:, 0]
             onehot[rows, target[valid].long()] = 1.0
