@@ -128,3 +128,9 @@ def test_layer_norm_floor_terms_are_the_condition_numbers_of_its_outputs():
     constant = torch.full((2, 64), 2.0, dtype=torch.float64)   # out is exactly 0: judged per element
     assert abs(layer_norm_floor_terms(constant, 64, None, None, 1e-4)["out"]["mean_condition"] - 200) < 1e-6
     assert layer_norm_floor_terms(constant, 64, None, None, 0.0) == {}   # the reference is not finite
+
+
+def test_a_scalar_output_that_fails_says_its_numbers():
+    # a loss reduced to a scalar: its failure names the error and the values (it was empty)
+    result = tolerance.judge("out", torch.tensor(2.5), torch.tensor(2.0, dtype=torch.float64), None, torch.float32)
+    assert not result.passed and "relative error 0.25" in result.reason and "got 2.5, expected 2" in result.reason
