@@ -278,24 +278,22 @@ def ce_rows_permuted(fn, args, kwargs, gen):
     return _permuted(out, torch.argsort(perm), 0) if kwargs.get("reduction", "mean") == "none" else out
 
 
-def ce_logit_shift(fn, args, kwargs, gen):
-    """A constant added to each row's logits (a seeded integer per row, up to 64 either way): the
-    softmax, the loss and the gradient do not change."""
+def ce_logit_shift(fn, args, kwargs, gen, reach=64):
+    """A constant added to each row's logits (a seeded integer per row, up to `reach` either way;
+    contracts/basic.py CE_SHIFT_REACH, which the floor allows for): the softmax, the loss and the
+    gradient do not change."""
     logits = args[0]
-    shift = torch.randint(-64, 65, (logits.shape[0], 1), generator=gen).to(logits.device, logits.dtype)
+    shift = torch.randint(-reach, reach + 1, (logits.shape[0], 1), generator=gen).to(logits.device, logits.dtype)
     return fn(logits + shift, *args[1:], **kwargs)
 
 
-IGNORED_ROWS = 5
-
-
-def ce_ignored_rows_appended(fn, args, kwargs, gen):
-    """IGNORED_ROWS random rows appended with target ignore_index: 'sum' and 'mean' unchanged,
-    'none' the same rows (the appended ones dropped)."""
+def ce_ignored_rows_appended(fn, args, kwargs, gen, count=5):
+    """`count` random rows appended with target ignore_index: 'sum' and 'mean' unchanged, 'none'
+    the same rows (the appended ones dropped)."""
     logits, target = args[0], args[1]
-    noise = torch.randn(IGNORED_ROWS, logits.shape[1], generator=gen, dtype=torch.float64) * 4
+    noise = torch.randn(count, logits.shape[1], generator=gen, dtype=torch.float64) * 4
     more = torch.cat([logits, noise.to(logits.device, logits.dtype)])
-    labels = torch.cat([target, torch.full((IGNORED_ROWS,), _ce_ignore(kwargs), dtype=target.dtype,
+    labels = torch.cat([target, torch.full((count,), _ce_ignore(kwargs), dtype=target.dtype,
                                            device=target.device)])
     out = fn(more, labels, *args[2:], **kwargs)
     return out[:logits.shape[0]] if kwargs.get("reduction", "mean") == "none" else out

@@ -304,6 +304,9 @@ def _ce_cover_params(row) -> dict:
 # about one dtype, every value of every dimension meeting fp32 and bf16 in some row.
 CE_GROUPS = ((("c_offset", "target", "ignore_index", "smoothing", "reduction"), 3),
              (("rows", "target", "smoothing", "reduction"), 3), (("layout", "target", "reduction"), 3))
+# the largest constant the relation logit_shift adds to a row's logits (checks/relation_defs.py
+# ce_logit_shift's reach): its floor allows for logits that much larger
+CE_SHIFT_REACH = 64.0
 COVERING = {"cross_entropy": Covering(CE_DIMENSIONS, _ce_cover_params, _ce_allowed, seed=45, groups=CE_GROUPS,
                                       dtype_pairs=True)}
 
@@ -419,25 +422,37 @@ class CrossEntropySpec(_ListedSpec):
         valid = target != ce_ignore_index(p)
         if logits.numel() == 0 or not bool(valid.any()):
             return {}
-        peak = float(logits[valid].abs().max())
+        # the relation logit_shift's second call adds up to CE_SHIFT_REACH to a row's logits
+        reach = CE_SHIFT_REACH if p.get("relation") == "logit_shift" else 0.0
+        peaks = logits.abs().amax(-1) + reach
+        peak = float(peaks[valid].max())
         terms = {"out": {"logit_peak": peak}, "grad_logits": {"logit_peak": peak}}
-        with torch.no_grad():   # out's logit_condition: each row's lse - z_y errs by u |max logit|
+        grad_out = inputs.get("grad_out")
+        with torch.no_grad():   # logit_condition: each row's lse errs by u |max logit|
             smoothing = p.get("smoothing", 0.0)
             rows = cross_entropy(logits, target.masked_fill(~valid, 0), label_smoothing=smoothing, reduction="none")
-            rows, peaks = rows[valid], logits[valid].abs().amax(-1)
+            rows = rows[valid]
             size = float(rows.abs().sum() if p.get("reduction", "mean") != "none" else torch.linalg.vector_norm(rows))
-        if size > 0.0 and math.isfinite(size):
-            terms["out"]["logit_condition"] = float(torch.linalg.vector_norm(peaks)) / size
-        grad_out = inputs.get("grad_out")
+            if size > 0.0 and math.isfinite(size):
+                terms["out"]["logit_condition"] = float(torch.linalg.vector_norm(peaks[valid])) / size
+            # the gradient's row r, s_r (p_r - y_r), shifts by delta_r s_r p_r (p scaled by e^delta)
+            probs = torch.softmax(logits, -1)
+            onehot = torch.zeros_like(probs)
+            onehot[valid.nonzero()[:, 0], target[valid].long()] = 1.0
+            onehot = (1 - smoothing) * onehot + smoothing / probs.shape[-1]
+            scale = torch.ones(len(target), dtype=torch.float64)
+            if isinstance(grad_out, torch.Tensor) and p.get("reduction", "mean") == "none":
+                scale = grad_out.reshape(-1).to(torch.float64).abs()
+            scale = scale * valid
+            shift = float(torch.linalg.vector_norm(peaks * scale * torch.linalg.vector_norm(probs, dim=-1)))
+            size = float(torch.linalg.vector_norm(scale * torch.linalg.vector_norm(probs - onehot, dim=-1)))
+            if size > 0.0 and math.isfinite(size):
+                terms["grad_logits"]["logit_condition"] = shift / size
         if not isinstance(grad_out, torch.Tensor) or dtype is None or dtype == torch.float32:
             return terms
         with torch.no_grad():
             logp = torch.log_softmax(logits, -1)
             rounded = logp.to(dtype).to(torch.float64)
-            onehot = torch.zeros_like(logp)
-            rows = valid.nonzero()[:, 0]
-            onehot[rows, target[valid].long()] = 1.0
-            onehot = (1 - smoothing) * onehot + smoothing / logp.shape[-1]
             scale = grad_out.reshape(-1).to(torch.float64) if p.get("reduction", "mean") == "none" else \
                 grad_out.reshape(()).to(torch.float64).expand(len(target))
             scale = scale * valid
