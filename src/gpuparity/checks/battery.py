@@ -82,6 +82,7 @@ def run_battery(ops: Optional[Sequence[str]] = None, level: str = "default", dev
         def record(result: CheckResult, ran: bool = True) -> None:
             nonlocal done
             done += ran
+            _label_known(result, device.type)
             stream.write(result)
             results.append(result)
             if progress:
@@ -142,3 +143,15 @@ def verdict_status(verdict: Dict[str, Any]) -> str:
     if verdict.get("checks") or reason.startswith(("failed ", "timing run failed")):
         return "failed"
     return "unsupported"
+
+
+def _label_known(result: CheckResult, device_type: str) -> None:
+    """A FAIL of a backend that a known issue's avoid entry names for this op, dtype and device
+    (known/avoid.py named_for) says so first in its reason: the issue's symptom, not a new
+    failure (TORCH-CPU-FP16-CE-MEAN: torch's CPU fp16 cross_entropy 'mean' at --level full)."""
+    if result.status != Status.FAIL or result.backend.startswith("impl:"):
+        return
+    from ..known.avoid import named_for
+    named = named_for(result.op, result.backend, result.dtype, device_type)
+    if named:
+        result.reason = "; ".join(f"known issue {issue} ({title})" for issue, title in named) + ": " + result.reason

@@ -110,6 +110,14 @@ def from_results(results: Iterable[Dict[str, Any]], issues: Optional[List[Dict[s
     return [a for issue in (issues or load_issues()) if issue["id"] in confirmed for a in _entries(issue)]
 
 
+def named_for(op: str, backend: str, dtype: str, device_type: str) -> List[Tuple[str, str]]:
+    """(id, title) of the known issues whose avoid entries name this backend for every call of
+    the op in this dtype on this device (no regime): a battery failure there is that issue's
+    symptom, labelled so (the base as written; no probe runs)."""
+    return [(issue["id"], issue.get("title", "")) for issue in load_issues()
+            if any(a.when is None and a.matches(op, backend, dtype, device_type) for a in _entries(issue))]
+
+
 def confirmed_here(op: str, dtype: torch.dtype, device: torch.device, backends: Iterable[str]) -> List[Avoid]:
     """Probe, now, the known issues that would rule out one of `backends` for this op, dtype and
     device, and return the avoid entries of those confirmed (the first-call probe's share of
