@@ -146,12 +146,13 @@ def verdict_status(verdict: Dict[str, Any]) -> str:
 
 
 def _label_known(result: CheckResult, device_type: str) -> None:
-    """A FAIL of a backend that a known issue's avoid entry names for this op, dtype and device
-    (known/avoid.py named_for) says so first in its reason: the issue's symptom, not a new
-    failure (TORCH-CPU-FP16-CE-MEAN: torch's CPU fp16 cross_entropy 'mean' at --level full)."""
+    """A FAIL of a backend that a known issue's avoid entry rules out for this op, dtype and
+    device (known/avoid.py named_for) says so first in its reason, not as a new failure
+    (TORCH-CPU-FP16-CE-MEAN: torch's CPU fp16 cross_entropy at --level full)."""
     if result.status != Status.FAIL or result.backend.startswith("impl:"):
         return
     from ..known.avoid import named_for
     named = named_for(result.op, result.backend, result.dtype, device_type)
     if named:
-        result.reason = "; ".join(f"known issue {issue} ({title})" for issue, title in named) + ": " + result.reason
+        result.reason = (f"{result.backend} in {result.dtype} on {device_type} is ruled out for {result.op} by "
+                         + "; ".join(f"known issue {issue} ({title})" for issue, title in named) + ": " + result.reason)

@@ -384,13 +384,27 @@ class CrossEntropySpec(_ListedSpec):
 
     def valid_masks(self, inputs, p):
         """'mean' over no row that counts is 0 / 0 (NaN in float64 and torch): its value is not
-        judged (its gradient, zeros, is)."""
+        judged (its gradient, zeros, is). Nor is a loss past the dtype's range (a 'sum' of huge
+        logits' losses in fp16): inf is its right answer there."""
         target = inputs["target"]
         if (p.get("views") or {}).get("target") == "expanded":
             target = target[:1].expand(target.shape)
-        if p.get("reduction", "mean") == "mean" and not bool((target != ce_ignore_index(p)).any()):
+        reduction = p.get("reduction", "mean")
+        if reduction == "mean" and not bool((target != ce_ignore_index(p)).any()):
             return {"out": torch.zeros((), dtype=torch.bool)}
-        return {}
+        dtype = inputs.get("orig_dtype")
+        if dtype is None or reduction == "mean":
+            return {}
+        logits = self._logits(inputs, p).detach().to(torch.float64)
+        if (p.get("views") or {}).get("logits") == "expanded":
+            logits = logits[:1].expand(logits.shape)
+        valid = target != ce_ignore_index(p)
+        with torch.no_grad():
+            rows = cross_entropy(logits, target.masked_fill(~valid, 0), label_smoothing=p.get("smoothing", 0.0),
+                                 reduction="none") * valid
+            out = rows.sum() if reduction == "sum" else rows
+        in_range = out.abs() <= torch.finfo(dtype).max
+        return {} if bool(in_range.all()) else {"out": in_range}
 
     def zero_masks(self, inputs, p):
         if p.get("layout") != "row_stride":
