@@ -87,3 +87,17 @@ def test_torch_cpu_fp16_mean_failure_is_reported_as_its_known_issue():
     assert by["torch"].status == Status.FAIL and by["torch"].reason.startswith(
         "torch in float16 on cpu is ruled out for cross_entropy by known issue TORCH-CPU-FP16-CE-MEAN")
     assert by["composition"].status == Status.PASS
+
+
+def test_check_impl_runs_the_rows_in_both_dtypes_but_16_bit_at_full_only_rows_in_fp32():
+    # dtype_pairs: each row in about one dtype, fp32 and bf16 both met; a half_at_full row (torch's
+    # CPU 16-bit sums) never in bf16 at the default level, and no row left out (the first row of
+    # the array is such a row: it used to decide the dtypes of all)
+    from collections import Counter
+    from gpuparity.checks.plan import plan
+    tasks, _ = plan([OP], "default", "cpu", impl="x:y")
+    cover = [t for t in tasks if t.case.startswith("cover.")]
+    assert Counter(t.dtype for t in cover)["bfloat16"] >= 20
+    assert not [t for t in cover if t.params.get("half_at_full") and t.dtype != "float32"]
+    assert {t.case for t in cover} == {f"cover.{label}" for label, _ in
+                                       families.cover_family(get_spec(OP), "cover").members}

@@ -178,10 +178,14 @@ def _array_dtypes(spec, members: Sequence[Case], op_dtypes, level: str) -> Dict[
         rows = [case for case in members if families.family_of(case.name) == name]
         if not rows:
             continue
-        runnable = [d for d in op_dtypes if _runs_in(rows[0], d, op_dtypes, level)]
+        # the dtypes some row runs in (a row of 16-bit at --full only, half_at_full, runs in
+        # the others: its pick where it can, else its first)
+        runnable = [d for d in op_dtypes if any(_runs_in(case, d, op_dtypes, level) for case in rows)]
         picks = families.cover_dtypes(spec, name, runnable)
         if picks is not None:
-            out.update({case.name: picks[case.name.partition(".")[2]] for case in rows})
+            for case in rows:
+                own = [d for d in runnable if _runs_in(case, d, op_dtypes, level)]
+                out[case.name] = [d for d in picks[case.name.partition(".")[2]] if d in own] or own[:1]
     return out
 
 
