@@ -41,7 +41,7 @@ def main(argv=None) -> int:
               "battery_seed": args.battery_seed, "count": args.count, "seeds": seeds, "role": args.role,
               "generator": {op: "version 1 (frozen at 496617f)" if op in mutants.FROZEN_OPS else
                             "version 2 (frozen at c2beead)" if op in mutants.V2_OPS else
-                            "version 3 (frozen at cede5e5)" for op in ops}, "ops": {}}
+                            "version 3 (frozen at 72c14f9)" for op in ops}, "ops": {}}
     for op in ops:
         started = time.monotonic()
         battery = mutants.BatteryCalls.plan(op, args.level, args.battery_seed)
