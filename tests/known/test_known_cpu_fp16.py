@@ -126,3 +126,27 @@ def test_both_entries_are_confirmed_by_evaluate_here():
     results = {r.id: r for r in evaluate(ids=["TORCH-CPU-FP16-LN-GRAD", "TORCH-CPU-FP16-CE-MEAN"])}
     for issue_id in ("TORCH-CPU-FP16-LN-GRAD", "TORCH-CPU-FP16-CE-MEAN"):
         assert results[issue_id].status == CONFIRMED, (issue_id, results[issue_id].why)
+
+
+@HERE
+def test_bf16_one_hot_probe_confirms_here():
+    """TORCH-CPU-BF16-CE-ONEHOT: near one-hot rows' losses ~14% off in CPU bf16, ~0.14% when the loss is
+    computed in fp32 from the same bf16 logits and rounded once."""
+    result = well_formed(probes.bf16_cross_entropy_onehot(device="cpu"))
+    assert result["failed"] is True, result["detail"]
+    assert result["cpu_rel_err"] > 0.05 and result["cpu_fp32_rel_err"] < 0.005
+
+
+def test_bf16_one_hot_probe_rules_out_a_loss_computed_in_fp32(monkeypatch):
+    def fp32_then_round(logits, target, **kwargs):
+        return F.cross_entropy(logits.float(), target, **kwargs).to(logits.dtype)
+    monkeypatch.setattr(probes.numerics, "F", types.SimpleNamespace(cross_entropy=fp32_then_round))
+    result = well_formed(probes.bf16_cross_entropy_onehot(device="cpu"))
+    assert result["failed"] is False, result["detail"]
+
+
+def test_the_bf16_one_hot_entry_avoids_torch_for_bf16_on_the_cpu():
+    issues = {issue["id"]: issue for issue in load_issues()}
+    found = {(a.op, a.backend, a.dtype, a.device_type) for a in
+             avoid.from_results([{"id": "TORCH-CPU-BF16-CE-ONEHOT", "status": CONFIRMED}], list(issues.values()))}
+    assert found == {("cross_entropy", "torch", "bfloat16", "cpu")}

@@ -293,7 +293,7 @@ def _ce_cover_params(row) -> dict:
         # issue TORCH-CPU-FP16-CE-MEAN: fp16 overflows; bf16 loses 1.4-3% over 128-300 rows, an
         # fp32 sum rounded once 0.2%), and its bf16 log_softmax rounds a row's sum of exps to
         # bf16 (a near one-hot row's log p of -0.00837 comes out -0.00778, 7%; the loss of a row
-        # 0 instead of 0.0038): 16-bit at --full
+        # 0 instead of 0.0038: known issue TORCH-CPU-BF16-CE-ONEHOT): 16-bit at --full
         p["half_at_full"] = True
     return p
 

@@ -93,6 +93,35 @@ def fp16_cross_entropy_mean(dev: torch.device) -> Dict[str, Any]:
     return {**summarize(comparisons, what), **measured}
 
 
+ONEHOT_ROWS, ONEHOT_CLASSES, ONEHOT_MARGIN = 64, 40, 9.0
+
+
+@probe(default="cpu")
+def bf16_cross_entropy_onehot(dev: torch.device) -> Dict[str, Any]:
+    """bf16 F.cross_entropy on near one-hot rows (the target's logit 9 above normal ones: losses of
+    ~0.005), per row (reduction='none') against float64, judged against the same loss computed in fp32
+    from the bf16 logits and rounded to bf16 once: on the CPU, and on `dev` too when it is another device."""
+    logits = randn((ONEHOT_ROWS, ONEHOT_CLASSES), "cpu", torch.float32, 11).to(torch.bfloat16)
+    target = torch.randint(0, ONEHOT_CLASSES, (ONEHOT_ROWS,), generator=torch.Generator().manual_seed(12))
+    logits[torch.arange(ONEHOT_ROWS), target] += ONEHOT_MARGIN
+    ref = F.cross_entropy(logits.double(), target, reduction="none")
+    devices = [torch.device("cpu")] + ([dev] if dev.type != "cpu" else [])
+    comparisons, measured = [], {"expected_mean_loss": float(ref.mean())}
+    for where in devices:
+        x, t = logits.to(where), target.to(where)
+        got = F.cross_entropy(x, t, reduction="none")
+        base = F.cross_entropy(x.float(), t, reduction="none").to(torch.bfloat16)
+        sync(where)
+        comparisons.append(judge(f"{where.type} per-row loss", got.detach().cpu(), ref, base.detach().cpu(),
+                                 torch.bfloat16))
+        measured[f"{where.type}_rel_err"] = rel_err(got.detach().cpu().double(), ref)
+        measured[f"{where.type}_fp32_rel_err"] = rel_err(base.detach().cpu().double(), ref)
+    what = (f"bf16 F.cross_entropy on {ONEHOT_ROWS} near one-hot rows (losses ~{float(ref.mean()):.2g}): "
+            + ", ".join(f"{d.type} relative error {measured[f'{d.type}_rel_err']:.3g} (fp32 then rounded: "
+                        f"{measured[f'{d.type}_fp32_rel_err']:.3g})" for d in devices))
+    return {**summarize(comparisons, what), **measured}
+
+
 @probe
 def norm_weight_grads(dev: torch.device) -> Dict[str, Any]:
     """LayerNorm(256) and RMSNorm(256): output, input, weight and bias gradients against float64."""
