@@ -148,7 +148,16 @@ def verdict_status(verdict: Dict[str, Any]) -> str:
 def _label_known(result: CheckResult, device_type: str) -> None:
     """A FAIL of a backend that a known issue's avoid entry rules out for this op, dtype and
     device (known/avoid.py named_for) says so first in its reason, not as a new failure
-    (TORCH-CPU-FP16-CE-MEAN: torch's CPU fp16 cross_entropy at --level full)."""
+    (TORCH-CPU-FP16-CE-MEAN: torch's CPU fp16 cross_entropy at --level full); an ERROR whose words
+    are a known issue's `error_markers` names that issue (named_by_error: torch SDPA's "misaligned
+    address" met by an --impl that calls it)."""
+    if result.status == Status.ERROR:
+        from ..known.avoid import named_by_error
+        named = named_by_error(result.reason, device_type)
+        if named:
+            result.reason = ("this error matches " + "; ".join(f"known issue {issue} ({title})" for issue, title in named)
+                             + " (`gpuparity known-issues` gives the remedy): " + result.reason)
+        return
     if result.status != Status.FAIL or result.backend.startswith("impl:"):
         return
     from ..known.avoid import named_for

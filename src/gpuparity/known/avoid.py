@@ -118,6 +118,17 @@ def named_for(op: str, backend: str, dtype: str, device_type: str) -> List[Tuple
             if any(a.when is None and a.matches(op, backend, dtype, device_type) for a in _entries(issue))]
 
 
+def named_by_error(reason: str, device_type: str) -> List[Tuple[str, str]]:
+    """(id, title) of the known issues whose `error_markers` (the words of the error they raise, such
+    as "misaligned address") appear in an ERROR's reason, on a device of the kind their rule is about
+    (a GPU entry never names a CPU error): the error is labelled with them, whoever's code raised it
+    (a user's function that calls torch's SDPA meets torch's fault)."""
+    text = reason or ""
+    return [(issue["id"], issue.get("title", "")) for issue in load_issues()
+            if any(marker in text for marker in issue.get("error_markers", ()))
+            and (device_type != "cpu" or issue.get("rule", {}).get("vendor") in (None, "cpu"))]
+
+
 def confirmed_here(op: str, dtype: torch.dtype, device: torch.device, backends: Iterable[str]) -> List[Avoid]:
     """Probe, now, the known issues that would rule out one of `backends` for this op, dtype and
     device, and return the avoid entries of those confirmed (the first-call probe's share of
