@@ -29,7 +29,8 @@ def test_evaluate_with_probes_on_this_machine():
         assert results["TORCH-CPU-BF16-LN-GRAD"].status == CONFIRMED  # torch 2.13 CPU, found by the battery
         assert results["TORCH-CPU-FP16-LN-GRAD"].status == CONFIRMED  # its fp16 twin (false-alarm audit)
         assert results["TORCH-CPU-FP16-CE-MEAN"].status == CONFIRMED  # fp16 cross_entropy mean: inf
-        assert calls[-1] == (5, 5, "")
+        assert results["TORCH-CPU-BF16-CE-ONEHOT"].status == CONFIRMED  # bf16 near one-hot losses 14% off
+        assert calls[-1] == (6, 6, "")
     probed = [r for r in results.values() if r.probe_outcome]
     assert all(r.status in (CONFIRMED, RULED_OUT, MAY_APPLY) for r in probed)
     document = results_json(list(results.values()), platform_mod.current(), probes_ran=True)

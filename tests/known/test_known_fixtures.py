@@ -81,8 +81,8 @@ def test_cpu_only_nearly_nothing_applies(judge):
     applies = sorted(r.id for r in results.values() if r.status != DOES_NOT_APPLY)
     # The documented SDPA fact, two entries whose platform or version bound is unconfirmed, and
     # torch's CPU fp16/bf16 kernels gpuparity's battery found wanting.
-    assert applies == ["CKPT-METADATA", "SDPA-CAUSAL-ALIGN", "SDPA-FULLMASK-NAN", "TORCH-CPU-BF16-LN-GRAD",
-                       "TORCH-CPU-FP16-CE-MEAN", "TORCH-CPU-FP16-LN-GRAD"]
+    assert applies == ["CKPT-METADATA", "SDPA-CAUSAL-ALIGN", "SDPA-FULLMASK-NAN", "TORCH-CPU-BF16-CE-ONEHOT",
+                       "TORCH-CPU-BF16-LN-GRAD", "TORCH-CPU-FP16-CE-MEAN", "TORCH-CPU-FP16-LN-GRAD"]
     assert "top-left" in results["SDPA-CAUSAL-ALIGN"].why[0]
 
 
