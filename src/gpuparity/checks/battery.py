@@ -151,17 +151,17 @@ def _label_known(result: CheckResult, device_type: str) -> None:
     (TORCH-CPU-FP16-CE-MEAN: torch's CPU fp16 cross_entropy at --level full); an ERROR whose words
     are a known issue's `error_markers` names that issue (named_by_error: torch SDPA's "misaligned
     address" met by an --impl that calls it)."""
+    from ..known.avoid import named_by_error, named_for
+
+    def issues(named) -> str:
+        return "; ".join(f"known issue {issue} ({title})" for issue, title in named)
     if result.status == Status.ERROR:
-        from ..known.avoid import named_by_error
         named = named_by_error(result.reason, device_type)
         if named:
-            result.reason = ("this error matches " + "; ".join(f"known issue {issue} ({title})" for issue, title in named)
-                             + " (`gpuparity known-issues` gives the remedy): " + result.reason)
-        return
-    if result.status != Status.FAIL or result.backend.startswith("impl:"):
-        return
-    from ..known.avoid import named_for
-    named = named_for(result.op, result.backend, result.dtype, device_type)
-    if named:
-        result.reason = (f"{result.backend} in {result.dtype} on {device_type} is ruled out for {result.op} by "
-                         + "; ".join(f"known issue {issue} ({title})" for issue, title in named) + ": " + result.reason)
+            result.reason = (f"this error matches {issues(named)} (`gpuparity known-issues` gives the remedy): "
+                             + result.reason)
+    elif result.status == Status.FAIL and not result.backend.startswith("impl:"):
+        named = named_for(result.op, result.backend, result.dtype, device_type)
+        if named:
+            result.reason = (f"{result.backend} in {result.dtype} on {device_type} is ruled out for {result.op} by "
+                             f"{issues(named)}: " + result.reason)

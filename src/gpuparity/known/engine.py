@@ -368,8 +368,11 @@ def evaluate(platform: Optional[Dict[str, Any]] = None, *, probes: bool = True, 
     fresh: Dict[str, Dict[str, Any]] = {}
 
     codes = {issue["id"]: kept_outcomes.code_key(issue, PROBE_MODULE) for issue, _ in runnable}
-    reused = {issue["id"]: outcome for issue, _ in runnable
-              for outcome in [kept_outcomes.reusable(kept.get(issue["id"]), codes[issue["id"]])] if outcome}
+    reused: Dict[str, Dict[str, Any]] = {}
+    for issue_id, code in codes.items():
+        outcome = kept_outcomes.reusable(kept.get(issue_id), code)
+        if outcome is not None:
+            reused[issue_id] = outcome
 
     def probe_one(item) -> None:
         issue, result = item
