@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Unio
 
 import torch
 
+from .attribute import attribute, set_aside_for
 from .execute import dtype_from_name
 from .plan import (SECONDS_PER_CHECK, WORKER_START_S, Task, check_backend_names, estimate_seconds,
                    is_jit as _is_jit, normalize_device, plan, timing_tasks, validate_device)
@@ -78,25 +79,43 @@ def run_battery(ops: Optional[Sequence[str]] = None, level: str = "default", dev
         tasks = tasks + timing_tasks(keys, str(device), mode="warm", first_id=len(tasks) + len(decided), only=_is_jit)
     done = 0
     results: List[CheckResult] = []
+    # an --impl's ERRORs that may be torch's known fault: held back, rerun after the battery (attribute.py)
+    held: List[tuple] = []
     with ResultStream(stream_path) as stream:
-        def record(result: CheckResult, ran: bool = True) -> None:
+        def emit(result: CheckResult, ran: bool) -> None:
             nonlocal done
             done += ran
-            _label_known(result, device.type)
             stream.write(result)
             results.append(result)
             if progress:
                 progress(done, total, result)
+
+        def record(result: CheckResult, ran: bool = True) -> None:
+            _label_known(result, device.type)
+            set_aside = set_aside_for(result, device.type) if impl else ([], [])
+            if set_aside[1]:
+                held.append((result, set_aside, ran))
+            else:
+                emit(result, ran)
         for result in decided:
             record(result, ran=False)
-        run_tasks(tasks, isolate=isolate, timeout=timeout, env=env, on_result=record, budget=budget,
-                  crash_limit=crash_limit)
-        if explore and not (budget and budget.spent):
-            from .explore import explore as explore_more
-            seconds = min(explore, budget.remaining()) if budget else explore
-            explore_more(seconds, ops, device, dtypes, backends, impl, seed, previous=list(results),
-                         on_result=record, isolate=isolate, timeout=timeout, env=env,
-                         level="full" if level == "full" else "default", impl_lacks=impl_lacks)
+        finished = False
+        try:
+            run_tasks(tasks, isolate=isolate, timeout=timeout, env=env, on_result=record, budget=budget,
+                      crash_limit=crash_limit)
+            if explore and not (budget and budget.spent):
+                from .explore import explore as explore_more
+                seconds = min(explore, budget.remaining()) if budget else explore
+                explore_more(seconds, ops, device, dtypes, backends, impl, seed, previous=list(results),
+                             on_result=record, isolate=isolate, timeout=timeout, env=env,
+                             level="full" if level == "full" else "default", impl_lacks=impl_lacks)
+            finished = True
+        finally:   # interrupted: the held ERRORs are reported as they came (nothing measured is lost)
+            if held and finished:
+                attribute([(r, names) for r, names, _ in held], impl, isolate=isolate, timeout=timeout, env=env,
+                          budget=budget)
+            for result, _, ran in held:
+                emit(result, ran)
     return BatteryRun(results, level, str(device), seed, time.monotonic() - started, stream_path)
 
 

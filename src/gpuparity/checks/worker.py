@@ -111,6 +111,9 @@ def handle(task: Dict[str, Any]) -> Dict[str, Any]:
     except ImplError as exc:
         answer.update(status="ERROR", reason=str(exc), comparisons=[])
         return answer
+    if task.get("set_aside"):   # a rerun that tells a known torch fault from the implementation's own
+        from ..known.sidestep import without_sdpa
+        fn = without_sdpa(fn, task["set_aside"])
     if task.get("mode") in ("time", "warm"):
         repeats = 0 if task["mode"] == "warm" else 10
         answer.update(status="PASS", time_ms=time_case(task["op"], fn, task["params"], dtype, device, repeats,

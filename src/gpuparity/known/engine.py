@@ -38,6 +38,8 @@ KINDS = ("bug", "config", "behaviour", "limitation")
 # "spawn", a fresh interpreter, for a probe whose verdict depends on what a process reads when it
 # starts (docs/known-issues.md, "How probes run").
 ISOLATIONS = ("fork", "spawn")
+# torch.nn.attention.SDPBackend names an entry's `sidestep_sdpa` may set aside (known/sidestep.py)
+SDPA_KERNELS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
 
 Progress = Callable[[int, int, str], None]
 VERSION_ONLY_NOTE = "only version ranges rule it out: not expected here, but a probe that can run here decides"
@@ -120,6 +122,12 @@ def validate_issue(issue: Any, probe_names: Optional[set] = None) -> None:
         raise ValueError(f"{where}: probe_isolation must be one of {ISOLATIONS}, got {issue.get('probe_isolation')!r}")
     if not isinstance(issue.get("no_probe", ""), str):
         raise ValueError(f"{where}: no_probe must be a sentence saying why there is no probe")
+    sidestep = issue.get("sidestep_sdpa", [])
+    if not (isinstance(sidestep, list) and all(name in SDPA_KERNELS for name in sidestep)):
+        raise ValueError(f"{where}: sidestep_sdpa must be a list of the SDPA kernels whose fault it is, from "
+                         f"{SDPA_KERNELS}, got {sidestep!r}")
+    if sidestep and not issue.get("error_markers"):
+        raise ValueError(f"{where}: sidestep_sdpa needs error_markers (the error it tells apart)")
     reviewed = issue.get("reviewed")
     if reviewed is not None and not (isinstance(reviewed, str) and re.fullmatch(r"\d{4}-\d{2}-\d{2}", reviewed)):
         raise ValueError(f"{where}: reviewed must be a date YYYY-MM-DD, got {reviewed!r}")

@@ -1,0 +1,132 @@
+"""An --impl's ERROR that looks like a known torch fault is run again with torch's kernel set aside
+(checks/attribute.py): a correct function that calls torch's SDPA passes, with the fault named; a
+function whose own code raised the same words keeps its ERROR.
+
+The GPU fault (torch 2.11's efficient SDPA, "CUDA error: misaligned address" on an fp32 view off
+16-byte alignment) is played on the CPU by a function that raises those words while torch's
+efficient kernel is allowed and an input is misaligned, as the real one does on an H100; the
+labels are a GPU's (set_aside_for with "cuda")."""
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gpuparity.checks import attribute as attribute_mod
+from gpuparity.checks import battery
+from gpuparity.checks.results import CheckResult, Status
+from gpuparity.known.sidestep import sdpa_set_aside, without_sdpa
+
+FAULT = ("CUDA error: misaligned address\nCUDA kernel errors might be asynchronously reported at some other API call, "
+         "so the stacktrace below might be incorrect.")
+HERE = os.path.abspath(__file__)
+CASES = ["layouts.q_offset_k_expanded_v_sliced", "cover.0"]   # fp32 cases with a view off 16-byte alignment
+
+
+def _misaligned(*tensors):
+    return any(t.data_ptr() % 16 for t in tensors)
+
+
+def _sdpa(q, k, v, attn_mask, key_padding_mask, is_causal, scale):
+    if key_padding_mask is not None:
+        keep = ~key_padding_mask[:, None, None, :]
+        attn_mask = keep if attn_mask is None else (attn_mask & keep if attn_mask.dtype == torch.bool
+                                                    else attn_mask.masked_fill(~keep, float("-inf")))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+                                          enable_gqa=q.shape[1] != k.shape[1])
+
+
+def calls_faulting_sdpa(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None):
+    """Correct, but its SDPA call meets torch's fault: what the efficient kernel does on a GPU."""
+    if torch.backends.cuda.mem_efficient_sdp_enabled() and _misaligned(q, k, v):
+        raise RuntimeError(FAULT)
+    return _sdpa(q, k, v, attn_mask, key_padding_mask, is_causal, scale)
+
+
+def faults_itself(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None):
+    """Its own kernel faults on a misaligned input, whatever torch's SDPA would do."""
+    if _misaligned(q, k, v):
+        raise RuntimeError(FAULT)
+    return _sdpa(q, k, v, attn_mask, key_padding_mask, is_causal, scale)
+
+
+def wrong_without_the_fault(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None):
+    """Meets torch's fault, and computes the wrong attention when torch's efficient kernel is set aside."""
+    if torch.backends.cuda.mem_efficient_sdp_enabled() and _misaligned(q, k, v):
+        raise RuntimeError(FAULT)
+    return _sdpa(q, k, v, attn_mask, key_padding_mask, is_causal, scale) * 1.01
+
+
+@pytest.fixture
+def as_on_a_gpu(monkeypatch):
+    """Labels as on a GPU (the SDPA misaligned entries name GPU errors only)."""
+    monkeypatch.setattr(battery, "set_aside_for", lambda result, device_type: attribute_mod.set_aside_for(result, "cuda"))
+
+
+def _run(fn_name):
+    return battery.run_battery(["attention"], "default", "cpu", ["float32"], None, f"{HERE}:{fn_name}", 0,
+                               case_filter=None, case_lists={"attention": _cases()}, isolate=False)
+
+
+def _cases():
+    from gpuparity.checks.relations import lookup
+    from gpuparity.contracts import get_spec
+    spec = get_spec("attention")
+    return [lookup(spec, name) for name in CASES]
+
+
+def test_the_sdpa_entries_name_the_kernels_to_set_aside():
+    assert sdpa_set_aside(["SDPA-EFFICIENT-MISALIGNED"]) == ["EFFICIENT_ATTENTION"]
+    assert sdpa_set_aside(["SDPA-CUDNN-MISALIGNED", "SDPA-EFFICIENT-MISALIGNED"]) == ["EFFICIENT_ATTENTION",
+                                                                                      "CUDNN_ATTENTION"]
+    assert sdpa_set_aside(["TORCH-CPU-FP16-CE-MEAN"]) == []
+    with pytest.raises(ValueError, match="names: expected SDPA kernels"):
+        without_sdpa(len, ["MATH"])
+
+
+def test_a_correct_function_calling_faulting_sdpa_passes_with_the_fault_named(as_on_a_gpu):
+    run = _run("calls_faulting_sdpa")
+    assert [r.status for r in run.results] == [Status.PASS] * len(CASES), [r.reason for r in run.results]
+    for result in run.results:
+        assert result.reason.startswith(attribute_mod.SET_ASIDE + "EFFICIENT_ATTENTION, CUDNN_ATTENTION set aside")
+        assert "SDPA-EFFICIENT-MISALIGNED" in result.reason and "misaligned address" in result.reason
+        assert result.comparisons and all(c.passed for c in result.comparisons)
+    assert run.ok
+
+
+def test_without_the_rerun_the_same_function_errors(monkeypatch):
+    """What the rerun changes: labelled on the CPU (no GPU entry names a CPU error), the ERRORs stay."""
+    run = _run("calls_faulting_sdpa")
+    assert [r.status for r in run.results] == [Status.ERROR] * len(CASES)
+
+
+def test_a_function_that_faults_itself_keeps_its_error(as_on_a_gpu):
+    run = _run("faults_itself")
+    assert [r.status for r in run.results] == [Status.ERROR] * len(CASES)
+    for result in run.results:
+        assert "set aside the same inputs gave ERROR" in result.reason and "not (only) torch's fault" in result.reason
+    assert not run.ok
+
+
+def test_a_wrong_function_behind_the_fault_keeps_its_error_and_says_it_fails(as_on_a_gpu):
+    run = _run("wrong_without_the_fault")
+    assert [r.status for r in run.results] == [Status.ERROR] * len(CASES)
+    assert all("set aside the same inputs gave FAIL" in r.reason for r in run.results)
+
+
+def test_a_rerun_not_run_leaves_the_error():
+    result = CheckResult("attention", "impl:x.py:f", "cover.0", "float32", "cuda:0", Status.ERROR, reason="raised X")
+    rerun = CheckResult("attention", "impl:x.py:f", "cover.0", "float32", "cuda:0", Status.NOT_RUN,
+                        reason="the run's budget was spent")
+    attribute_mod.settle(result, ["SDPA-EFFICIENT-MISALIGNED"], ["EFFICIENT_ATTENTION"], rerun)
+    assert result.status == Status.ERROR and "was not run: the run's budget was spent" in result.reason
+
+
+def test_registered_backends_and_other_errors_are_not_rerun():
+    for backend, reason in (("sdpa_efficient", FAULT), ("impl:x.py:f", "raised ValueError: bad shape")):
+        result = CheckResult("attention", backend, "cover.0", "float32", "cuda:0", Status.ERROR, reason=reason)
+        assert attribute_mod.set_aside_for(result, "cuda") == ([], [])
+    result = CheckResult("attention", "impl:x.py:f", "cover.0", "float32", "cpu", Status.ERROR, reason=FAULT)
+    assert attribute_mod.set_aside_for(result, "cpu") == ([], [])
+    issues, kernels = attribute_mod.set_aside_for(result, "cuda")
+    assert set(issues) == {"SDPA-EFFICIENT-MISALIGNED", "SDPA-CUDNN-MISALIGNED"} and kernels
