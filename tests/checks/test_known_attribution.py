@@ -130,3 +130,12 @@ def test_registered_backends_and_other_errors_are_not_rerun():
     assert attribute_mod.set_aside_for(result, "cpu") == ([], [])
     issues, kernels = attribute_mod.set_aside_for(result, "cuda")
     assert set(issues) == {"SDPA-EFFICIENT-MISALIGNED", "SDPA-CUDNN-MISALIGNED"} and kernels
+
+
+def test_a_malformed_sidestep_is_refused_when_the_base_loads():
+    from gpuparity.known.engine import load_issues, validate_issue
+    entry = next(issue for issue in load_issues() if issue["id"] == "SDPA-EFFICIENT-MISALIGNED")
+    for bad in ({"sidestep_sdpa": ["MATH"]}, {"sidestep_sdpa": "EFFICIENT_ATTENTION"},
+                {"error_markers": [], "sidestep_sdpa": ["EFFICIENT_ATTENTION"]}):
+        with pytest.raises(ValueError, match="sidestep_sdpa"):
+            validate_issue({**entry, **bad})
