@@ -1,6 +1,4 @@
-"""Held-out bug (2026-12-06): the ignored rows found as target < 0 (the usual -100) rather than
-target == ignore_index: an ignore_index that is a valid class (0, a padding token id) is not
-ignored."""
+"""Held-out bug: ignored rows found as target < 0, not target == ignore_index."""
 import torch
 
 

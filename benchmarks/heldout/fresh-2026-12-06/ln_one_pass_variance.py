@@ -1,5 +1,4 @@
-"""Held-out bug (2026-12-06): layer_norm's variance in one pass, E[x^2] - E[x]^2 (clamped at 0),
-in fp32: catastrophic cancellation when a row's mean is large against its spread."""
+"""Held-out bug: variance in one pass, E[x^2] - E[x]^2 in fp32 (cancels at large mean / spread)."""
 import torch
 
 

@@ -1,8 +1,5 @@
-"""Held-out bug (2026-12-06): packed (cu_seqlens) rotary takes each token's position as its index
-in the packed buffer (plus the offset) instead of its index within its own sequence. Right for
-one sequence and for the (B, S, H, D) layout; wrong from the second packed sequence on. The table
-is read as flash-attn's Triton kernel loads it (masked: a position past the table gets cos 1, sin 0),
-so a position past it is a silent wrong value, not an IndexError."""
+"""Held-out bug: packed rotary positions counted over the whole buffer, not within each
+sequence. The table is read masked as flash-attn's Triton kernel reads it (past it: cos 1, sin 0)."""
 import torch
 
 
@@ -11,15 +8,15 @@ def _positions(x, cu_seqlens, seqlen_offsets, global_positions):
         B, S = x.shape[0], x.shape[1]
         pos = torch.arange(S, device=x.device)[None, :].expand(B, S)
         off = seqlen_offsets if isinstance(seqlen_offsets, torch.Tensor) else torch.full((B,), int(seqlen_offsets))
-        return pos + off.to(x.device).long()[:, None]                       # (B, S)
+        return pos + off.to(x.device).long()[:, None]
     total = x.shape[0]
     cu = cu_seqlens.to(x.device).long()
     idx = torch.arange(total, device=x.device)
-    seq = torch.bucketize(idx, cu[1:], right=True)                           # the sequence of each token
+    seq = torch.bucketize(idx, cu[1:], right=True)
     pos = idx if global_positions else idx - cu[seq]
     if isinstance(seqlen_offsets, torch.Tensor):
         return pos + seqlen_offsets.to(x.device).long()[seq]
-    return pos + int(seqlen_offsets)                                          # (total,)
+    return pos + int(seqlen_offsets)
 
 
 def _rotary(x, cos, sin, interleaved, seqlen_offsets, cu_seqlens, global_positions):
@@ -27,7 +24,7 @@ def _rotary(x, cos, sin, interleaved, seqlen_offsets, cu_seqlens, global_positio
     pos = _positions(x, cu_seqlens, seqlen_offsets, global_positions)
     inside = (pos < cos.shape[0]).unsqueeze(-1)
     pos = pos.clamp_max(cos.shape[0] - 1)
-    c = torch.where(inside, cos.float()[pos], 1.0).unsqueeze(-2)   # (..., 1, half): broadcast over heads
+    c = torch.where(inside, cos.float()[pos], 1.0).unsqueeze(-2)
     s = torch.where(inside, sin.float()[pos], 0.0).unsqueeze(-2)
     xf = x.float()
     rot, rest = xf[..., :2 * half], xf[..., 2 * half:]
