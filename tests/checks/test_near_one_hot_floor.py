@@ -146,3 +146,49 @@ def test_wrong_gradients_and_a_padding_leak_still_fail_on_the_same_case():
     found = relations.check("attention", padding_counted_as_exp_zero, relations.relation("padding_appended"), p,
                             torch.float32, seed=seed)
     assert found.status == Status.FAIL and "padding_appended" in found.reason
+
+
+def _varlen_flash(drop_d):
+    """attention_varlen through _FlashFormula per packed sequence (bottom-right causal band)."""
+    def run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False, window=None,
+            softcap=None, scale=None):
+        assert window is None and softcap is None
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        bounds_q, bounds_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+        pieces = []
+        for b in range(len(bounds_q) - 1):
+            (qs, qe), (ks, ke) = bounds_q[b:b + 2], bounds_k[b:b + 2]
+            qi, ki, vi = (t.transpose(0, 1).unsqueeze(0) for t in (q[qs:qe], k[ks:ke], v[ks:ke]))
+            group = qi.shape[1] // ki.shape[1]
+            ki, vi = ki.repeat_interleave(group, 1), vi.repeat_interleave(group, 1)
+            m, n = qe - qs, ke - ks
+            allowed = (torch.arange(n).view(1, n) - torch.arange(m).view(m, 1) <= n - m) if causal else None
+            pieces.append(_FlashFormula.apply(qi, ki, vi, allowed, scale, drop_d)[0].transpose(0, 1))
+        return torch.cat(pieces)
+    return run
+
+
+def test_varlen_has_the_same_near_one_hot_floor():
+    """attention_varlen's grad_q and grad_k get attention's logit_condition per packed sequence:
+    without it torch's CPU SDPA per sequence failed cover3.39 at --level full in bf16 (grad_q
+    3.4e-7 where float64 gives 2.2e-12: relative error 1.4e5, bound 1.41) and gpuparity's Triton
+    kernels cover3.55 / cover3.117 in fp32; a flash backward without - D still fails there."""
+    from gpuparity.checks.relations import lookup
+    spec = get_spec("attention_varlen")
+    case = lookup(spec, "cover3.55")
+    p = case.params
+    assert p["logit_scale"] == 30.0 and p.get("window") is None and p.get("softcap") is None
+    inputs = _round_inputs(make_inputs(spec, p, torch.float32, torch.Generator().manual_seed(0)), spec, torch.float32)
+    out_shape = inputs["q"].shape
+    grad_out = torch.randn(out_shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    terms = spec.error_terms({**inputs, "grad_out": grad_out}, p)
+    for name in ("grad_q", "grad_k"):
+        assert terms[name]["logit_condition"] > 1e3, (name, terms[name])
+    assert "logit_condition" not in spec.error_terms(inputs, p)["grad_q"]   # no gradient drawn: no term
+    from gpuparity.checks.execute import task_seed
+    seed = task_seed(0, "attention_varlen", "cover3.55", "float32")
+    baseline = get_backend("attention_varlen", "composition").fn
+    status, _, reason = execute.run_case("attention_varlen", _varlen_flash(False), p, torch.float32, CPU, seed, baseline)
+    assert status == Status.PASS, reason
+    status, _, reason = execute.run_case("attention_varlen", _varlen_flash(True), p, torch.float32, CPU, seed, baseline)
+    assert status == Status.FAIL and "grad_q" in reason, reason

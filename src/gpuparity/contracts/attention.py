@@ -398,16 +398,14 @@ def attention_floor_terms(q, k, **masks) -> Tuple[Dict[str, Any], Dict[str, Any]
     return keys, rows
 
 
-def attention_logit_conditions(q, k, v, grad_out, *, attn_mask=None, key_padding_mask=None, is_causal=False,
-                               scale=None, window=None, softcap=None, block_scores: int = 2 ** 25
-                               ) -> Tuple[Optional[float], Optional[float]]:
-    """(grad_q's, grad_k's) logit_condition (tolerance.error_floor): how far each gradient moves,
-    relative to its own size, when every row's normalization errs by a relative u |m| (m: the
-    row's max logit), in units of u. dS = P (dP - D) cancels on near one-hot rows, so the shift,
-    scale |m| D (P K) for grad_q and scale P^T (|m| D q) for grad_k (summed over the heads that
-    share a KV head), can be orders of magnitude larger than the gradient. q (B, H, Sq, D), k and
-    v (B, Hkv, Sk, D), grad_out the output's gradient; masks as attention's (softcap's tanh
-    factor included). In blocks of rows, without gradients; None where a gradient is 0."""
+def attention_condition_sums(q, k, v, grad_out, *, attn_mask=None, key_padding_mask=None, is_causal=False,
+                             scale=None, window=None, softcap=None, block_scores: int = 2 ** 25
+                             ) -> Dict[str, Dict[str, float]]:
+    """The squared norms behind attention_logit_conditions, as sums that add over sequences
+    (varlen): {"grad_q": {"grad", "shift"}, "grad_k": {...}}: the gradient's, and its shift when
+    every row's normalization errs by a relative |m| (m: the row's max logit). q (B, H, Sq, D), k
+    and v (B, Hkv, Sk, D), grad_out the output's gradient; masks as attention's (softcap's tanh
+    factor included). In blocks of rows, without gradients."""
     batch, heads, q_len, head_dim = q.shape
     kv_heads, k_len = k.shape[1], k.shape[2]
     scale = head_dim ** -0.5 if scale is None else scale
@@ -436,12 +434,29 @@ def attention_logit_conditions(q, k, v, grad_out, *, attn_mask=None, key_padding
             shift_k += torch.matmul(moved.transpose(-2, -1), rows_q)
             grad_k += torch.matmul(d_scores.transpose(-2, -1), rows_q)
     group = heads // kv_heads
-    shift_k = shift_k.view(batch, kv_heads, group, k_len, head_dim).sum(2)
-    grad_k = grad_k.view(batch, kv_heads, group, k_len, head_dim).sum(2)
 
-    def ratio(shift: float, grad: float) -> Optional[float]:
-        return (shift / grad) ** 0.5 if grad > 0 else None
-    return ratio(shift_q, grad_q), ratio(float(shift_k.square().sum()), float(grad_k.square().sum()))
+    def per_kv_head(grad: torch.Tensor) -> float:
+        return float(grad.view(batch, kv_heads, group, k_len, head_dim).sum(2).square().sum())
+    return {"grad_q": {"grad": grad_q, "shift": shift_q},
+            "grad_k": {"grad": per_kv_head(grad_k), "shift": per_kv_head(shift_k)}}
+
+
+def logit_conditions(sums: Dict[str, Dict[str, float]]) -> Dict[str, Optional[float]]:
+    """attention_condition_sums as each gradient's logit_condition (tolerance.error_floor): the
+    shift's norm over the gradient's; None where the gradient is 0."""
+    return {name: (parts["shift"] / parts["grad"]) ** 0.5 if parts["grad"] > 0 else None
+            for name, parts in sums.items()}
+
+
+def attention_logit_conditions(q, k, v, grad_out, **masks) -> Tuple[Optional[float], Optional[float]]:
+    """(grad_q's, grad_k's) logit_condition (tolerance.error_floor): how far each gradient moves,
+    relative to its own size, when every row's normalization errs by a relative u |m| (m: the
+    row's max logit), in units of u. dS = P (dP - D) cancels on near one-hot rows, so the shift,
+    scale |m| D (P K) for grad_q and scale P^T (|m| D q) for grad_k (summed over the heads that
+    share a KV head), can be orders of magnitude larger than the gradient. Arguments as
+    attention_condition_sums."""
+    ratios = logit_conditions(attention_condition_sums(q, k, v, grad_out, **masks))
+    return ratios["grad_q"], ratios["grad_k"]
 
 
 def attention_dropout(q, k, v, keep, dropout_p: float, **masks):

@@ -11,7 +11,8 @@ import torch
 from .masks import attention_kind
 from ..registry import Backend, BackendUnavailable, Problem
 from ..numerics import matmul_tf32
-from .attention import alibi_bias, alibi_slopes, attention as reference_attention, attention_logit_peak
+from .attention import alibi_bias, alibi_slopes, attention as reference_attention, attention_condition_sums
+from .attention import attention_logit_peak, logit_conditions
 from .attention import BACKWARD_ARGS, check_window, composition, with_alibi
 from .base import (INDEX_DTYPES, TILE_OFFSETS, TILES, Case, Covering, OpSpec, capturing, takes, check_softcap, checked_once,
                    family, randn, tf32_precision, tile_size, view_members)
@@ -306,11 +307,15 @@ class VarlenSpec(OpSpec):
     def error_terms(self, inputs, p):
         """As attention's, per sequence: out and grad_q sum over a sequence's keys, grad_k and
         grad_v over its query rows (times the heads sharing a KV head), grad_qkv both; the logit
-        peak is the largest over the sequences, each under its bottom-right mask."""
+        peak is the largest over the sequences, each under its bottom-right mask; with the output's
+        gradient in inputs["grad_out"], grad_q's, grad_k's and grad_qkv's logit_condition (as
+        attention's: near one-hot rows) from attention_condition_sums added over the sequences."""
         if p["layout"] == "qkv_view":
-            q, k = inputs["qkv"][:, 0], inputs["qkv"][:, 1]
+            q, k, v = inputs["qkv"][:, 0], inputs["qkv"][:, 1], inputs["qkv"][:, 2]
         else:
-            q, k = inputs["q"], inputs["k"]
+            q, k, v = inputs["q"], inputs["k"], inputs.get("v")
+        grad_out = inputs.get("grad_out")
+        sums = None   # attention_condition_sums over the sequences (near one-hot rows)
         bounds_q, bounds_k = inputs["cu_seqlens_q"].tolist(), inputs["cu_seqlens_k"].tolist()
         slopes = None
         if p.get("alibi"):   # each sequence's ALiBi bias on its own lengths, as the referee adds it
@@ -325,10 +330,22 @@ class VarlenSpec(OpSpec):
                 q_i, k_i = (t.transpose(0, 1).unsqueeze(0) for t in (q[qs:qe], k[ks:ke]))
                 peak = max(peak, attention_logit_peak(q_i, k_i, attn_mask=mask, scale=p["scale"],
                                                       softcap=p["softcap"]))
+                if isinstance(grad_out, torch.Tensor) and v is not None:
+                    v_i, dout_i = v[ks:ke].transpose(0, 1).unsqueeze(0), grad_out[qs:qe].transpose(0, 1).unsqueeze(0)
+                    part = attention_condition_sums(q_i, k_i, v_i, dout_i, attn_mask=mask, scale=p["scale"],
+                                                    softcap=p["softcap"])
+                    sums = part if sums is None else {name: {key: sums[name][key] + value for key, value in parts.items()}
+                                                      for name, parts in part.items()}
         keys = {"reduction": max(p["k_lens"], default=0), "logit_peak": peak}
         rows = {"reduction": max(p["q_lens"], default=0) * (p["H"] // p["Hkv"]), "logit_peak": peak}
         both = {"reduction": max(keys["reduction"], rows["reduction"]), "logit_peak": peak}
-        return {"out": keys, "grad_q": keys, "grad_k": rows, "grad_v": rows, "grad_qkv": both}
+        terms = {"out": keys, "grad_q": dict(keys), "grad_k": dict(rows), "grad_v": rows, "grad_qkv": dict(both)}
+        if sums is not None:
+            # grad_qkv holds grad_q and grad_k: their shifts and sizes add
+            sums["grad_qkv"] = {key: sums["grad_q"][key] + sums["grad_k"][key] for key in sums["grad_q"]}
+            for name, condition in logit_conditions(sums).items():
+                terms[name]["logit_condition"] = condition
+        return terms
 
     def kind(self, p):
         kind = attention_kind(None, None, p["causal"], p["window"], p["softcap"])
