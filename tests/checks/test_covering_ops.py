@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from gpuparity.checks import covering, families
-from gpuparity.checks.battery import run_battery
+from gpuparity.checks.battery import plan, run_battery
 from gpuparity.checks.results import Status
 from gpuparity.contracts import get_spec
 from gpuparity.dispatch import BackendUnavailable
@@ -135,3 +135,33 @@ def test_the_arrays_hold_what_the_battery_lacked():
     assert any(p.get("causal") and any(n % 128 == 127 for n in p["k_lens"]) for p in rows("attention_varlen"))
     assert any(p["residual_fp32"] and not p["residual_in_fp32"] for p in rows("residual_norm"))
     assert math.prod(len(v) for _, v in families.covering_declaration(get_spec("attention_decode")).dimensions) > 10 ** 6
+
+
+def varlen_window_open_side_as_zero(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal=False,
+                                    window=None, softcap=None, scale=None):
+    """Planted: a window's open side (-1, unbounded) read as 0, no key past the diagonal on that
+    side; right under causal with (left, -1), wrong for a window open on either side without it."""
+    if window is not None:
+        window = [max(int(side), 0) for side in window]
+    return varlen_sdpa(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal, window=window,
+                       softcap=softcap, scale=scale)
+
+
+def test_a_window_open_on_one_side_is_a_value_of_the_varlen_array():
+    """-1 on either side of a window, without causal, is in varlen's array: the listed cases had
+    it only as (6, -1) under causal, where reading it as 0 changes nothing, so every other case
+    with a window passes the planted bug and only those rows fail."""
+    planted = f"{HERE}:varlen_window_open_side_as_zero"
+    tasks, _ = plan(["attention_varlen"], "default", "cpu", impl=planted)
+    windowed = {t.case: t.params for t in tasks if t.params.get("window") and not t.case.startswith("relation.")}
+    open_rows = {case for case, p in windowed.items() if -1 in p["window"] and not p.get("causal")}
+    assert {windowed[case]["window"].index(-1) for case in open_rows} == {0, 1}   # the left side and the right
+    assert open_rows <= {case for case in windowed if case.startswith("cover.")}
+    run = run_battery(["attention_varlen"], "default", "cpu", impl=planted, dtypes=["float32"], isolate=False,
+                      case_filter=lambda _op, case: case.name in windowed)
+    failed = {r.case for r in run.results if r.status.bad}
+    passed = {r.case for r in run.results if r.status == Status.PASS}
+    # an open right side changes nothing where each sequence has one query (Sq = 1: no key past it)
+    assert failed <= open_rows and {windowed[case]["window"].index(-1) for case in failed} == {0, 1}, sorted(failed)
+    # the other cases with a window pass it (those with ALiBi or softcap SKIP: SDPA has neither)
+    assert "causal_window_scale" in passed and len(passed - open_rows) >= 10, sorted(passed)

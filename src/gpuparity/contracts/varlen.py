@@ -431,11 +431,15 @@ FAMILIES = [
 # `ratio` sets its Sq against its Sk (a long key length, ~2048 + the offset, pairs with few query
 # rows); `others` the sequences packed after it (none, one of length 1, empty ones, many short
 # distinct ones, a copy). window and softcap are in every implementation's signature; ALiBi,
-# an optional keyword, is left to the listed cases.
+# an optional keyword, is left to the listed cases. A window's -1 ("unbounded on that side",
+# FlashAttention's window_size) is a value of its own on each side, without causal (which would
+# hide an open right side): the listed cases had it only as (6, -1) under causal.
 VARLEN_HEADS = {"h1": (1, 1), "h2": (2, 2), "h4_kv2": (4, 2), "h4_kv1": (4, 1), "h6_kv3": (6, 3)}
 VARLEN_MODIFIERS = {"plain": {}, "causal": dict(causal=True), "scale": dict(scale=0.3),
                     "causal_scale": dict(causal=True, scale=1.5), "window": dict(window=[7, 3]),
-                    "causal_window": dict(causal=True, window=[16, 0]), "softcap": dict(softcap=20.0),
+                    "causal_window": dict(causal=True, window=[16, 0]),
+                    "window_open_left": dict(window=[-1, 3]), "window_open_right": dict(window=[7, -1]),
+                    "softcap": dict(softcap=20.0),
                     "causal_softcap_x30": dict(causal=True, softcap=5.0, logit_scale=30.0)}
 VARLEN_VALUES = {"normal": {}, "x30": dict(logit_scale=30.0),
                  "denormal_kv": dict(values={"k": "denormal_mix", "v": "denormal_mix"}),
