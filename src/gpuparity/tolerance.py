@@ -80,6 +80,14 @@ LOGIT_UNIT_ROUNDOFF = 2.0 ** -24
 # baseline factor 2 times u times it: one rounding of the logsumexp, worst case. torch 2.13's
 # CPU flash SDPA erred 1/13 to 1/50 of u times it on Sq = 1 rows of x30 logits (2.8e-4 to 0.53;
 # docs/verification.md), the composition 1/70 to 1/800 of it.
+# The same rows in 16-bit: a flash backward forms D = rowsum(out * dout) from the output it stored,
+# rounded to the dtype, so D errs by about u_dtype ||out * dout|| per row, where the composition
+# takes D from its own dP (no rounding of out enters it). The spec gives each such gradient
+# `delta_condition` = ||scale D' (P K)|| / ||grad_q|| with D' = ||out * dout|| per row (the same for
+# grad_k: contracts/attention.attention_condition_sums); the floor is the baseline factor 2 times
+# the dtype's unit roundoff times it. torch 2.13's CPU flash SDPA, per sequence of a varlen row
+# with x30 logits in bf16 (Sq 1, 8 keys in the window, D 16): grad_q 2.09 relative against 2x the
+# composition's 0.204. In fp32 the term is u32 small, under the others.
 # Centering (layer_norm): a correct kernel forms each row's mean m by a reduction over the row's
 # n terms in its statistics dtype (fp32 for 16-bit inputs: a 16-bit mean would be a bug, and the
 # composition baseline uses fp32 too). The result is rounded at |m|'s magnitude once per level of
@@ -127,7 +135,7 @@ def mean_rounding(dtype, terms: int) -> float:
 def error_floor(dtype, precision: Optional[str] = None, reduction: Optional[int] = None,
                 logit_peak: Optional[float] = None, mean_condition: Optional[float] = None,
                 mean_terms: Optional[int] = None, logit_condition: Optional[float] = None,
-                gradient_rounding: Optional[float] = None) -> float:
+                gradient_rounding: Optional[float] = None, delta_condition: Optional[float] = None) -> float:
     """The floor of one output: the dtype's (floor_for), raised where a correct computation errs
     more. reduction: how many terms each element of the output sums (attention's grad_v: the
     query rows, times the heads sharing a KV head); logit_peak: the largest |logit| the output
@@ -137,7 +145,9 @@ def error_floor(dtype, precision: Optional[str] = None, reduction: Optional[int]
     logit_condition: the gradient's shift per unit relative error of its rows' normalization,
     in logits (attention's grad_q and grad_k on near one-hot rows, LOGIT_UNIT_ROUNDOFF above);
     gradient_rounding: the output's relative RMS error from an intermediate gradient held in the
-    dtype (linear_cross_entropy's d(loss)/d(logits), rounding_rms above)."""
+    dtype (linear_cross_entropy's d(loss)/d(logits), rounding_rms above); delta_condition: the
+    gradient's shift per unit roundoff of the dtype in the output a flash backward reads back
+    (attention's grad_q and grad_k on near one-hot rows, above)."""
     floor = floor_for(dtype, precision)
     rounding = ROUNDING.get(dtype, ROUNDING[torch.float32])
     if reduction:
@@ -150,15 +160,18 @@ def error_floor(dtype, precision: Optional[str] = None, reduction: Optional[int]
         floor = max(floor, BASELINE_FACTOR * LOGIT_UNIT_ROUNDOFF * abs(logit_condition))
     if gradient_rounding is not None and math.isfinite(gradient_rounding):
         floor = max(floor, BASELINE_FACTOR * abs(gradient_rounding))
+    if delta_condition is not None and math.isfinite(delta_condition):
+        floor = max(floor, BASELINE_FACTOR * rounding * math.sqrt(3) * abs(delta_condition))
     return floor
 
 
 def allowed_error(baseline_err: Optional[float], dtype: torch.dtype, precision: Optional[str] = None,
                   reduction: Optional[int] = None, logit_peak: Optional[float] = None,
                   mean_condition: Optional[float] = None, mean_terms: Optional[int] = None,
-                  logit_condition: Optional[float] = None, gradient_rounding: Optional[float] = None) -> float:
+                  logit_condition: Optional[float] = None, gradient_rounding: Optional[float] = None,
+                  delta_condition: Optional[float] = None) -> float:
     floor = error_floor(dtype, precision, reduction, logit_peak, mean_condition, mean_terms, logit_condition,
-                        gradient_rounding)
+                        gradient_rounding, delta_condition)
     if baseline_err is None or not math.isfinite(baseline_err):
         return floor
     return max(BASELINE_FACTOR * baseline_err, floor)
@@ -197,14 +210,14 @@ def judge(name: str, out, ref: torch.Tensor, baseline: Optional[torch.Tensor], d
           precision: Optional[str] = None, reduction: Optional[int] = None,
           logit_peak: Optional[float] = None, mean_condition: Optional[float] = None,
           mean_terms: Optional[int] = None, logit_condition: Optional[float] = None,
-          gradient_rounding: Optional[float] = None) -> Comparison:
+          gradient_rounding: Optional[float] = None, delta_condition: Optional[float] = None) -> Comparison:
     """Judge one output (or gradient) against the float64 reference under the policy.
 
     valid: bool mask (broadcastable to ref) of the meaningful elements.
     must_be_zero: bool mask of the elements that must be exactly 0 (fully masked rows).
     precision: "tf32" when fp32 inputs may run on TF32 units (raises the floor accordingly).
-    reduction, logit_peak, mean_condition, mean_terms, logit_condition, gradient_rounding: what raises the floor of
-    this output (error_floor).
+    reduction, logit_peak, mean_condition, mean_terms, logit_condition, gradient_rounding, delta_condition: what
+    raises the floor of this output (error_floor).
     Computed where the reference is: the battery's float64 reference is on the CPU; the monitor's
     is on the GPU that ran the call, where copying outputs of 10^7 elements to the host and judging
     them there took most of a check's time.
@@ -244,7 +257,7 @@ def judge(name: str, out, ref: torch.Tensor, baseline: Optional[torch.Tensor], d
     if baseline is not None and isinstance(baseline, torch.Tensor) and tuple(baseline.shape) == tuple(ref.shape):
         baseline_err = relative_error(baseline, ref64, valid_full)
     allowed = allowed_error(baseline_err, dtype, precision, reduction, logit_peak, mean_condition, mean_terms,
-                            logit_condition, gradient_rounding)
+                            logit_condition, gradient_rounding, delta_condition)
     diff = (out64 - ref64).abs().masked_fill(~valid_full, 0.0)
     if diff.numel():
         flat = int(torch.argmax(diff).item())

@@ -401,19 +401,22 @@ def attention_floor_terms(q, k, **masks) -> Tuple[Dict[str, Any], Dict[str, Any]
 def attention_condition_sums(q, k, v, grad_out, *, attn_mask=None, key_padding_mask=None, is_causal=False,
                              scale=None, window=None, softcap=None, block_scores: int = 2 ** 25
                              ) -> Dict[str, Dict[str, float]]:
-    """The squared norms behind attention_logit_conditions, as sums that add over sequences
-    (varlen): {"grad_q": {"grad", "shift"}, "grad_k": {...}}: the gradient's, and its shift when
-    every row's normalization errs by a relative |m| (m: the row's max logit). q (B, H, Sq, D), k
-    and v (B, Hkv, Sk, D), grad_out the output's gradient; masks as attention's (softcap's tanh
-    factor included). In blocks of rows, without gradients."""
+    """The squared norms behind attention_near_one_hot_terms, as sums that add over sequences
+    (varlen): {"grad_q": {"grad", "shift", "delta"}, "grad_k": {...}}: the gradient's, its shift
+    when every row's normalization errs by a relative |m| (m: the row's max logit), and its shift
+    when every row's D = rowsum(out * dout) errs by ||out * dout|| (the output read back rounded:
+    tolerance's delta_condition). q (B, H, Sq, D), k and v (B, Hkv, Sk, D), grad_out the output's
+    gradient; masks as attention's (softcap's tanh factor included). In blocks of rows, without
+    gradients."""
     batch, heads, q_len, head_dim = q.shape
     kv_heads, k_len = k.shape[1], k.shape[2]
     scale = head_dim ** -0.5 if scale is None else scale
     k, v = expand_kv(q, k, v)
     rows = attention_block_rows(batch * heads, q_len, k_len, block_scores)
-    shift_q = grad_q = 0.0
+    shift_q = delta_q = grad_q = 0.0
     shift_k = torch.zeros(batch, heads, k_len, head_dim, dtype=q.dtype, device=q.device)
-    grad_k = torch.zeros_like(shift_k)
+    delta_k, grad_k = torch.zeros_like(shift_k), torch.zeros_like(shift_k)
+    grad_out = grad_out.to(q.dtype)
     with torch.no_grad():
         for start in range(0, q_len, rows):
             stop = min(start + rows, q_len)
@@ -422,41 +425,47 @@ def attention_condition_sums(q, k, v, grad_out, *, attn_mask=None, key_padding_m
                                              is_causal, scale, window, softcap, start)
             probs = torch.softmax(scores, dim=-1).masked_fill(empty, 0.0)
             peak = scores.amax(-1, keepdim=True).masked_fill(empty, 0.0).abs()
-            dp = torch.matmul(grad_out[:, :, start:stop].to(q.dtype), v.transpose(-2, -1))
+            dp = torch.matmul(grad_out[:, :, start:stop], v.transpose(-2, -1))
             total = (probs * dp).sum(-1, keepdim=True)
             chain = probs
             if softcap is not None:
                 chain = probs * (1 - torch.tanh(torch.matmul(rows_q, k.transpose(-2, -1)) * scale / softcap) ** 2)
             d_scores = scale * chain * (dp - total)
             moved = scale * chain * (peak * total)
+            read_back = scale * chain * (torch.matmul(probs, v) * grad_out[:, :, start:stop]).norm(dim=-1, keepdim=True)
             shift_q += float(torch.matmul(moved, k).square().sum())
+            delta_q += float(torch.matmul(read_back, k).square().sum())
             grad_q += float(torch.matmul(d_scores, k).square().sum())
             shift_k += torch.matmul(moved.transpose(-2, -1), rows_q)
+            delta_k += torch.matmul(read_back.transpose(-2, -1), rows_q)
             grad_k += torch.matmul(d_scores.transpose(-2, -1), rows_q)
     group = heads // kv_heads
 
     def per_kv_head(grad: torch.Tensor) -> float:
         return float(grad.view(batch, kv_heads, group, k_len, head_dim).sum(2).square().sum())
-    return {"grad_q": {"grad": grad_q, "shift": shift_q},
-            "grad_k": {"grad": per_kv_head(grad_k), "shift": per_kv_head(shift_k)}}
+    return {"grad_q": {"grad": grad_q, "shift": shift_q, "delta": delta_q},
+            "grad_k": {"grad": per_kv_head(grad_k), "shift": per_kv_head(shift_k), "delta": per_kv_head(delta_k)}}
 
 
-def logit_conditions(sums: Dict[str, Dict[str, float]]) -> Dict[str, Optional[float]]:
-    """attention_condition_sums as each gradient's logit_condition (tolerance.error_floor): the
-    shift's norm over the gradient's; None where the gradient is 0."""
-    return {name: (parts["shift"] / parts["grad"]) ** 0.5 if parts["grad"] > 0 else None
+def near_one_hot_terms(sums: Dict[str, Dict[str, float]]) -> Dict[str, Dict[str, Optional[float]]]:
+    """attention_condition_sums as each gradient's floor terms (tolerance.error_floor):
+    logit_condition and delta_condition, the shifts' norms over the gradient's; none where the
+    gradient is 0."""
+    return {name: ({"logit_condition": (parts["shift"] / parts["grad"]) ** 0.5,
+                    "delta_condition": (parts["delta"] / parts["grad"]) ** 0.5} if parts["grad"] > 0 else {})
             for name, parts in sums.items()}
 
 
-def attention_logit_conditions(q, k, v, grad_out, **masks) -> Tuple[Optional[float], Optional[float]]:
-    """(grad_q's, grad_k's) logit_condition (tolerance.error_floor): how far each gradient moves,
-    relative to its own size, when every row's normalization errs by a relative u |m| (m: the
-    row's max logit), in units of u. dS = P (dP - D) cancels on near one-hot rows, so the shift,
-    scale |m| D (P K) for grad_q and scale P^T (|m| D q) for grad_k (summed over the heads that
-    share a KV head), can be orders of magnitude larger than the gradient. Arguments as
-    attention_condition_sums."""
-    ratios = logit_conditions(attention_condition_sums(q, k, v, grad_out, **masks))
-    return ratios["grad_q"], ratios["grad_k"]
+def attention_near_one_hot_terms(q, k, v, grad_out, **masks) -> Dict[str, Dict[str, Optional[float]]]:
+    """grad_q's and grad_k's logit_condition and delta_condition (tolerance.error_floor): how far
+    each gradient moves, relative to its own size, when every row's normalization errs by a
+    relative u |m| (m: the row's max logit), in units of u (fp32's), and when every row's
+    D = rowsum(out * dout) errs by u ||out * dout|| (a flash backward reads its output back
+    rounded to the dtype), in units of the dtype's u. dS = P (dP - D) cancels on near one-hot
+    rows, so either shift, scale D' (P K) for grad_q and scale P^T (D' q) for grad_k (summed
+    over the heads that share a KV head), can be orders of magnitude larger than the gradient.
+    Arguments as attention_condition_sums."""
+    return near_one_hot_terms(attention_condition_sums(q, k, v, grad_out, **masks))
 
 
 def attention_dropout(q, k, v, keep, dropout_p: float, **masks):
@@ -661,8 +670,8 @@ class AttentionSpec(OpSpec):
     def error_terms(self, inputs, p):
         """Each output's floor terms: attention_floor_terms of the case's views and masks, ALiBi's
         bias included (the logits the kernels exponentiate are the biased ones, as the referee's);
-        with the output's gradient in inputs["grad_out"], grad_q's and grad_k's logit_condition
-        (attention_logit_conditions: near one-hot rows)."""
+        with the output's gradient in inputs["grad_out"], grad_q's and grad_k's logit_condition and
+        delta_condition (attention_near_one_hot_terms: near one-hot rows)."""
         q, k, _ = self._views(inputs, p)
         attn_mask = inputs.get("attn_mask")
         if p.get("alibi"):
@@ -673,8 +682,8 @@ class AttentionSpec(OpSpec):
         terms = {"out": keys, "grad_q": dict(keys), "grad_k": dict(rows), "grad_v": rows}
         if isinstance(inputs.get("grad_out"), torch.Tensor):
             _, _, v = self._views(inputs, p)
-            terms["grad_q"]["logit_condition"], terms["grad_k"]["logit_condition"] = attention_logit_conditions(
-                q, k, v, inputs["grad_out"], **masks)
+            for name, extra in attention_near_one_hot_terms(q, k, v, inputs["grad_out"], **masks).items():
+                terms[name].update(extra)
         return terms
 
     def kind(self, params):

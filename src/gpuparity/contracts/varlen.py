@@ -12,7 +12,7 @@ from .masks import attention_kind
 from ..registry import Backend, BackendUnavailable, Problem
 from ..numerics import matmul_tf32
 from .attention import alibi_bias, alibi_slopes, attention as reference_attention, attention_condition_sums
-from .attention import attention_logit_peak, logit_conditions
+from .attention import attention_logit_peak, near_one_hot_terms
 from .attention import BACKWARD_ARGS, check_window, composition, with_alibi
 from .base import (INDEX_DTYPES, TILE_OFFSETS, TILES, Case, Covering, OpSpec, capturing, takes, check_softcap, checked_once,
                    family, randn, tf32_precision, tile_size, view_members)
@@ -308,8 +308,8 @@ class VarlenSpec(OpSpec):
         """As attention's, per sequence: out and grad_q sum over a sequence's keys, grad_k and
         grad_v over its query rows (times the heads sharing a KV head), grad_qkv both; the logit
         peak is the largest over the sequences, each under its bottom-right mask; with the output's
-        gradient in inputs["grad_out"], grad_q's, grad_k's and grad_qkv's logit_condition (as
-        attention's: near one-hot rows) from attention_condition_sums added over the sequences."""
+        gradient in inputs["grad_out"], grad_q's, grad_k's and grad_qkv's logit_condition and
+        delta_condition (as attention's: near one-hot rows) from attention_condition_sums added over the sequences."""
         if p["layout"] == "qkv_view":
             q, k, v = inputs["qkv"][:, 0], inputs["qkv"][:, 1], inputs["qkv"][:, 2]
         else:
@@ -343,8 +343,8 @@ class VarlenSpec(OpSpec):
         if sums is not None:
             # grad_qkv holds grad_q and grad_k: their shifts and sizes add
             sums["grad_qkv"] = {key: sums["grad_q"][key] + sums["grad_k"][key] for key in sums["grad_q"]}
-            for name, condition in logit_conditions(sums).items():
-                terms[name]["logit_condition"] = condition
+            for name, extra in near_one_hot_terms(sums).items():
+                terms[name].update(extra)
         return terms
 
     def kind(self, p):
