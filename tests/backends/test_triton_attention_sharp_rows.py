@@ -72,8 +72,7 @@ def _emulated_backward(q, k, v, dout, delta_form):
     """(dq, dk) of one head by the kernels' backward formula in fp32: p recomputed from the
     base-2 lse, delta from `delta_form`: "out" (rowsum(out * dout), the kernels'; here rounded
     once, so that it cannot share dp's rounding by accident of the summation order) or
-    "consistent" (sum_j p_j dp_j / sum_j p_j from the dq side's dp; the dk side recomputes its own
-    dp transposed, as the dk/dv kernel does)."""
+    "consistent" (sum_j p_j dp_j / sum_j p_j from the same dp, which the dk side shares here)."""
     q, k, v, dout = (t[:, 0] for t in (q, k, v, dout))
     s = (q @ k.T) * torch.tensor(SCALE * LOG2E, dtype=torch.float32)
     m = s.max(1).values
@@ -82,13 +81,18 @@ def _emulated_backward(q, k, v, dout, delta_form):
     out = (unnormalized @ v) / l[:, None]
     lse = m + torch.log2(l)
     p = torch.exp2(s - lse[:, None])
-    dp = dout @ v.T
+    # dp as a kernel's dot: fp32 products summed in order over the head dim, one element-wise
+    # step at a time, so the rounding is the same on any CPU (a BLAS product's depends on its
+    # blocking: on the H200 machine's Xeon it came out near-exact, and the diagnosis vanished)
+    dp = torch.zeros(dout.shape[0], v.shape[0])
+    for d in range(dout.shape[1]):
+        dp = dp + dout[:, d, None] * v[None, :, d]
     if delta_form == "out":
         # rounded once from float64: any order other than dp's own carries dp's rounding
         delta = (out.double() * dout.double()).sum(1).float()
     else:
         delta = (p * dp).sum(1) / p.sum(1)
-    dp_t = (v @ dout.T).T
+    dp_t = dp   # (the dk/dv kernel's own order, which rounds otherwise, is the kernel test's third case)
     dq = (p * (dp - delta[:, None])) @ k * SCALE
     dk = (p * (dp_t - delta[:, None])).T @ q * SCALE
     return dq, dk
