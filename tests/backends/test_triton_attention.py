@@ -663,18 +663,20 @@ def test_the_two_backward_forms_apply_the_same_dropout(monkeypatch):
 
 def test_backward_form_rule_and_its_override(monkeypatch):
     cfg, other_warps = tiles.TileConfig(64, 32, 4, 3), tiles.TileConfig(64, 32, 8, 3)
+    bf16 = torch.bfloat16
     monkeypatch.delenv("GPUPARITY_ATTENTION_BACKWARD", raising=False)
-    assert tiles.fused_backward(256, 32, cfg, cfg) and tiles.fused_backward(128, 64, cfg, cfg)
-    assert tiles.fused_backward(150, 20, cfg, cfg)                                     # padded to 32
-    assert not tiles.fused_backward(257, 32, cfg, cfg) and not tiles.fused_backward(197, 64, cfg, cfg)
-    assert not tiles.fused_backward(16, 32, cfg, other_warps)   # one launch has one warp count
+    assert tiles.fused_backward(256, 32, cfg, cfg, bf16) and tiles.fused_backward(128, 64, cfg, cfg, bf16)
+    assert tiles.fused_backward(150, 20, cfg, cfg, bf16)                                     # padded to 32
+    assert not tiles.fused_backward(257, 32, cfg, cfg, bf16) and not tiles.fused_backward(197, 64, cfg, cfg, bf16)
+    assert not tiles.fused_backward(16, 32, cfg, other_warps, bf16)   # one launch has one warp count
+    assert not tiles.fused_backward(16, 32, cfg, cfg, torch.float32)   # fp32: dk/dv need the dq kernel's delta
     monkeypatch.setenv("GPUPARITY_ATTENTION_BACKWARD", "split")
-    assert not tiles.fused_backward(16, 32, cfg, cfg)
+    assert not tiles.fused_backward(16, 32, cfg, cfg, bf16)
     monkeypatch.setenv("GPUPARITY_ATTENTION_BACKWARD", "fused")
-    assert tiles.fused_backward(8192, 128, cfg, cfg)
+    assert tiles.fused_backward(8192, 128, cfg, cfg, bf16)
     monkeypatch.setenv("GPUPARITY_ATTENTION_BACKWARD", "one")
     with pytest.raises(ValueError, match="GPUPARITY_ATTENTION_BACKWARD: expected one of"):
-        tiles.fused_backward(16, 32, cfg, cfg)
+        tiles.fused_backward(16, 32, cfg, cfg, bf16)
 
 
 def test_dropout_is_repeatable_and_its_gradient_is_right():

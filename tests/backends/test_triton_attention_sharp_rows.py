@@ -20,12 +20,10 @@ computes the consistent delta, redoes its loops with it where it matters and sto
 dk/dv kernel) and tiles.fused_backward (fp32 takes two launches);
 attention_decode is forward-only.
 
-That change is on branch s6lse, NOT on main: it has not run on a GPU (compile and fp32 speed
-unmeasured). The battery does not need it: main's kernels are within the tolerance policy's near
-one-hot floor there (logit_condition: every flash backward meets this cancellation, torch's flash
-SDPA too; docs/verification.md). This test holds the stricter bar, the composition's own accuracy,
-as a strict xfail: it fails on main's kernels (8 of 8 cases on this CPU's interpreter) and turns
-red the day the change lands."""
+The battery would not need it: a flash backward's error there is within the tolerance policy's
+near one-hot floor (logit_condition; docs/verification.md), torch's flash SDPA kernels have it
+too. This test holds the stricter bar, the composition's own accuracy, which the change meets
+(8 of 8 cases here fail on the kernels before it, and on the H200 the kernel cases pass with it)."""
 from __future__ import annotations
 
 import pytest
@@ -133,9 +131,6 @@ def _varlen(q, k, v):
     return triton_attention_varlen(q, k, v, cu_q, cu_k, q.shape[0], k.shape[0], scale=SCALE)
 
 
-@pytest.mark.xfail(strict=True, reason="the composition's accuracy on near one-hot fp32 rows, beyond the policy's "
-                   "floor: FlashAttention's delta = rowsum(out*dout) does not cancel the kernel's own dp (the "
-                   "kernel change on branch s6lse awaits a GPU run; docs/attention.md)")
 @pytest.mark.parametrize("kernel", [_dense, _varlen], ids=["dense", "varlen"])
 @pytest.mark.parametrize("q_len,k_len,head_dim,seed,heads,kv_heads", KERNEL_CASES)
 def test_sharp_rows_gradients_match_composition(kernel, q_len, k_len, head_dim, seed, heads, kv_heads):

@@ -16,7 +16,7 @@ from .kernels import (_NO_SPECIALIZE, _alibi_bias, _key_range, _mma, _scan_paddi
 
 
 @triton.jit
-def _bwd_dkdv_inner(dk, dv, k, v, key_kept, q_base, do_base, lse_base, delta_base, mask_base, o_base,
+def _bwd_dkdv_inner(dk, dv, k, v, key_kept, q_base, do_base, lse_base, delta_base, top_base, mask_base, o_base,
                     cols, offs_m, offs_d, lo, hi, q_len, k_len, qk_scale, seed_bh, dropout_p,
                     window_left, window_right, cap_in, cap_out, alibi_slope, alibi_shift,
                     stride_qm, stride_qd, stride_dm, stride_dd, stride_mm, stride_mn, stride_om, stride_od,
@@ -26,7 +26,8 @@ def _bwd_dkdv_inner(dk, dv, k, v, key_kept, q_base, do_base, lse_base, delta_bas
                     HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
                     DELTA_INLINE: tl.constexpr,
                     TMA: tl.constexpr = False, q_desc=None, do_desc=None, q_row0=0, q_col=0, do_row0=0, do_col=0):
-    """Accumulates dk, dv over query blocks [lo, hi). TMA: q and dout tiles from the tensor
+    """Accumulates dk, dv over query blocks [lo, hi). top_base: the dq kernel's top
+    (_dq_loops; not read with DELTA_INLINE). TMA: q and dout tiles from the tensor
     descriptors q_desc / do_desc, at rows q_row0 + m / do_row0 + m, columns q_col / do_col."""
     d_ok = offs_d < HEAD_DIM
     for start_m in range(lo, hi, BLOCK_M):
@@ -96,6 +97,12 @@ def _bwd_dkdv_inner(dk, dv, k, v, key_kept, q_base, do_base, lse_base, delta_bas
             dv = _mma(p_t.to(do.dtype), do, dv, DOT_PRECISION)
         # softmax backward: ds = p * (dp - delta)
         ds_t = p_t * (dp_t - delta[None, :])
+        if not DELTA_INLINE and k.dtype == tl.float32:
+            # a row's key with p > 1/2 takes dp - delta as the dq kernel had it where it kept one
+            # (top == top: not NaN): on a near one-hot row the difference of this kernel's dp and
+            # delta is rounding (_dq_loops; fp32 only)
+            top = tl.load(top_base + rows, mask=row_ok, other=float("nan"))
+            ds_t = tl.where((p_t > 0.5) & (top == top)[None, :], p_t * top[None, :], ds_t)
         if SOFTCAP:  # through c * tanh(s / c): d/ds = 1 - tanh^2
             ds_t = ds_t * (1.0 - tanh_t * tanh_t)
         dk = _mma(ds_t.to(q_t.dtype), tl.trans(q_t), dk, DOT_PRECISION)
@@ -196,20 +203,22 @@ def _dkdv_program(
         do_base = DO + b64 * stride_db + head.to(tl.int64) * stride_dh
         lse_base = LSE + bh.to(tl.int64) * q_len
         delta_base = Delta + bh.to(tl.int64) * q_len
+        # Delta is (2, B, H, Sq): delta, then _dq_loops' top; the grid is (key blocks, B * kv heads)
+        top_base = delta_base + tl.num_programs(1).to(tl.int64) * group_size * q_len
         mask_base = Mask + b64 * stride_mb + head.to(tl.int64) * stride_mh
         seed_bh = seed + bh
         alibi_slope = alibi_slope_of(Alibi, batch, head, stride_ab, HAS_ALIBI)
         o_base = Out + b64 * stride_ob + head.to(tl.int64) * stride_oh
         q_row0 = batch * q_rb + head * q_rh
         do_row0 = batch * do_rb + head * do_rh
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, key_kept, q_base, do_base, lse_base, delta_base, mask_base, o_base,
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, key_kept, q_base, do_base, lse_base, delta_base, top_base, mask_base, o_base,
                                  cols, offs_m, offs_d, q_lo, q_full, q_len, k_len, qk_scale, seed_bh, dropout_p,
                                  window_left, window_right, cap_in, cap_out, alibi_slope, alibi_shift,
                                  stride_qm, stride_qd, stride_dm, stride_dd, stride_mm, stride_mn, stride_om, stride_od,
                                  HEAD_DIM, BLOCK_M, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, True, DOT_PRECISION,
                                  HAS_WINDOW, SOFTCAP, HAS_ALIBI, DELTA_INLINE, TMA,
                                  QDesc, DODesc, q_row0, head * q_ch, do_row0, head * do_ch)
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, key_kept, q_base, do_base, lse_base, delta_base, mask_base, o_base,
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, key_kept, q_base, do_base, lse_base, delta_base, top_base, mask_base, o_base,
                                  cols, offs_m, offs_d, q_full, q_hi, q_len, k_len, qk_scale, seed_bh, dropout_p,
                                  window_left, window_right, cap_in, cap_out, alibi_slope, alibi_shift,
                                  stride_qm, stride_qd, stride_dm, stride_dd, stride_mm, stride_mn, stride_om, stride_od,
@@ -336,7 +345,7 @@ def _attn_bwd_dkdv_tma_kernel(
 
 
 @triton.jit
-def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base, holes,
+def _bwd_dq_inner(dq, ds_sum, p_sum, ds_abs, top_r, top_n, track, q, do, lse, delta, k_base, v_base, mask_base, kpm_base, holes,
                   rows, offs_n, offs_d, lo, hi, q_len, k_len, key_end, qk_scale, seed_bh, dropout_p,
                   window_left, window_right, cap_in, cap_out, alibi_slope, alibi_shift,
                   stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
@@ -391,10 +400,20 @@ def _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base, ho
             keep = dropout_keep(seed_bh, rows[:, None], cols[None, :], k_len, dropout_p)
             dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
         ds = p * (dp - delta[:, None])
+        # what _dq_loops needs for the delta consistent with these very dp (its docstring)
+        ds_sum += tl.sum(ds, 1)
+        p_sum += tl.sum(p, 1)
+        if q.dtype == tl.float32:   # the redo's test: fp32 only
+            ds_abs += tl.sum(tl.abs(ds), 1)
+        if track != 0:
+            # a row's key with p > 1/2 (one at most): its dp - delta, for the dk/dv kernel
+            top = p > 0.5
+            top_r += tl.sum(tl.where(top, dp - delta[:, None], 0.0), 1)
+            top_n += tl.sum(top.to(tl.float32), 1)
         if SOFTCAP:
             ds = ds * (1.0 - tanh_s * tanh_s)
         dq = _mma(ds.to(k_t.dtype), tl.trans(k_t), dq, DOT_PRECISION)
-    return dq
+    return dq, ds_sum, p_sum, ds_abs, top_r, top_n
 
 
 @triton.jit
@@ -405,20 +424,61 @@ def _dq_loops(dq, holes, q, do, lse, delta, k_base, v_base, mask_base, kpm_base,
               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
               HAS_KPM: tl.constexpr, DROPOUT: tl.constexpr, DOT_PRECISION: tl.constexpr,
               HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, LOOP_STAGES: tl.constexpr):
-    """Key tiles [lo, full_end) with no edge masks, then [full_end, hi) (as kernels._fwd_loops);
-    LOOP_STAGES: the loops' pipeline depth (None: the kernel's)."""
-    dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base, holes,
-                       rows, offs_n, offs_d, lo, full_end, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
-                       window_left, window_right, cap_in, cap_out, alibi_slope, alibi_shift,
-                       stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
-                       HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, False, DOT_PRECISION, HAS_WINDOW,
-                       SOFTCAP, HAS_ALIBI, LOOP_STAGES)
-    return _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, mask_base, kpm_base, holes,
-                         rows, offs_n, offs_d, full_end, hi, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
-                         window_left, window_right, cap_in, cap_out, alibi_slope, alibi_shift,
-                         stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
-                         HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, True, DOT_PRECISION, HAS_WINDOW,
-                         SOFTCAP, HAS_ALIBI, LOOP_STAGES)
+    """(dq, delta, top): key tiles [lo, full_end) with no edge masks, then [full_end, hi) (as
+    kernels._fwd_loops); LOOP_STAGES: the loops' pipeline depth (None: the kernel's). delta comes in
+    as rowsum(out * dout) and goes out as sum_j p_j dp_j / sum_j p_j over the dp of these loops,
+    the delta the dk/dv kernel is to use.
+
+    Why: ds = p * (dp - delta) cancels on a row whose softmax is (nearly) one-hot only when delta
+    shares dp's own rounding; rowsum(out * dout) is another dot over the head dim, in another
+    order, and leaves ~1e-7 * |dout| * |v| where the true difference is ~0 (huge logits: dq, dk
+    of 1e-5 where they are 1e-40). Dividing by sum_j p_j takes out the lse's rounding, common to
+    the whole row. Computed as delta + sum_j ds_j / sum_j p_j (the small terms summed directly).
+    In fp32, a block with a row where that correction is not negligible against the row's ds
+    (|sum ds| > 2**-13 * sum |ds|: a softmax within a few percent of one-hot, or a row with one
+    key) runs its loops again with the corrected delta; any other block runs them once
+    (tests/backends/test_triton_attention_sharp_rows.py). 16-bit inputs never redo: their out,
+    rounded to 2**-9, puts that correction above any such bound on most rows of sharp attention
+    (their dq keeps rowsum(out * dout), as before; dk/dv gets the corrected delta); nor do fp32
+    inputs with TF32 products, whose dp is rounded as coarsely.
+    The dk/dv kernel recomputes dp in its own order (a transposed product: not the same rounding),
+    so the redo also gives it top: per row, dp - delta of its one key with p > 1/2 as these loops
+    have it, NaN where there is none or the block did not redo (there the difference between the
+    two orders is negligible)."""
+    tau = 0.0001220703125   # 2**-13: rows that do not redo are within about that of their value
+    todo = tl.program_id(0) * 0 + 1
+    top_r = tl.zeros_like(delta)
+    top_n = tl.zeros_like(delta)
+    for attempt in range(0, 2):
+        if todo != 0:
+            ds_sum = tl.zeros_like(delta)
+            p_sum = tl.zeros_like(delta)
+            ds_abs = tl.zeros_like(delta)
+            dq = tl.zeros_like(dq)   # (not a second accumulator: one tile of them is live)
+            dq, ds_sum, p_sum, ds_abs, top_r, top_n = _bwd_dq_inner(
+                dq, ds_sum, p_sum, ds_abs, top_r, top_n, attempt, q, do, lse, delta, k_base, v_base, mask_base, kpm_base, holes,
+                rows, offs_n, offs_d, lo, full_end, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
+                window_left, window_right, cap_in, cap_out, alibi_slope, alibi_shift,
+                stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
+                HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, False, DOT_PRECISION, HAS_WINDOW,
+                SOFTCAP, HAS_ALIBI, LOOP_STAGES)
+            dq, ds_sum, p_sum, ds_abs, top_r, top_n = _bwd_dq_inner(
+                dq, ds_sum, p_sum, ds_abs, top_r, top_n, attempt, q, do, lse, delta, k_base, v_base, mask_base, kpm_base, holes,
+                rows, offs_n, offs_d, full_end, hi, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
+                window_left, window_right, cap_in, cap_out, alibi_slope, alibi_shift,
+                stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
+                HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, True, DOT_PRECISION, HAS_WINDOW,
+                SOFTCAP, HAS_ALIBI, LOOP_STAGES)
+            redo = tl.max((tl.abs(ds_sum) > tau * ds_abs).to(tl.int32), 0)
+            if q.dtype != tl.float32:   # 16-bit: never (ds_abs is not even summed)
+                redo = redo * 0
+            if DOT_PRECISION == "tf32":   # TF32 products: dp itself is rounded at 2**-11
+                redo = redo * 0
+            todo = tl.where(attempt == 0, redo, 0)
+            if attempt == 0:   # the redo's loops (and the dk/dv kernel) use the delta they ran with
+                # a row with no key (or past the end) has p_sum = 0: its delta stays
+                delta += tl.where(p_sum > 0.0, ds_sum / tl.where(p_sum > 0.0, p_sum, 1.0), 0.0)
+    return dq, delta, tl.where(top_n == 1.0, top_r, float("nan"))
 
 
 @triton.jit
@@ -456,13 +516,11 @@ def _dq_program(
     do = tl.load(DO + b64 * stride_db + head.to(tl.int64) * stride_dh + rows[:, None] * stride_dm + offs_d[None, :] * stride_dd,
                  mask=tile_ok, other=0.0)
     lse = tl.load(LSE + batch_head.to(tl.int64) * q_len + rows, mask=row_ok, other=float("inf"))
-    # delta_i = sum_d out_id * dout_id, the row term of the softmax gradient; in the two-launch
-    # backward this kernel runs first and keeps it for the dk/dv kernel
+    # delta_i = sum_d out_id * dout_id, the row term of the softmax gradient, made consistent with
+    # dp by _dq_loops; in the two-launch backward this kernel runs first and keeps it for dk/dv
     o = tl.load(Out + b64 * stride_ob + head.to(tl.int64) * stride_oh + rows[:, None] * stride_om + offs_d[None, :] * stride_od,
                 mask=tile_ok, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    if STORE_DELTA:
-        tl.store(Delta + batch_head.to(tl.int64) * q_len + rows, delta, mask=row_ok)
     k_base = K + b64 * stride_kb + kv_head.to(tl.int64) * stride_kh
     v_base = V + b64 * stride_vb + kv_head.to(tl.int64) * stride_vh
     mask_base = Mask + b64 * stride_mb + head.to(tl.int64) * stride_mh
@@ -491,16 +549,22 @@ def _dq_program(
         # (the mask read in every tile) at depth 1, so the two sets of pipeline buffers fit in
         # shared memory (tiles.split_kpm_dq says where)
         if holes:
-            dq = _dq_loops(dq, True, *args, HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, True, DROPOUT,
+            dq, delta, top = _dq_loops(dq, True, *args, HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, True, DROPOUT,
                            DOT_PRECISION, HAS_WINDOW, SOFTCAP, HAS_ALIBI, 1)
         else:
-            dq = _dq_loops(dq, False, *args, HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, False, DROPOUT,
+            dq, delta, top = _dq_loops(dq, False, *args, HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, False, DROPOUT,
                            DOT_PRECISION, HAS_WINDOW, SOFTCAP, HAS_ALIBI, None)
     else:
         # One loop body for any padding: key padding with holes is read in every tile behind a
         # branch, other padding (a suffix: per-item lengths) not at all.
-        dq = _dq_loops(dq, holes, *args, HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT,
+        dq, delta, top = _dq_loops(dq, holes, *args, HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT,
                        DOT_PRECISION, HAS_WINDOW, SOFTCAP, HAS_ALIBI, None)
+    if STORE_DELTA:
+        # _dq_loops' delta and top, for the dk/dv kernel: Delta is (2, B, H, Sq) float32, and this
+        # kernel's grid (query blocks, B * H)
+        delta_ptrs = Delta + batch_head.to(tl.int64) * q_len + rows
+        tl.store(delta_ptrs, delta, mask=row_ok)
+        tl.store(delta_ptrs + tl.num_programs(1).to(tl.int64) * q_len, top, mask=row_ok)
     dq = dq * sm_scale
     tl.store(DQ + b64 * stride_dqb + head.to(tl.int64) * stride_dqh + rows[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
              dq.to(DQ.dtype.element_ty), mask=tile_ok)

@@ -264,13 +264,14 @@ class _Plan:
 
 def _forward(q, k, v, masks: MaskArgs, is_causal: bool, scale: float, dropout_p: float, seed: int, window,
              softcap, with_delta: bool) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor], Optional[_Plan]]:
-    """(out, lse, delta, plan). with_delta: lse and the backward's delta (B, H, Sq) float32 come
+    """(out, lse, delta, plan). with_delta: lse and the backward's delta (2, B, H, Sq) float32 come
     from one allocation (one fewer in the backward, where host time is scarcest); plan: None for
     empty inputs, kept per call signature except for dropout calls (a new seed each time)."""
     batch, heads, q_len, _ = q.shape
     out = _output_like(q)
-    if with_delta:   # unbind: cheaper than iterating the tensor (4.9 vs 6.2 us, benchmarks/records/h200/attention-host-ab-2026-11-26.md)
-        lse, delta = torch.empty(2, batch, heads, q_len, dtype=torch.float32, device=q.device).unbind(0)
+    if with_delta:   # one allocation: lse, then delta's two planes
+        both = torch.empty(3, batch, heads, q_len, dtype=torch.float32, device=q.device)
+        lse, delta = both[0], both[1:]
     else:
         lse, delta = torch.empty(batch, heads, q_len, dtype=torch.float32, device=q.device), None
     if out.numel() == 0:
@@ -304,7 +305,7 @@ def _backward_launches(q, k, v, out, dout, dq, dk, dv, masks: MaskArgs, is_causa
     dq_cfg = tile_config("dq", q.device, head_dim, q.dtype, k_len)
     kv_cfg = tile_config("dkdv", q.device, head_dim, q.dtype, k_len, alibi=masks.alibi is not None)
     scalars = (scale * LOG2E, scale, float(dropout_p), int(seed), *extra, k_len - q_len)
-    if fused_backward(q_len, head_dim, dq_cfg, kv_cfg):
+    if fused_backward(q_len, head_dim, dq_cfg, kv_cfg, q.dtype):
         q_blocks = cdiv(q_len, dq_cfg.block_m)
         grid = (q_blocks * (heads // kv_heads) + cdiv(k_len, kv_cfg.block_n), batch * kv_heads)
         return (PreparedLaunch(kernel_table()["bwd"], grid, (
@@ -387,8 +388,8 @@ class _DescriptorLaunch:
 def attention_backward(dout, q, k, v, out, lse, masks: MaskArgs, is_causal: bool, scale: float,
                        dropout_p: float = 0.0, seed: int = 0, window=None, softcap=None, *,
                        delta: Optional[torch.Tensor] = None, plan: Optional[_Plan] = None):
-    """(dq, dk, dv). delta: a (B, H, Sq) float32 buffer to use (else one is allocated where the
-    two-launch form needs it); plan: the forward's (_forward), whose backward launches are then
+    """(dq, dk, dv). delta: a (2, B, H, Sq) float32 buffer to use for the dq kernel's delta and top
+    (backward_kernels._dq_loops; else one is allocated where the two-launch form needs it); plan: the forward's (_forward), whose backward launches are then
     found by dout's strides alone. dq, dk, dv take q's, k's and v's layouts (three empty_like:
     cheaper on the host than one allocation taken apart: 4.8 vs 6.8 us,
     benchmarks/records/h200/attention-host-ab-2026-11-26.md)."""
@@ -410,7 +411,7 @@ def attention_backward(dout, q, k, v, out, lse, masks: MaskArgs, is_causal: bool
         return dq, dk, dv
     dq_launch, dkdv_launch = launches
     if delta is None:
-        delta = torch.empty(batch, heads, q_len, dtype=torch.float32, device=q.device)
+        delta = torch.empty(2, batch, heads, q_len, dtype=torch.float32, device=q.device)
     # dq first: it also computes delta = rowsum(out * dout), which the dk/dv kernel reads
     dq_launch(q, k, v, out, dout, lse, delta, dq, mask, kpm, bounds, alibi)
     dkdv_launch(q, k, v, dout, lse, delta, dk, dv, mask, kpm, bounds, alibi)

@@ -136,11 +136,14 @@ FUSED_BACKWARD_MAX_ROWS_X_DIM = 256 * 32
 _BACKWARD_FORMS = ("fused", "split")
 
 
-def fused_backward(q_len: int, head_dim: int, dq_cfg: TileConfig, kv_cfg: TileConfig) -> bool:
-    """Whether the backward runs as one launch: short sequences at small head dims, and the two
-    kernels' tiles share their warp count (the one launch has one).
-    $GPUPARITY_ATTENTION_BACKWARD=fused|split forces a form (benchmarks compare them; read when a
-    call signature is first prepared)."""
+def fused_backward(q_len: int, head_dim: int, dq_cfg: TileConfig, kv_cfg: TileConfig, dtype: torch.dtype) -> bool:
+    """Whether the backward runs as one launch: short sequences at small head dims, 16-bit inputs,
+    and the two kernels' tiles share their warp count (the one launch has one). fp32 takes two:
+    the one launch's dk/dv programs compute delta from out, which on a near one-hot softmax row
+    leaves dk at the rounding of out (fp32: ~1e-7 * |dout| * |v| where dk is ~1e-40); two launches
+    give them the dq kernel's delta, consistent with dp (backward_kernels._dq_loops). In 16-bit
+    that rounding is within the dtype's own. $GPUPARITY_ATTENTION_BACKWARD=fused|split forces a
+    form (benchmarks compare them; read when a call signature is first prepared)."""
     forced = os.environ.get("GPUPARITY_ATTENTION_BACKWARD")
     if forced is not None and forced not in _BACKWARD_FORMS:
         raise ValueError(f"GPUPARITY_ATTENTION_BACKWARD: expected one of {_BACKWARD_FORMS}, got {forced!r}")
@@ -148,7 +151,7 @@ def fused_backward(q_len: int, head_dim: int, dq_cfg: TileConfig, kv_cfg: TileCo
         return False
     if forced is not None:
         return forced == "fused"
-    return q_len * padded_head_dim(head_dim) <= FUSED_BACKWARD_MAX_ROWS_X_DIM
+    return dtype != torch.float32 and q_len * padded_head_dim(head_dim) <= FUSED_BACKWARD_MAX_ROWS_X_DIM
 
 
 _TMA_CHOICES = ("auto", "1", "0")

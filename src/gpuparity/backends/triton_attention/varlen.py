@@ -118,7 +118,7 @@ def varlen_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q: int, max_k: int,
     key = _key(q, k, v, cu_q, max_q, max_k, causal, scale, window, softcap, alibi_stride, ("bwd", dout.stride()))
     dq_launch, dkdv_launch = _planned(key, lambda: _backward_launches(
         q, k, v, out, dout, dq, dk, dv, batch, max_q, max_k, causal, scale, window, softcap, alibi_stride))
-    delta = torch.empty_like(lse)
+    delta = torch.empty((2,) + tuple(lse.shape), dtype=torch.float32, device=lse.device)   # delta and top
     dq_launch(q, k, v, out, dout, lse, delta, dq, cu_q, cu_k, alibi)  # first: it writes delta
     dkdv_launch(q, k, v, dout, lse, delta, dk, dv, cu_q, cu_k, alibi)
     return dq, dk, dv

@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .backward_kernels import _bwd_dkdv_inner, _bwd_dq_inner
+from .backward_kernels import _bwd_dkdv_inner, _dq_loops
 from .kernels import _fwd_inner, alibi_slope_of
 
 _NO_SPECIALIZE = ("num_heads", "num_kv_heads", "total_q", "window_left", "window_right")
@@ -140,8 +140,9 @@ def _varlen_bwd_dq_kernel(
     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
 ):
-    """dq for one block of query rows of one sequence and head; also delta = rowsum(out * dout),
-    kept for the dk/dv kernel, which runs after it."""
+    """dq for one block of query rows of one sequence and head; also delta (rowsum(out * dout)
+    made consistent with dp by backward_kernels._dq_loops), kept for the dk/dv kernel, which runs
+    after it."""
     # torch.compile's generated code may pass a Python float as fp64 (inductor types
     # them so by default); in fp64 they would promote the fp32 math below.
     qk_scale = tl.cast(qk_scale, tl.float32)
@@ -166,22 +167,17 @@ def _varlen_bwd_dq_kernel(
     row_base = h64 * total_q + q_start
     lse = tl.load(LSE + row_base + rows, mask=row_ok, other=float("inf"))
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    tl.store(Delta + row_base + rows, delta, mask=row_ok)
     k_base = K + k_start * stride_kn + kvh64 * stride_kh
     v_base = V + k_start * stride_vn + kvh64 * stride_vh
     dq = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
-    dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, K, K, False,
-                       rows + diag, offs_n, offs_d, lo, full_end, q_len, k_len, hi, qk_scale, 0, 0.0,
-                       window_left, window_right, cap_in, cap_out, alibi_slope, 0,
-                       stride_kn, stride_kd, stride_vn, stride_vd, 0, 0, 0,
-                       HEAD_DIM, BLOCK_N, IS_CAUSAL, 0, False, False, False, DOT_PRECISION, HAS_WINDOW, SOFTCAP,
-                       HAS_ALIBI)
-    dq = _bwd_dq_inner(dq, q, do, lse, delta, k_base, v_base, K, K, False,
-                       rows + diag, offs_n, offs_d, full_end, hi, q_len, k_len, hi, qk_scale, 0, 0.0,
-                       window_left, window_right, cap_in, cap_out, alibi_slope, 0,
-                       stride_kn, stride_kd, stride_vn, stride_vd, 0, 0, 0,
-                       HEAD_DIM, BLOCK_N, IS_CAUSAL, 0, False, False, True, DOT_PRECISION, HAS_WINDOW, SOFTCAP,
-                       HAS_ALIBI)
+    dq, delta, top = _dq_loops(dq, False, q, do, lse, delta, k_base, v_base, K, K, rows + diag, offs_n, offs_d,
+                               lo, full_end, hi, q_len, k_len, qk_scale, 0, 0.0, window_left, window_right,
+                               cap_in, cap_out, alibi_slope, 0, stride_kn, stride_kd, stride_vn, stride_vd, 0, 0, 0,
+                               HEAD_DIM, BLOCK_N, IS_CAUSAL, 0, False, False, DOT_PRECISION, HAS_WINDOW, SOFTCAP,
+                               HAS_ALIBI, None)
+    # Delta is (2, H, total_q): _dq_loops' delta, consistent with dp, then its top
+    tl.store(Delta + row_base + rows, delta, mask=row_ok)
+    tl.store(Delta + num_heads.to(tl.int64) * total_q + row_base + rows, top, mask=row_ok)
     dq = dq * sm_scale
     tl.store(DQ + q_start * stride_dqm + h64 * stride_dqh + rows[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
              dq.to(DQ.dtype.element_ty), mask=tile_ok)
@@ -254,15 +250,16 @@ def _varlen_bwd_dkdv_kernel(
         do_base = DO + q_start * stride_dm + h64 * stride_dh
         lse_base = LSE + h64 * total_q + q_start
         delta_base = Delta + h64 * total_q + q_start
+        top_base = delta_base + num_heads.to(tl.int64) * total_q   # Delta: (2, H, total_q), as the dq kernel stores it
         # columns come in query-row positions (cols - diag): the ALiBi distance needs no shift
         alibi_slope = alibi_slope_of(Alibi, batch, head, stride_ab, HAS_ALIBI)
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, cols < k_len, q_base, do_base, lse_base, delta_base, K, K,
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, cols < k_len, q_base, do_base, lse_base, delta_base, top_base, K, K,
                                  cols - diag, offs_m, offs_d, q_lo, q_full, q_len, k_len, qk_scale, 0, 0.0,
                                  window_left, window_right, cap_in, cap_out, alibi_slope, 0,
                                  stride_qm, stride_qd, stride_dm, stride_dd, 0, 0, 0, 0,
                                  HEAD_DIM, BLOCK_M, IS_CAUSAL, 0, False, False, True, DOT_PRECISION,
                                  HAS_WINDOW, SOFTCAP, HAS_ALIBI, False)
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, cols < k_len, q_base, do_base, lse_base, delta_base, K, K,
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, cols < k_len, q_base, do_base, lse_base, delta_base, top_base, K, K,
                                  cols - diag, offs_m, offs_d, q_full, q_hi, q_len, k_len, qk_scale, 0, 0.0,
                                  window_left, window_right, cap_in, cap_out, alibi_slope, 0,
                                  stride_qm, stride_qd, stride_dm, stride_dd, 0, 0, 0, 0,
