@@ -400,16 +400,17 @@ def _bwd_dq_inner(dq, ds_sum, p_sum, ds_abs, top_r, top_n, track, q, do, lse, de
             keep = dropout_keep(seed_bh, rows[:, None], cols[None, :], k_len, dropout_p)
             dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
         ds = p * (dp - delta[:, None])
-        # what _dq_loops needs for the delta consistent with these very dp (its docstring)
-        ds_sum += tl.sum(ds, 1)
-        p_sum += tl.sum(p, 1)
-        if q.dtype == tl.float32:   # the redo's test: fp32 only
+        if q.dtype == tl.float32:
+            # what _dq_loops needs for the delta consistent with these very dp (its docstring);
+            # fp32 only: 16-bit inputs compile to the loop without them
+            ds_sum += tl.sum(ds, 1)
+            p_sum += tl.sum(p, 1)
             ds_abs += tl.sum(tl.abs(ds), 1)
-        if track != 0:
-            # a row's key with p > 1/2 (one at most): its dp - delta, for the dk/dv kernel
-            top = p > 0.5
-            top_r += tl.sum(tl.where(top, dp - delta[:, None], 0.0), 1)
-            top_n += tl.sum(top.to(tl.float32), 1)
+            if track != 0:
+                # a row's key with p > 1/2 (one at most): its dp - delta, for the dk/dv kernel
+                top = p > 0.5
+                top_r += tl.sum(tl.where(top, dp - delta[:, None], 0.0), 1)
+                top_n += tl.sum(top.to(tl.float32), 1)
         if SOFTCAP:
             ds = ds * (1.0 - tanh_s * tanh_s)
         dq = _mma(ds.to(k_t.dtype), tl.trans(k_t), dq, DOT_PRECISION)
@@ -437,47 +438,63 @@ def _dq_loops(dq, holes, q, do, lse, delta, k_base, v_base, mask_base, kpm_base,
     In fp32, a block with a row where that correction is not negligible against the row's ds
     (|sum ds| > 2**-13 * sum |ds|: a softmax within a few percent of one-hot, or a row with one
     key) runs its loops again with the corrected delta; any other block runs them once
-    (tests/backends/test_triton_attention_sharp_rows.py). 16-bit inputs never redo: their out,
-    rounded to 2**-9, puts that correction above any such bound on most rows of sharp attention
-    (their dq keeps rowsum(out * dout), as before; dk/dv gets the corrected delta); nor do fp32
-    inputs with TF32 products, whose dp is rounded as coarsely.
+    (tests/backends/test_triton_attention_sharp_rows.py). 16-bit inputs compile to the loops once
+    with rowsum(out * dout), as before (delta out unchanged, top NaN): their out, rounded to 2**-9,
+    puts that correction above any such bound on most rows of sharp attention, and the error it
+    leaves is within the dtype's own. fp32 inputs with TF32 products get the corrected delta but
+    never redo: their dp is rounded as coarsely.
     The dk/dv kernel recomputes dp in its own order (a transposed product: not the same rounding),
     so the redo also gives it top: per row, dp - delta of its one key with p > 1/2 as these loops
     have it, NaN where there is none or the block did not redo (there the difference between the
     two orders is negligible)."""
-    tau = 0.0001220703125   # 2**-13: rows that do not redo are within about that of their value
-    todo = tl.program_id(0) * 0 + 1
     top_r = tl.zeros_like(delta)
     top_n = tl.zeros_like(delta)
-    for attempt in range(0, 2):
-        if todo != 0:
-            ds_sum = tl.zeros_like(delta)
-            p_sum = tl.zeros_like(delta)
-            ds_abs = tl.zeros_like(delta)
-            dq = tl.zeros_like(dq)   # (not a second accumulator: one tile of them is live)
-            dq, ds_sum, p_sum, ds_abs, top_r, top_n = _bwd_dq_inner(
-                dq, ds_sum, p_sum, ds_abs, top_r, top_n, attempt, q, do, lse, delta, k_base, v_base, mask_base, kpm_base, holes,
-                rows, offs_n, offs_d, lo, full_end, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
-                window_left, window_right, cap_in, cap_out, alibi_slope, alibi_shift,
-                stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
-                HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, False, DOT_PRECISION, HAS_WINDOW,
-                SOFTCAP, HAS_ALIBI, LOOP_STAGES)
-            dq, ds_sum, p_sum, ds_abs, top_r, top_n = _bwd_dq_inner(
-                dq, ds_sum, p_sum, ds_abs, top_r, top_n, attempt, q, do, lse, delta, k_base, v_base, mask_base, kpm_base, holes,
-                rows, offs_n, offs_d, full_end, hi, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
-                window_left, window_right, cap_in, cap_out, alibi_slope, alibi_shift,
-                stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
-                HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, True, DOT_PRECISION, HAS_WINDOW,
-                SOFTCAP, HAS_ALIBI, LOOP_STAGES)
-            redo = tl.max((tl.abs(ds_sum) > tau * ds_abs).to(tl.int32), 0)
-            if q.dtype != tl.float32:   # 16-bit: never (ds_abs is not even summed)
-                redo = redo * 0
-            if DOT_PRECISION == "tf32":   # TF32 products: dp itself is rounded at 2**-11
-                redo = redo * 0
-            todo = tl.where(attempt == 0, redo, 0)
-            if attempt == 0:   # the redo's loops (and the dk/dv kernel) use the delta they ran with
-                # a row with no key (or past the end) has p_sum = 0: its delta stays
-                delta += tl.where(p_sum > 0.0, ds_sum / tl.where(p_sum > 0.0, p_sum, 1.0), 0.0)
+    if q.dtype == tl.float32:
+        tau = 0.0001220703125   # 2**-13: rows that do not redo are within about that of their value
+        todo = tl.program_id(0) * 0 + 1
+        for attempt in range(0, 2):
+            if todo != 0:
+                ds_sum = tl.zeros_like(delta)
+                p_sum = tl.zeros_like(delta)
+                ds_abs = tl.zeros_like(delta)
+                dq = tl.zeros_like(dq)   # (not a second accumulator: one tile of them is live)
+                dq, ds_sum, p_sum, ds_abs, top_r, top_n = _bwd_dq_inner(
+                    dq, ds_sum, p_sum, ds_abs, top_r, top_n, attempt, q, do, lse, delta, k_base, v_base, mask_base,
+                    kpm_base, holes, rows, offs_n, offs_d, lo, full_end, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
+                    window_left, window_right, cap_in, cap_out, alibi_slope, alibi_shift,
+                    stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
+                    HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, False, DOT_PRECISION, HAS_WINDOW,
+                    SOFTCAP, HAS_ALIBI, LOOP_STAGES)
+                dq, ds_sum, p_sum, ds_abs, top_r, top_n = _bwd_dq_inner(
+                    dq, ds_sum, p_sum, ds_abs, top_r, top_n, attempt, q, do, lse, delta, k_base, v_base, mask_base,
+                    kpm_base, holes, rows, offs_n, offs_d, full_end, hi, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
+                    window_left, window_right, cap_in, cap_out, alibi_slope, alibi_shift,
+                    stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
+                    HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, True, DOT_PRECISION, HAS_WINDOW,
+                    SOFTCAP, HAS_ALIBI, LOOP_STAGES)
+                redo = tl.max((tl.abs(ds_sum) > tau * ds_abs).to(tl.int32), 0)
+                if DOT_PRECISION == "tf32":   # TF32 products: dp itself is rounded at 2**-11
+                    redo = redo * 0
+                todo = tl.where(attempt == 0, redo, 0)
+                if attempt == 0:   # the redo's loops (and the dk/dv kernel) use the delta they ran with
+                    # a row with no key (or past the end) has p_sum = 0: its delta stays
+                    delta += tl.where(p_sum > 0.0, ds_sum / tl.where(p_sum > 0.0, p_sum, 1.0), 0.0)
+    else:
+        # 16-bit: the loops once, with rowsum(out * dout) (the sums above stay zero, top NaN)
+        dq, s0, s1, s2, s3, s4 = _bwd_dq_inner(
+            dq, top_r, top_r, top_r, top_r, top_n, 0, q, do, lse, delta, k_base, v_base, mask_base, kpm_base, holes,
+            rows, offs_n, offs_d, lo, full_end, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
+            window_left, window_right, cap_in, cap_out, alibi_slope, alibi_shift,
+            stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
+            HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, False, DOT_PRECISION, HAS_WINDOW,
+            SOFTCAP, HAS_ALIBI, LOOP_STAGES)
+        dq, s0, s1, s2, s3, s4 = _bwd_dq_inner(
+            dq, top_r, top_r, top_r, top_r, top_n, 0, q, do, lse, delta, k_base, v_base, mask_base, kpm_base, holes,
+            rows, offs_n, offs_d, full_end, hi, q_len, k_len, hi, qk_scale, seed_bh, dropout_p,
+            window_left, window_right, cap_in, cap_out, alibi_slope, alibi_shift,
+            stride_kn, stride_kd, stride_vn, stride_vd, stride_mm, stride_mn, stride_pn,
+            HEAD_DIM, BLOCK_N, IS_CAUSAL, MASK_KIND, HAS_KPM, DROPOUT, True, DOT_PRECISION, HAS_WINDOW,
+            SOFTCAP, HAS_ALIBI, LOOP_STAGES)
     return dq, delta, tl.where(top_n == 1.0, top_r, float("nan"))
 
 
@@ -564,7 +581,8 @@ def _dq_program(
         # kernel's grid (query blocks, B * H)
         delta_ptrs = Delta + batch_head.to(tl.int64) * q_len + rows
         tl.store(delta_ptrs, delta, mask=row_ok)
-        tl.store(delta_ptrs + tl.num_programs(1).to(tl.int64) * q_len, top, mask=row_ok)
+        if q.dtype == tl.float32:   # (16-bit: the dk/dv kernel reads no top)
+            tl.store(delta_ptrs + tl.num_programs(1).to(tl.int64) * q_len, top, mask=row_ok)
     dq = dq * sm_scale
     tl.store(DQ + b64 * stride_dqb + head.to(tl.int64) * stride_dqh + rows[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
              dq.to(DQ.dtype.element_ty), mask=tile_ok)

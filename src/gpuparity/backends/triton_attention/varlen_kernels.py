@@ -177,7 +177,8 @@ def _varlen_bwd_dq_kernel(
                                HAS_ALIBI, None)
     # Delta is (2, H, total_q): _dq_loops' delta, consistent with dp, then its top
     tl.store(Delta + row_base + rows, delta, mask=row_ok)
-    tl.store(Delta + num_heads.to(tl.int64) * total_q + row_base + rows, top, mask=row_ok)
+    if q.dtype == tl.float32:   # (16-bit: the dk/dv kernel reads no top)
+        tl.store(Delta + num_heads.to(tl.int64) * total_q + row_base + rows, top, mask=row_ok)
     dq = dq * sm_scale
     tl.store(DQ + q_start * stride_dqm + h64 * stride_dqh + rows[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
              dq.to(DQ.dtype.element_ty), mask=tile_ok)
