@@ -10,7 +10,7 @@ import os
 
 import pytest
 import torch
-import torch.nn.functional as F
+from test_false_alarms import sdpa
 
 from gpuparity.checks import attribute as attribute_mod
 from gpuparity.checks import battery
@@ -27,34 +27,25 @@ def _misaligned(*tensors):
     return any(t.data_ptr() % 16 for t in tensors)
 
 
-def _sdpa(q, k, v, attn_mask, key_padding_mask, is_causal, scale):
-    if key_padding_mask is not None:
-        keep = ~key_padding_mask[:, None, None, :]
-        attn_mask = keep if attn_mask is None else (attn_mask & keep if attn_mask.dtype == torch.bool
-                                                    else attn_mask.masked_fill(~keep, float("-inf")))
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
-                                          enable_gqa=q.shape[1] != k.shape[1])
-
-
 def calls_faulting_sdpa(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None):
     """Correct, but its SDPA call meets torch's fault: what the efficient kernel does on a GPU."""
     if torch.backends.cuda.mem_efficient_sdp_enabled() and _misaligned(q, k, v):
         raise RuntimeError(FAULT)
-    return _sdpa(q, k, v, attn_mask, key_padding_mask, is_causal, scale)
+    return sdpa(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal, scale=scale)
 
 
 def faults_itself(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None):
     """Its own kernel faults on a misaligned input, whatever torch's SDPA would do."""
     if _misaligned(q, k, v):
         raise RuntimeError(FAULT)
-    return _sdpa(q, k, v, attn_mask, key_padding_mask, is_causal, scale)
+    return sdpa(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal, scale=scale)
 
 
 def wrong_without_the_fault(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None):
     """Meets torch's fault, and computes the wrong attention when torch's efficient kernel is set aside."""
     if torch.backends.cuda.mem_efficient_sdp_enabled() and _misaligned(q, k, v):
         raise RuntimeError(FAULT)
-    return _sdpa(q, k, v, attn_mask, key_padding_mask, is_causal, scale) * 1.01
+    return sdpa(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal, scale=scale) * 1.01
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from gpuparity.checks.results import Status
 from gpuparity.contracts import get_spec
 from gpuparity.contracts.attention import _case, composition
 from gpuparity.contracts.masks import allowed_mask
+from gpuparity.contracts.varlen import bottom_right_allowed
 from gpuparity.dispatch import get as get_backend
 
 CPU = torch.device("cpu")
@@ -161,15 +162,7 @@ def _varlen_flash(drop_d):
             qi, ki, vi = (t.transpose(0, 1).unsqueeze(0) for t in (q[qs:qe], k[ks:ke], v[ks:ke]))
             group = qi.shape[1] // ki.shape[1]
             ki, vi = ki.repeat_interleave(group, 1), vi.repeat_interleave(group, 1)
-            m, n = qe - qs, ke - ks
-            offset = torch.arange(n).view(1, n) - torch.arange(m).view(m, 1) - (n - m)
-            allowed = torch.ones(m, n, dtype=torch.bool)
-            if causal:
-                allowed &= offset <= 0
-            if window is not None and window[0] >= 0:
-                allowed &= offset >= -window[0]
-            if window is not None and window[1] >= 0:
-                allowed &= offset <= window[1]
+            allowed = bottom_right_allowed(qe - qs, ke - ks, causal, window, q.device)
             pieces.append(_FlashFormula.apply(qi, ki, vi, allowed, scale, drop_d)[0].transpose(0, 1))
         return torch.cat(pieces)
     return run
