@@ -153,3 +153,12 @@ def attention_gqa_strided_v(q, k, v, *, attn_mask=None, key_padding_mask=None, i
     if q.shape[1] != k.shape[1] and not v.is_contiguous():
         v = v.as_strided(v.shape, torch.empty(v.shape).stride(), v.storage_offset())
     return _correct(q, k, v, attn_mask, key_padding_mask, is_causal, scale)
+
+
+def attention_window_open_side_as_zero(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False,
+                                       scale=None, window=None, softcap=None):
+    """A window's open side (-1, unbounded) read as 0: only the diagonal on that side is seen."""
+    if window is not None:
+        window = tuple(0 if side == -1 else side for side in window)
+    return composition(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
+                       scale=scale, window=window, softcap=softcap)

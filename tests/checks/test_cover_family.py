@@ -85,3 +85,27 @@ def test_check_impl_runs_each_row_of_attention_arrays_in_about_one_dtype_every_v
                 assert met == {"float32", "bfloat16"}, (name, dim, value)
     one = plan(["attention"], "default", "cpu", impl=BUG, dtypes=["bfloat16"])[0]
     assert sum(1 for t in one if t.case.startswith("cover.")) == len(families.cover_family(spec, "cover").members)
+
+
+def test_a_window_open_on_one_side_is_caught_by_the_feature_array_alone():
+    """A window side of -1 is unbounded (FlashAttention's window_size); a kernel that reads it as 0
+    is right on every bounded window. cover_features holds windows open on the left and on the
+    right; no listed case or hand-written member does."""
+    spec = get_spec("attention")
+    bug = f"{REGIMES}:attention_window_open_side_as_zero"
+    tasks, _ = plan(["attention"], "default", "cpu", impl=bug)
+
+    def open_side(params, side):
+        return params.get("window") is not None and params["window"][side] == -1
+
+    assert not [t.case for t in tasks if not t.case.startswith("cover_features.") and
+                (open_side(t.params, 0) or open_side(t.params, 1))]
+    for side in (0, 1):
+        rows = sorted((t.params["Sq"] * t.params["Sk"], t.case) for t in tasks
+                      if t.case.startswith("cover_features.") and open_side(t.params, side)
+                      and (t.params["Sq"] > 1 if side == 0 else not t.params.get("causal")))
+        # (one query row sees no key left of it; causal closes the right side: there -1 and 0 agree)
+        assert rows, side
+        run = run_battery(["attention"], "default", "cpu", impl=bug, dtypes=["float32"], isolate=False,
+                          case_filter=lambda _op, case, name=rows[0][1]: case.name == name)
+        assert [r.status for r in run.results] == [Status.FAIL], (rows[0], [r.reason for r in run.results])

@@ -18,12 +18,21 @@ from gpuparity.contracts import get_spec
 from gpuparity.dispatch import get as get_backend
 
 
+def _fold(attn_mask, keep):
+    """attn_mask with the positions where the bool `keep` is False masked out."""
+    if attn_mask is None:
+        return keep
+    return attn_mask & keep if attn_mask.dtype == torch.bool else attn_mask.masked_fill(~keep, float("-inf"))
+
+
 def sdpa(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None):
-    """A correct --impl: torch's SDPA with the key padding folded into the mask."""
+    """A correct --impl: torch's SDPA with the key padding folded into the mask, and causal too
+    where there is a mask (torch refuses a mask together with is_causal; both are top-left aligned)."""
     if key_padding_mask is not None:
-        keep = ~key_padding_mask[:, None, None, :]
-        attn_mask = keep if attn_mask is None else (attn_mask & keep if attn_mask.dtype == torch.bool
-                                                    else attn_mask.masked_fill(~keep, float("-inf")))
+        attn_mask = _fold(attn_mask, ~key_padding_mask[:, None, None, :])
+    if is_causal and attn_mask is not None:
+        attn_mask = _fold(attn_mask, torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril())
+        is_causal = False
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
                                           enable_gqa=q.shape[1] != k.shape[1])
 

@@ -1060,6 +1060,7 @@ def _attention_cover_params(row):
 # implementation without them, and only they do; sizes on and off the tiles, masks, causal,
 # heads and layouts paired with each feature.
 ATTENTION_FEATURES = {"window": dict(window=(7, 3)), "window_left": dict(window=(16, 0)),
+                      "window_open_left": dict(window=(-1, 3)), "window_open_right": dict(window=(5, -1)),
                       "softcap": dict(softcap=20.0), "softcap_x30": dict(softcap=5.0, logit_scale=30.0),
                       "alibi_head": dict(alibi="head"), "alibi_batch": dict(alibi="batch"),
                       "window_softcap": dict(window=(9, 0), softcap=30.0)}
@@ -1085,7 +1086,8 @@ def _attention_feature_params(row):
 # loops (checks/covering.py `groups`): the key length's class against the tiles (offset, tile or
 # long) with the mask form; Sq's and Sk's kinds with causal/scale; in `cover_features`, the key
 # length (tile, offset) with each optional feature, and Sq's kind with causal/scale and each
-# feature. +22 rows in `cover` (64 -> 86), +70 in `cover_features` (42 -> 112).
+# feature. +22 rows in `cover` (64 -> 86), +70 in `cover_features` (42 -> 112; 144 with the two
+# open-sided windows, which a kernel that reads -1 as 0 or as a length fails only there).
 ATTENTION_GROUPS = ((("sk_offset", "sk_kind", "mask"), 3), (("sq_kind", "sk_kind", "modifier"), 3))
 ATTENTION_FEATURE_GROUPS = ((("sk_tile", "sk_offset", "feature"), 3), (("sq_kind", "modifier", "feature"), 3))
 
