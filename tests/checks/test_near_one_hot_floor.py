@@ -102,7 +102,7 @@ def test_the_relation_measures_the_compositions_own_error_against_the_referee():
                             torch.float32)
     first, _, _ = relations._sides(spec, composition, None, spec.cast_inputs(rounded, torch.float32, CPU), p,
                                    seed + 1, seed + 2, torch.float32)
-    own = relations._own_error(spec, first, rounded, p, torch.float32, CPU, seed)
+    own = relations._own_error(first, relations._referee(spec, rounded, p, torch.float32, CPU, seed))
     assert battery["grad_q"] > 1e-3 and battery["grad_k"] > 1e-3
     for name in ("out", "grad_q", "grad_k", "grad_v"):
         assert own[name] == pytest.approx(battery[name], rel=1e-6, abs=1e-12), name
