@@ -27,14 +27,20 @@ def _fold(attn_mask, keep):
 
 def sdpa(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None):
     """A correct --impl: torch's SDPA with the key padding folded into the mask, and causal too
-    where there is a mask (torch refuses a mask together with is_causal; both are top-left aligned)."""
+    where there is a mask (torch refuses a mask together with is_causal; both are top-left
+    aligned); a query row with no key left is 0, as the contract says (torch's GPU kernels leave
+    what they leave there)."""
     if key_padding_mask is not None:
         attn_mask = _fold(attn_mask, ~key_padding_mask[:, None, None, :])
     if is_causal and attn_mask is not None:
         attn_mask = _fold(attn_mask, torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril())
         is_causal = False
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
-                                          enable_gqa=q.shape[1] != k.shape[1])
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+                                         enable_gqa=q.shape[1] != k.shape[1])
+    if attn_mask is None:
+        return out
+    keep = attn_mask if attn_mask.dtype == torch.bool else ~torch.isneginf(attn_mask)
+    return out.masked_fill(~keep.any(-1, keepdim=True), 0)
 
 
 ALL = {"out", "grad_q", "grad_k", "grad_v"}

@@ -48,6 +48,22 @@ def wrong_without_the_fault(q, k, v, *, attn_mask=None, key_padding_mask=None, i
     return sdpa(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal, scale=scale) * 1.01
 
 
+def _fused_sdpa_allowed():
+    return (torch.backends.cuda.flash_sdp_enabled() or torch.backends.cuda.mem_efficient_sdp_enabled()
+            or torch.backends.cuda.cudnn_sdp_enabled())
+
+
+def wrong_on_fused_sdpa(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None):
+    """Correct arithmetic, but torch's fused kernel (played here) returns wrong numbers for its call:
+    what torch 2.11's cuDNN SDPA did on an H100 for bf16 views off 16-byte alignment."""
+    out = sdpa(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal, scale=scale)
+    return out * 1.1 if _fused_sdpa_allowed() else out
+
+
+def wrong_itself(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None):
+    return sdpa(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal, scale=scale) * 1.1
+
+
 @pytest.fixture
 def as_on_a_gpu(monkeypatch):
     """Labels as on a GPU (the SDPA misaligned entries name GPU errors only)."""
@@ -79,7 +95,8 @@ def test_a_correct_function_calling_faulting_sdpa_passes_with_the_fault_named(as
     run = _run("calls_faulting_sdpa")
     assert [r.status for r in run.results] == [Status.PASS] * len(CASES), [r.reason for r in run.results]
     for result in run.results:
-        assert result.reason.startswith(attribute_mod.SET_ASIDE + "EFFICIENT_ATTENTION, CUDNN_ATTENTION set aside")
+        assert result.reason.startswith(attribute_mod.SET_ASIDE + "FLASH_ATTENTION, EFFICIENT_ATTENTION, "
+                                                                  "CUDNN_ATTENTION set aside")
         assert "SDPA-EFFICIENT-MISALIGNED" in result.reason and "misaligned address" in result.reason
         assert result.comparisons and all(c.passed for c in result.comparisons)
     assert run.ok
@@ -130,3 +147,31 @@ def test_a_malformed_sidestep_is_refused_when_the_base_loads():
                 {"error_markers": [], "sidestep_sdpa": ["EFFICIENT_ATTENTION"]}):
         with pytest.raises(ValueError, match="sidestep_sdpa"):
             validate_issue({**entry, **bad})
+
+
+def test_a_fail_that_torchs_fused_sdpa_kernel_causes_stays_a_fail_and_says_so(as_on_a_gpu):
+    """On a GPU, an --impl's attention FAIL is rerun with torch's fused SDPA kernels set aside: the
+    function's results are wrong as called (FAIL), and the reason says the numbers come from
+    torch's kernel, not from the function's arithmetic; a function wrong on its own says that."""
+    run = _run("wrong_on_fused_sdpa")
+    assert [r.status for r in run.results] == [Status.FAIL] * len(CASES)
+    for result in run.results:
+        assert result.reason.startswith(attribute_mod.FUSED_WRONG), result.reason
+        assert "FLASH_ATTENTION, EFFICIENT_ATTENTION, CUDNN_ATTENTION set aside the same inputs pass" in result.reason
+        assert "relative error" in result.reason   # the first run's numbers are kept
+    run = _run("wrong_itself")
+    assert [r.status for r in run.results] == [Status.FAIL] * len(CASES)
+    assert all(r.reason.endswith("[the same with torch's fused SDPA kernels set aside: not torch's kernel]")
+               for r in run.results)
+
+
+def test_fail_reruns_are_capped_and_only_for_attention_on_a_gpu(as_on_a_gpu, monkeypatch):
+    monkeypatch.setattr(attribute_mod, "MAX_FAIL_RERUNS", 1)
+    run = _run("wrong_on_fused_sdpa")
+    told = [r.reason.startswith(attribute_mod.FUSED_WRONG) for r in run.results]
+    assert sorted(told) == [False, True], [r.reason for r in run.results]
+    for op, device in (("rms_norm", "cuda"), ("attention", "cpu")):
+        result = CheckResult(op, "impl:x.py:f", "cover.0", "float32", device, Status.FAIL, reason="out: relative error")
+        assert attribute_mod.set_aside_for(result, device) == ([], [])
+    result = CheckResult("attention", "sdpa_cudnn", "cover.0", "bfloat16", "cuda:0", Status.FAIL, reason="x")
+    assert attribute_mod.set_aside_for(result, "cuda") == ([], [])

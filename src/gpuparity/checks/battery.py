@@ -79,7 +79,8 @@ def run_battery(ops: Optional[Sequence[str]] = None, level: str = "default", dev
         tasks = tasks + timing_tasks(keys, str(device), mode="warm", first_id=len(tasks) + len(decided), only=_is_jit)
     done = 0
     results: List[CheckResult] = []
-    # an --impl's ERRORs that may be torch's known fault: held back, rerun after the battery (attribute.py)
+    # an --impl's ERRORs that may be torch's known fault, and its attention FAILs on a GPU that may be
+    # torch's fused SDPA kernel's: held back, rerun after the battery (attribute.py)
     held: List[tuple] = []
     with ResultStream(stream_path) as stream:
         def emit(result: CheckResult, ran: bool) -> None:
