@@ -38,7 +38,7 @@ GPU_ONLY = ["sdpa_mask_dtype", "sdpa_cudnn", "sdpa_cudnn_gqa", "sdpa_eff_stride0
             "sdpa_aotriton_rdna35", "sdpa_fused_launch", "sdpa_flash_alone", "tf32_defaults", "xf32_high_precision",
             "gemm_2gib_tail", "bf16_emulated", "det_cublas_workspace", "gemv_twice_bitwise", "flex_attention_twice",
             "arch_smoke", "apu_memory", "numa_spill", "sdpa_cudnn_mask_lse", "sdpa_cudnn_sq1_lse", "sdpa_noncontig_v",
-            "sdpa_fp32_lse_race", "sdpa_misaligned", "gemm_small_dim_fp32", "gemm_transposed_fp32", "layer_norm_2pow32", "cumsum_2pow32",
+            "sdpa_fp32_lse_race", "sdpa_misaligned", "sdpa_misaligned_silent", "gemm_small_dim_fp32", "gemm_transposed_fp32", "layer_norm_2pow32", "cumsum_2pow32",
             "gemm_4gib_tail", "gemm_huge_m", "triton_buffer_ops_2gib", "sdpa_long_mask"]
 
 
@@ -52,6 +52,7 @@ def test_gpu_probes_cannot_tell_on_a_cpu(name):
                                   "sdpa_fused_vs_fp64", "sdpa_fused_launch", "sdpa_flash_alone", "tf32_defaults",
                                   "xf32_high_precision", "det_cublas_workspace", "gemv_twice_bitwise",
                                   "sdpa_cudnn_mask_lse", "sdpa_cudnn_sq1_lse", "sdpa_noncontig_v", "sdpa_misaligned",
+                                  "sdpa_misaligned_silent",
                                   "gemm_small_dim_fp32", "gemm_transposed_fp32"])
 def test_gpu_probe_code_runs_on_cpu_tensors(name, monkeypatch):
     # No GPU here: let the GPU probes run on CPU tensors so their code paths are exercised; a

@@ -28,6 +28,37 @@ def test_probe_confirms_a_backend_that_faults_on_a_misaligned_query(monkeypatch)
     assert probes.sdpa_misaligned(device="cpu")["failed"] is False
 
 
+def test_silent_probe_confirms_wrong_numbers_on_a_misaligned_v_and_stops_at_a_fault(monkeypatch):
+    """SDPA-MISALIGNED-SILENT: a backend whose output is wrong, without an error, when v is off
+    16-byte alignment is confirmed; one that raises the misaligned fault first cannot tell; an
+    aligned control that already fails is another bug, not this one."""
+    monkeypatch.setattr(probes.base, "needs_gpu", lambda dev: None)
+
+    def call(backend, q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+    def wrong_on_misaligned_v(backend, q, k, v, mask):
+        out = call(backend, q, k, v, mask)
+        return out * 1.5 if backend == "default" and v.data_ptr() % 16 else out
+    monkeypatch.setattr(probes.attention, "_sdpa_call", wrong_on_misaligned_v)
+    result = probes.sdpa_misaligned_silent(device="cpu")
+    assert result["failed"] is True and "v 2 bytes past 16-byte alignment" in result["detail"], result["detail"]
+
+    def faults(backend, q, k, v, mask):
+        if v.data_ptr() % 16:
+            raise RuntimeError("CUDA error: misaligned address")
+        return call(backend, q, k, v, mask)
+    monkeypatch.setattr(probes.attention, "_sdpa_call", faults)
+    result = probes.sdpa_misaligned_silent(device="cpu")
+    assert result["failed"] is None and "SDPA-CUDNN-MISALIGNED" in result["detail"]
+
+    monkeypatch.setattr(probes.attention, "_sdpa_call", lambda *a: call(*a) * 1.5)
+    result = probes.sdpa_misaligned_silent(device="cpu")
+    assert result["failed"] is None and "wrong already on aligned inputs" in result["detail"]
+    monkeypatch.setattr(probes.attention, "_sdpa_call", call)
+    assert probes.sdpa_misaligned_silent(device="cpu")["failed"] is False
+
+
 def test_misaligned_pointers_are_recognised():
     x = torch.randn(2, 3, 8, dtype=torch.bfloat16)
     assert sdpa.misaligned(at_offset(x, 3)) and not sdpa.misaligned(at_offset(x, 8))

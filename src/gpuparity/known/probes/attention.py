@@ -379,6 +379,69 @@ def sdpa_efficient_misaligned(dev: torch.device) -> Dict[str, Any]:
     return summarize(comparisons, "efficient SDPA on inputs off 16-byte alignment")
 
 
+# which input sits off 16-byte alignment (a storage offset of one bf16 element: 2 bytes), in
+# turn; v first: on the H100 a v view off alignment gave wrong numbers without an error
+SILENT_MISALIGNED = ("v", "k", "q")
+
+
+@probe(gpu=True)
+def sdpa_misaligned_silent(dev: torch.device) -> Dict[str, Any]:
+    """SDPA in bf16 (torch's own choice, then the efficient, flash and cuDNN backends pinned) with
+    v, then k, then q a view 2 bytes past 16-byte alignment, the others aligned, in the shape of
+    the H100 battery row that failed this way (B1 H4 Hkv2 Sq40 Sk64 D80, a float mask with masked
+    keys, GQA): wrong numbers without an error? Each call runs aligned first; a misaligned
+    output is judged against float64 only where that aligned control passed (a control that
+    fails is another bug). A "misaligned address" error (SDPA-CUDNN-MISALIGNED's fault) poisons
+    the CUDA context: the probe stops there, failed if a silent wrong output came before, else
+    it cannot tell."""
+    batch, heads, kv_heads, q_len, k_len, dim = 1, 4, 2, 40, 64, 80
+    q = randn((batch, heads, q_len, dim), dev, torch.bfloat16, 1)
+    k, v = randns((batch, kv_heads, k_len, dim), dev, torch.bfloat16, 2, 3)
+    keep = randn((batch, 1, q_len, k_len), dev, torch.float32, 4) > -0.8
+    keep[..., 0] = True   # every query row keeps a key
+    mask = torch.zeros(keep.shape, dtype=torch.bfloat16, device=dev).masked_fill(~keep, float("-inf"))
+    k_rep, v_rep = k.repeat_interleave(heads // kv_heads, 1), v.repeat_interleave(heads // kv_heads, 1)
+    ref = reference_attention(upcast(q, False), upcast(k_rep, False), upcast(v_rep, False), attn_mask=mask.cpu())
+    base = _composition(q, k_rep, v_rep, attn_mask=mask)
+    comparisons, notes = [], []
+    for which in SILENT_MISALIGNED:
+        for backend in ("default", "efficient", "flash", "cudnn"):
+            label = f"{backend} (torch picks {_choice(q, k, v, mask)})" if backend == "default" else backend
+            try:
+                control = _sdpa_call(backend, q, k, v, mask)
+                sync(dev)
+            except NoKernel:
+                continue
+            if not judge(f"{label} aligned", control, ref, base, torch.bfloat16).passed:
+                notes.append(f"{label}: wrong already on aligned inputs (not this issue)")
+                continue
+            inputs = {"q": q, "k": k, "v": v}
+            inputs[which] = at_offset(inputs[which], 1)
+            try:
+                out = _sdpa_call(backend, inputs["q"], inputs["k"], inputs["v"], mask)
+                sync(dev)
+            except RuntimeError as exc:
+                if not any(marker in str(exc) for marker in MISALIGNED_MARKERS):
+                    raise
+                if any(not c.passed for c in comparisons):
+                    break
+                return inconclusive(f"{label} with {which} off alignment raised {first_line(exc, 100)} "
+                                    f"(SDPA-CUDNN-MISALIGNED's fault) before a silent case showed; the CUDA "
+                                    f"context is unusable after it")
+            comparisons.append(judge(f"{label} out, {which} 2 bytes past 16-byte alignment", out, ref, base,
+                                     torch.bfloat16))
+        else:
+            continue
+        break
+    if not comparisons:
+        return inconclusive("no SDPA backend ran these calls here" + (": " + "; ".join(notes) if notes else ""))
+    result = summarize(comparisons, "bf16 SDPA with one input 2 bytes past 16-byte alignment (B1 H4 Hkv2 Sq40 "
+                                    "Sk64 D80, float mask, GQA)")
+    if notes:
+        result["notes"] = notes
+    return result
+
+
 def _sdpa_call(backend: str, q, k, v, mask):
     if backend == "default":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
