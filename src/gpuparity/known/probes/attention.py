@@ -423,18 +423,19 @@ def sdpa_misaligned_silent(dev: torch.device) -> Dict[str, Any]:
             except RuntimeError as exc:
                 if not any(marker in str(exc) for marker in MISALIGNED_MARKERS):
                     raise
-                if any(not c.passed for c in comparisons):
-                    break
+                if any(not c.passed for c in comparisons):   # the silent case showed before the fault
+                    return _silent_summary(comparisons, notes)
                 return inconclusive(f"{label} with {which} off alignment raised {first_line(exc, 100)} "
                                     f"(SDPA-CUDNN-MISALIGNED's fault) before a silent case showed; the CUDA "
                                     f"context is unusable after it")
             comparisons.append(judge(f"{label} out, {which} 2 bytes past 16-byte alignment", out, ref, base,
                                      torch.bfloat16))
-        else:
-            continue
-        break
     if not comparisons:
         return inconclusive("no SDPA backend ran these calls here" + (": " + "; ".join(notes) if notes else ""))
+    return _silent_summary(comparisons, notes)
+
+
+def _silent_summary(comparisons, notes) -> Dict[str, Any]:
     result = summarize(comparisons, "bf16 SDPA with one input 2 bytes past 16-byte alignment (B1 H4 Hkv2 Sq40 "
                                     "Sk64 D80, float mask, GQA)")
     if notes:
