@@ -107,7 +107,8 @@ def run_battery(ops: Optional[Sequence[str]] = None, level: str = "default", dev
             if explore and not (budget and budget.spent):
                 from .explore import explore as explore_more
                 seconds = min(explore, budget.remaining()) if budget else explore
-                explore_more(seconds, ops, device, dtypes, backends, impl, seed, previous=list(results),
+                explore_more(seconds, ops, device, dtypes, backends, impl, seed,
+                             previous=list(results) + [r for r, _, _ in held],   # held ones weigh too
                              on_result=record, isolate=isolate, timeout=timeout, env=env,
                              level="full" if level == "full" else "default", impl_lacks=impl_lacks)
             finished = True
