@@ -9,7 +9,7 @@ from gpuparity.backends import sdpa
 from gpuparity.backends.triton_decode import decode_sdpa
 from gpuparity.contracts.decode import decode_reference
 from gpuparity.known import probes
-from gpuparity.known.probes.attention import at_offset
+from gpuparity.known.probes.alignment import at_offset
 
 
 def test_probe_confirms_a_backend_that_faults_on_a_misaligned_query(monkeypatch):
@@ -19,11 +19,11 @@ def test_probe_confirms_a_backend_that_faults_on_a_misaligned_query(monkeypatch)
         if backend == "efficient" and q.data_ptr() % 16:
             raise RuntimeError("CUDA error: misaligned address\nCUDA kernel errors might be asynchronously reported")
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-    monkeypatch.setattr(probes.attention, "_sdpa_call", faulting)
+    monkeypatch.setattr(probes.alignment, "_sdpa_call", faulting)
     result = probes.sdpa_misaligned(device="cpu")
     assert result["failed"] is True and result["backend"] == "efficient"
     assert "misaligned address" in result["detail"] and "6 bytes past 16-byte alignment" in result["detail"]
-    monkeypatch.setattr(probes.attention, "_sdpa_call", lambda backend, q, k, v, mask:
+    monkeypatch.setattr(probes.alignment, "_sdpa_call", lambda backend, q, k, v, mask:
                         F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True))
     assert probes.sdpa_misaligned(device="cpu")["failed"] is False
 
@@ -40,7 +40,7 @@ def test_silent_probe_confirms_wrong_numbers_on_a_misaligned_v_and_stops_at_a_fa
     def wrong_on_misaligned_v(backend, q, k, v, mask):
         out = call(backend, q, k, v, mask)
         return out * 1.5 if backend == "default" and v.data_ptr() % 16 else out
-    monkeypatch.setattr(probes.attention, "_sdpa_call", wrong_on_misaligned_v)
+    monkeypatch.setattr(probes.alignment, "_sdpa_call", wrong_on_misaligned_v)
     result = probes.sdpa_misaligned_silent(device="cpu")
     assert result["failed"] is True and "v 2 bytes past 16-byte alignment" in result["detail"], result["detail"]
 
@@ -48,14 +48,14 @@ def test_silent_probe_confirms_wrong_numbers_on_a_misaligned_v_and_stops_at_a_fa
         if v.data_ptr() % 16:
             raise RuntimeError("CUDA error: misaligned address")
         return call(backend, q, k, v, mask)
-    monkeypatch.setattr(probes.attention, "_sdpa_call", faults)
+    monkeypatch.setattr(probes.alignment, "_sdpa_call", faults)
     result = probes.sdpa_misaligned_silent(device="cpu")
     assert result["failed"] is None and "SDPA-CUDNN-MISALIGNED" in result["detail"]
 
-    monkeypatch.setattr(probes.attention, "_sdpa_call", lambda *a: call(*a) * 1.5)
+    monkeypatch.setattr(probes.alignment, "_sdpa_call", lambda *a: call(*a) * 1.5)
     result = probes.sdpa_misaligned_silent(device="cpu")
     assert result["failed"] is None and "wrong already on aligned inputs" in result["detail"]
-    monkeypatch.setattr(probes.attention, "_sdpa_call", call)
+    monkeypatch.setattr(probes.alignment, "_sdpa_call", call)
     assert probes.sdpa_misaligned_silent(device="cpu")["failed"] is False
 
 
@@ -97,11 +97,11 @@ def test_efficient_probe_confirms_a_fault_off_alignment_and_passes_torch_refusal
                 raise RuntimeError(f"p.{misaligned[0]}_ptr is not correctly aligned")
             return F.scaled_dot_product_attention(q, k, v)
         return run
-    monkeypatch.setattr(probes.attention, "run_sdpa", efficient(lambda dtype, names: dtype == torch.float32))
+    monkeypatch.setattr(probes.alignment, "run_sdpa", efficient(lambda dtype, names: dtype == torch.float32))
     result = probes.sdpa_efficient_misaligned(device="cpu")
     assert result["failed"] is True and "float32 q 4 bytes past 16-byte alignment" in result["detail"]
     assert calls == [(torch.float32, []), (torch.float32, ["q"])]        # control first, stops at the fault
-    monkeypatch.setattr(probes.attention, "run_sdpa", efficient(lambda dtype, names: False))
+    monkeypatch.setattr(probes.alignment, "run_sdpa", efficient(lambda dtype, names: False))
     refused = probes.sdpa_efficient_misaligned(device="cpu")
     assert refused["failed"] is False and "refused" in refused["detail"]
     monkeypatch.setattr(probes.attention, "run_sdpa", lambda backend, q, k, v, **kw: F.scaled_dot_product_attention(q, k, v))

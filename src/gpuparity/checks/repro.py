@@ -7,7 +7,8 @@ absolute error of the output and each gradient against the bound the check allow
 exits 1 while the failure reproduces (0 once fixed).
 
 `capture_calls` records the calls during a check (execute.run_case); `write` runs in the
-worker that ran the check (the tensors live there)."""
+worker that ran the check (the tensors live there). `write_relation_repro` is the same for a
+relation's failure (checks/relations.py): both sides of the relation, no float64 referee."""
 from __future__ import annotations
 
 import dis
@@ -261,6 +262,143 @@ def main():
             failed = True
     print("FAILS: the implementation disagrees with float64 beyond the bound" if failed else
           "passes: within the bound")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+
+# --------------------------------------------------------------------------- a relation's standalone repro
+def write_relation_repro(repro: Dict[str, Any], *, op: str, rel, call: tuple, dtype: torch.dtype, device,
+                         seed: int, bounds: Dict[str, float], reason: str) -> str:
+    """`<stem>.py` and `<stem>.pt`: the first call's exact arguments (layouts included) and a
+    script that runs both sides of the relation `rel` (checks/relations.py) on the implementation (the second side's source
+    copied in) and exits 1 while they disagree beyond the bounds the check allowed."""
+    stem = repro["stem"]
+    args, kwargs = call
+    data = {"args": _encode(list(args)), "kwargs": _encode(dict(kwargs)),
+            "names": [name for name in bounds if name != "out"], "bounds": bounds, "device": str(device),
+            "dtype": str(dtype).replace("torch.", ""), "grad_seed": seed + 1, "side_seed": seed + 2}
+    os.makedirs(os.path.dirname(os.path.abspath(stem)), exist_ok=True)
+    torch.save(data, stem + ".pt")
+    script = _RELATION_REPRO.format(op=op, backend=repro.get("impl") or repro.get("backend", ""), case=repro.get("case", ""),
+                           relation=rel.name, doc=rel.doc, dtype=data["dtype"], seed=seed,
+                           reason=textwrap.shorten(reason or "", 300),
+                           impl_import=_relation_impl_import(repro, op),
+                           side_source=_reference_source(rel.side), side_name=rel.side.__name__,
+                           data_file=os.path.basename(stem) + ".pt")
+    with open(stem + ".py", "w", encoding="utf-8") as handle:
+        handle.write(script)
+    return stem + ".py"
+
+
+def _relation_impl_import(repro: Dict[str, Any], op: str) -> str:
+    """The implementation as _impl_import has it, but gpuparity's SDPA backends as themselves:
+    the relation's two sides call the op's signature, not torch's SDPA."""
+    backend = repro.get("backend", "")
+    if not repro.get("impl") and backend in SDPA_KERNELS:
+        return f"from gpuparity.dispatch import get\nimpl = get({op!r}, {backend!r}).fn  # backend {backend!r}\n"
+    return _impl_import(repro.get("impl"), op, backend)
+
+
+_RELATION_REPRO = '''#!/usr/bin/env python3
+"""Repro: {op} on {backend} ({dtype}) breaks the relation {relation}: {doc}.
+
+Found by gpuparity's check (case {case}, seed {seed}), shrunk to the smallest case that still
+fails: {reason}
+
+Two calls of the implementation that must agree, with no float64 referee: the first is the call
+the check made (its exact tensors, layouts included, saved in {data_file} beside this script),
+the second the same computation written another way ({side_name}, copied below), its output
+and gradients mapped back onto the first call's. Prints how far apart they are against the
+bound the check allowed (2x what a plain composition's two sides differ, or the dtype's
+floor); exits 1 while they disagree. REPRO_DEVICE=cpu|cuda:N overrides the device."""
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+{impl_import}
+
+
+class NotApplicable(Exception):
+    pass
+
+
+# ---- the second side of the relation (its source copied in)
+{side_source}
+
+
+# ---- inputs
+HERE = os.path.dirname(os.path.abspath(__file__))
+SAVED = torch.load(os.path.join(HERE, {data_file!r}), weights_only=False)
+DEVICE = os.environ.get("REPRO_DEVICE", SAVED["device"])
+
+
+def build(value, leaves):
+    """Saved arguments back to tensors: each one a view (size, stride, offset) of its storage."""
+    if isinstance(value, dict) and value.get("__tensor__"):
+        base = value["base"].to(DEVICE)
+        if value["requires_grad"]:
+            base.requires_grad_(True)
+        view = base.as_strided(value["size"], value["stride"], value["offset"])
+        if value["requires_grad"]:
+            leaves.append(view)
+        return view
+    if isinstance(value, dict) and "__tuple__" in value:
+        return tuple(build(v, leaves) for v in value["__tuple__"])
+    if isinstance(value, dict) and "__dtype__" in value:
+        return getattr(torch, value["__dtype__"])
+    if isinstance(value, list):
+        return [build(v, leaves) for v in value]
+    if isinstance(value, dict):
+        return {{k: build(v, leaves) for k, v in value.items()}}
+    return value
+
+
+def side(second):
+    leaves = []
+    args, kwargs = build(SAVED["args"], leaves), build(SAVED["kwargs"], leaves)
+    if second:
+        out = {side_name}(impl, args, kwargs, torch.Generator().manual_seed(SAVED["side_seed"]))
+    else:
+        out = impl(*args, **kwargs)
+    found = {{"out": out.detach()}}
+    if leaves:
+        grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(SAVED["grad_seed"]),
+                               dtype=torch.float64).to(out.device, out.dtype)
+        grads = (torch.autograd.grad(out, leaves, grad_out, allow_unused=True) if out.requires_grad
+                 else [None] * len(leaves))
+        for name, leaf, grad in zip(SAVED["names"], leaves, grads):
+            found[name] = torch.zeros_like(leaf) if grad is None else grad
+    return found
+
+
+def main():
+    print(f"torch {{torch.__version__}}, device {{DEVICE}}, dtype {{SAVED['dtype']}}")
+    first, second = side(False), side(True)
+    failed = False
+    for name, a in first.items():
+        a, b = a.detach().cpu().double(), second[name].detach().cpu().double()
+        finite = torch.isfinite(a)
+        if not torch.equal(finite, torch.isfinite(b)):
+            print(f"{{name}}: NaN/Inf in different places on the two sides  FAIL")
+            failed = True
+            continue
+        diff = (a - b).masked_fill(~finite, 0)
+        norm = torch.linalg.vector_norm(b.masked_fill(~finite, 0)).item()
+        if not bool(a.masked_fill(~finite, 0).any()):   # an exactly zero side: judge the other's RMS
+            norm = 0.0
+        err = torch.linalg.vector_norm(diff).item() / (norm or max(diff.numel(), 1) ** 0.5)
+        allowed = SAVED["bounds"].get(name)
+        ok = allowed is None or err <= allowed
+        failed |= not ok
+        print(f"{{name}}: the two sides differ by {{err:.3g}} (relative L2; allowed {{allowed:.3g}}), "
+              f"max abs {{diff.abs().max().item() if diff.numel() else 0.0:.3g}}  {{'ok' if ok else 'FAIL'}}")
+    print("FAILS: the two sides of {relation} disagree beyond the bound" if failed else "passes: within the bound")
     return 1 if failed else 0
 
 

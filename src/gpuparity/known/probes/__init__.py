@@ -10,8 +10,8 @@ from .base import PROBES, finding, inconclusive, probe, summarize
 from .attention import (NO_KERNEL, SDPA_MEMBERS, NoKernel, attention_vs_fp64, run_sdpa, sdpa_aotriton_rdna35,
                         sdpa_cudnn, sdpa_cudnn_gqa, sdpa_cudnn_mask_lse, sdpa_cudnn_sq1_lse, sdpa_eff_stride0,
                         sdpa_flash_alone, sdpa_fp32_lse_race, sdpa_fullmask_nan, sdpa_fused_launch, sdpa_fused_vs_fp64,
-                        sdpa_mask_dtype, sdpa_mask_rocm, sdpa_maskgrad, sdpa_misaligned, sdpa_efficient_misaligned, sdpa_misaligned_silent,
-                        sdpa_noncontig_v)
+                        sdpa_mask_dtype, sdpa_mask_rocm, sdpa_maskgrad, sdpa_noncontig_v)
+from .alignment import sdpa_efficient_misaligned, sdpa_misaligned, sdpa_misaligned_silent
 from .numerics import (BF16_LEVEL, TF32_LEVEL, bf16_emulated, conv2d_vs_fp64, conv_train_step,
                        cpu_bf16_layer_norm_grad, cpu_fp16_layer_norm_grad, fp16_cross_entropy_mean, bf16_cross_entropy_onehot,
                        gemm_2gib_tail, gemm_large_m, gemm_small_dim_fp32,
@@ -33,9 +33,9 @@ __all__ = [
     "memory_shortfall", "ENVIRONMENT_PROBLEMS", "_compile_failure", "masked_pooling", "kfd_gfx_targets", "gfx_name", "override_target",
     # the probes, in registry order
     "sdpa_mask_rocm", "sdpa_fullmask_nan", "sdpa_mask_dtype", "sdpa_cudnn", "sdpa_cudnn_gqa", "sdpa_cudnn_mask_lse",
-    "sdpa_cudnn_sq1_lse", "sdpa_noncontig_v", "sdpa_misaligned", "sdpa_efficient_misaligned", "sdpa_misaligned_silent",
-    "sdpa_fp32_lse_race", "sdpa_eff_stride0",
+    "sdpa_cudnn_sq1_lse", "sdpa_noncontig_v", "sdpa_fp32_lse_race", "sdpa_eff_stride0",
     "sdpa_maskgrad", "sdpa_fused_vs_fp64", "sdpa_aotriton_rdna35", "sdpa_fused_launch", "sdpa_flash_alone",
+    "sdpa_misaligned", "sdpa_efficient_misaligned", "sdpa_misaligned_silent",
     "cpu_bf16_layer_norm_grad", "cpu_fp16_layer_norm_grad", "fp16_cross_entropy_mean", "bf16_cross_entropy_onehot", "norm_weight_grads", "layer_norm_huge_rows", "softmax_fp64_odd", "tf32_defaults",
     "xf32_high_precision", "gemm_large_m", "gemm_2gib_tail", "bf16_emulated", "conv2d_vs_fp64", "conv_train_step",
     "compile_masked_pooling", "compile_bf16_block", "checkpoint_masked_attention", "det_cublas_workspace",
