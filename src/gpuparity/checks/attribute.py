@@ -63,9 +63,11 @@ def set_aside_for(result: CheckResult, device_type: str) -> Tuple[List[str], Lis
 def attribute(held: List[Tuple[CheckResult, Tuple[List[str], List[str]]]], impl: str, *, isolate: bool = True,
               timeout: Optional[float] = None, env: Optional[Dict[str, str]] = None,
               budget: Optional[Budget] = None) -> None:
-    """Rerun each (ERROR, set_aside_for's answer) of `held` and settle it in place (module doc)."""
+    """Rerun each (ERROR or FAIL, set_aside_for's answer) of `held` and settle it in place (module
+    doc); FAILs past the first MAX_FAIL_RERUNS stay as they are."""
     fails = [n for n, (r, _) in enumerate(held) if r.status == Status.FAIL]
-    held = [item for n, item in enumerate(held) if n not in set(fails[MAX_FAIL_RERUNS:])]
+    past_cap = set(fails[MAX_FAIL_RERUNS:])
+    held = [item for n, item in enumerate(held) if n not in past_cap]
     if not held:
         return
     tasks = [Task(FIRST_ID + n, r.op, r.backend, r.case, dict(r.params), r.dtype, r.device, r.seed or 0, impl=impl,
