@@ -28,11 +28,15 @@
 #                    (AB_GRAPH=1 adds the CUDA-graph column: the kernels without the launch rate)
 #   model            benchmarks/bench_model.py (MODEL_ARGS, default eager 2048 sdpa/attn-impl/gpuparity/liger)
 #   patch-compiled   benchmarks/patch_compiled.py (PC_ARGS)
+#   audit            gpuparity check --level full, fp32 + bf16, ONE run at a time (each run already uses
+#                    several workers; runs side by side ran an H100 out of memory): AUDIT = words
+#                    "op:backend[,backend]" (default below), AUDIT_BUDGET seconds each (300);
+#                    AUDIT_RESUME=DIR of an earlier audit's JSONs reruns only the checks they left NOT_RUN
 # PACK=1 packs $OUT into $OUT.tar.gz after every step; PACK=only leaves $OUT/run.tar.gz alone at the end.
 # [A/B]: with the previous code in .ab_prev/src, alternating rounds of it ("prev") and this tree
 # ("new"); without it, this tree only. Each step runs under a time limit (LIMIT_<STEP>, seconds).
 set -uo pipefail
-[ $# -gt 0 ] || { sed -n '2,26p' "$0"; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,30p' "$0"; exit 2; }
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -227,6 +231,22 @@ for STEP in "$@"; do
     # shellcheck disable=SC2086  # PC_ARGS is a list of arguments
     run pc "${LIMIT:-400}" $PY benchmarks/patch_compiled.py ${PC_ARGS:---layers 8 --rounds 3 --steps 5} --out "$D/pc.json"
     grep -v USDT "$D/pc.log" | tail -25 ;;
+  audit)
+    AUDIT_BUDGET=${AUDIT_BUDGET:-300}
+    for item in ${AUDIT:-attention:triton attention_varlen:triton attention:sdpa_math,sdpa_efficient \
+                attention:sdpa_flash,sdpa_cudnn attention:flex attention_decode:triton,sdpa rms_norm:triton,torch,compile \
+                layer_norm:triton,torch,compile rotary:triton,compile softmax:torch conv2d:torch}; do
+      op=${item%%:*}; backends=${item#*:}; name="${op}_${backends//,/_}"; cases=()
+      if [ -n "${AUDIT_RESUME:-}" ]; then
+        [ -f "$AUDIT_RESUME/$name.json" ] || { echo "== audit $name: no $AUDIT_RESUME/$name.json to resume" | tee -a "$OUT/steps.txt"; continue; }
+        left=$($PY "$HERE/gpu_run_summary.py" not-run "$AUDIT_RESUME/$name.json")
+        [ -n "$left" ] || { echo "== audit $name: nothing left NOT_RUN" | tee -a "$OUT/steps.txt"; continue; }
+        cases=(--case "$left")
+      fi
+      run "$name" $((AUDIT_BUDGET + 60)) $PY -m gpuparity check --device cuda --level full --op "$op" --backend "$backends" \
+          --dtype float32,bfloat16 --budget "$AUDIT_BUDGET" --no-shrink "${cases[@]}" --json "$D/$name.json"
+    done
+    $PY "$HERE/gpu_run_summary.py" audit "$D" | tee "$D/summary.txt" ;;
   *)
     echo "unknown step '$STEP': pick from the list at the top of $0" >&2; exit 2 ;;
   esac

@@ -1,4 +1,5 @@
-"""Summaries for benchmarks/scripts/gpu_run.sh: `trace-workload RESULTS OUT_JSON` and `fleet DIR`."""
+"""Summaries for benchmarks/scripts/gpu_run.sh: `trace-workload RESULTS OUT_JSON`, `fleet DIR`, `audit DIR`
+and `not-run CHECK_JSON` (the audit step's resume list)."""
 import json
 import os
 import sys
@@ -90,5 +91,26 @@ def fleet(args):
             print("  %5.1f%%  %8.3f ms/step  %s" % (100 * k["share"], k["time_per_step_us"] / 1e3, k["name"][:90]))
 
 
+def audit(args):
+    """One line per `gpuparity check --json` of the audit step: its statuses, then each FAIL, and
+    each ERROR or TIMEOUT that is not the machine's (out of memory)."""
+    import collections
+    import glob
+    for path in sorted(glob.glob(os.path.join(args[0], "*.json"))):
+        with open(path) as handle:
+            results = json.load(handle)["results"]
+        print(os.path.basename(path), dict(collections.Counter(r["status"] for r in results)))
+        for r in results:
+            if r["status"] in ("FAIL", "ERROR", "TIMEOUT", "CRASH") and "out of memory" not in r["reason"]:
+                print("  ", r["status"], r["backend"], r["dtype"], r["case"], r["reason"][:300].replace("\n", " "))
+
+
+def not_run(args):
+    """The case names a `gpuparity check --json` left NOT_RUN, comma-separated (the audit's resume)."""
+    with open(args[0]) as handle:
+        results = json.load(handle)["results"]
+    print(",".join(sorted({r["case"] for r in results if r["status"] == "NOT_RUN"})))
+
+
 if __name__ == "__main__":
-    {"trace-workload": trace_workload, "fleet": fleet}[sys.argv[1]](sys.argv[2:])
+    {"trace-workload": trace_workload, "fleet": fleet, "audit": audit, "not-run": not_run}[sys.argv[1]](sys.argv[2:])
