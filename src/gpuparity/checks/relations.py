@@ -327,7 +327,10 @@ def _grad_out(shape, grad_seed: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.randn(shape, generator=torch.Generator().manual_seed(grad_seed), dtype=torch.float64).to(dtype)
 
 
-def _disagreement(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> Dict[str, float]:
+def _disagreement(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor], absolute=()) -> Dict[str, float]:
+    """Each output's relative difference; for the names in `absolute`, the root mean square of the
+    difference (a relative error against a zero reference, tolerance.relative_error); inf where
+    the shapes or the non-finite positions differ."""
     found = {}
     for name, value in a.items():
         other = b.get(name)
@@ -340,6 +343,9 @@ def _disagreement(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> Dic
             found[name] = float("inf")
             continue
         value, other = value.masked_fill(~finite, 0), other.masked_fill(~finite, 0)
+        if name in absolute:
+            found[name] = tolerance.relative_error(value - other, torch.zeros_like(value))
+            continue
         if not bool(value.any()):
             # An exactly zero side (a gradient that vanishes, e.g. grad_q of a query that sees one
             # key) is the reference, as a float64 zero is in the battery: the other side's rounding
@@ -393,12 +399,12 @@ def evaluate(op: str, fn: Callable, rel: Relation, params: Dict[str, Any], dtype
         terms = spec.error_terms(floor_inputs, params)
         referee = _referee(spec, rounded, params, dtype, device, seed)
         own = _own_error(base_first, referee)
-        for name in _exact_zeros(referee).intersection(got):
-            # the float64 referee says this output is exactly 0 (a gradient that vanishes: every
-            # query sees one key): both sides are rounding noise, whose relative difference is ~1;
-            # judged by the root mean square of the difference, as the battery judges a side
-            # against that 0 (tolerance.relative_error)
-            got[name] = _rms_difference(first[name], second[name])
+        # the float64 referee says these outputs are exactly 0 (a gradient that vanishes: every
+        # query sees one key): both sides are rounding noise, whose relative difference is ~1;
+        # judged by the root mean square of the difference, as the battery judges a side against
+        # that 0 (tolerance.relative_error)
+        zeros = _exact_zeros(referee).intersection(got)
+        got.update(_disagreement({n: first[n] for n in zeros}, {n: second[n] for n in zeros}, absolute=zeros))
         bar = {name: max(base.get(name, 0.0), 2 * own.get(name, 0.0)) if name in base or name in own else None
                for name in got}
         allowed = {name: tolerance.allowed_error(bar[name], dtype, precision, **terms.get(name, {}))
@@ -444,18 +450,6 @@ def _own_error(first, referee) -> Dict[str, float]:
 def _exact_zeros(referee) -> set:
     """The names of the referee's outputs that are exactly zero everywhere."""
     return {name for name, value in (referee or {}).items() if not bool(value.any())}
-
-
-def _rms_difference(a: torch.Tensor, b: torch.Tensor) -> float:
-    """||a - b|| / sqrt(n) in float64 (a relative error against a zero reference), inf where the
-    shapes or the non-finite positions differ."""
-    if tuple(a.shape) != tuple(b.shape):
-        return float("inf")
-    a, b = a.detach().cpu().double(), b.detach().cpu().double()
-    if not bool(torch.equal(torch.isfinite(a), torch.isfinite(b))):
-        return float("inf")
-    finite = torch.isfinite(a)
-    return float(torch.linalg.vector_norm((a - b).masked_fill(~finite, 0))) / max(a.numel(), 1) ** 0.5
 
 
 def run_case(op: str, fn: Callable, params: Dict[str, Any], dtype: torch.dtype, device, seed: int,
