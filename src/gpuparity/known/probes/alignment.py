@@ -22,7 +22,7 @@ def at_offset(value: torch.Tensor, offset: int) -> torch.Tensor:
     return flat[offset:].view(value.shape)
 
 
-MISALIGNED_MARKERS = ("misaligned address", "cudaErrorMisalignedAddress")
+MISALIGNED_MARKERS = ("misaligned address", "cudaErrorMisalignedAddress", "mha_graph.execute")
 
 
 @probe(gpu=True)
