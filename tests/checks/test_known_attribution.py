@@ -60,6 +60,13 @@ def wrong_on_fused_sdpa(q, k, v, *, attn_mask=None, key_padding_mask=None, is_ca
     return out * 1.1 if _fused_sdpa_allowed() else out
 
 
+def wrong_on_cudnn_sdpa(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None):
+    """Torch's cuDNN kernel (played here) returns wrong numbers for the call; its other kernels are
+    right: what torch 2.11's cuDNN SDPA does on an H100 for a bf16 input off 16-byte alignment."""
+    out = sdpa(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal, scale=scale)
+    return out * 1.1 if torch.backends.cuda.cudnn_sdp_enabled() else out
+
+
 def wrong_itself(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal=False, scale=None):
     return sdpa(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal, scale=scale) * 1.1
 
@@ -159,10 +166,26 @@ def test_a_fail_that_torchs_fused_sdpa_kernel_causes_stays_a_fail_and_says_so(as
         assert result.reason.startswith(attribute_mod.FUSED_WRONG), result.reason
         assert "FLASH_ATTENTION, EFFICIENT_ATTENTION, CUDNN_ATTENTION set aside the same inputs pass" in result.reason
         assert "relative error" in result.reason   # the first run's numbers are kept
+        assert "kernels give them (alone, the others set aside, each fails the check)" in result.reason
     run = _run("wrong_itself")
     assert [r.status for r in run.results] == [Status.FAIL] * len(CASES)
     assert all(r.reason.endswith("[the same with torch's fused SDPA kernels set aside: not torch's kernel]")
                for r in run.results)
+
+
+def test_the_fused_kernel_that_gives_the_wrong_numbers_is_named(as_on_a_gpu, monkeypatch):
+    """Each FAIL that torch's fused kernels cause reruns once per fused kernel with only it allowed:
+    the one that fails alone is named; past MAX_KERNEL_HUNTS such FAILs none is named."""
+    run = _run("wrong_on_cudnn_sdpa")
+    assert [r.status for r in run.results] == [Status.FAIL] * len(CASES)
+    for result in run.results:
+        assert result.reason.startswith(attribute_mod.FUSED_WRONG), result.reason
+        assert ("torch's CUDNN_ATTENTION kernel gives them (alone, the others set aside, it fails the check; "
+                "FLASH_ATTENTION and EFFICIENT_ATTENTION alone pass or have no kernel for the call)") in result.reason
+    monkeypatch.setattr(attribute_mod, "MAX_KERNEL_HUNTS", 1)
+    reasons = [r.reason for r in _run("wrong_on_cudnn_sdpa").results]
+    assert sorted("CUDNN_ATTENTION kernel gives them" in r for r in reasons) == [False, True], reasons
+    assert all(r.startswith(attribute_mod.FUSED_WRONG) for r in reasons)
 
 
 def test_fail_reruns_are_capped_and_only_for_attention_on_a_gpu(as_on_a_gpu, monkeypatch):

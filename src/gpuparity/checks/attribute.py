@@ -19,8 +19,10 @@ A FAIL of an --impl of an attention op on a GPU is told apart the same way, with
 SDPA kernels (flash, efficient, cuDNN) set aside, so that its math kernel serves the call. The
 FAIL stays a FAIL (the function's results are wrong on this machine, as called), but where the
 rerun passes its reason starts with FUSED_WRONG: the wrong numbers come from torch's fused
-kernel on these inputs, not from the function's own arithmetic, a candidate torch bug. At most
-MAX_FAIL_RERUNS FAILs of a run are rerun.
+kernel on these inputs, not from the function's own arithmetic, a candidate torch bug. The first
+MAX_KERNEL_HUNTS such FAILs then run once per fused kernel with only that one allowed (the others
+set aside): the kernel(s) that fail alone are named ("torch's CUDNN_ATTENTION kernel gives them").
+At most MAX_FAIL_RERUNS FAILs of a run are rerun.
 
 Reruns run after the battery, in a fresh worker (a CUDA fault leaves the process that met it
 unusable), within what is left of the run's budget; one not run leaves the ERROR as it was."""
@@ -40,6 +42,7 @@ FUSED_WRONG = "wrong as called, right on torch's math SDPA kernel: "
 FIRST_ID = 1_000_000   # rerun task ids: apart from the battery's own
 ATTENTION_OPS = ("attention", "attention_varlen", "attention_decode")   # ops whose torch form is SDPA
 MAX_FAIL_RERUNS = 16
+MAX_KERNEL_HUNTS = 8   # FAILs whose fused kernel is named: one rerun per fused kernel each
 
 
 def set_aside_for(result: CheckResult, device_type: str) -> Tuple[List[str], List[str]]:
@@ -74,20 +77,35 @@ def attribute(held: List[Tuple[CheckResult, Tuple[List[str], List[str]]]], impl:
                   base_seed=r.base_seed, level=r.level, set_aside=list(kernels))
              for n, (r, (_, kernels)) in enumerate(held)]
     reruns = run_tasks(tasks, isolate=isolate, timeout=timeout, env=env, workers=1, budget=budget, crash_limit=None)
-    for (result, (issues, kernels)), rerun in zip(held, reruns):
-        settle(result, issues, kernels, rerun)
+    fused_wrong = [n for n, ((r, _), rerun) in enumerate(zip(held, reruns))
+                   if r.status == Status.FAIL and rerun.status == Status.PASS][:MAX_KERNEL_HUNTS]
+    hunts = [Task(FIRST_ID + len(held) + len(SDPA_KERNELS) * i + j, r.op, r.backend, r.case, dict(r.params), r.dtype,
+                  r.device, r.seed or 0, impl=impl, base_seed=r.base_seed, level=r.level,
+                  set_aside=[other for other in SDPA_KERNELS if other != kernel])
+             for i, (r, _) in enumerate(held[n] for n in fused_wrong) for j, kernel in enumerate(SDPA_KERNELS)]
+    alone = run_tasks(hunts, isolate=isolate, timeout=timeout, env=env, workers=1, budget=budget,
+                      crash_limit=None) if hunts else []
+    guilty: Dict[int, List[str]] = {}
+    for i, n in enumerate(fused_wrong):
+        outcomes = alone[len(SDPA_KERNELS) * i:len(SDPA_KERNELS) * (i + 1)]
+        if all(o.status in (Status.PASS, Status.FAIL) for o in outcomes):   # else: not told (a run not made)
+            guilty[n] = [kernel for kernel, o in zip(SDPA_KERNELS, outcomes) if o.status == Status.FAIL]
+    for n, ((result, (issues, kernels)), rerun) in enumerate(zip(held, reruns)):
+        settle(result, issues, kernels, rerun, guilty.get(n))
 
 
-def settle(result: CheckResult, issues: List[str], kernels: List[str], rerun: CheckResult) -> None:
+def settle(result: CheckResult, issues: List[str], kernels: List[str], rerun: CheckResult,
+           guilty: Optional[List[str]] = None) -> None:
     """`result` (an ERROR that names the known `issues`, or a FAIL) after its rerun with the SDPA
-    `kernels` set aside."""
+    `kernels` set aside; `guilty`: for a FAIL that rerun passed, the fused kernels that fail it
+    alone (None: not run)."""
     aside = ", ".join(kernels)
     if result.status == Status.FAIL:
         if rerun.status == Status.PASS:
             result.reason = (f"{FUSED_WRONG}with torch's fused SDPA kernel(s) {aside} set aside the same inputs "
                              f"pass, so the wrong numbers come from torch's fused kernel on these inputs here, not "
-                             f"from the function's own arithmetic (a candidate torch bug: `gpuparity known-issues` "
-                             f"lists the known ones): {result.reason}")
+                             f"from the function's own arithmetic{_which(guilty)} (a candidate torch bug: "
+                             f"`gpuparity known-issues` lists the known ones): {result.reason}")
         elif rerun.status == Status.FAIL:
             result.reason += " [the same with torch's fused SDPA kernels set aside: not torch's kernel]"
         return
@@ -102,3 +120,14 @@ def settle(result: CheckResult, issues: List[str], kernels: List[str], rerun: Ch
     else:
         result.reason += (f" [with torch's SDPA kernel(s) {aside} set aside the same inputs gave "
                           f"{rerun.status.value}: {clip(rerun.reason, 300)}; so not (only) torch's fault]")
+
+
+def _which(guilty: Optional[List[str]]) -> str:
+    """The clause naming the fused kernel(s) that fail a check alone."""
+    if guilty is None:
+        return ""
+    if not guilty:
+        return "; no fused kernel alone (the others set aside) fails it"
+    others = [kernel for kernel in SDPA_KERNELS if kernel not in guilty]
+    rest = f"; {' and '.join(others)} alone pass or have no kernel for the call" if others else ""
+    return f"; torch's {' and '.join(guilty)} kernel{'s' if len(guilty) > 1 else ''} give{'' if len(guilty) > 1 else 's'} them (alone, the others set aside, {'each fails' if len(guilty) > 1 else 'it fails'} the check{rest})"
