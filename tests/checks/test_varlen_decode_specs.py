@@ -125,7 +125,11 @@ def test_correct_implementation_passes_every_default_case(op, name):
     # every listed case and family member but the long ones (seconds each; test_families.py has those)
     battery = run(op, name, level="default", case_filter=lambda _op, case: not case.name.startswith("long."))
     statuses = {r.case: r.status for r in battery.results}
-    assert statuses and all(s == Status.PASS for s in statuses.values()), statuses
+    # a sampled relation whose row gives it nothing to compare SKIPs (e.g. contiguous_copy on a row
+    # whose views are contiguous after all: a bshd q with one head); no other status but PASS
+    assert statuses and all(s == Status.PASS or (s == Status.SKIP and c.startswith("relation."))
+                            for c, s in statuses.items()), statuses
+    assert sum(s == Status.PASS for s in statuses.values()) > 0.9 * len(statuses), statuses
 
 
 def test_varlen_checks_gradients_and_empty_rows_must_be_zero():

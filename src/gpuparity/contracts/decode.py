@@ -395,7 +395,7 @@ DECODE_LAYOUTS = {"bhsd": {}, "bshd": dict(layout="bshd"), "q_sliced": dict(view
 DECODE_DIMENSIONS = (
     ("len_tile", TILES), ("len_offset", TILE_OFFSETS), ("cache", ("exact", "spare", "long")),
     ("others", ("single", "zero_one", "distinct", "lt_sq", "equal", "many")), ("sq", (1, 2, 5, 16)),
-    ("heads", tuple(DECODE_HEADS)), ("head_dim", (32, 64, 80, 128)), ("page", (None, 1, 5, 16, 64)),
+    ("heads", tuple(DECODE_HEADS)), ("head_dim", (16, 32, 64, 80, 128)), ("page", (None, 1, 5, 16, 64)),
     ("modifier", tuple(DECODE_MODIFIERS)), ("seqlens_dtype", ("int32", "int64")), ("layout", tuple(DECODE_LAYOUTS)),
     ("values", ("normal", "denormal_cache")))
 
