@@ -181,7 +181,7 @@ def test_the_fused_kernel_that_gives_the_wrong_numbers_is_named(as_on_a_gpu, mon
     for result in run.results:
         assert result.reason.startswith(attribute_mod.FUSED_WRONG), result.reason
         assert ("torch's CUDNN_ATTENTION kernel gives them (alone, the others set aside, it fails the check; "
-                "FLASH_ATTENTION and EFFICIENT_ATTENTION alone pass or have no kernel for the call)") in result.reason
+                "FLASH_ATTENTION and EFFICIENT_ATTENTION alone pass, raise or have no kernel for the call)") in result.reason
     monkeypatch.setattr(attribute_mod, "MAX_KERNEL_HUNTS", 1)
     reasons = [r.reason for r in _run("wrong_on_cudnn_sdpa").results]
     assert sorted("CUDNN_ATTENTION kernel gives them" in r for r in reasons) == [False, True], reasons

@@ -88,7 +88,7 @@ def attribute(held: List[Tuple[CheckResult, Tuple[List[str], List[str]]]], impl:
     guilty: Dict[int, List[str]] = {}
     for i, n in enumerate(fused_wrong):
         outcomes = alone[len(SDPA_KERNELS) * i:len(SDPA_KERNELS) * (i + 1)]
-        if all(o.status in (Status.PASS, Status.FAIL) for o in outcomes):   # else: not told (a run not made)
+        if all(o.status != Status.NOT_RUN for o in outcomes):   # else: not told (a run not made)
             guilty[n] = [kernel for kernel, o in zip(SDPA_KERNELS, outcomes) if o.status == Status.FAIL]
     for n, ((result, (issues, kernels)), rerun) in enumerate(zip(held, reruns)):
         settle(result, issues, kernels, rerun, guilty.get(n))
@@ -123,11 +123,13 @@ def settle(result: CheckResult, issues: List[str], kernels: List[str], rerun: Ch
 
 
 def _which(guilty: Optional[List[str]]) -> str:
-    """The clause naming the fused kernel(s) that fail a check alone."""
+    """The clause naming the fused kernel(s) that fail a check alone (a kernel alone that raises,
+    or that torch has none of for the call, so that math serves it, does not give wrong numbers)."""
     if guilty is None:
         return ""
     if not guilty:
         return "; no fused kernel alone (the others set aside) fails it"
     others = [kernel for kernel in SDPA_KERNELS if kernel not in guilty]
-    rest = f"; {' and '.join(others)} alone pass or have no kernel for the call" if others else ""
-    return f"; torch's {' and '.join(guilty)} kernel{'s' if len(guilty) > 1 else ''} give{'' if len(guilty) > 1 else 's'} them (alone, the others set aside, {'each fails' if len(guilty) > 1 else 'it fails'} the check{rest})"
+    rest = f"; {' and '.join(others)} alone pass, raise or have no kernel for the call" if others else ""
+    kernels, fails = ("kernels give", "each fails") if len(guilty) > 1 else ("kernel gives", "it fails")
+    return f"; torch's {' and '.join(guilty)} {kernels} them (alone, the others set aside, {fails} the check{rest})"
