@@ -154,6 +154,9 @@ def test_a_malformed_sidestep_is_refused_when_the_base_loads():
                 {"error_markers": [], "sidestep_sdpa": ["EFFICIENT_ATTENTION"]}):
         with pytest.raises(ValueError, match="sidestep_sdpa"):
             validate_issue({**entry, **bad})
+    for bad in ({"wrong_sdpa": ["MATH"]}, {"wrong_sdpa": "CUDNN_ATTENTION"}):
+        with pytest.raises(ValueError, match="wrong_sdpa"):
+            validate_issue({**entry, **bad})
 
 
 def test_a_fail_that_torchs_fused_sdpa_kernel_causes_stays_a_fail_and_says_so(as_on_a_gpu):
@@ -182,6 +185,10 @@ def test_the_fused_kernel_that_gives_the_wrong_numbers_is_named(as_on_a_gpu, mon
         assert result.reason.startswith(attribute_mod.FUSED_WRONG), result.reason
         assert ("torch's CUDNN_ATTENTION kernel gives them (alone, the others set aside, it fails the check; "
                 "FLASH_ATTENTION and EFFICIENT_ATTENTION alone pass, raise or have no kernel for the call)") in result.reason
+        # the base's silent faults of that kernel are listed, the one found this way among them
+        known = result.reason.split("the known issues of wrong numbers from that kernel: ", 1)[1].split(" (", 1)[0]
+        assert {"SDPA-MISALIGNED-SILENT", "SDPA-CUDNN-MASK-LSE"} <= set(known.split(", ")), result.reason
+        assert "SDPA-EFF-STRIDE0" not in known   # the efficient kernel's
     monkeypatch.setattr(attribute_mod, "MAX_KERNEL_HUNTS", 1)
     reasons = [r.reason for r in _run("wrong_on_cudnn_sdpa").results]
     assert sorted("CUDNN_ATTENTION kernel gives them" in r for r in reasons) == [False, True], reasons

@@ -32,7 +32,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ..known.avoid import named_by_error
 from ..known.engine import SDPA_KERNELS
-from ..known.sidestep import sdpa_set_aside
+from ..known.sidestep import sdpa_set_aside, wrong_numbers_of
 from .plan import Task
 from .pool import Budget, run_tasks
 from .results import CheckResult, Status, clip
@@ -132,4 +132,8 @@ def _which(guilty: Optional[List[str]]) -> str:
     others = [kernel for kernel in SDPA_KERNELS if kernel not in guilty]
     rest = f"; {' and '.join(others)} alone pass, raise or have no kernel for the call" if others else ""
     kernels, fails = ("kernels give", "each fails") if len(guilty) > 1 else ("kernel gives", "it fails")
-    return f"; torch's {' and '.join(guilty)} {kernels} them (alone, the others set aside, {fails} the check{rest})"
+    known = wrong_numbers_of(guilty)
+    listed = (f"; the known issues of wrong numbers from {'these kernels' if len(guilty) > 1 else 'that kernel'}: "
+              f"{', '.join(known)} (`gpuparity known-issues` says which apply here)") if known else ""
+    return (f"; torch's {' and '.join(guilty)} {kernels} them (alone, the others set aside, {fails} the check{rest})"
+            f"{listed}")

@@ -128,6 +128,10 @@ def validate_issue(issue: Any, probe_names: Optional[set] = None) -> None:
                          f"{SDPA_KERNELS}, got {sidestep!r}")
     if sidestep and not issue.get("error_markers"):
         raise ValueError(f"{where}: sidestep_sdpa needs error_markers (the error it tells apart)")
+    wrong = issue.get("wrong_sdpa", [])   # kernels whose silent wrong numbers the entry is (checks/attribute.py)
+    if not (isinstance(wrong, list) and all(name in SDPA_KERNELS for name in wrong)):
+        raise ValueError(f"{where}: wrong_sdpa must be a list of the SDPA kernels whose wrong numbers it describes, "
+                         f"from {SDPA_KERNELS}, got {wrong!r}")
     reviewed = issue.get("reviewed")
     if reviewed is not None and not (isinstance(reviewed, str) and re.fullmatch(r"\d{4}-\d{2}-\d{2}", reviewed)):
         raise ValueError(f"{where}: reviewed must be a date YYYY-MM-DD, got {reviewed!r}")

@@ -20,6 +20,13 @@ def sdpa_set_aside(issue_ids: Iterable[str]) -> List[str]:
     return [name for name in SDPA_KERNELS if name in named]
 
 
+def wrong_numbers_of(kernels: Iterable[str]) -> List[str]:
+    """Ids of the known issues whose `wrong_sdpa` names one of torch's SDPA `kernels`: the silent
+    wrong numbers the base knows of those kernels, in the base's order."""
+    wanted = set(kernels)
+    return [issue["id"] for issue in load_issues() if wanted & set(issue.get("wrong_sdpa", ()))]
+
+
 def without_sdpa(fn: Callable, names: Iterable[str]) -> Callable:
     """`fn` with torch's SDPA kernels `names` set aside for every call it makes (its backward too:
     autograd keeps the kernel its forward chose); the math kernel always stays."""
