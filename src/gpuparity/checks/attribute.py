@@ -73,18 +73,19 @@ def attribute(held: List[Tuple[CheckResult, Tuple[List[str], List[str]]]], impl:
     held = [item for n, item in enumerate(held) if n not in past_cap]
     if not held:
         return
-    tasks = [Task(FIRST_ID + n, r.op, r.backend, r.case, dict(r.params), r.dtype, r.device, r.seed or 0, impl=impl,
-                  base_seed=r.base_seed, level=r.level, set_aside=list(kernels))
-             for n, (r, (_, kernels)) in enumerate(held)]
-    reruns = run_tasks(tasks, isolate=isolate, timeout=timeout, env=env, workers=1, budget=budget, crash_limit=None)
+    def rerun_all(calls: List[Tuple[CheckResult, List[str]]], first_id: int) -> List[CheckResult]:
+        """Each (result, kernels) as a check of the same inputs with the SDPA `kernels` set aside."""
+        tasks = [Task(first_id + n, r.op, r.backend, r.case, dict(r.params), r.dtype, r.device, r.seed or 0,
+                      impl=impl, base_seed=r.base_seed, level=r.level, set_aside=list(kernels))
+                 for n, (r, kernels) in enumerate(calls)]
+        return run_tasks(tasks, isolate=isolate, timeout=timeout, env=env, workers=1, budget=budget,
+                         crash_limit=None) if tasks else []
+
+    reruns = rerun_all([(r, kernels) for r, (_, kernels) in held], FIRST_ID)
     fused_wrong = [n for n, ((r, _), rerun) in enumerate(zip(held, reruns))
                    if r.status == Status.FAIL and rerun.status == Status.PASS][:MAX_KERNEL_HUNTS]
-    hunts = [Task(FIRST_ID + len(held) + len(SDPA_KERNELS) * i + j, r.op, r.backend, r.case, dict(r.params), r.dtype,
-                  r.device, r.seed or 0, impl=impl, base_seed=r.base_seed, level=r.level,
-                  set_aside=[other for other in SDPA_KERNELS if other != kernel])
-             for i, (r, _) in enumerate(held[n] for n in fused_wrong) for j, kernel in enumerate(SDPA_KERNELS)]
-    alone = run_tasks(hunts, isolate=isolate, timeout=timeout, env=env, workers=1, budget=budget,
-                      crash_limit=None) if hunts else []
+    alone = rerun_all([(held[n][0], [other for other in SDPA_KERNELS if other != kernel])
+                       for n in fused_wrong for kernel in SDPA_KERNELS], FIRST_ID + len(held))
     guilty: Dict[int, List[str]] = {}
     for i, n in enumerate(fused_wrong):
         outcomes = alone[len(SDPA_KERNELS) * i:len(SDPA_KERNELS) * (i + 1)]

@@ -122,16 +122,15 @@ def validate_issue(issue: Any, probe_names: Optional[set] = None) -> None:
         raise ValueError(f"{where}: probe_isolation must be one of {ISOLATIONS}, got {issue.get('probe_isolation')!r}")
     if not isinstance(issue.get("no_probe", ""), str):
         raise ValueError(f"{where}: no_probe must be a sentence saying why there is no probe")
-    sidestep = issue.get("sidestep_sdpa", [])
-    if not (isinstance(sidestep, list) and all(name in SDPA_KERNELS for name in sidestep)):
-        raise ValueError(f"{where}: sidestep_sdpa must be a list of the SDPA kernels whose fault it is, from "
-                         f"{SDPA_KERNELS}, got {sidestep!r}")
-    if sidestep and not issue.get("error_markers"):
+    # SDPA kernels (SDPBackend names): whose raised fault the entry is (its error_markers tell it
+    # apart), and whose silent wrong numbers it describes (checks/attribute.py lists those entries)
+    for field, what in (("sidestep_sdpa", "whose fault it is"), ("wrong_sdpa", "whose wrong numbers it describes")):
+        kernels = issue.get(field, [])
+        if not (isinstance(kernels, list) and all(name in SDPA_KERNELS for name in kernels)):
+            raise ValueError(f"{where}: {field} must be a list of the SDPA kernels {what}, from {SDPA_KERNELS}, "
+                             f"got {kernels!r}")
+    if issue.get("sidestep_sdpa") and not issue.get("error_markers"):
         raise ValueError(f"{where}: sidestep_sdpa needs error_markers (the error it tells apart)")
-    wrong = issue.get("wrong_sdpa", [])   # kernels whose silent wrong numbers the entry is (checks/attribute.py)
-    if not (isinstance(wrong, list) and all(name in SDPA_KERNELS for name in wrong)):
-        raise ValueError(f"{where}: wrong_sdpa must be a list of the SDPA kernels whose wrong numbers it describes, "
-                         f"from {SDPA_KERNELS}, got {wrong!r}")
     reviewed = issue.get("reviewed")
     if reviewed is not None and not (isinstance(reviewed, str) and re.fullmatch(r"\d{4}-\d{2}-\d{2}", reviewed)):
         raise ValueError(f"{where}: reviewed must be a date YYYY-MM-DD, got {reviewed!r}")
